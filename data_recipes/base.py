@@ -1,0 +1,96 @@
+"""The recipe contract: what every task generator yields and how its outputs are judged.
+
+A recipe is pure Python (no torch): given its validated params, an optional synthetic world, a seed and the
+requested sizes, it returns three splits of :class:`Example`:
+
+- ``train``            — items the model is trained on;
+- ``heldout``          — items never in ``train`` (unseen words / people / number pairs), training phrasings;
+- ``heldout_template`` — phrasings never used in ``train``, applied to items from the training pool, so the only
+                         novelty is the wording.
+
+It also owns how a prediction is judged: :meth:`Recipe.normalise`, :meth:`Recipe.is_correct` (exact match after
+normalising, unless the task says otherwise) and :meth:`Recipe.mode_ok` (does the output have the right *shape*
+for this task — e.g. yes/no answers start with yes or no, open answers must not).
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:  # pragma: no cover
+    from data_recipes.world import World
+
+SPLITS: tuple[str, ...] = ("train", "heldout", "heldout_template")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One chat example. ``messages`` alternates user/assistant turns and always ends with an assistant turn.
+
+    Single-turn examples have two messages. In multi-turn examples every assistant turn is supervised in training;
+    evaluation prompts with everything before the last assistant turn and compares against that turn.
+    """
+
+    task: str
+    messages: tuple[dict[str, str], ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt(self) -> str:
+        """Content of the last user turn."""
+        return self.messages[-2]["content"]
+
+    @property
+    def answer(self) -> str:
+        """Content of the last assistant turn (the gold answer)."""
+        return self.messages[-1]["content"]
+
+    @classmethod
+    def single(cls, task: str, prompt: str, answer: str, **meta: Any) -> "Example":
+        return cls(task, ({"role": "user", "content": prompt}, {"role": "assistant", "content": answer}), meta)
+
+
+class RecipeParams(BaseModel):
+    """Base for each recipe's ``params``; unknown keys are errors (reported at ``tasks.<name>.params.<key>``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+_WS = re.compile(r"\s+")
+
+
+class Recipe(ABC):
+    """Base class for task generators. Subclasses set ``name``, ``Params`` and implement :meth:`build`."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[RecipeParams]] = RecipeParams
+    needs_world: ClassVar[bool] = False
+
+    def __init__(self, params: RecipeParams | None = None, world: "World | None" = None):
+        self.params = params if params is not None else self.Params()
+        if self.needs_world and world is None:
+            raise ValueError(f"recipe {self.name!r} needs a world")
+        self.world = world
+
+    @abstractmethod
+    def build(self, task: str, n_train: int, n_eval: int, seed: int) -> dict[str, list[Example]]:
+        """Return ``{"train": [...n_train], "heldout": [...n_eval], "heldout_template": [...n_eval]}``.
+
+        Deterministic for ``seed``. Raises ``ValueError`` with a plain message if the sizes cannot be met.
+        """
+
+    def normalise(self, text: str) -> str:
+        """Default normaliser: lower-case, collapse whitespace, strip surrounding space and final punctuation."""
+        return _WS.sub(" ", text).strip().rstrip(".!?").strip().lower()
+
+    def is_correct(self, prediction: str, gold: str) -> bool:
+        return self.normalise(prediction) == self.normalise(gold)
+
+    def mode_ok(self, prediction: str) -> bool:
+        """Whether ``prediction`` has the shape this task asks for. Default: non-empty."""
+        return bool(prediction.strip())
