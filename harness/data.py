@@ -1,0 +1,198 @@
+"""From recipe examples to token tensors: chat encoding with completion-only label masks, the stage mixture
+stream (weights | natural | counts), and length-grouped padded batches.
+
+Label masking is done on characters, not on separately tokenised pieces: the whole conversation is rendered with
+the tokenizer's chat template and tokenised once with offsets, and a token is supervised when it overlaps the
+characters of an assistant turn (its content and the end-of-turn token). That gives the exact tokens the model
+sees at inference, for any tokenizer whose template renders prefixes consistently (ChatML and most others).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from harness.config import Mixture
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A tokenised training example; ``labels`` is ``IGNORE_INDEX`` on every unsupervised position."""
+
+    task: str
+    input_ids: np.ndarray  # int64 [T]
+    labels: np.ndarray  # int64 [T]
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def n_supervised(self) -> int:
+        return int((self.labels != IGNORE_INDEX).sum())
+
+
+@dataclass(frozen=True)
+class EvalItem:
+    """One evaluation prompt: the exact text fed to the model (template applied) and the gold continuation."""
+
+    task: str
+    split: str
+    index: int
+    prompt_text: str
+    prompt_ids: list[int]
+    gold_text: str  # the last assistant turn's content
+    gold_ids: list[int]  # its supervised tokens (content + end-of-turn token)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _render(tokenizer, messages: Sequence[dict[str, str]], generation_prompt: bool = False) -> str:
+    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def assistant_spans(tokenizer, messages: Sequence[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character span of every assistant turn (content + end token)."""
+    text = _render(tokenizer, messages)
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = len(_render(tokenizer, messages[:i], generation_prompt=True))
+        end = len(_render(tokenizer, messages[: i + 1]))
+        if text[:end] != _render(tokenizer, messages[: i + 1]):
+            raise ValueError("the chat template does not render prefixes consistently; cannot mask labels")
+        # The separator after the end-of-turn token (ChatML's newline) is not the model's to predict.
+        end = start + len(text[start:end].rstrip())
+        spans.append((start, end))
+    return text, spans
+
+
+def encode_examples(tokenizer, examples: Sequence[Any]) -> list[Encoded]:
+    """Tokenise examples (``data_recipes.Example``) with completion-only labels, in one batched tokenizer call."""
+    rendered = [assistant_spans(tokenizer, ex.messages) for ex in examples]
+    batch = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
+    out = []
+    for ex, (_, spans), ids, offsets in zip(examples, rendered, batch["input_ids"], batch["offset_mapping"]):
+        ids = np.asarray(ids, dtype=np.int64)
+        labels = np.full_like(ids, IGNORE_INDEX)
+        for t, (s, e) in enumerate(offsets):
+            if e > s and any(s < span_end and e > span_start for span_start, span_end in spans):
+                labels[t] = ids[t]
+        # Position t predicts token t+1: shift here once so the loop needs no per-step shifting.
+        out.append(Encoded(ex.task, ids, np.concatenate([labels[1:], [IGNORE_INDEX]])))
+    return out
+
+
+def eval_items(tokenizer, examples: Sequence[Any], split: str) -> list[EvalItem]:
+    """Evaluation prompts: everything before the last assistant turn, with the generation prompt appended."""
+    items = []
+    encoded = encode_examples(tokenizer, examples)
+    for index, (ex, enc) in enumerate(zip(examples, encoded)):
+        prompt_text = _render(tokenizer, ex.messages[:-1], generation_prompt=True)
+        prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+        n = len(prompt_ids)
+        if list(enc.input_ids[:n]) != list(prompt_ids):
+            raise ValueError(f"task {ex.task!r}: the prompt tokenises differently alone and in the conversation")
+        # labels are shifted: labels[n-1 ...] are the tokens after the prompt
+        gold = enc.labels[n - 1:]
+        gold_ids = [int(t) for t in gold[: int(np.argmax(gold == IGNORE_INDEX)) if (gold == IGNORE_INDEX).any() else None]]
+        items.append(EvalItem(ex.task, split, index, prompt_text, list(prompt_ids), ex.answer, gold_ids, dict(ex.meta)))
+    return items
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Mixture stream
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def mixture_stream(mixture: Mixture, pool_sizes: dict[str, int], n_examples: int,
+                   rng: np.random.Generator) -> list[tuple[str, int]]:
+    """The stage's sequence of ``(task, pool index)`` draws, exactly ``n_examples`` long (counts: Σ counts).
+
+    - weights: the task of every draw is sampled with probability w/Σw; within a task, examples are taken in a
+      fresh random order each pass over its pool (so no example repeats before the whole pool has been seen);
+    - natural: the stage's pools are concatenated and shuffled, and reshuffled for each further pass;
+    - counts: exactly ``counts[t]`` examples of task t (without replacement unless ``replace``), shuffled.
+
+    (``datasets.interleave_datasets`` does the weights case, but it ends or oversamples when a pool runs out,
+    which changes the effective proportions; a stage here is a fixed number of steps with stated semantics.)
+    """
+    if mixture.kind == "weights":
+        tasks = mixture.tasks
+        probs = np.array([mixture.weights[t] for t in tasks], dtype=np.float64)
+        choice = rng.choice(len(tasks), size=n_examples, p=probs / probs.sum())
+        cursors = {t: _Cycler(pool_sizes[t], rng) for t in tasks}
+        return [(tasks[c], cursors[tasks[c]].next()) for c in choice]
+    if mixture.kind == "natural":
+        everything = [(t, i) for t in mixture.tasks for i in range(pool_sizes[t])]
+        out: list[tuple[str, int]] = []
+        while len(out) < n_examples:
+            order = rng.permutation(len(everything))
+            out.extend(everything[j] for j in order[: n_examples - len(out)])
+        return out
+    draws = []
+    for task, n in mixture.counts.items():
+        if mixture.replace:
+            idx = rng.integers(0, pool_sizes[task], size=n)
+        else:
+            idx = rng.permutation(pool_sizes[task])[:n]
+        draws.extend((task, int(i)) for i in idx)
+    return [draws[j] for j in rng.permutation(len(draws))]
+
+
+class _Cycler:
+    """Indices 0..n-1 in a random order, reshuffled at each pass."""
+
+    def __init__(self, n: int, rng: np.random.Generator):
+        self.n, self.rng, self.order, self.pos = n, rng, rng.permutation(n), 0
+
+    def next(self) -> int:
+        if self.pos == self.n:
+            self.order, self.pos = self.rng.permutation(self.n), 0
+        self.pos += 1
+        return int(self.order[self.pos - 1])
+
+
+def length_grouped_batches(examples: list[Encoded], batch_size: int, group: int,
+                           rng: np.random.Generator) -> list[list[Encoded]]:
+    """Split the stream into batches; within each window of ``group`` batches, examples are sorted by length
+    (so a batch holds similar lengths and pads little) and the window's batches are then shuffled (so long and
+    short batches interleave). The window keeps the mixture's proportions local in time."""
+    batches: list[list[Encoded]] = []
+    window = batch_size * group
+    for start in range(0, len(examples), window):
+        chunk = sorted(examples[start:start + window], key=lambda e: e.length)
+        chunk_batches = [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+        batches.extend(chunk_batches[j] for j in rng.permutation(len(chunk_batches)))
+    return batches
+
+
+@dataclass
+class Batch:
+    input_ids: Any  # LongTensor [B, T]
+    attention_mask: Any  # LongTensor [B, T]
+    labels: Any  # LongTensor [B, T], already shifted (position t predicts token t+1)
+    tasks: list[str]
+    n_real_tokens: int
+    n_padded_tokens: int
+
+
+def collate(examples: list[Encoded], pad_id: int) -> Batch:
+    """Right-pad a batch; padding gets attention 0 and no label."""
+    import torch
+
+    width = max(e.length for e in examples)
+    ids = np.full((len(examples), width), pad_id, dtype=np.int64)
+    labels = np.full((len(examples), width), IGNORE_INDEX, dtype=np.int64)
+    mask = np.zeros((len(examples), width), dtype=np.int64)
+    for row, e in enumerate(examples):
+        ids[row, : e.length] = e.input_ids
+        labels[row, : e.length] = e.labels
+        mask[row, : e.length] = 1
+    real = int(mask.sum())
+    return Batch(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(labels),
+                 [e.task for e in examples], real, int(mask.size))

@@ -1,0 +1,101 @@
+"""The local metrics store: one long-format parquet file per run, written with polars.
+
+Columns (the metric contract of DESIGN.md): ``run_id, stage, step, task, split, metric, value, time``, plus
+``text`` for values that are tables (``ft_top1`` as JSON). Run-level metrics have ``task = null``.
+
+The file is rewritten atomically (temporary file, then rename) at every flush, so a reader — a notebook polling
+a run in progress — always sees a complete file, and a crash never leaves a half-written one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+import polars as pl
+
+SCHEMA = {
+    "run_id": pl.Utf8,
+    "stage": pl.Utf8,
+    "step": pl.Int64,
+    "task": pl.Utf8,
+    "split": pl.Utf8,
+    "metric": pl.Utf8,
+    "value": pl.Float64,
+    "time": pl.Float64,
+    "text": pl.Utf8,
+}
+FILENAME = "metrics.parquet"
+
+
+@dataclass(frozen=True)
+class Row:
+    stage: str
+    step: int
+    task: Optional[str]
+    split: str
+    metric: str
+    value: float
+    text: Optional[str] = None
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+class MetricsStore:
+    """Buffers rows in memory and rewrites ``metrics.parquet`` at each :meth:`flush`."""
+
+    def __init__(self, run_dir: Path, run_id: str, flush_seconds: float = 30.0):
+        self.path = Path(run_dir) / FILENAME
+        self.run_id = run_id
+        self.flush_seconds = flush_seconds
+        self._columns: dict[str, list] = {name: [] for name in SCHEMA}
+        self._dirty = False
+        self._last_flush = time.monotonic()
+
+    def log(self, rows: Iterable[Row]) -> None:
+        now = time.time()
+        cols = self._columns
+        for r in rows:
+            cols["run_id"].append(self.run_id)
+            cols["stage"].append(r.stage)
+            cols["step"].append(int(r.step))
+            cols["task"].append(r.task)
+            cols["split"].append(r.split)
+            cols["metric"].append(r.metric)
+            cols["value"].append(float(r.value))
+            cols["time"].append(now)
+            cols["text"].append(r.text)
+            self._dirty = True
+        if self._dirty and time.monotonic() - self._last_flush > self.flush_seconds:
+            self.flush()
+
+    def frame(self) -> pl.DataFrame:
+        return pl.DataFrame(self._columns, schema=SCHEMA)
+
+    def flush(self) -> None:
+        if not self._dirty and self.path.exists():
+            return
+        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+        self.frame().write_parquet(tmp)
+        os.replace(tmp, self.path)
+        self._dirty = False
+        self._last_flush = time.monotonic()
+
+
+def read_metrics(run_dir: str | Path) -> pl.DataFrame:
+    """The store of a run (finished or in progress)."""
+    return pl.read_parquet(Path(run_dir) / FILENAME)

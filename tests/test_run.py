@@ -1,0 +1,96 @@
+"""End-to-end runs: the micro config as written, stage init chains, determinism, the pretraining cache."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+import yaml
+
+from harness.config import validate_data
+from harness.runner import run_experiment
+from harness.store import read_metrics
+
+
+def test_micro_run_writes_resolved_config_and_store(micro_run):
+    resolved = yaml.safe_load((micro_run / "config.resolved.yaml").read_text())
+    assert resolved["name"] == "micro" and len(resolved["stages"]) == 3
+    assert resolved["stages"][2]["optim"]["lr"] == 1e-3
+    store = read_metrics(micro_run)
+    assert list(store.columns)[:8] == ["run_id", "stage", "step", "task", "split", "metric", "value", "time"]
+    exp = validate_data(resolved)
+    for stage in exp.resolved_stages():
+        losses = store.filter((pl.col("stage") == stage.name) & (pl.col("metric") == "loss")
+                              & (pl.col("split") == "train") & pl.col("task").is_not_null())
+        assert set(losses["task"].unique()) == set(stage.mixture.tasks), stage.name
+        assert losses["value"].is_finite().all()
+    run_level = store.filter(pl.col("task").is_null() & (pl.col("split") == "train"))
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "pad_fraction", "update_ratio"} <= set(run_level["metric"])
+    assert run_level.filter(pl.col("metric") == "pad_fraction")["value"].max() < 0.25
+
+
+def test_micro_run_logs_effective_composition_and_checkpoints(micro_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    summary = json.loads((micro_run / "summary.json").read_text())
+    short = next(s for s in summary["stages"] if s["name"] == "short")
+    comp = short["composition"]
+    assert set(comp) == {"repeat", "identity", "yesno", "math"}
+    assert sum(c["examples"] for c in comp.values()) == 40 * 16
+    assert abs(comp["yesno"]["share"] - 0.4) < 0.1
+    for stage in ("repeat_only", "short", "assistant"):
+        ckpt = micro_run / "checkpoints" / stage
+        assert (ckpt / "model.safetensors").exists()
+        tok = AutoTokenizer.from_pretrained(ckpt)
+        text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+        assert text.endswith("<|im_start|>assistant\n")
+    AutoModelForCausalLM.from_pretrained(micro_run / "checkpoints" / "assistant")
+
+
+def _run(tiny, tmp_path, name="run"):
+    exp = validate_data(tiny)
+    return run_experiment(exp, tmp_path / name)
+
+
+def _eval_rows(run_dir, stage, step):
+    store = read_metrics(run_dir)
+    rows = store.filter((pl.col("stage") == stage) & (pl.col("step") == step) & (pl.col("split") == "heldout")
+                        & (pl.col("metric").is_in(["tf_first", "loss", "ft_rank_mean"])))
+    return {(r["task"], r["metric"]): r["value"] for r in rows.iter_rows(named=True)}
+
+
+def test_stage_init_chain(tiny, tmp_path):
+    tiny["stages"] = [
+        {"name": "a", "steps": 4, "mixture": {"repeat": 1.0}},
+        {"name": "b", "steps": 4, "init": "previous", "mixture": {"yesno": 1.0}},
+        {"name": "c", "steps": 4, "init": "a", "mixture": {"math": 1.0}},
+        {"name": "d", "steps": 4, "init": "base", "mixture": {"math": 1.0}},
+    ]
+    tiny["eval"]["every"] = 100
+    run_dir = _run(tiny, tmp_path).run_dir
+    start_a, end_a, end_b = _eval_rows(run_dir, "a", 0), _eval_rows(run_dir, "a", 4), _eval_rows(run_dir, "b", 8)
+    assert start_a and end_a != start_a
+    assert _eval_rows(run_dir, "b", 4) == end_a, "previous: b starts where a ended"
+    assert _eval_rows(run_dir, "c", 8) == end_a != end_b, "c starts from a's end, not b's"
+    assert _eval_rows(run_dir, "d", 12) == start_a, "base: d starts from the base model"
+
+
+def test_same_config_and_seed_give_same_metrics(tiny, tmp_path):
+    a = read_metrics(_run(tiny, tmp_path, "a").run_dir)
+    b = read_metrics(_run(tiny, tmp_path, "b").run_dir)
+    cols = ["stage", "step", "task", "split", "metric", "value"]
+    volatile = ["tokens_per_s"]
+    a, b = (f.filter(~pl.col("metric").is_in(volatile)).select(cols) for f in (a, b))
+    assert a.equals(b)
+
+
+def test_pretraining_cache_hit_on_second_run(tiny, tmp_path):
+    tiny["model"]["pretrain"]["steps"] = 6  # a base no other test pretrains
+    first = _run(tiny, tmp_path, "first").summary["base"]
+    second = _run(tiny, tmp_path, "second").summary["base"]
+    assert first["cache_hit"] is False and second["cache_hit"] is True
+    assert first["cache_dir"] == second["cache_dir"]
+    assert second["pretrain_final_loss"] == pytest.approx(first["pretrain_final_loss"])
+    tiny["model"]["pretrain"]["lr"] = 1e-3  # anything that shapes the base changes the key
+    assert _run(tiny, tmp_path, "third").summary["base"]["cache_hit"] is False
