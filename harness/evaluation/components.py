@@ -1,0 +1,210 @@
+"""Evaluators and probes: what each one needs computed, and how it turns per-item records into metrics.
+
+A component is a small object with three things (the plugin boundary):
+
+- ``needs``: which model passes it relies on — ``"greedy"`` (greedy decoding), ``"teacher_forced"`` (one forward
+  over prompt + gold answer), ``"first_logits"`` (the logits at the first answer position, i.e. the last prompt
+  position). The runner computes the union of the needs once, sharing passes between components: ``mode_ok``
+  reuses ``greedy``'s decoding, and ``first_logits`` come from the teacher-forced forward when it runs, else from
+  the prefill of greedy decoding, else from one bare forward over the prompts (last position only);
+- ``metrics(records, recipe, ctx)``: ``{metric: value}`` for the records of one task × split;
+- ``tables(records, recipe, ctx)``: optional ``{table: [(token_string, count), ...]}`` for the same group.
+
+Records (:class:`ItemRecord`) carry every per-item fact the passes produced. To add an evaluator, subclass
+:class:`Component` and register an instance: ``EVALUATORS.add("my_metric", MyMetric())``.
+
+This module imports no torch, so ``harness.config`` can validate names cheaply.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from harness.registry import Registry
+
+NEED_GREEDY = "greedy"
+NEED_TEACHER_FORCED = "teacher_forced"
+NEED_FIRST_LOGITS = "first_logits"
+
+#: Name of the teacher-forced eval loss (mean CE per answer token, eos included) in the metric contract. Not
+#: ``loss``: on the ``train`` eval split that would collide with the training loss rows (``loss/train/<task>``).
+EVAL_LOSS_METRIC = "eval_loss"
+TOP1_TABLE_SIZE = 10
+
+
+@dataclass
+class EvalContext:
+    """What components may need besides the records: the tokenizer, the hijack token ids and the eval spec."""
+
+    tokenizer: Any
+    hijack_ids: frozenset[int]
+    spec: Any
+
+
+@dataclass
+class ItemRecord:
+    """Everything measured on one :class:`harness.data.EvalItem`; fields stay ``None`` when not computed."""
+
+    item: Any
+    # greedy decoding
+    pred_ids: list[int] | None = None  # generated ids, eos included when it was reached, no padding
+    pred: str | None = None  # decoded with skip_special_tokens
+    correct: bool | None = None  # recipe.is_correct(pred, gold_text)
+    mode_ok: bool | None = None  # recipe.mode_ok(pred)
+    # teacher forcing
+    tf_hits: list[bool] | None = None  # per gold token: is it the argmax given the gold prefix
+    tf_nll: float | None = None  # summed cross-entropy of the gold tokens (nats)
+    # first answer position
+    gold_first_token: str | None = None  # the gold first token, decoded
+    gold_first_rank: int | None = None  # 1 + number of tokens with a strictly greater logit
+    top1_id: int | None = None
+    top1_token: str | None = None
+    top5: list[dict[str, Any]] | None = None  # [{token, id, prob}], most likely first
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gold_first_id(self) -> int | None:
+        return self.item.gold_ids[0] if self.item.gold_ids else None
+
+    @property
+    def tf_first(self) -> bool | None:
+        return None if not self.tf_hits else self.tf_hits[0]
+
+    @property
+    def tf_exact(self) -> bool | None:
+        return None if self.tf_hits is None else all(self.tf_hits)
+
+    def sample(self) -> dict[str, Any]:
+        """The ``samples.jsonl`` record (without run / stage / step, which the caller adds)."""
+        item = self.item
+        gold_first = self.gold_first_id
+        out = {
+            "task": item.task,
+            "split": item.split,
+            "index": item.index,
+            "prompt": item.prompt_text,
+            "gold": item.gold_text,
+            "pred": self.pred,
+            "correct": self.correct,
+            "mode_ok": self.mode_ok,
+            "tf_first": self.tf_first,
+            "tf_exact": self.tf_exact,
+            "gold_first_id": gold_first,
+            "gold_first_token": self.gold_first_token,
+            "gold_first_rank": self.gold_first_rank,
+            "top5": self.top5 if self.top5 is not None else [],
+        }
+        out.update(self.extra)
+        return out
+
+
+class Component:
+    """Base of evaluators and probes (see the module docstring)."""
+
+    name: ClassVar[str] = ""
+    needs: ClassVar[frozenset[str]] = frozenset()
+    metric_names: ClassVar[tuple[str, ...]] = ()
+
+    def metrics(self, records: list[ItemRecord], recipe: Any, ctx: EvalContext) -> dict[str, float]:
+        raise NotImplementedError
+
+    def tables(self, records: list[ItemRecord], recipe: Any, ctx: EvalContext) -> dict[str, list[tuple[str, int]]]:
+        return {}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+def _mean(values: list[float]) -> float:
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+class Greedy(Component):
+    """``greedy``: share of greedy outputs that the task's recipe judges correct (``is_correct(pred, gold)``)."""
+
+    name = "greedy"
+    needs = frozenset({NEED_GREEDY})
+    metric_names = ("greedy",)
+
+    def metrics(self, records, recipe, ctx):
+        return {"greedy": _mean([float(bool(r.correct)) for r in records])}
+
+
+class ModeOk(Component):
+    """``mode_ok``: share of greedy outputs with the task's answer shape (``recipe.mode_ok(pred)``)."""
+
+    name = "mode_ok"
+    needs = frozenset({NEED_GREEDY})
+    metric_names = ("mode_ok",)
+
+    def metrics(self, records, recipe, ctx):
+        return {"mode_ok": _mean([float(bool(r.mode_ok)) for r in records])}
+
+
+class TeacherForced(Component):
+    """``teacher_forced``: with the gold answer as input, ``tf_first`` (the gold first token is the argmax),
+    ``tf_exact`` (every gold token, eos included, is the argmax) and ``loss`` (mean CE per gold token over the
+    task × split, token-weighted)."""
+
+    name = "teacher_forced"
+    needs = frozenset({NEED_TEACHER_FORCED})
+    metric_names = ("tf_first", "tf_exact", EVAL_LOSS_METRIC)
+
+    def metrics(self, records, recipe, ctx):
+        n_tokens = sum(len(r.tf_hits or []) for r in records)
+        nll = sum(r.tf_nll or 0.0 for r in records)
+        return {
+            "tf_first": _mean([float(bool(r.tf_first)) for r in records]),
+            "tf_exact": _mean([float(bool(r.tf_exact)) for r in records]),
+            EVAL_LOSS_METRIC: nll / n_tokens if n_tokens else float("nan"),
+        }
+
+
+class FirstToken(Component):
+    """``first_token``: at the first answer position, the rank of the gold first token over the whole vocabulary
+    (``ft_rank_mean``, ``ft_rank_median``, ``ft_mrr``; rank 1 = top, ties counted in the token's favour: rank =
+    1 + number of tokens with a strictly greater logit), ``ft_hijack`` (share of prompts whose top-1 token is in
+    the hijack set) and ``ft_top1`` (share of the most common top-1 token; the table of the 10 most common goes to
+    ``EvalResult.tables["ft_top1"]``)."""
+
+    name = "first_token"
+    needs = frozenset({NEED_FIRST_LOGITS})
+    metric_names = ("ft_rank_mean", "ft_rank_median", "ft_mrr", "ft_hijack", "ft_top1")
+
+    def metrics(self, records, recipe, ctx):
+        ranks = [r.gold_first_rank for r in records if r.gold_first_rank is not None]
+        top1 = self._counts(records)
+        return {
+            "ft_rank_mean": _mean([float(x) for x in ranks]),
+            "ft_rank_median": float(statistics.median(ranks)) if ranks else float("nan"),
+            "ft_mrr": _mean([1.0 / x for x in ranks]),
+            "ft_hijack": _mean([float(r.top1_id in ctx.hijack_ids) for r in records]),
+            "ft_top1": top1[0][2] / len(records) if top1 else float("nan"),
+        }
+
+    def tables(self, records, recipe, ctx):
+        return {"ft_top1": [(token, count) for _, token, count in self._counts(records)[:TOP1_TABLE_SIZE]]}
+
+    @staticmethod
+    def _counts(records: list[ItemRecord]) -> list[tuple[int, str, int]]:
+        """``(token_id, token_string, count)`` by decreasing count, ties by token id (deterministic)."""
+        counts = Counter(r.top1_id for r in records if r.top1_id is not None)
+        names = {r.top1_id: r.top1_token for r in records}
+        return [(i, names[i] or "", c) for i, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+EVALUATORS: Registry[Component] = Registry("evaluator")
+PROBES: Registry[Component] = Registry("probe")
+
+EVALUATORS.add("greedy", Greedy())
+EVALUATORS.add("mode_ok", ModeOk())
+EVALUATORS.add("teacher_forced", TeacherForced())
+PROBES.add("first_token", FirstToken())
+
+
+#: Every metric an evaluation can write (the store tells evaluation rows from training rows by these names).
+EVAL_METRICS = frozenset(m for registry in (EVALUATORS, PROBES) for n in registry.names()
+                         for m in registry.get(n).metric_names)
