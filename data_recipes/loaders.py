@@ -180,6 +180,7 @@ class _FileLoader(DatasetLoader):
     def _load(self):
         import datasets
 
+        datasets.disable_progress_bars()  # a progress bar per file load is noise on the console
         path = self.params.path
         if not any(ch in path for ch in "*?[") and not os.path.isfile(path):
             raise self._fail(f"file not found (params.path{', cwd ' + os.getcwd() if not os.path.isabs(path) else ''})")
@@ -220,6 +221,7 @@ class HFLoader(DatasetLoader):
 
         import datasets
 
+        datasets.disable_progress_bars()
         p = self.params
         if os.path.isdir(p.id) and (os.path.isfile(os.path.join(p.id, "state.json"))
                                     or os.path.isfile(os.path.join(p.id, "dataset_dict.json"))):

@@ -108,8 +108,65 @@ class OptimSpec(Strict):
     grad_clip: Optional[float] = Field(1.0, gt=0, description="Max global grad norm; null disables clipping.")
 
 
+class TrainableSpec(Strict):
+    """What trains in a stage. ``trainable: full`` is short for ``trainable: {mode: full}``."""
+
+    mode: Literal["full", "lora", "hira", "frozen"] = Field(
+        "full", description="full | lora | hira (adapters through peft) | frozen (only new_token_rows / unfreeze)")
+    r: int = Field(8, ge=1, description="Adapter rank (lora, hira).")
+    alpha: float = Field(16.0, gt=0, description="Adapter scaling numerator (lora_alpha).")
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: Optional[list[str]] = Field(
+        None, description="Modules that get adapters; default: q_proj, k_proj, v_proj, up_proj, down_proj "
+                          "(the seed's HiRA choice: attention q/k/v and two MLP projections).")
+    new_token_rows: bool = Field(False, description="Train the embedding / output rows of the tokens the harness "
+                                                    "added (chat-role tokens; EOS / pad when new).")
+    unfreeze: list[str] = Field(default_factory=list, description="Regexes of parameter names trained on top of "
+                                                                  "the mode (e.g. lm_head, norm).")
+    adapter: Literal["merge", "continue"] = Field(
+        "merge", description="At the next stage: merge this stage's adapter into the weights, or keep training it.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"mode": data} if isinstance(data, str) else data
+
+
+class LossSpec(Strict):
+    """The training loss. ``loss: gem`` is short for ``loss: {name: gem}``. Plain CE is always logged too."""
+
+    name: Literal["ce", "gem"] = Field("ce", description="ce | gem (Li et al. 2024, entropic distribution matching)")
+    beta: float = Field(0.7, gt=0, le=1, description="GEM beta.")
+    h: Literal["linear", "logsigmoid"] = Field("linear", description="GEM's h function.")
+    task_weights: dict[str, float] = Field(default_factory=dict, description="Per-task loss weights (default 1).")
+    first_token_weight: float = Field(1.0, gt=0, description="Weight of each answer's first token.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"name": data} if isinstance(data, str) else data
+
+
+class NonFiniteSpec(Strict):
+    """What to do when the loss or a gradient is NaN/Inf. ``nonfinite: skip_step`` is short for the action."""
+
+    action: Literal["stop", "skip_step", "off"] = Field(
+        "stop", description="stop (exit 3 with a report naming the module) | skip_step | off (no check)")
+    max_consecutive: int = Field(5, ge=1, description="skip_step: stop after this many skipped steps in a row.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"action": data} if isinstance(data, str) else data
+
+
 class TrainSpec(Strict):
     """Training settings; the defaults for every stage, each overridable in a stage."""
+
+    trainable: TrainableSpec = Field(default_factory=TrainableSpec)
+    loss: LossSpec = Field(default_factory=LossSpec)
+    precision: Literal["fp32", "bf16-autocast"] = Field(
+        "fp32", description="bf16-autocast keeps fp32 master weights and optimiser state.")
 
     batch_size: int = Field(16, ge=1, description="Examples per optimiser step.")
     max_length: int = Field(256, ge=8, description="Longer examples are dropped (counted per task).")
@@ -119,6 +176,11 @@ class TrainSpec(Strict):
         32, ge=1, description="Batches drawn together and sorted by length, so batches pad little (1 = off)."
     )
     checkpoint: bool = Field(True, description="Save a Hugging Face checkpoint at the end of the stage.")
+    checkpoint_every: Optional[int] = Field(None, ge=1, description="Also save a resumable checkpoint every N "
+                                                                     "steps (model, optimiser, RNG, data position).")
+    keep_checkpoints: int = Field(2, ge=1, description="Periodic checkpoints kept (the newest).")
+    nonfinite: NonFiniteSpec = Field(default_factory=NonFiniteSpec)
+    diagnostics: bool = Field(True, description="Per-module-group grad norms and update ratios (diag/...).")
 
 
 def _partial(model: type[BaseModel], name: str) -> dict[str, Any]:
@@ -127,7 +189,7 @@ def _partial(model: type[BaseModel], name: str) -> dict[str, Any]:
     for field_name, info in model.model_fields.items():
         annotation = info.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            annotation = create_model(f"{name}{annotation.__name__}", __base__=Strict, **_partial(annotation, name))
+            annotation = create_model(f"{name}{annotation.__name__}", __base__=annotation, **_partial(annotation, name))
         info = copy.copy(info)
         info.default, info.default_factory = None, None
         fields[field_name] = (Optional[annotation], info)
@@ -191,6 +253,26 @@ class TrackingSpec(Strict):
     console: bool = Field(True, description="Progress bars and tables on the console.")
 
 
+class DataSpec(Strict):
+    """How bad training data is handled."""
+
+    too_long: Literal["drop", "error"] = Field(
+        "drop", description="Examples longer than train.max_length: drop them (counted per task) or stop.")
+
+
+class InjectSpec(Strict):
+    step: int = Field(..., ge=1, description="Global step at which to inject.")
+    repeat: int = Field(1, ge=1, description="Inject at this many consecutive steps.")
+    where: Literal["forward", "grad"] = "forward"
+    module: str = Field(..., description="Regex over module names (forward) or parameter names (grad).")
+
+
+class DebugSpec(Strict):
+    """Switches for seeing the safety nets work."""
+
+    inject_nonfinite: Optional[InjectSpec] = Field(None, description="Make an output / gradient NaN at a step.")
+
+
 class Experiment(Strict):
     """A declarative multi-stage SFT experiment."""
 
@@ -203,6 +285,8 @@ class Experiment(Strict):
     eval: EvalSpec = Field(default_factory=EvalSpec)
     stages: list[StageSpec] = Field(..., min_length=1)  # type: ignore[valid-type]
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    debug: DebugSpec = Field(default_factory=DebugSpec)
 
     @field_validator("tasks")
     @classmethod

@@ -80,7 +80,7 @@ def builtin_base(spec: ModelSpec, corpus: list[str], train_examples: list, seed:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from harness.models import build_builtin, builtin_config
-    from harness.train import train_stage
+    from harness.train import StageLoop, train_stage
 
     tokenizer = train_tokenizer(tokenizer_texts(corpus, train_examples), spec.tokenizer.vocab_size,
                                 spec.tokenizer.min_frequency)
@@ -109,13 +109,11 @@ def builtin_base(spec: ModelSpec, corpus: list[str], train_examples: list, seed:
     def log(rows, step):
         losses.extend(r.value for r in rows if r.task is None and r.metric == "loss")
 
-    train_stage(
-        model, batches, stage="pretrain", start_step=0,
-        optim=OptimSpec(lr=pre.lr, warmup=pre.warmup, weight_decay=pre.weight_decay),
-        log_every=max(1, pre.steps // 10), eval_every=pre.steps + 1, tasks=["pretrain"],
-        log=log, evaluate=lambda step: None,
-        progress=progress("pretrain", pre.steps) if progress else None,
-    )
+    train_stage(model, batches, StageLoop(
+        stage="pretrain", start_step=0, optim=OptimSpec(lr=pre.lr, warmup=pre.warmup, weight_decay=pre.weight_decay),
+        tasks=["pretrain"], log=log, evaluate=lambda step: None, log_every=max(1, pre.steps // 10),
+        diagnostics=False, progress=progress("pretrain", pre.steps) if progress else None,
+    ))
     model.eval()
     save_atomically(cache_dir, model, tokenizer, {"final_loss": losses[-1] if losses else None, "key": key})
     return model, tokenizer, BaseModelInfo(cache_dir, False, losses[-1] if losses else None)

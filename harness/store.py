@@ -83,6 +83,23 @@ class MetricsStore:
         if self._dirty and time.monotonic() - self._last_flush > self.flush_seconds:
             self.flush()
 
+    def load_existing(self, keep) -> None:
+        """Start from the rows already on disk that ``keep(stage, step, metric)`` accepts (resuming a run)."""
+        if not self.path.exists():
+            return
+        frame = pl.read_parquet(self.path)
+        for row in frame.iter_rows(named=True):
+            if keep(row["stage"], row["step"], row["metric"]):
+                for name in SCHEMA:
+                    self._columns[name].append(row[name])
+        self._dirty = True
+        self.flush()
+
+    def rows(self) -> list[Row]:
+        c = self._columns
+        return [Row(*values) for values in zip(c["stage"], c["step"], c["task"], c["split"], c["metric"],
+                                               c["value"], c["text"])]
+
     def frame(self) -> pl.DataFrame:
         return pl.DataFrame(self._columns, schema=SCHEMA)
 

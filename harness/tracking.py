@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from harness.config import Experiment
 from harness.store import MetricsStore, Row
@@ -22,8 +22,12 @@ def wandb_key(metric: str, split: str, task: Optional[str]) -> str:
 class Tracker:
     """Fans rows out to the store and wandb; owns the wandb run."""
 
-    def __init__(self, exp: Experiment, run_dir: Path, run_id: str, config: dict[str, Any]):
+    def __init__(self, exp: Experiment, run_dir: Path, run_id: str, config: dict[str, Any],
+                 resume_filter: Optional[Callable[[str, int, str], bool]] = None):
+        """``resume_filter(stage, step, metric)``: continue a run, keeping the stored rows it accepts."""
         self.store = MetricsStore(run_dir, run_id)
+        if resume_filter is not None:
+            self.store.load_existing(resume_filter)
         self.run_dir = run_dir
         self.wandb_run = None
         spec = exp.tracking.wandb
@@ -34,8 +38,13 @@ class Tracker:
             self.wandb_run = wandb.init(
                 mode=spec.mode, project=spec.project, entity=spec.entity, group=spec.group, tags=spec.tags,
                 name=run_id, id=run_id, dir=str(run_dir), config=config, reinit="create_new",
+                resume="allow" if resume_filter is not None else None,
                 settings=wandb.Settings(console="off", silent=True),
             )
+
+    def existing_rows(self) -> list[Row]:
+        """Rows already in the store (those kept from a resumed run)."""
+        return self.store.rows()
 
     def log(self, rows: Iterable[Row], step: int) -> None:
         rows = list(rows)

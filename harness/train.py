@@ -1,11 +1,11 @@
 """The training loop: one stage of completion-only SFT, read top to bottom.
 
 Per step: a length-grouped batch → forward through the model body → vocabulary projection *only at supervised
-positions* (the completion-only loss never needs the others) → cross-entropy → backward → clip → AdamW step →
-warmup/cosine schedule. Every ``log_every`` steps the window's training metrics go to the tracker (overall and
-per-task loss, lr, grad norm, update ratio, tokens/s, pad fraction); every ``eval.every`` global steps, and at
-both edges of the stage, the ``evaluate`` callback runs. Metrics are accumulated on-device and read back
-(a host sync) once per window, not per step.
+positions* (a completion-only loss never needs the others) → loss → backward → non-finite guard → clip → AdamW
+step → warmup/cosine schedule. Every ``log_every`` steps the window's training metrics go to the tracker (overall
+and per-task loss, lr, grad norm, update ratio, tokens/s, pad fraction, per-module-group health); every
+``eval.every`` global steps and at the stage's end the ``evaluate`` callback runs; every ``checkpoint_every``
+steps a resumable checkpoint is written. Metrics are accumulated on-device and read back once per window.
 """
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
-from harness.config import OptimSpec
+from harness.config import NonFiniteSpec, OptimSpec
 from harness.data import IGNORE_INDEX, Batch
+from harness.diagnostics import GroupStats
+from harness.guard import Injector, NonFiniteError, first_nonfinite_module, nonfinite_grads
 from harness.store import Row
 
 # Model types whose logits are exactly lm_head(last hidden state); for them the loss projects only supervised
@@ -71,100 +73,178 @@ def make_optimizer(model, spec: OptimSpec, total_steps: int):
 class Window:
     """Training metrics accumulated over one logging window (on-device sums, read once per window)."""
 
-    tasks: list[str]
+    n_tasks: int
     loss_sum: torch.Tensor = None  # per task
     token_count: torch.Tensor = None  # per task
-    grad_norm_sum: torch.Tensor = field(default_factory=lambda: torch.zeros(()))
+    grad_norm_sum: torch.Tensor = None
     steps: int = 0
+    skipped: int = 0
     real_tokens: int = 0
     padded_tokens: int = 0
-    started: float = field(default_factory=time.perf_counter)
+    seconds: float = 0.0  # training time in the window (evaluation excluded)
 
     def __post_init__(self):
-        self.loss_sum = torch.zeros(len(self.tasks))
-        self.token_count = torch.zeros(len(self.tasks))
+        self.loss_sum = torch.zeros(self.n_tasks) if self.loss_sum is None else self.loss_sum
+        self.token_count = torch.zeros(self.n_tasks) if self.token_count is None else self.token_count
+        self.grad_norm_sum = torch.zeros(()) if self.grad_norm_sum is None else self.grad_norm_sum
 
     def add(self, losses: torch.Tensor, task_of_token: torch.Tensor, grad_norm: torch.Tensor, batch: Batch) -> None:
-        self.loss_sum.index_add_(0, task_of_token, losses.detach())
-        self.token_count.index_add_(0, task_of_token, torch.ones_like(losses))
-        self.grad_norm_sum += grad_norm.detach()
+        self.loss_sum.index_add_(0, task_of_token, losses.detach().float())
+        self.token_count.index_add_(0, task_of_token, torch.ones_like(losses, dtype=torch.float32))
+        self.grad_norm_sum += grad_norm.detach().float()
         self.steps += 1
         self.real_tokens += batch.n_real_tokens
         self.padded_tokens += batch.n_padded_tokens
 
-    def rows(self, stage: str, step: int, lr: float, update_ratio: Optional[float]) -> list[Row]:
-        elapsed = time.perf_counter() - self.started
+    def rows(self, tasks: list[str], stage: str, step: int, lr: float) -> list[Row]:
         counts = self.token_count.tolist()
         sums = self.loss_sum.tolist()
-        out = [Row(stage, step, task, "train", "loss", s / c) for task, s, c in zip(self.tasks, sums, counts) if c]
-        out += [
-            Row(stage, step, None, "train", "loss", sum(sums) / max(1.0, sum(counts))),
-            Row(stage, step, None, "train", "lr", lr),
-            Row(stage, step, None, "train", "grad_norm", float(self.grad_norm_sum) / max(1, self.steps)),
-            Row(stage, step, None, "train", "tokens_per_s", self.real_tokens / max(elapsed, 1e-9)),
-            Row(stage, step, None, "train", "pad_fraction", 1 - self.real_tokens / max(1, self.padded_tokens)),
-        ]
-        if update_ratio is not None:
-            out.append(Row(stage, step, None, "train", "update_ratio", update_ratio))
+        out = [Row(stage, step, task, "train", "loss", s / c) for task, s, c in zip(tasks, sums, counts) if c]
+        if self.steps:
+            out += [
+                Row(stage, step, None, "train", "loss", sum(sums) / max(1.0, sum(counts))),
+                Row(stage, step, None, "train", "grad_norm", float(self.grad_norm_sum) / self.steps),
+                Row(stage, step, None, "train", "tokens_per_s", self.real_tokens / max(self.seconds, 1e-9)),
+                Row(stage, step, None, "train", "pad_fraction", 1 - self.real_tokens / max(1, self.padded_tokens)),
+            ]
+        out.append(Row(stage, step, None, "train", "lr", lr))
+        if self.skipped:
+            out.append(Row(stage, step, None, "train", "skipped_steps", self.skipped))
         return out
 
+    def state(self) -> dict[str, Any]:
+        return {"loss_sum": self.loss_sum.tolist(), "token_count": self.token_count.tolist(),
+                "grad_norm_sum": float(self.grad_norm_sum), "steps": self.steps, "skipped": self.skipped,
+                "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens, "seconds": self.seconds}
 
-def _update_ratio(before: list[torch.Tensor], params: list[torch.Tensor]) -> float:
-    """‖Δθ‖ / ‖θ‖ over all trainable parameters for the step just taken."""
-    delta = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(params, before)))
-    norm = torch.sqrt(sum((p.detach() ** 2).sum() for p in params))
-    return float(delta / norm.clamp_min(1e-12))
+    @classmethod
+    def from_state(cls, n_tasks: int, state: dict[str, Any]) -> "Window":
+        return cls(n_tasks, torch.tensor(state["loss_sum"]), torch.tensor(state["token_count"]),
+                   torch.tensor(state["grad_norm_sum"]), state["steps"], state["skipped"], state["real_tokens"],
+                   state["padded_tokens"], state["seconds"])
 
 
-def train_stage(
-    model,
-    batches: list[Batch],
-    *,
-    stage: str,
-    start_step: int,
-    optim: OptimSpec,
-    log_every: int,
-    eval_every: int,
-    tasks: list[str],
-    log: Callable[[list[Row], int], None],
-    evaluate: Callable[[int], None],
-    progress: Optional[Callable[[int], None]] = None,
-) -> int:
-    """Train ``model`` on ``batches`` (one optimiser step each); returns the global step at the end.
+@dataclass
+class LoopState:
+    """Where a stage's loop is: enough to continue it exactly (saved in resumable checkpoints)."""
 
-    ``evaluate(step)`` is called at the stage's last step and at every multiple of ``eval_every`` inside it (the
-    caller evaluates the stage's first edge itself, since it may reuse the previous stage's end).
-    """
-    task_index = {t: i for i, t in enumerate(tasks)}
+    batch_index: int = 0  # batches of this stage already consumed
+    consecutive_skips: int = 0
+    window: Optional[dict[str, Any]] = None
+    optimizer: Optional[dict[str, Any]] = None
+    scheduler: Optional[dict[str, Any]] = None
+
+
+@dataclass
+class StageLoop:
+    """The settings of one stage's loop and the callbacks it reports through."""
+
+    stage: str
+    start_step: int  # global step before the stage's first batch
+    optim: OptimSpec
+    tasks: list[str]
+    log: Callable[[list[Row], int], None]
+    evaluate: Callable[[int], None]
+    log_every: int = 10
+    eval_every: int = 10**9
+    nonfinite: NonFiniteSpec = field(default_factory=NonFiniteSpec)
+    diagnostics: bool = True
+    injector: Optional[Injector] = None
+    checkpoint_every: Optional[int] = None
+    save_checkpoint: Optional[Callable[[int, LoopState], None]] = None
+    progress: Optional[Callable[[int], None]] = None
+
+
+def _diagnose(model, batch: Batch, stage: str, step: int, what: str) -> dict[str, Any]:
+    """Name the first module with a non-finite output (re-running the batch with hooks) and the bad grads."""
+    tasks: dict[str, int] = {}
+    for t in batch.tasks:
+        tasks[t] = tasks.get(t, 0) + 1
+    return {
+        "step": step, "stage": stage, "what": what,
+        "first_module": first_nonfinite_module(model, lambda: token_losses(model, batch)),
+        "nonfinite_grads": nonfinite_grads(model),
+        "tasks": tasks,
+    }
+
+
+def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[LoopState] = None) -> int:
+    """Train ``model`` on ``batches`` (one optimiser step each), from ``resume`` if given; returns the global
+    step at the end. Raises :class:`~harness.guard.NonFiniteError` when the guard stops the run."""
+    task_index = {t: i for i, t in enumerate(loop.tasks)}
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer, scheduler = make_optimizer(model, optim, len(batches))
+    groups = GroupStats(model) if loop.diagnostics else None
+    optimizer, scheduler = make_optimizer(model, loop.optim, len(batches))
+    state = resume or LoopState()
+    if state.optimizer is not None:
+        optimizer.load_state_dict(state.optimizer)
+        scheduler.load_state_dict(state.scheduler)
+    window = Window.from_state(len(loop.tasks), state.window) if state.window else Window(len(loop.tasks))
+    max_norm = loop.optim.grad_clip if loop.optim.grad_clip is not None else float("inf")
+    guard = loop.nonfinite.action != "off"
     model.train()
-    window = Window(tasks)
-    step = start_step
-    for i, batch in enumerate(batches):
-        step += 1
-        is_log_step = (i + 1) % log_every == 0 or i + 1 == len(batches)
 
+    for i in range(state.batch_index, len(batches)):
+        batch, step = batches[i], loop.start_step + i + 1
+        is_log_step = (i + 1) % loop.log_every == 0 or i + 1 == len(batches)
+        started, before = time.perf_counter(), None
+
+        if loop.injector is not None:
+            loop.injector.before_forward(model, step)
         losses, rows = token_losses(model, batch)
         loss = losses.mean()
         loss.backward()
-        max_norm = optim.grad_clip if optim.grad_clip is not None else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        before = [p.detach().clone() for p in params] if is_log_step else None
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        if loop.injector is not None:
+            loop.injector.after_backward(model, step)
+        group_grads = groups.grad_norms() if groups is not None and is_log_step else None
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
 
-        row_task = torch.tensor([task_index[t] for t in batch.tasks])
-        window.add(losses, row_task[rows], grad_norm, batch)
+        if guard and not bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):  # one host sync per step
+            what = "loss" if not torch.isfinite(loss) else "gradient"
+            report = _diagnose(model, batch, loop.stage, step, what)
+            state.consecutive_skips += 1
+            if loop.nonfinite.action == "stop" or state.consecutive_skips >= loop.nonfinite.max_consecutive:
+                if loop.nonfinite.action == "skip_step":
+                    report["consecutive_skips"] = state.consecutive_skips
+                raise NonFiniteError(report)
+            optimizer.zero_grad(set_to_none=True)  # skip_step: drop this step, keep the schedule
+            scheduler.step()
+            window.skipped += 1
+            if loop.injector is not None:
+                loop.injector.remove()
+            loop.log([Row(loop.stage, step, None, "train", "nonfinite_skip", 1.0)], step)
+        else:
+            state.consecutive_skips = 0
+            if loop.injector is not None:
+                loop.injector.remove()
+            # Clip only now: clipping non-finite gradients would smear NaN over every parameter's gradient.
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, grad_norm)
+            before = groups.snapshot() if groups is not None and is_log_step else None
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            row_task = torch.tensor([task_index[t] for t in batch.tasks])
+            window.add(losses, row_task[rows], grad_norm, batch)
+
+        window.seconds += time.perf_counter() - started
         if is_log_step:
-            log(window.rows(stage, step, lr, _update_ratio(before, params)), step)
-            window = Window(tasks)
-        if progress is not None:
-            progress(1)
-        if step % eval_every == 0 or i + 1 == len(batches):
-            evaluate(step)
+            out = window.rows(loop.tasks, loop.stage, step, scheduler.get_last_lr()[0])
+            if groups is not None and before is not None:
+                ratios = groups.update_ratios(before)
+                out.append(Row(loop.stage, step, None, "train", "update_ratio", ratios.pop("all")))
+                out += [Row(loop.stage, step, None, "train", f"diag/{g}/update_ratio", v) for g, v in ratios.items()]
+                out += [Row(loop.stage, step, None, "train", f"diag/{g}/grad_norm", v)
+                        for g, v in (group_grads or {}).items()]
+            loop.log(out, step)
+            window = Window(len(loop.tasks))
+        if loop.progress is not None:
+            loop.progress(1)
+        if step % loop.eval_every == 0 or i + 1 == len(batches):
+            loop.evaluate(step)
             model.train()
-            window.started = time.perf_counter()  # evaluation time is not training throughput
-    return step
+        if loop.save_checkpoint is not None and loop.checkpoint_every and step % loop.checkpoint_every == 0 \
+                and i + 1 < len(batches):
+            loop.save_checkpoint(step, LoopState(i + 1, state.consecutive_skips, window.state(),
+                                                 optimizer.state_dict(), scheduler.state_dict()))
+    return loop.start_step + len(batches)

@@ -56,7 +56,7 @@ def _run(tiny, tmp_path, name="run"):
 def _eval_rows(run_dir, stage, step):
     store = read_metrics(run_dir)
     rows = store.filter((pl.col("stage") == stage) & (pl.col("step") == step) & (pl.col("split") == "heldout")
-                        & (pl.col("metric").is_in(["tf_first", "loss", "ft_rank_mean"])))
+                        & (pl.col("metric").is_in(["tf_first", "eval_loss", "ft_rank_mean"])))
     return {(r["task"], r["metric"]): r["value"] for r in rows.iter_rows(named=True)}
 
 
