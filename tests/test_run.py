@@ -94,3 +94,61 @@ def test_pretraining_cache_hit_on_second_run(tiny, tmp_path):
     assert second["pretrain_final_loss"] == pytest.approx(first["pretrain_final_loss"])
     tiny["model"]["pretrain"]["lr"] = 1e-3  # anything that shapes the base changes the key
     assert _run(tiny, tmp_path, "third").summary["base"]["cache_hit"] is False
+
+
+CONTRACT = ["greedy", "mode_ok", "tf_first", "tf_exact", "eval_loss", "ft_rank_mean", "ft_rank_median", "ft_mrr",
+            "ft_hijack", "ft_top1"]
+
+
+def test_micro_store_has_every_contract_metric_at_every_evaluation(micro_run):
+    store = read_metrics(micro_run)
+    evals = store.filter(pl.col("metric").is_in(CONTRACT))
+    steps = sorted(evals["step"].unique())
+    # every eval.every (20) steps and both edges of every stage (0, 40, 80, 140)
+    assert steps == [0, 20, 40, 60, 80, 100, 120, 140]
+    tasks = {"repeat", "identity", "yesno", "assistant_qa", "math"}
+    for step in steps:
+        at = evals.filter(pl.col("step") == step)
+        got = {(r["task"], r["split"], r["metric"]) for r in at.iter_rows(named=True)}
+        want = {(t, s, m) for t in tasks for s in ("heldout", "heldout_template") for m in CONTRACT}
+        assert got == want, f"step {step}: missing {sorted(want - got)[:5]}"
+    top1 = evals.filter(pl.col("metric") == "ft_top1")["text"].to_list()
+    assert all(json.loads(t) for t in top1), "ft_top1 carries its table as JSON"
+    ranks = evals.filter(pl.col("metric") == "ft_rank_mean")["value"]
+    assert (ranks >= 1).all()
+
+
+def test_micro_wandb_offline_run_holds_the_store_values(micro_run):
+    from tests.wandb_records import history
+    from harness.tracking import wandb_key
+
+    logged: dict[tuple[int, str], float] = {}
+    for record in history(micro_run):
+        for key, value in record.items():
+            if not key.startswith("_") and isinstance(value, (int, float)):
+                logged[(record["_step"], key)] = value
+    store = read_metrics(micro_run)
+    compared = 0
+    for r in store.iter_rows(named=True):
+        if r["metric"] == "seesaw":
+            continue
+        key = (r["step"], wandb_key(r["metric"], r["split"], r["task"]))
+        assert key in logged, f"{key} not in the wandb run"
+        assert logged[key] == r["value"], key
+        compared += 1
+    assert compared > 1000
+
+
+def test_micro_samples_summary_and_console(micro_run):
+    samples = [json.loads(line) for line in (micro_run / "samples.jsonl").read_text().splitlines()]
+    assert {"stage", "step", "task", "split", "prompt", "gold", "pred", "correct", "gold_first_id",
+            "gold_first_rank", "top5"} <= set(samples[0])
+    assert samples[0]["prompt"].startswith("<|im_start|>user\n") and samples[0]["prompt"].endswith("assistant\n")
+    assert len(samples[0]["top5"]) == 5
+    summary = json.loads((micro_run / "summary.json").read_text())
+    final = summary["stages"][-1]["metrics"]["heldout"]
+    assert set(final) == {"repeat", "identity", "yesno", "assistant_qa", "math"}
+    assert set(CONTRACT) <= set(final["yesno"])
+    assert "seesaw_events" in summary
+    console = (micro_run / "console.txt").read_text()
+    assert "stage-end metrics (heldout)" in console and ("seesaw events" in console or "no seesaw events" in console)
