@@ -1,0 +1,378 @@
+"""Plots (matplotlib, Agg backend): curves across the curriculum, the first-token hijack, and the sweep views.
+
+Every function returns a :class:`matplotlib.figure.Figure`; :func:`save` writes it as PNG. Tasks keep one colour
+across every figure of a report (:func:`task_colors`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import matplotlib
+import matplotlib.ticker
+
+if "MPLBACKEND" not in os.environ and "ipykernel" not in sys.modules:
+    matplotlib.use("Agg")  # files only (reports, scripts); notebooks keep their inline backend
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import polars as pl  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from analysis.frames import eval_rows, hijack_timeline, lower_is_better, stage_bounds  # noqa: E402
+from analysis.io import AnalysisError  # noqa: E402
+
+STAGE_SHADES = ("#f2f2f2", "#ffffff")
+RISE_COLOR, FALL_COLOR = "#1a9850", "#d73027"
+SPLIT_TITLES = {"heldout": "held-out items", "heldout_template": "held-out templates", "train": "training items"}
+METRIC_TITLES = {
+    "greedy": "greedy exact match", "mode_ok": "mode ok (answer has the task's form)",
+    "tf_first": "gold first token is the argmax (teacher forced)", "tf_exact": "every gold token is the argmax",
+    "loss": "answer-token loss", "eval_loss": "answer-token loss (teacher forced)", "ft_hijack": "first-token hijack (top-1 is yes/no)",
+    "ft_rank_median": "gold first-token rank (median, 1 = top)", "ft_rank_mean": "gold first-token rank (mean)",
+    "ft_mrr": "gold first-token MRR",
+}
+
+plt.rcParams.update({"figure.dpi": 100, "savefig.dpi": 110, "axes.spines.top": False, "axes.spines.right": False,
+                     "axes.grid": True, "grid.alpha": 0.25, "font.size": 9, "axes.titlesize": 10,
+                     "legend.fontsize": 8, "legend.frameon": False})
+
+
+def task_colors(tasks: Sequence[str]) -> dict[str, str]:
+    """A stable colour per task (sorted names → tab10, then tab20)."""
+    names = sorted(dict.fromkeys(tasks))
+    palette = list(plt.get_cmap("tab10").colors) + list(plt.get_cmap("tab20").colors[1::2])
+    return {t: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, t in enumerate(names)}
+
+
+def column_label(column: str) -> str:
+    """A trials column in words: ``metric/mix/heldout/yesno/greedy`` → ``yesno greedy (heldout, end of mix)``."""
+    parts = column.split("/")
+    if len(parts) == 5 and parts[0] == "metric":
+        _, stage, split, task, metric = parts
+        return f"{task} {metric} ({split}, end of {stage})"
+    if column.startswith("param/"):
+        return column[len("param/"):]
+    return column
+
+
+def save(fig: Figure, path: Path) -> Path:
+    """Write ``fig`` as PNG to ``path`` and close it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _single_run(frame: pl.DataFrame) -> pl.DataFrame:
+    if "run_id" in frame.columns and frame["run_id"].n_unique() > 1:
+        raise AnalysisError("this plot shows one run; filter the frame to one run_id first")
+    return frame
+
+
+def shade_stages(ax, bounds: pl.DataFrame, label: bool = True) -> None:
+    """Alternate grey bands for the stages of one run, with the stage names on top."""
+    for i, r in enumerate(bounds.sort("index").iter_rows(named=True)):
+        ax.axvspan(r["start"], r["end"], color=STAGE_SHADES[i % 2], zorder=0, lw=0)
+        if i:
+            ax.axvline(r["start"], color="#999999", lw=0.8, ls="--", zorder=1)
+        if label:
+            ax.text((r["start"] + r["end"]) / 2, 1.01, r["stage"], transform=ax.get_xaxis_transform(),
+                    ha="center", va="bottom", fontsize=8, color="#555555")
+
+
+def _series(rows: pl.DataFrame, task: str) -> tuple[np.ndarray, np.ndarray]:
+    part = rows.filter(pl.col("task") == task).sort("step", "stage_index")
+    return part["step"].to_numpy(), part["value"].to_numpy()
+
+
+def plot_curves(frame: pl.DataFrame, metric: str = "greedy", splits: Optional[Sequence[str]] = None,
+                events: Optional[pl.DataFrame] = None, tasks: Optional[Sequence[str]] = None,
+                colors: Optional[dict[str, str]] = None, log: bool = False) -> Figure:
+    """Per-task curves of ``metric`` across the whole curriculum, one panel per split: stages shaded and named,
+    seesaw events (``events`` from :func:`analysis.seesaw_events`) marked — ▲ on the task that rose, ▼ on the
+    task that fell, at the evaluation where it happened."""
+    frame = _single_run(frame)
+    rows = eval_rows(frame, [metric])
+    if rows.is_empty():
+        raise AnalysisError(f"no {metric!r} rows to plot")
+    splits = list(splits) if splits else list(dict.fromkeys(rows["split"].to_list()))
+    tasks = list(tasks) if tasks else sorted(rows["task"].unique().to_list())
+    colors = colors or task_colors(tasks)
+    bounds = stage_bounds(frame)
+    fig, axes = plt.subplots(1, len(splits), figsize=(5.6 * len(splits), 3.6), sharey=True, squeeze=False)
+    for ax, split in zip(axes[0], splits):
+        shade_stages(ax, bounds)
+        part = rows.filter(pl.col("split") == split)
+        for task in tasks:
+            x, y = _series(part, task)
+            if len(x):
+                ax.plot(x, y, marker="o", ms=3, lw=1.6, color=colors[task], label=task, zorder=3)
+        if events is not None and not events.is_empty():
+            _mark_events(ax, part, events.filter(pl.col("metric") == metric, pl.col("split") == split), colors)
+        ax.set_title(SPLIT_TITLES.get(split, split), pad=14)
+        ax.set_xlabel("step")
+        if log:
+            ax.set_yscale("log")
+        elif not lower_is_better(metric) and part["value"].max() <= 1.0:
+            ax.set_ylim(-0.03, 1.03)
+    axes[0][0].set_ylabel(METRIC_TITLES.get(metric, metric))
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+def _mark_events(ax, part: pl.DataFrame, events: pl.DataFrame, colors: dict[str, str]) -> None:
+    values = {(r["task"], r["step"]): r["value"] for r in part.iter_rows(named=True)}
+    first = True
+    seen = set()
+    for e in events.iter_rows(named=True):
+        for task, marker, color, sign in ((e["rose"], "^", RISE_COLOR, "↑"), (e["fell"], "v", FALL_COLOR, "↓")):
+            key = (task, e["step_to"], marker)
+            if key in seen or (task, e["step_to"]) not in values:
+                continue
+            seen.add(key)
+            ax.scatter([e["step_to"]], [values[(task, e["step_to"])]], marker=marker, s=90, zorder=5,
+                       facecolor=colors.get(task, color), edgecolor=color, linewidth=2,
+                       label=("seesaw: rose ▲ / fell ▼" if first else None))
+            first = False
+        ax.axvline(e["step_to"], color=FALL_COLOR, lw=0.6, alpha=0.35, zorder=1)
+
+
+def plot_hijack(frame: pl.DataFrame, splits: Optional[Sequence[str]] = None,
+                colors: Optional[dict[str, str]] = None, expected: Sequence[str] = (),
+                events: Optional[pl.DataFrame] = None) -> Figure:
+    """The first-token story: top row the share of prompts whose top-1 first token is a hijack word (yes/no),
+    bottom row the median rank of the gold first token (log scale, 1 = top). Tasks in ``expected`` (whose answers
+    do start with yes/no) are drawn dashed: a high hijack share is right for them. ``ft_hijack`` seesaw events are
+    marked on the top row."""
+    frame = _single_run(frame)
+    timeline = hijack_timeline(frame)
+    splits = list(splits) if splits else list(dict.fromkeys(timeline["split"].to_list()))
+    tasks = sorted(timeline["task"].unique().to_list())
+    colors = colors or task_colors(tasks)
+    bounds = stage_bounds(frame)
+    fig, axes = plt.subplots(2, len(splits), figsize=(5.6 * len(splits), 6.2), sharex=True, squeeze=False)
+    for col, split in enumerate(splits):
+        part = timeline.filter(pl.col("split") == split)
+        for row, metric in enumerate(("ft_hijack", "ft_rank_median")):
+            ax = axes[row][col]
+            shade_stages(ax, bounds, label=row == 0)
+            for task in tasks:
+                t = part.filter(pl.col("task") == task).drop_nulls(metric)
+                if t.is_empty():
+                    continue
+                ax.plot(t["step"], t[metric], marker="o", ms=3, lw=1.6, color=colors[task],
+                        ls="--" if task in expected else "-",
+                        label=task + (" (yes/no answers)" if task in expected else ""))
+            if metric == "ft_hijack" and events is not None and not events.is_empty():
+                rows = part.select("task", "step", "stage", pl.col("ft_hijack").alias("value"))
+                _mark_events(ax, rows, events.filter(pl.col("metric") == "ft_hijack", pl.col("split") == split),
+                             colors)
+            if metric == "ft_rank_median":
+                ax.set_yscale("log")
+                ax.invert_yaxis()
+                ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+                ax.set_xlabel("step")
+            else:
+                ax.set_ylim(-0.03, 1.03)
+                ax.set_title(SPLIT_TITLES.get(split, split), pad=14)
+            if col == 0:
+                ax.set_ylabel("gold first-token rank\n(median, 1 = top; up = better)" if metric == "ft_rank_median"
+                              else "first-token hijack\n(share of prompts, top-1 is yes/no)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+def plot_training(frame: pl.DataFrame, colors: Optional[dict[str, str]] = None) -> Figure:
+    """Training: the loss (overall, and per task where logged), learning rate, gradient norm and update ratio."""
+    frame = _single_run(frame)
+    train = frame.filter(pl.col("split") == "train")
+    bounds = stage_bounds(frame)
+    panels = [m for m in ("loss", "lr", "grad_norm", "update_ratio") if
+              not train.filter(pl.col("metric") == m).is_empty()]
+    if not panels:
+        raise AnalysisError("no training metrics in the store")
+    tasks = sorted(train.filter(pl.col("metric") == "loss")["task"].drop_nulls().unique().to_list())
+    colors = colors or task_colors(tasks)
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.9 * len(panels), 3.2), squeeze=False)
+    for ax, metric in zip(axes[0], panels):
+        shade_stages(ax, bounds)
+        rows = train.filter(pl.col("metric") == metric).sort("step")
+        overall = rows.filter(pl.col("task").is_null())
+        if metric == "loss":
+            for task in tasks:
+                t = rows.filter(pl.col("task") == task)
+                ax.plot(t["step"], t["value"], lw=1.1, color=colors.get(task), label=task, alpha=0.85)
+        ax.plot(overall["step"], overall["value"], lw=2.0, color="black", label="all" if metric == "loss" else None)
+        ax.set_title({"loss": "training loss (answer tokens)", "lr": "learning rate", "grad_norm": "gradient norm",
+                      "update_ratio": "update ratio ‖Δθ‖/‖θ‖"}[metric], pad=14)
+        ax.set_xlabel("step")
+        if metric in ("update_ratio", "grad_norm") and (overall["value"] > 0).all() and overall.height:
+            ax.set_yscale("log")
+    if tasks:
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+def plot_composition(frame: pl.DataFrame, colors: Optional[dict[str, str]] = None) -> Figure:
+    """The effective mixture of each stage: share of examples per task actually drawn (``mix_share``)."""
+    frame = _single_run(frame)
+    mix = frame.filter(pl.col("metric") == "mix_share")
+    if mix.is_empty():
+        raise AnalysisError("no mix_share rows (composition is logged at each stage's end)")
+    bounds = stage_bounds(frame).sort("index")
+    stages = [s for s in bounds["stage"].to_list() if s in mix["stage"].to_list()]
+    tasks = sorted(mix["task"].unique().to_list())
+    colors = colors or task_colors(tasks)
+    fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(stages) + 1.1))
+    left = np.zeros(len(stages))
+    for task in tasks:
+        share = np.array([mix.filter(pl.col("stage") == s, pl.col("task") == task)["value"].sum() for s in stages])
+        ax.barh(stages, share, left=left, color=colors[task], label=task, edgecolor="white")
+        for y, (l, w) in enumerate(zip(left, share)):
+            if w >= 0.07:
+                ax.text(l + w / 2, y, f"{w:.0%}", ha="center", va="center", fontsize=8, color="white")
+        left += share
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of training examples actually drawn")
+    ax.grid(False)
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sweeps
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def plot_interference(fit, ax=None) -> Figure:
+    """The interference matrix of :func:`analysis.interference` as a heatmap: row = the task whose weight rises by
+    ``per``, column = the task whose metric moves; red = falls (the seesaw), blue = rises. Columns carry R²."""
+    effect = fit.effect.drop("weight").to_numpy()
+    rows, cols = fit.weights, fit.targets
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(1.1 * len(cols) + 2.6, 0.8 * len(rows) + 1.8))
+    else:
+        fig = ax.figure
+    lim = max(float(np.nanmax(np.abs(effect))), 1e-9)
+    cmap = "RdBu" if not lower_is_better(fit.metric) else "RdBu_r"
+    image = ax.imshow(effect, cmap=cmap, vmin=-lim, vmax=lim, aspect="auto")
+    ax.set_xticks(range(len(cols)))
+    ax.set_xticklabels([f"{t}\nR² {fit.loo_r2[t]:.2f}" if not math.isnan(fit.loo_r2[t]) else f"{t}\n(constant)"
+                        for t in cols], fontsize=8)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"+{fit.per:g} {w}" for w in rows])
+    ax.grid(False)
+    for i in range(len(rows)):
+        for j in range(len(cols)):
+            v = effect[i, j]
+            ax.text(j, i, f"{v:+.3f}", ha="center", va="center", fontsize=8,
+                    color="white" if abs(v) > 0.6 * lim else "black")
+    ax.set_xlabel(f"Δ {fit.metric} ({fit.split}, end of {fit.stage}) — column label: leave-one-out R²")
+    ax.set_ylabel("weight raised (taken from the others)")
+    ax.set_title(f"interference: raise a task's weight by {fit.per:g}, watch every task ({fit.n} trials)")
+    fig.colorbar(image, ax=ax, shrink=0.8, label=f"Δ {fit.metric}")
+    fig.tight_layout()
+    return fig
+
+
+def plot_partial_dependence(trials: pl.DataFrame, fit, colors: Optional[dict[str, str]] = None) -> Figure:
+    """Weight → metric, one panel per mixture weight: each trial's observed metric per target (dots) and the
+    fitted model moving that weight alone, the others in their mean proportions (lines)."""
+    from analysis.sweep import complete, metric_columns, partial_dependence
+
+    pd = partial_dependence(fit)
+    colors = colors or task_colors(fit.targets)
+    cols = metric_columns(trials).filter(pl.col("stage") == fit.stage, pl.col("split") == fit.split,
+                                         pl.col("metric") == fit.metric)
+    column = {r["task"]: r["column"] for r in cols.iter_rows(named=True)}
+    done = complete(trials)
+    k = len(fit.weights)
+    ncols = min(k, 4)
+    nrows = math.ceil(k / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 3.0 * nrows), sharey=True, squeeze=False)
+    for idx, w in enumerate(fit.weights):
+        ax = axes[idx // ncols][idx % ncols]
+        x = done[f"param/{fit.path}.{w}"].to_numpy()
+        for t in fit.targets:
+            ax.scatter(x, done[column[t]].to_numpy(), s=12, alpha=0.45, color=colors[t])
+            line = pd.filter(pl.col("weight") == w, pl.col("target") == t)
+            ax.plot(line["value"], line["predicted"], color=colors[t], lw=2, label=t)
+        ax.axvline(fit.best_mixture[w], color="black", lw=1, ls=":", label="predicted best")
+        ax.set_xlabel(f"weight of {w}")
+        ax.set_title(w)
+    for idx in range(k, nrows * ncols):
+        axes[idx // ncols][idx % ncols].set_visible(False)
+    axes[0][0].set_ylabel(f"{fit.metric} ({fit.split}, end of {fit.stage})")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+def plot_pareto(front: pl.DataFrame, x: str, y: str, label_x: Optional[str] = None,
+                label_y: Optional[str] = None) -> Figure:
+    """Trials on two metrics (``front`` from :func:`analysis.pareto`), the Pareto front highlighted and joined."""
+    fig, ax = plt.subplots(figsize=(5.6, 4.4))
+    rest = front.filter(~pl.col("pareto"))
+    best = front.filter(pl.col("pareto")).sort(x)
+    ax.scatter(rest[x], rest[y], s=22, color="#9e9e9e", alpha=0.7, label="trial")
+    ax.scatter(best[x], best[y], s=46, color="#d62728", zorder=3, label="Pareto front")
+    ax.plot(best[x], best[y], color="#d62728", lw=1.2, alpha=0.6)
+    if "number" in best.columns:
+        for r in best.iter_rows(named=True):
+            ax.annotate(f"#{r['number']}", (r[x], r[y]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xlabel(label_x or column_label(x))
+    ax.set_ylabel(label_y or column_label(y))
+    ax.set_title("Pareto front")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_history(trials: pl.DataFrame, objective: str, maximize: bool = True) -> Figure:
+    """The objective of each trial in order (pruned and failed trials marked at the bottom) and the best so far."""
+    fig, ax = plt.subplots(figsize=(7.0, 3.2))
+    data = trials.sort("number") if "number" in trials.columns else trials.with_row_index("number")
+    done = data.filter(pl.col("state") == "COMPLETE") if "state" in data.columns else data
+    done = done.drop_nulls(objective)
+    ax.scatter(done["number"], done[objective], s=16, color="#1f77b4", label="complete")
+    if done.height:
+        values = done[objective].to_numpy()
+        best = np.maximum.accumulate(values) if maximize else np.minimum.accumulate(values)
+        ax.step(done["number"], best, where="post", color="#d62728", lw=1.5, label="best so far")
+        floor = float(np.nanmin(values)) if done.height else 0.0
+        if "state" in data.columns:
+            for state, marker, color in (("PRUNED", "x", "#ff7f0e"), ("FAIL", "X", "#7f7f7f")):
+                part = data.filter(pl.col("state") == state)
+                if part.height:
+                    ax.scatter(part["number"], [floor] * part.height, marker=marker, color=color, s=28,
+                               label=state.lower())
+    ax.set_xlabel("trial")
+    ax.set_ylabel(objective)
+    ax.set_title("optimisation history")
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    return fig
