@@ -512,3 +512,41 @@ def _load_state_dict(directory: Path) -> dict:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(directory).state_dict()
+
+
+def evaluate_checkpoint(exp: Experiment, checkpoint: Path, run_dir: Path, console=None) -> RunResult:
+    """Evaluate a saved checkpoint alone with the experiment's evaluators, probes and splits; writes the same
+    outputs as a run (store, samples.jsonl, summary.json, wandb) into ``run_dir``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from harness.console import Console
+    from harness.tracking import Tracker
+
+    console = console or Console(enabled=exp.tracking.console)
+    if not (checkpoint / "config.json").exists():
+        raise ConfigError(str(checkpoint), [("", "not a Hugging Face checkpoint directory (no config.json)")])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "config.resolved.yaml", dump_yaml(exp.resolved_dict()))
+    run_id = new_run_id(exp)
+    meta_path = checkpoint / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    stage, step = meta.get("stage", "checkpoint"), int(meta.get("step", 0))
+    atomic_write_text(run_dir / "run.json", json.dumps({"run_id": run_id, "experiment": exp.name,
+                                                        "checkpoint": str(checkpoint)}))
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, trust_remote_code=exp.model.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=exp.model.trust_remote_code)
+    data = build_task_data(exp)
+    encoded = encode_task_data(exp, data, tokenizer)
+    tracker = Tracker(exp, run_dir, run_id, {**exp.resolved_dict(), "checkpoint": str(checkpoint)})
+    evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl")
+    try:
+        evals.run(model, stage, step)
+    finally:
+        tracker.close()
+    summary = {"run_id": run_id, "experiment": exp.name, "run_dir": str(run_dir), "checkpoint": str(checkpoint),
+               "stages": [{"name": stage, "start_step": step, "end_step": step,
+                           "metrics": evals.stage_end_table(stage)}],
+               "seesaw_events": [], "timing": {"total_s": evals.seconds, "eval_s": evals.seconds, "eval_share": 1.0}}
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
+    console.final_report(summary, exp.eval.splits)
+    return RunResult(run_dir, summary)

@@ -152,3 +152,17 @@ def test_micro_samples_summary_and_console(micro_run):
     assert "seesaw_events" in summary
     console = (micro_run / "console.txt").read_text()
     assert "stage-end metrics (heldout)" in console and ("seesaw events" in console or "no seesaw events" in console)
+
+
+def test_eval_command_reproduces_the_stage_end_metrics(micro_run, tmp_path):
+    from tests.conftest import MICRO, run_cli
+
+    out = tmp_path / "eval"
+    result = run_cli("eval", str(micro_run / "checkpoints" / "assistant"), "--experiment", str(MICRO),
+                     "--out", str(out), "--set", "tracking.wandb.mode=disabled")
+    assert result.returncode == 0, result.stderr[-3000:]
+    again = read_metrics(out).filter(pl.col("metric").is_in(CONTRACT))
+    original = read_metrics(micro_run).filter(pl.col("metric").is_in(CONTRACT), pl.col("step") == 140)
+    cols = ["task", "split", "metric", "value"]
+    assert again.select(cols).sort(cols[:3]).equals(original.select(cols).sort(cols[:3]))
+    assert (out / "samples.jsonl").exists() and (out / "summary.json").exists()
