@@ -180,6 +180,13 @@ class Batch:
     n_real_tokens: int
     n_padded_tokens: int
 
+    def to(self, device) -> "Batch":
+        if self.input_ids.device == device:
+            return self
+        move = dict(device=device, non_blocking=True)
+        return Batch(self.input_ids.to(**move), self.attention_mask.to(**move), self.labels.to(**move), self.tasks,
+                     self.n_real_tokens, self.n_padded_tokens)
+
 
 def collate(examples: list[Encoded], pad_id: int) -> Batch:
     """Right-pad a batch; padding gets attention 0 and no label."""

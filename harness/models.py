@@ -29,6 +29,24 @@ _TINY = dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_at
              max_position_embeddings=512, tie_word_embeddings=True)
 BUILTIN_MODELS.add("qwen2-tiny", BuiltinArch("qwen2", dict(_TINY, num_key_value_heads=2, rope_theta=10000.0)))
 BUILTIN_MODELS.add("llama-tiny", BuiltinArch("llama", dict(_TINY, num_key_value_heads=2, rope_theta=10000.0)))
+# GPT-2: learned positions, LayerNorm, GELU MLP (c_fc → c_proj), fused q/k/v (attn.c_attn), tied head. Its config
+# names are n_embd / n_layer / n_head / n_positions / n_inner; the generic names (hidden_size, …) are accepted as
+# overrides too. Dropout off, like the other builtins (and so that runs stay deterministic).
+BUILTIN_MODELS.add("gpt2-tiny", BuiltinArch("gpt2", dict(
+    n_embd=128, n_inner=512, n_layer=4, n_head=4, n_positions=512, tie_word_embeddings=True,
+    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)))
+# Qwen3.5's text model (transformers' qwen3_5_text → Qwen3_5ForCausalLM): hybrid layers, every 4th full (gated)
+# attention and the others Gated DeltaNet linear attention (linear_attn.in_proj_qkv / in_proj_z / in_proj_a / in_proj_b
+# / conv1d / out_proj); partial RoPE. Without a layer_types override, a model with fewer than 4 layers gets its last
+# layer as full attention (so both kinds are always present when num_hidden_layers >= 2). On CPU (and without the
+# flash-linear-attention / causal-conv1d kernels) transformers runs the reference PyTorch implementation.
+BUILTIN_MODELS.add("qwen3_5-tiny", BuiltinArch("qwen3_5_text", dict(
+    hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+    linear_conv_kernel_dim=4, max_position_embeddings=512, tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})))
+
+FULL_ATTENTION_INTERVAL = 4  # qwen3_5-tiny: layer i is full attention when (i + 1) % 4 == 0 (Qwen3.5's own pattern)
 
 
 def _config_class(model_type: str):
@@ -48,7 +66,9 @@ def check_model_spec(spec: "ModelSpec") -> list[tuple[str, str]]:
                                         f"known: {', '.join(known)}"))
         return errors
     arch = BUILTIN_MODELS.get(spec.builtin)
-    known_fields = list(_config_class(arch.model_type)().to_dict())
+    config_class = _config_class(arch.model_type)
+    # The config's own fields, and the generic aliases it maps (GPT-2: hidden_size → n_embd, …).
+    known_fields = list(config_class().to_dict()) + list(getattr(config_class, "attribute_map", {}) or {})
     for key in spec.config:
         if key not in known_fields:
             errors.append((f"model.config.{key}", f"not a field of the {arch.model_type} config"
@@ -59,14 +79,31 @@ def check_model_spec(spec: "ModelSpec") -> list[tuple[str, str]]:
 def builtin_config(spec: "ModelSpec", tokenizer) -> Any:
     """The transformers config of a builtin model, sized to ``tokenizer``."""
     arch = BUILTIN_MODELS.get(spec.builtin)
-    fields = {**arch.defaults, **spec.config}
+    config_class = _config_class(arch.model_type)
+    aliases = getattr(config_class, "attribute_map", {}) or {}
+    # Overrides may use a generic alias (hidden_size for GPT-2's n_embd): it replaces the default it aliases.
+    overrides = {aliases.get(k, k): v for k, v in spec.config.items()}
+    fields = {**arch.defaults, **overrides}
+    if arch.model_type == "qwen3_5_text" and "layer_types" not in fields:
+        n = int(fields["num_hidden_layers"])
+        interval = min(FULL_ATTENTION_INTERVAL, n)
+        fields["layer_types"] = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
     fields.update(
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
+        bos_token_id=None,  # every builtin config has the field (GPT-2's default, 50256, would be out of range)
     )
-    return _config_class(arch.model_type)(**fields)
+    return config_class(**fields)
+
+
+def builtin_added_token_ids(tokenizer) -> list[int]:
+    """The rows that ``new_token_rows`` trains on a builtin model: the tokens its pretraining corpus never contains
+    (pad and the ChatML role tokens; ``<|endoftext|>`` separates pretraining documents, so it is not new)."""
+    from harness.tokenizer import IM_END, IM_START, PAD
+
+    ids = tokenizer.convert_tokens_to_ids([PAD, IM_START, IM_END])
+    return sorted({i for i in ids if i is not None and i != tokenizer.unk_token_id})
 
 
 def build_builtin(spec: "ModelSpec", tokenizer, seed: int):
@@ -81,8 +118,14 @@ def build_builtin(spec: "ModelSpec", tokenizer, seed: int):
     return model
 
 
-def load_hf(spec: "ModelSpec"):
-    """Load any causal LM and its tokenizer by hub id or local path (``trust_remote_code`` off unless asked)."""
+def load_hf(spec: "ModelSpec", return_added: bool = False):
+    """Load any causal LM and its tokenizer by hub id or local path (``trust_remote_code`` off unless asked).
+
+    Returns ``(model, tokenizer)``, or ``(model, tokenizer, added_ids)`` with ``return_added=True``: the ids of the
+    tokens this function added to the vocabulary (the ChatML role tokens when the tokenizer has no chat template;
+    ``<|im_end|>`` then becomes EOS), sorted — the rows ``trainable.new_token_rows`` trains. Embeddings are resized
+    (new rows: transformers' mean-resizing) only when the vocabulary outgrows the embedding matrix.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -91,6 +134,7 @@ def load_hf(spec: "ModelSpec"):
     model = AutoModelForCausalLM.from_pretrained(
         spec.hf, revision=spec.revision, trust_remote_code=spec.trust_remote_code, dtype=dtype
     )
+    before = set(tokenizer.get_vocab().values())
     if tokenizer.pad_token is None:
         # A pad token is needed for batching; reuse EOS rather than growing the vocabulary (pad is always masked).
         tokenizer.pad_token = tokenizer.eos_token
@@ -101,12 +145,16 @@ def load_hf(spec: "ModelSpec"):
         tokenizer.add_special_tokens({"additional_special_tokens": [IM_START, IM_END]})
         tokenizer.eos_token = IM_END
         tokenizer.chat_template = CHAT_TEMPLATE
-        model.resize_token_embeddings(len(tokenizer))
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = IM_END
+        if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+            model.resize_token_embeddings(len(tokenizer))
         model.config.eos_token_id = tokenizer.eos_token_id
     if model.generation_config is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model, tokenizer
+    added = sorted(set(tokenizer.get_vocab().values()) - before)
+    return (model, tokenizer, added) if return_added else (model, tokenizer)
 
 
 def count_parameters(model) -> tuple[int, int]:

@@ -77,6 +77,7 @@ def _packed_batches(tokenizer, corpus: list[str], spec: PretrainSpec, seed: int)
 def builtin_base(spec: ModelSpec, corpus: list[str], train_examples: list, seed: int,
                  progress: Optional[Callable[[str, int], Callable[[int], None]]] = None):
     """(model, tokenizer, info) for a builtin architecture, pretrained and cached when ``spec.pretrain`` is set."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from harness.models import build_builtin, builtin_config
@@ -102,6 +103,8 @@ def builtin_base(spec: ModelSpec, corpus: list[str], train_examples: list, seed:
         return model, AutoTokenizer.from_pretrained(cache_dir), BaseModelInfo(cache_dir, True, meta["final_loss"])
 
     model = build_builtin(spec, tokenizer, seed)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
     pre = spec.pretrain
     batches = _packed_batches(tokenizer, corpus, pre, seed)
     losses: list[float] = []

@@ -65,27 +65,32 @@ def build_task_data(exp: Experiment) -> TaskData:
     return TaskData(recipes, splits, corpus(world, exp.world.seed))
 
 
-def load_base(exp: Experiment, data: TaskData, console=None) -> tuple[Any, Any, dict[str, Any]]:
-    """The base model and tokenizer (a hub/local model, or a builtin one, pretrained and cached) and facts
-    about where it came from."""
+def load_base(exp: Experiment, data: TaskData, console=None) -> tuple[Any, Any, list[int], dict[str, Any]]:
+    """The base model (on the GPU when there is one) and tokenizer — a hub/local model, or a builtin one,
+    pretrained and cached — the ids of the tokens the harness added to it, and facts about where it came from."""
+    import torch
     import transformers
 
-    from harness.models import load_hf
+    from harness.models import builtin_added_token_ids, load_hf
     from harness.pretrain import builtin_base
 
     transformers.utils.logging.disable_progress_bar()  # our own bars are enough
     if exp.model.hf:
-        model, tokenizer = load_hf(exp.model)
-        return model, tokenizer, {"source": exp.model.hf}
-    all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
-    progress = console.progress_factory() if console is not None else None
-    model, tokenizer, info = builtin_base(exp.model, data.corpus, all_train, exp.seed, progress)
-    if exp.model.pretrain is not None and console is not None:
-        console.info("base model: " + ("cache hit" if info.cache_hit else f"pretrained (loss {info.final_loss:.3f})")
-                     + f" ({info.cache_dir})")
-    return model, tokenizer, {"source": exp.model.builtin, "cache_hit": info.cache_hit,
-                              "cache_dir": str(info.cache_dir) if info.cache_dir else None,
-                              "pretrain_final_loss": info.final_loss}
+        model, tokenizer, added = load_hf(exp.model, return_added=True)
+        info: dict[str, Any] = {"source": exp.model.hf}
+    else:
+        all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
+        progress = console.progress_factory() if console is not None else None
+        model, tokenizer, base = builtin_base(exp.model, data.corpus, all_train, exp.seed, progress)
+        added = builtin_added_token_ids(tokenizer)
+        if exp.model.pretrain is not None and console is not None:
+            console.info("base model: " + ("cache hit" if base.cache_hit else f"pretrained (loss {base.final_loss:.3f})")
+                         + f" ({base.cache_dir})")
+        info = {"source": exp.model.builtin, "cache_hit": base.cache_hit,
+                "cache_dir": str(base.cache_dir) if base.cache_dir else None, "pretrain_final_loss": base.final_loss}
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    return model, tokenizer, added, info
 
 
 @dataclass
@@ -336,7 +341,9 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
     import torch
     from safetensors.torch import load_model
 
-    from harness.checkpoint import save_atomically
+    from harness.adapters import drop_adapter, merged_state_dict, prepare_stage_model, save_stage_checkpoint
+    from harness.adapters import format_report as format_trainable
+    from harness.adapters import stage_special_tokens, trainable_report
     from harness.console import Console
     from harness.evaluation.seesaw import seesaw_events
     from harness.guard import Injector, NonFiniteError, write_report
@@ -366,7 +373,7 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
     # -- data and base model (all data errors surface here, before any training) -------------------------------
     data = build_task_data(exp)
     t0 = time.perf_counter()
-    model, tokenizer, base_info = load_base(exp, data, console)
+    model, tokenizer, added, base_info = load_base(exp, data, console)
     base_seconds = time.perf_counter() - t0
     console.info(f"model: {count_parameters(model)[0] / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
     encoded = encode_task_data(exp, data, tokenizer)
@@ -395,12 +402,18 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
     needed_states = {s.init for s in stages} - {"previous"}
     saved_states: dict[str, dict] = {}
     if "base" in needed_states:
-        saved_states["base"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        saved_states["base"] = merged_state_dict(model)
     for earlier in stages[:start_stage]:
         if earlier.name in needed_states:
             saved_states[earlier.name] = _load_state_dict(run_dir / "checkpoints" / earlier.name)
+    previous_trainable = None  # what trained in the stage the current weights come from
     if point is not None:
+        # Give the model the structure (adapter or not) it had when the checkpoint was written, then its weights.
+        k = state["stage_index"]
+        inherited = stages[k - 1].train.trainable if k > 0 and stages[k].init == "previous" else None
+        model = prepare_stage_model(model, stages[k].train.trainable, added, inherited)
         load_model(model, str(point / "model.safetensors"))
+        previous_trainable = stages[k].train.trainable
         bundle = torch.load(point / "optimizer.pt", weights_only=True)
         torch.set_rng_state(bundle["torch_rng"])
         if start_stage == state["stage_index"]:
@@ -417,7 +430,14 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
             resuming_here = loop_resume is not None and index == start_stage
             if not resuming_here:
                 if stage.init != "previous":
+                    model = drop_adapter(model)
                     model.load_state_dict(saved_states[stage.init])
+                    previous_trainable = None
+                model = prepare_stage_model(model, stage.train.trainable, added, previous_trainable)
+                report = trainable_report(model)
+                tracker.log([Row(stage.name, step, None, "train", "trainable_params", report["trainable"]),
+                             Row(stage.name, step, None, "train", "trainable_share", report["share"])], step)
+                console.info(f"stage {stage.name}: {format_trainable(report)}")
                 console.info(f"stage {stage.name} ({index + 1}/{len(stages)}): {len(plan.batches)} steps, init "
                              f"{stage.init}, mixture {stage.mixture.kind}: "
                              + ", ".join(f"{t} {c['share']:.2f}" for t, c in sorted(plan.composition.items())))
@@ -437,17 +457,20 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
                     stage=stage.name, start_step=step - (loop_resume.batch_index if resuming_here else 0),
                     optim=stage.train.optim, tasks=tasks, log=tracker.log,
                     evaluate=lambda s, name=stage.name: evals.run(model, name, s),
+                    loss=stage.train.loss, precision=stage.train.precision,
+                    special_tokens=stage_special_tokens(tokenizer, plan.batches),
                     log_every=stage.train.log_every, eval_every=exp.eval.every, nonfinite=stage.train.nonfinite,
                     diagnostics=stage.train.diagnostics, injector=injector,
                     checkpoint_every=stage.train.checkpoint_every, save_checkpoint=checkpoint, progress=advance,
                 ), resume=loop_resume if resuming_here else None)
             tracker.log([Row(stage.name, step, task, "train", f"mix_{key}", value)
                          for task, c in plan.composition.items() for key, value in c.items()], step)
+            previous_trainable = stage.train.trainable
             if stage.name in needed_states:
-                saved_states[stage.name] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                saved_states[stage.name] = merged_state_dict(model)
             if stage.train.checkpoint or stage.name in needed_states:
-                save_atomically(run_dir / "checkpoints" / stage.name, model, tokenizer,
-                                {"run_id": run_id, "stage": stage.name, "step": step, "experiment": exp.name})
+                save_stage_checkpoint(model, tokenizer, run_dir / "checkpoints" / stage.name,
+                                      {"run_id": run_id, "stage": stage.name, "step": step, "experiment": exp.name})
             if stage.train.checkpoint_every:
                 checkpoint(step, LoopState(len(plan.batches)))
             summary_stages.append(_stage_summary(plan, evals, index, plans))

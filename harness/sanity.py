@@ -60,7 +60,7 @@ def overfit_check(exp: Experiment, n: int = 128, threshold: float = 0.95, max_st
     from harness.train import StageLoop, train_stage
 
     data = build_task_data(exp)
-    model, tokenizer, _ = load_base(exp, data, console)
+    model, tokenizer, _, _ = load_base(exp, data, console)
     examples = _pick_examples(exp, data.splits, n, exp.seed)
     encoded = encode_examples(tokenizer, examples)
     if corrupt_labels:

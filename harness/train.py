@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
-import torch.nn.functional as F
 
-from harness.config import NonFiniteSpec, OptimSpec
+from harness.adapters import check_special_token_gradients, unwrap, weight_decay_exempt
+from harness.config import LossSpec, NonFiniteSpec, OptimSpec
 from harness.data import IGNORE_INDEX, Batch
 from harness.diagnostics import GroupStats
 from harness.guard import Injector, NonFiniteError, first_nonfinite_module, nonfinite_grads
+from harness.losses import first_answer_tokens, token_losses_and_ce, weighted_mean
 from harness.store import Row
 
 # Model types whose logits are exactly lm_head(last hidden state); for them the loss projects only supervised
@@ -38,21 +39,29 @@ def supervised_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     return model(input_ids=input_ids, attention_mask=attention_mask).logits[selected]
 
 
-def token_losses(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-supervised-token cross-entropy ``[N]`` and the batch row of each of those tokens ``[N]``."""
+def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, tasks: list[str],
+               precision: str = "fp32") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss to back-propagate, plain CE per supervised token, task index per supervised token)``.
+
+    The loss is the stage's (CE or GEM, with per-task and first-token weights); CE is returned as well so every
+    run logs the same comparable number whatever it trains on.
+    """
     selected = batch.labels != IGNORE_INDEX
-    logits = supervised_logits(model, batch.input_ids, batch.attention_mask, selected)
-    losses = F.cross_entropy(logits.float(), batch.labels[selected], reduction="none")
-    rows = selected.nonzero()[:, 0]
-    return losses, rows
+    with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-autocast"):
+        logits = supervised_logits(unwrap(model), batch.input_ids, batch.attention_mask, selected)
+    losses, ce = token_losses_and_ce(logits, batch.labels[selected], spec)
+    task_of_token = task_ids[selected.nonzero()[:, 0]]
+    loss = weighted_mean(losses, task_of_token, first_answer_tokens(batch.labels)[selected], spec, tasks=tasks)
+    return loss, ce, task_of_token
 
 
 def make_optimizer(model, spec: OptimSpec, total_steps: int):
     """AdamW (no weight decay on biases and norms) with linear warmup, then cosine / linear / constant."""
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if p.requires_grad:
-            (no_decay if p.ndim < 2 else decay).append(p)
+            # Row-masked matrices (new_token_rows) get no decay: decay would move the rows the mask freezes.
+            (no_decay if p.ndim < 2 or weight_decay_exempt(p) else decay).append(p)
     groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, eps=spec.eps, foreach=True)
 
@@ -89,6 +98,9 @@ class Window:
         self.grad_norm_sum = torch.zeros(()) if self.grad_norm_sum is None else self.grad_norm_sum
 
     def add(self, losses: torch.Tensor, task_of_token: torch.Tensor, grad_norm: torch.Tensor, batch: Batch) -> None:
+        if self.loss_sum.device != losses.device:  # sums live where the losses are: no per-step host copy
+            self.loss_sum, self.token_count, self.grad_norm_sum = (
+                t.to(losses.device) for t in (self.loss_sum, self.token_count, self.grad_norm_sum))
         self.loss_sum.index_add_(0, task_of_token, losses.detach().float())
         self.token_count.index_add_(0, task_of_token, torch.ones_like(losses, dtype=torch.float32))
         self.grad_norm_sum += grad_norm.detach().float()
@@ -147,6 +159,9 @@ class StageLoop:
     evaluate: Callable[[int], None]
     log_every: int = 10
     eval_every: int = 10**9
+    loss: LossSpec = field(default_factory=LossSpec)
+    precision: str = "fp32"
+    special_tokens: dict[str, int] = field(default_factory=dict)  # must get gradient at the stage's first step
     nonfinite: NonFiniteSpec = field(default_factory=NonFiniteSpec)
     diagnostics: bool = True
     injector: Optional[Injector] = None
@@ -155,14 +170,15 @@ class StageLoop:
     progress: Optional[Callable[[int], None]] = None
 
 
-def _diagnose(model, batch: Batch, stage: str, step: int, what: str) -> dict[str, Any]:
+def _diagnose(model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step: int, what: str) -> dict[str, Any]:
     """Name the first module with a non-finite output (re-running the batch with hooks) and the bad grads."""
     tasks: dict[str, int] = {}
     for t in batch.tasks:
         tasks[t] = tasks.get(t, 0) + 1
     return {
-        "step": step, "stage": stage, "what": what,
-        "first_module": first_nonfinite_module(model, lambda: token_losses(model, batch)),
+        "step": step, "stage": loop.stage, "what": what,
+        "first_module": first_nonfinite_module(
+            model, lambda: batch_loss(model, batch, loop.loss, task_ids, loop.tasks, loop.precision)),
         "nonfinite_grads": nonfinite_grads(model),
         "tasks": tasks,
     }
@@ -182,26 +198,30 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
     window = Window.from_state(len(loop.tasks), state.window) if state.window else Window(len(loop.tasks))
     max_norm = loop.optim.grad_clip if loop.optim.grad_clip is not None else float("inf")
     guard = loop.nonfinite.action != "off"
+    device = next(model.parameters()).device
     model.train()
 
     for i in range(state.batch_index, len(batches)):
-        batch, step = batches[i], loop.start_step + i + 1
+        batch, step = batches[i].to(device), loop.start_step + i + 1
+        task_ids = torch.tensor([task_index[t] for t in batch.tasks], device=device)
         is_log_step = (i + 1) % loop.log_every == 0 or i + 1 == len(batches)
         started, before = time.perf_counter(), None
 
         if loop.injector is not None:
             loop.injector.before_forward(model, step)
-        losses, rows = token_losses(model, batch)
-        loss = losses.mean()
+        loss, ce, task_of_token = batch_loss(model, batch, loop.loss, task_ids, loop.tasks, loop.precision)
         loss.backward()
         if loop.injector is not None:
             loop.injector.after_backward(model, step)
+        if i == 0 and loop.special_tokens:
+            # Before the stage's first update: every special token the stage uses must reach its trainable row.
+            check_special_token_gradients(model, loop.special_tokens, batch=batch)
         group_grads = groups.grad_norms() if groups is not None and is_log_step else None
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
 
         if guard and not bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):  # one host sync per step
             what = "loss" if not torch.isfinite(loss) else "gradient"
-            report = _diagnose(model, batch, loop.stage, step, what)
+            report = _diagnose(model, batch, loop, task_ids, step, what)
             state.consecutive_skips += 1
             if loop.nonfinite.action == "stop" or state.consecutive_skips >= loop.nonfinite.max_consecutive:
                 if loop.nonfinite.action == "skip_step":
@@ -224,8 +244,7 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            row_task = torch.tensor([task_index[t] for t in batch.tasks])
-            window.add(losses, row_task[rows], grad_norm, batch)
+            window.add(ce, task_of_token, grad_norm, batch)
 
         window.seconds += time.perf_counter() - started
         if is_log_step:
