@@ -108,6 +108,15 @@ class OptimSpec(Strict):
     grad_clip: Optional[float] = Field(1.0, gt=0, description="Max global grad norm; null disables clipping.")
 
 
+def _string_shorthand(field: str):
+    """A before-validator reading ``key: value`` as ``key: {field: value}`` (``trainable: lora``, ``loss: gem``)."""
+
+    def expand(cls, data: Any) -> Any:
+        return {field: data} if isinstance(data, str) else data
+
+    return model_validator(mode="before")(classmethod(expand))
+
+
 class TrainableSpec(Strict):
     """What trains in a stage. ``trainable: full`` is short for ``trainable: {mode: full}``."""
 
@@ -126,10 +135,7 @@ class TrainableSpec(Strict):
     adapter: Literal["merge", "continue"] = Field(
         "merge", description="At the next stage: merge this stage's adapter into the weights, or keep training it.")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, data: Any) -> Any:
-        return {"mode": data} if isinstance(data, str) else data
+    _shorthand = _string_shorthand("mode")
 
 
 class LossSpec(Strict):
@@ -141,10 +147,7 @@ class LossSpec(Strict):
     task_weights: dict[str, float] = Field(default_factory=dict, description="Per-task loss weights (default 1).")
     first_token_weight: float = Field(1.0, gt=0, description="Weight of each answer's first token.")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, data: Any) -> Any:
-        return {"name": data} if isinstance(data, str) else data
+    _shorthand = _string_shorthand("name")
 
 
 class NonFiniteSpec(Strict):
@@ -154,10 +157,7 @@ class NonFiniteSpec(Strict):
         "stop", description="stop (exit 3 with a report naming the module) | skip_step | off (no check)")
     max_consecutive: int = Field(5, ge=1, description="skip_step: stop after this many skipped steps in a row.")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, data: Any) -> Any:
-        return {"action": data} if isinstance(data, str) else data
+    _shorthand = _string_shorthand("action")
 
 
 class TrainSpec(Strict):
@@ -552,6 +552,13 @@ def _semantic_errors(exp: Experiment, raw: dict[str, Any]) -> list[tuple[str, st
         for i, name in enumerate(getattr(exp.eval, field)):
             if name not in registry:
                 errors.append((f"eval.{field}[{i}]", str(UnknownNameError(registry.kind, name, registry.names()))))
+
+    loss_specs = [("train.loss", exp.train.loss)] + [
+        (f"stages[{i}].loss", stage.loss) for i, stage in enumerate(exp.stages) if stage.loss is not None]
+    for where, loss in loss_specs:
+        for name in loss.task_weights or {}:
+            if name not in task_names:
+                errors.append((f"{where}.task_weights.{name}", f"unknown task {name!r}{suggest(name, task_names)}"))
 
     seen: list[str] = []
     for i, stage in enumerate(exp.stages):

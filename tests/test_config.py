@@ -65,6 +65,9 @@ BROKEN = [
      "stages[2].mixture", "did you mean 'natural'"),
     ("unknown-model-config-field", lambda d: _set(d, ["model", "config"], {"hiden_size": 64}),
      "model.config.hiden_size", "did you mean 'hidden_size'"),
+    ("unknown-task-weight", lambda d: _set(d, ["stages", 1, "loss"], {"task_weights": {"yesnoo": 2}}),
+     "stages[1].loss.task_weights.yesnoo", "did you mean 'yesno'"),
+    ("bad-trainable-mode", lambda d: _set(d, ["train", "trainable"], "lorra"), "train.trainable.mode", "'lora'"),
     ("duplicate-stage", lambda d: _set(d, ["stages", 1, "name"], "repeat_only"), "stages[1].name", "duplicate"),
 ]
 
