@@ -1,0 +1,461 @@
+"""Sweep workers: each one loads the study from the shared storage and runs trials until the global budget is used.
+
+A trial is a full :func:`harness.runner.run_experiment` in ``<sweep dir>/trials/<number>/``. It reports its
+objective to the pruner at every evaluation (step = global step) and ends as
+
+- COMPLETE with the objective(s) read at the end of the objective's stage;
+- PRUNED when the pruner stops it (user attribute ``pruned_step``);
+- FAIL with user attribute ``fail_reason`` on any exception (bad sampled config, bad data, a non-finite loss from
+  the training guard, a non-finite objective) — the worker then goes on with the next trial.
+
+The budget (``study.n_trials``) counts trials COMPLETE, PRUNED, FAIL or RUNNING; workers on one machine check it
+and ask for a trial under a file lock, so the study ends with exactly ``n_trials`` trials.
+
+A worker killed mid-trial cannot say so itself. While a trial runs, a thread writes a heartbeat (the trial system
+attribute ``harness:heartbeat``) every ``study.heartbeat.interval`` seconds; any worker (and the launching
+process, which polls) marks a RUNNING trial whose heartbeat is older than ``study.heartbeat.grace`` as FAIL. The
+launching process also fails at once the running trials of its own workers that died. This works on every optuna
+storage (journal file, SQLite, PostgreSQL, MySQL): optuna 5's own heartbeat exists for RDB storages only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from harness.sweep import Sweep, load_resolved, make_pruner, make_sampler, make_storage, quiet_optuna, sample_values
+
+HEARTBEAT_ATTR = "harness:heartbeat"
+WORKER_ATTR = "worker"
+COUNTED_STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING")
+
+
+def worker_id(pid: Optional[int] = None) -> str:
+    return f"{socket.gethostname()}:{pid or os.getpid()}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Heartbeat and stale trials
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class Heartbeat:
+    """Writes ``harness:heartbeat = time.time()`` on a trial every ``interval`` seconds from a daemon thread."""
+
+    def __init__(self, storage, trial_id: int, interval: float):
+        self.storage, self.trial_id, self.interval = storage, trial_id, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{trial_id}", daemon=True)
+
+    def beat(self) -> bool:
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        try:
+            self.storage.set_trial_system_attr(self.trial_id, HEARTBEAT_ATTR, time.time())
+            return True
+        except UpdateFinishedTrialError:
+            return False
+        except Exception as e:  # a storage hiccup: try again next time
+            print(f"heartbeat of trial id {self.trial_id} failed: {e}", file=sys.stderr, flush=True)
+            return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            if not self.beat():
+                return
+
+    def __enter__(self) -> "Heartbeat":
+        self.beat()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def fail_trial(study, trial, reason: str) -> bool:
+    """Mark a RUNNING trial FAIL with ``fail_reason``; False if it had finished meanwhile."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    try:
+        storage.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
+        return bool(storage.set_trial_state_values(trial._trial_id, TrialState.FAIL))
+    except UpdateFinishedTrialError:
+        return False
+
+
+def fail_stale_trials(study, grace: float, now: Optional[float] = None) -> list[int]:
+    """Fail RUNNING trials whose heartbeat (or start, before the first beat) is older than ``grace`` seconds;
+    returns their numbers."""
+    from optuna.trial import TrialState
+
+    now = time.time() if now is None else now
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        last = t.system_attrs.get(HEARTBEAT_ATTR)
+        if last is None and t.datetime_start is not None:
+            last = t.datetime_start.timestamp()
+        if last is not None and now - last > grace:
+            who = t.user_attrs.get(WORKER_ATTR, "unknown worker")
+            if fail_trial(study, t, f"worker lost: no heartbeat for {now - last:.0f} s (worker {who} killed or "
+                                    "crashed)"):
+                failed.append(t.number)
+    return failed
+
+
+def fail_trials_of(study, workers: dict[str, str]) -> list[int]:
+    """Fail the RUNNING trials of dead workers (``{worker id: why}``); returns their numbers."""
+    from optuna.trial import TrialState
+
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        why = workers.get(t.user_attrs.get(WORKER_ATTR))
+        if why and fail_trial(study, t, f"worker lost: {why}"):
+            failed.append(t.number)
+    return failed
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One trial
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _finite_or_none(value: Any) -> Any:
+    return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
+class Reporter:
+    """The run's ``on_evaluation``: keeps each stage's last evaluation and reports the objective to the pruner."""
+
+    def __init__(self, trial, sweep: Sweep):
+        self.trial, self.sweep = trial, sweep
+        self.stage_index = {s.name: i for i, s in enumerate(sweep.base.stages)}
+        self.tables: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+        self.seen: set[int] = set()
+        self.step = 0
+
+    def __call__(self, stage: str, step: int, rows: list) -> None:
+        import optuna
+
+        table: dict[str, dict[str, dict[str, float]]] = {}
+        for r in rows:
+            if r.task is not None and r.text is None:
+                table.setdefault(r.split, {}).setdefault(r.task, {})[r.metric] = r.value
+        self.tables[stage] = table
+        repeated = step in self.seen  # a stage starting where the previous one ended: nothing new
+        self.seen.add(step)
+        self.step = max(self.step, step)
+        objective = self.sweep.objectives[0]
+        index = self.stage_index.get(stage, 0)
+        if self.sweep.multi or repeated or not self.sweep.first_swept_stage <= index <= objective.stage_index:
+            return
+        try:
+            value = objective.value(table)
+        except KeyError:
+            return
+        if not math.isfinite(value):
+            return
+        self.trial.report(value, step)
+        if self.trial.should_prune():
+            raise optuna.TrialPruned(f"pruned at step {step}")
+
+    def stage_metrics(self) -> dict[str, Any]:
+        """``{stage: {split: {task: {metric: value}}}}`` (non-finite → null: JSON stays valid for the dashboard)."""
+        return {stage: {split: {task: {m: _finite_or_none(float(v)) for m, v in metrics.items()}
+                                for task, metrics in tasks.items()}
+                        for split, tasks in table.items()}
+                for stage, table in self.tables.items()}
+
+
+def run_trial(study, trial, sweep: Sweep, sweep_dir: Path,
+              run: Optional[Callable[..., Any]] = None) -> str:
+    """Run one asked trial to its end and tell the study; returns the final state's name."""
+    import optuna
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    from harness.config import validate_data
+
+    if run is None:
+        from harness.runner import run_experiment as run
+    trial_dir = (Path(sweep_dir) / "trials" / str(trial.number)).resolve()
+    trial.set_user_attr(WORKER_ATTR, worker_id())
+    trial.set_user_attr("trial_dir", str(trial_dir))
+    reporter = Reporter(trial, sweep)
+    started = time.perf_counter()
+
+    def finish(state, values=None, **attrs) -> str:
+        attrs.update(duration_s=time.perf_counter() - started, steps=reporter.step,
+                     stage_metrics=reporter.stage_metrics())
+        try:
+            for key, value in attrs.items():
+                trial.set_user_attr(key, value)
+            study.tell(trial, values, state=state)
+        except UpdateFinishedTrialError:
+            print(f"trial {trial.number}: already finished by another process (stale heartbeat?)", flush=True)
+            return "FAIL"
+        return state.name
+
+    try:
+        values = sample_values(trial, sweep)
+        exp = validate_data(sweep.experiment_raw(values, trial.number), f"trial {trial.number}")
+        trial.set_user_attr("total_steps", sum(s.steps for s in exp.resolved_stages()))
+        with Heartbeat(study._storage, trial._trial_id, sweep.spec.study.heartbeat.interval):
+            result = run(exp, trial_dir, on_evaluation=reporter)
+        stages = {s["name"]: s.get("metrics") or {} for s in result.summary.get("stages", [])}
+        objective_values = [o.value(stages.get(o.stage) or reporter.tables.get(o.stage, {}))
+                            for o in sweep.objectives]
+        bad = [i for i, v in enumerate(objective_values) if not math.isfinite(v)]
+        if bad:
+            return finish(TrialState.FAIL, fail_reason=f"non-finite objective: {objective_values}")
+        return finish(TrialState.COMPLETE, objective_values)
+    except optuna.TrialPruned:
+        return finish(TrialState.PRUNED, pruned_step=reporter.step)
+    except UpdateFinishedTrialError:
+        print(f"trial {trial.number}: marked finished by another process (stale heartbeat?)", flush=True)
+        return "FAIL"
+    except BaseException as e:  # noqa: BLE001 — every failure is recorded; interrupts are re-raised
+        reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        if isinstance(e, KeyboardInterrupt):
+            reason = "interrupted"
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        (trial_dir / "error.txt").write_text(traceback.format_exc())
+        state = finish(TrialState.FAIL, fail_reason=reason[:4000])
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        return state
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The worker loop
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _budget_lock(sweep_dir: Path):
+    """Serialise "count, then ask" among the workers that share this sweep directory."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover — not on POSIX: the cap may overshoot by a trial per racing worker
+        yield
+        return
+    with open(Path(sweep_dir) / ".budget.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def counted_trials(study) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=tuple(TrialState[s] for s in COUNTED_STATES)))
+
+
+def load_worker_study(sweep: Sweep, sweep_dir: Path, worker_index: int):
+    import optuna
+
+    quiet_optuna()
+    storage = make_storage(sweep.storage_url(sweep_dir))
+    return optuna.load_study(study_name=sweep.name, storage=storage, sampler=make_sampler(sweep, worker_index),
+                             pruner=make_pruner(sweep))
+
+
+def run_worker(sweep_dir: Path, worker_index: int = 0, export: bool = False,
+               run: Optional[Callable[..., Any]] = None, log: Callable[[str], None] = print) -> int:
+    """Run trials from the sweep in ``sweep_dir`` until the budget (or the timeout) is used; returns how many this
+    worker ran. ``export`` rewrites ``trials.parquet`` after each trial (the launcher does it otherwise)."""
+    from harness.sweep_results import write_trials
+
+    sweep_dir = Path(sweep_dir)
+    sweep = load_resolved(sweep_dir)
+    study = load_worker_study(sweep, sweep_dir, worker_index)
+    spec = sweep.spec.study
+    deadline = time.monotonic() + spec.timeout if spec.timeout else None
+    ran = 0
+    while deadline is None or time.monotonic() < deadline:
+        stale = fail_stale_trials(study, spec.heartbeat.grace)
+        if stale:
+            log(f"worker {worker_index}: failed stale trials {stale}")
+        with _budget_lock(sweep_dir):
+            if counted_trials(study) >= spec.n_trials:
+                break
+            trial = study.ask()
+        log(f"worker {worker_index}: trial {trial.number} started")
+        state = run_trial(study, trial, sweep, sweep_dir, run=run)
+        ran += 1
+        frozen = study._storage.get_trial(trial._trial_id)
+        log(f"worker {worker_index}: trial {trial.number} {state} values={frozen.values} "
+            f"{frozen.user_attrs.get('fail_reason', '')}")
+        if export:
+            write_trials(study, sweep, sweep_dir)
+    return ran
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The launcher
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def launch_workers(sweep: Sweep, sweep_dir: Path, workers: int, worker_offset: int = 0,
+                   echo: Callable[[str], None] = print, poll_s: float = 1.0) -> dict[str, Any]:
+    """Start ``workers`` worker processes on the prepared sweep in ``sweep_dir``, follow the study until they all
+    exit (printing each finished trial, failing the trials of workers that die) and write ``trials.parquet``.
+    Returns ``{"budget_done": bool, "exits": {pid: code}}``."""
+    from optuna.trial import TrialState
+
+    from harness.sweep_results import describe_trial, write_trials
+
+    sweep_dir = Path(sweep_dir)
+    log_dir = sweep_dir / "workers"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs: list[subprocess.Popen] = []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if "OMP_NUM_THREADS" not in env:  # workers share the cores instead of each taking all of them
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    for i in range(worker_offset, worker_offset + workers):
+        with open(log_dir / f"{i}.log", "ab") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "harness.sweep_worker", str(sweep_dir), "--index", str(i)],
+                stdout=out, stderr=subprocess.STDOUT, env=env))
+    echo(f"{workers} worker{'s' if workers != 1 else ''} started (pids {', '.join(str(p.pid) for p in procs)}); "
+         f"logs in {log_dir}")
+    study = load_worker_study(sweep, sweep_dir, worker_offset)
+    grace = sweep.spec.study.heartbeat.grace
+    seen: dict[int, str] = {}
+    exits: dict[int, int] = {}
+    finished_states = {TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL}
+
+    def follow() -> bool:
+        changed = False
+        for t in study.get_trials(deepcopy=False):
+            if t.state in finished_states and seen.get(t.number) != t.state.name:
+                seen[t.number] = t.state.name
+                echo(describe_trial(t, sweep))
+                changed = True
+        return changed
+
+    try:
+        while True:
+            running = False
+            for p in procs:
+                code = p.poll()
+                if code is None:
+                    running = True
+                elif p.pid not in exits:
+                    exits[p.pid] = code
+                    if code != 0:
+                        why = f"worker process {p.pid} died ({_describe_exit(code)})"
+                        failed = fail_trials_of(study, {worker_id(p.pid): why})
+                        echo(why + (f"; its trial {', '.join(map(str, failed))} marked FAIL" if failed else ""))
+            stale = fail_stale_trials(study, grace)
+            if stale:
+                echo(f"trials {stale} marked FAIL: no heartbeat for {grace:.0f} s")
+            if follow():
+                write_trials(study, sweep, sweep_dir)
+            if not running:
+                break
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        echo("interrupted: stopping the workers (their running trials are marked FAIL)")
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=30)
+        raise
+    finally:
+        dead = {worker_id(p.pid): f"worker process {p.pid} ended ({_describe_exit(p.returncode)})"
+                for p in procs if p.returncode is not None}
+        fail_trials_of(study, dead)
+        follow()
+        write_trials(study, sweep, sweep_dir)
+    done = counted_trials(study) >= sweep.spec.study.n_trials
+    return {"budget_done": done, "exits": exits}
+
+
+def run_sweep(sweep: Sweep, sweep_dir: Path, workers: int = 1, worker_offset: int = 0,
+              echo: Callable[[str], None] = print, in_process: bool = False,
+              run: Optional[Callable[..., Any]] = None) -> dict[str, Any]:
+    """Prepare the study in ``sweep_dir`` and run it: ``workers`` processes, or this process (``in_process``)."""
+    from harness.sweep import prepare_study
+    from harness.sweep_results import write_trials
+
+    prepare_study(sweep, sweep_dir)
+    for note in sweep.notes:
+        echo(f"note: {note}")
+    warm_base_model(sweep, echo)
+    if in_process:
+        run_worker(sweep_dir, worker_offset, export=True, run=run, log=echo)
+        study = load_worker_study(sweep, sweep_dir, worker_offset)
+        write_trials(study, sweep, sweep_dir)
+        return {"budget_done": counted_trials(study) >= sweep.spec.study.n_trials, "exits": {}}
+    return launch_workers(sweep, sweep_dir, workers, worker_offset, echo)
+
+
+def warm_base_model(sweep: Sweep, echo: Callable[[str], None] = print) -> None:
+    """Pretrain (or find cached) the base experiment's builtin model once, so workers do not all pretrain it."""
+    exp = sweep.base
+    if exp.model.hf or exp.model.pretrain is None:
+        return
+    import transformers
+
+    from harness.pretrain import builtin_base
+    from harness.runner import build_task_data
+
+    transformers.utils.logging.disable_progress_bar()
+    started = time.perf_counter()
+    data = build_task_data(exp)
+    all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
+    _, _, info = builtin_base(exp.model, data.corpus, all_train, exp.seed, None)
+    if not info.cache_hit:
+        echo(f"base model pretrained once for every worker ({time.perf_counter() - started:.0f} s, {info.cache_dir})")
+
+
+def _install_sigterm() -> None:
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m harness.sweep_worker", description="One sweep worker.")
+    parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("--index", type=int, default=0, help="Worker index (sampler seed = study.seed + index).")
+    args = parser.parse_args(argv)
+    _install_sigterm()
+    os.environ.setdefault("WANDB_SILENT", "true")
+    try:
+        run_worker(args.sweep_dir, args.index, log=lambda m: print(m, flush=True))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
