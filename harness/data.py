@@ -159,13 +159,17 @@ class _Cycler:
 
 def length_grouped_batches(examples: list[Encoded], batch_size: int, group: int,
                            rng: np.random.Generator) -> list[list[Encoded]]:
-    """Split the stream into batches; within each window of ``group`` batches, examples are sorted by length
-    (so a batch holds similar lengths and pads little) and the window's batches are then shuffled (so long and
-    short batches interleave). The window keeps the mixture's proportions local in time."""
+    """Split the stream into batches; within each window of batches, examples are sorted by length (so a batch
+    holds similar lengths and pads little) and the window's batches are then shuffled (so long and short batches
+    interleave). The window keeps the mixture's proportions local in time. The stream is split evenly into windows
+    of at least ``group`` batches (fewer than ``2 × group``; a shorter stream is one window): a 37-step stage with
+    ``group: 32`` is one window of 37, not 32 and a short one of 5 that would pad much more."""
     batches: list[list[Encoded]] = []
-    window = batch_size * group
-    for start in range(0, len(examples), window):
-        chunk = sorted(examples[start:start + window], key=lambda e: e.length)
+    n_batches = -(-len(examples) // batch_size)
+    n_windows = max(1, n_batches // group)
+    bounds = [k * n_batches // n_windows * batch_size for k in range(n_windows + 1)]
+    for start, end in zip(bounds, bounds[1:]):
+        chunk = sorted(examples[start:end], key=lambda e: e.length)
         chunk_batches = [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
         batches.extend(chunk_batches[j] for j in rng.permutation(len(chunk_batches)))
     return batches
@@ -179,13 +183,29 @@ class Batch:
     tasks: list[str]
     n_real_tokens: int
     n_padded_tokens: int
+    # Flat positions (row × T + t) of the supervised tokens, in row-major order: the loop gathers hidden states and
+    # labels with them, so it never searches the label mask on the device (no host sync). Computed when absent.
+    supervised: Any = None  # LongTensor [N]
+
+    def __post_init__(self):
+        if self.supervised is None:
+            self.supervised = (self.labels.flatten() != IGNORE_INDEX).nonzero().flatten()
 
     def to(self, device) -> "Batch":
+        """The batch on ``device``; to a GPU through pinned memory, without blocking the host."""
+        import torch
+
+        device = torch.device(device)
         if self.input_ids.device == device:
             return self
-        move = dict(device=device, non_blocking=True)
-        return Batch(self.input_ids.to(**move), self.attention_mask.to(**move), self.labels.to(**move), self.tasks,
-                     self.n_real_tokens, self.n_padded_tokens)
+
+        def move(t):
+            if device.type != "cuda":
+                return t.to(device)
+            return (t.pin_memory() if t.device.type == "cpu" else t).to(device, non_blocking=True)
+
+        return Batch(move(self.input_ids), move(self.attention_mask), move(self.labels), self.tasks,
+                     self.n_real_tokens, self.n_padded_tokens, move(self.supervised))
 
 
 def collate(examples: list[Encoded], pad_id: int) -> Batch:
@@ -201,5 +221,6 @@ def collate(examples: list[Encoded], pad_id: int) -> Batch:
         labels[row, : e.length] = e.labels
         mask[row, : e.length] = 1
     real = int(mask.sum())
+    supervised = np.flatnonzero(labels != IGNORE_INDEX)
     return Batch(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(labels),
-                 [e.task for e in examples], real, int(mask.size))
+                 [e.task for e in examples], real, int(mask.size), torch.from_numpy(supervised))

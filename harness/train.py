@@ -19,7 +19,7 @@ import torch
 
 from harness.adapters import check_special_token_gradients, unwrap, weight_decay_exempt
 from harness.config import LossSpec, NonFiniteSpec, OptimSpec
-from harness.data import IGNORE_INDEX, Batch
+from harness.data import Batch
 from harness.diagnostics import GroupStats
 from harness.guard import Injector, NonFiniteError, first_nonfinite_module, nonfinite_grads
 from harness.losses import first_answer_tokens, token_losses_and_ce, weighted_mean
@@ -32,11 +32,15 @@ _HEAD_ONLY_TYPES = {"qwen2", "qwen3", "llama", "mistral", "gpt2", "qwen3_5", "qw
 
 def supervised_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       selected: torch.Tensor) -> torch.Tensor:
-    """Logits ``[N, V]`` at the ``selected`` positions (a boolean ``[B, T]`` mask) only."""
+    """Logits ``[N, V]`` at the ``selected`` positions only: a boolean ``[B, T]`` mask, or the flat positions
+    (row × T + t) of :attr:`harness.data.Batch.supervised`, which gather without a host sync."""
+    def pick(x: torch.Tensor) -> torch.Tensor:  # [B, T, …] → [N, …]
+        return x[selected] if selected.dtype == torch.bool else x.flatten(0, 1).index_select(0, selected)
+
     if getattr(model.config, "model_type", None) in _HEAD_ONLY_TYPES and model.get_output_embeddings() is not None:
         hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return model.get_output_embeddings()(hidden[selected])
-    return model(input_ids=input_ids, attention_mask=attention_mask).logits[selected]
+        return model.get_output_embeddings()(pick(hidden))
+    return pick(model(input_ids=input_ids, attention_mask=attention_mask).logits)
 
 
 def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, tasks: list[str],
@@ -46,12 +50,13 @@ def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, task
     The loss is the stage's (CE or GEM, with per-task and first-token weights); CE is returned as well so every
     run logs the same comparable number whatever it trains on.
     """
-    selected = batch.labels != IGNORE_INDEX
+    supervised = batch.supervised  # flat positions, found once at collation
     with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-autocast"):
-        logits = supervised_logits(unwrap(model), batch.input_ids, batch.attention_mask, selected)
-    losses, ce = token_losses_and_ce(logits, batch.labels[selected], spec)
-    task_of_token = task_ids[selected.nonzero()[:, 0]]
-    loss = weighted_mean(losses, task_of_token, first_answer_tokens(batch.labels)[selected], spec, tasks=tasks)
+        logits = supervised_logits(unwrap(model), batch.input_ids, batch.attention_mask, supervised)
+    losses, ce = token_losses_and_ce(logits, batch.labels.flatten()[supervised], spec)
+    task_of_token = task_ids[supervised // batch.labels.shape[1]]
+    first = first_answer_tokens(batch.labels).flatten()[supervised] if spec.first_token_weight != 1.0 else None
+    loss = weighted_mean(losses, task_of_token, first, spec, tasks=tasks)
     return loss, ce, task_of_token
 
 
@@ -63,7 +68,10 @@ def make_optimizer(model, spec: OptimSpec, total_steps: int):
             # Row-masked matrices (new_token_rows) get no decay: decay would move the rows the mask freezes.
             (no_decay if p.ndim < 2 or weight_decay_exempt(p) else decay).append(p)
     groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, eps=spec.eps, foreach=True)
+    try:  # one fused kernel per parameter (CPU and CUDA); the foreach path loops over small ops on a CPU
+        optimizer = torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, eps=spec.eps, fused=True)
+    except (RuntimeError, ValueError):  # a device or dtype the fused kernel does not support
+        optimizer = torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, eps=spec.eps, foreach=True)
 
     def factor(step: int) -> float:
         if step < spec.warmup:
@@ -200,10 +208,11 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
     guard = loop.nonfinite.action != "off"
     device = next(model.parameters()).device
     model.train()
+    upcoming = batches[state.batch_index].to(device) if state.batch_index < len(batches) else None
 
     for i in range(state.batch_index, len(batches)):
-        batch, step = batches[i].to(device), loop.start_step + i + 1
-        task_ids = torch.tensor([task_index[t] for t in batch.tasks], device=device)
+        batch, step = upcoming, loop.start_step + i + 1
+        task_ids = torch.tensor([task_index[t] for t in batch.tasks]).to(device)
         is_log_step = (i + 1) % loop.log_every == 0 or i + 1 == len(batches)
         started, before = time.perf_counter(), None
 
@@ -211,6 +220,8 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
             loop.injector.before_forward(model, step)
         loss, ce, task_of_token = batch_loss(model, batch, loop.loss, task_ids, loop.tasks, loop.precision)
         loss.backward()
+        if i + 1 < len(batches):  # on a GPU the next batch's copy overlaps this step's work
+            upcoming = batches[i + 1].to(device)
         if loop.injector is not None:
             loop.injector.after_backward(model, step)
         if i == 0 and loop.special_tokens:

@@ -1,0 +1,649 @@
+"""Training speed, side by side: the harness's own training loop against TRL's SFTTrainer.
+
+One tiny model (the builtin qwen2-tiny with the harness's tokenizer, ~1.25M parameters) and one dataset built here
+(4,000 chat examples of 15-81 tokens from eight recipes, rendered with the harness's chat template, completion-only
+labels), trained for ``--steps`` optimiser steps of ``--batch-size`` examples, fp32, AdamW with the same lr / betas
+/ eps / weight decay, constant schedule, no warmup, gradient clipping at 1.0, the same initial weights and the same
+examples, by:
+
+- ``harness``: the code path ``harness run`` takes — :func:`harness.runner.plan_stage` (mixture stream, length
+  grouping, collation) and :func:`harness.train.train_stage` (the loop, with its default non-finite guard and
+  health metrics), logging into a :class:`harness.tracking.Tracker` (wandb disabled, as TRL reports to nothing);
+- ``harness-noguard`` / ``harness-nodiag`` / ``harness-bare``: the same with ``train.nonfinite: off``,
+  ``train.diagnostics: false``, or both — what the guard and the health metrics cost;
+- ``trl-default``: TRL's ``SFTTrainer`` with its defaults (gradient checkpointing on, random batches padded to
+  their longest example); ``trl-padding-free``: ``padding_free=True``; ``trl-group-by-length``:
+  ``train_sampling_strategy="group_by_length"``; ``trl-group-by-length-nockpt``: that, with gradient
+  checkpointing off (TRL tuned as far as its documented options go on a CPU).
+
+Every configuration runs in a fresh process, interleaved (A B C … A B C …), and the table reports medians of real
+(non-pad) tokens/s, supervised tokens/s, pad fraction, s/step and peak RSS, timed from the end of step
+``--warmup`` to the end of the last step, and the ratios harness / TRL configuration. Before timing, the losses of
+the two sides are compared over the first ``--check-steps`` steps on the very same batches (TRL fed the harness's
+batch order with a sequential sampler), so the comparison is of equal work. The bench also measures this machine's
+fp32 matmul throughput on the model's own matmul shapes and reports the harness's training FLOP/s as a fraction
+of it.
+
+Run from the repository root (TRL is a benchmark-only dependency: ``pip install -e '.[bench]'``)::
+
+    python bench/train_speed.py                       # the table (about 15 minutes on 2 CPU cores)
+    python bench/train_speed.py --reps 1 --steps 60   # a quick look
+    python bench/train_speed.py --device cuda --model qwen2.5-0.5b-shape   # bf16 autocast, MFU (GPU only)
+
+The machine should be otherwise idle: before each run the bench samples the CPU use of other processes for a
+moment and waits (up to ``--max-wait`` seconds) while it is above ``--max-busy``; each run's figure is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+HARNESS_CONFIGS = {
+    "harness": {},
+    "harness-noguard": {"nonfinite": "off"},
+    "harness-nodiag": {"diagnostics": False},
+    "harness-bare": {"nonfinite": "off", "diagnostics": False},
+}
+TRL_CONFIGS = {
+    "trl-default": {},
+    "trl-padding-free": {"padding_free": True},
+    "trl-group-by-length": {"train_sampling_strategy": "group_by_length"},
+    "trl-group-by-length-nockpt": {"train_sampling_strategy": "group_by_length", "gradient_checkpointing": False},
+}
+DEFAULT_CONFIGS = ["harness", "trl-default", "trl-padding-free", "trl-group-by-length", "trl-group-by-length-nockpt",
+                   "harness-noguard", "harness-nodiag", "harness-bare"]
+
+# A Qwen2.5-0.5B-shaped config (random weights; nothing is downloaded): the published config's sizes.
+QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                  num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+QWEN25_05B_VOCAB = 151936
+
+
+def experiment(args) -> dict:
+    """The bench as a harness experiment: eight recipes × 500 examples, one stage, one pass (natural mixture)."""
+    def task(recipe, **params):
+        return {"recipe": recipe, "train": 500, "eval": 1, "params": params}
+
+    model = {"builtin": "qwen2-tiny"}
+    if args.model == "qwen2.5-0.5b-shape":
+        model["config"] = dict(QWEN25_05B)
+    return {
+        "name": "train_speed", "seed": 0, "world": {"people": 300, "seed": 0}, "model": model,
+        "tasks": {
+            "repeat": task("repeat", max_words=8), "identity": task("identity", name="Shengoovlei"),
+            "yesno": task("yesno"), "short_qa": task("short_qa"), "assistant_qa": task("assistant_qa", turns=2),
+            "math": task("math_reversed", digits=3), "spell": task("spell"), "count": task("count"),
+        },
+        "train": {"batch_size": args.batch_size, "max_length": 81,
+                  "precision": "bf16-autocast" if args.device == "cuda" else "fp32",
+                  "optim": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0, "warmup": 0,
+                            "schedule": "constant", "grad_clip": 1.0}},
+        "eval": {"splits": ["heldout"]},
+        "stages": [{"name": "bench", "steps": args.steps, "mixture": "natural"}],
+        "tracking": {"wandb": {"mode": "disabled"}, "console": False},
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Shared inputs: written once by the parent, read by every child
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def prepare(workdir: Path, args) -> dict:
+    """Tokenizer, initial weights and encoded pools (the harness's own builders), saved under ``workdir``."""
+    import torch
+
+    from harness.config import validate_data
+    from harness.runner import build_task_data, encode_task_data, load_base
+
+    exp_dict = experiment(args)
+    exp = validate_data(exp_dict)
+    data = build_task_data(exp)
+    model, tokenizer, _, _ = load_base(exp, data)
+    if args.model == "qwen2.5-0.5b-shape":
+        model.resize_token_embeddings(QWEN25_05B_VOCAB, mean_resizing=False)
+    encoded = encode_task_data(exp, data, tokenizer)
+    model.to("cpu").save_pretrained(workdir / "model")
+    tokenizer.save_pretrained(workdir / "tokenizer")
+    (workdir / "pools.pkl").write_bytes(pickle.dumps(encoded.train))
+    (workdir / "experiment.json").write_text(json.dumps(exp_dict))
+    lengths = sorted(e.length for pool in encoded.train.values() for e in pool)
+    kept = [n for n in lengths if n <= exp.train.max_length]
+    del model
+    torch.set_num_threads(torch.get_num_threads())
+    return {"examples": len(kept), "dropped": len(lengths) - len(kept), "min": kept[0], "max": kept[-1],
+            "median": kept[len(kept) // 2], "mean": sum(kept) / len(kept)}
+
+
+def load_inputs(workdir: Path, overrides: dict | None = None):
+    from harness.config import validate_data
+
+    exp_dict = json.loads((workdir / "experiment.json").read_text())
+    exp_dict["train"].update(overrides or {})
+    exp = validate_data(exp_dict)
+    pools = pickle.loads((workdir / "pools.pkl").read_bytes())
+    return exp, pools
+
+
+def load_model(workdir: Path, device: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(workdir / "model", attn_implementation="sdpa").to(device)
+    return model, AutoTokenizer.from_pretrained(workdir / "tokenizer")
+
+
+def quiet() -> None:
+    import warnings
+
+    import transformers
+
+    warnings.filterwarnings("ignore")
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.logging.set_verbosity_error()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The harness side: the functions `harness run` calls
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None = None, log_every: int | None = None):
+    """Plan the stage and train it with :func:`harness.train.train_stage` as :func:`harness.runner.run_experiment`
+    does. Returns ``(per-step end times, batches, logged rows)``."""
+    from harness.adapters import stage_special_tokens
+    from harness.runner import plan_stage
+    from harness.store import Row
+    from harness.tracking import Tracker
+    from harness.train import StageLoop, train_stage
+
+    exp, pools = load_inputs(workdir, overrides)
+    model, tokenizer = load_model(workdir, device)
+    stage = exp.resolved_stages()[0]
+    plan = plan_stage(exp, stage, 0, pools, tokenizer.pad_token_id)
+    batches = plan.batches[:steps] if steps else plan.batches
+    run_dir = Path(tempfile.mkdtemp(prefix="harness-bench-run-"))
+    tracker = Tracker(exp, run_dir, "bench", exp.resolved_dict())
+    rows: list[Row] = []
+
+    def log(new_rows, step):
+        tracker.log(new_rows, step)
+        rows.extend(new_rows)
+
+    times: list[float] = []
+    train_stage(model, batches, StageLoop(
+        stage=stage.name, start_step=0, optim=stage.train.optim, tasks=list(exp.tasks), log=log,
+        evaluate=lambda step: None, loss=stage.train.loss, precision=stage.train.precision,
+        special_tokens=stage_special_tokens(tokenizer, batches), log_every=log_every or stage.train.log_every,
+        eval_every=exp.eval.every, nonfinite=stage.train.nonfinite, diagnostics=stage.train.diagnostics,
+        progress=lambda n: times.append(time.perf_counter()),
+    ))
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+        times[-1] = time.perf_counter()
+    tracker.close()
+    counts = [(b.n_real_tokens, b.n_padded_tokens, int((b.labels != -100).sum())) for b in batches]
+    return times, counts, rows, model
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The TRL side
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def trl_dataset(exp, pools, order=None):
+    """The same encoded examples as TRL's pre-tokenised input: ``input_ids`` and ``completion_mask`` (1 on every
+    supervised token; the harness's labels are pre-shifted, TRL's head shifts itself)."""
+    from datasets import Dataset
+
+    kept = [e for task in exp.tasks for e in pools[task] if e.length <= exp.train.max_length]
+    examples = order if order is not None else kept
+    return Dataset.from_dict({
+        "input_ids": [e.input_ids.tolist() for e in examples],
+        "completion_mask": [[0] + (e.labels[:-1] != -100).astype(int).tolist() for e in examples],
+    })
+
+
+class _CountingCollator:
+    """Wraps TRL's collator and records (real, padded, supervised) tokens of every batch it builds."""
+
+    def __init__(self, inner):
+        self.inner, self.counts = inner, []
+
+    def __call__(self, examples):
+        out = self.inner(examples)
+        ids = out["input_ids"]
+        real = int(out["attention_mask"].sum()) if "attention_mask" in out else ids.numel()
+        self.counts.append((real, ids.numel(), int((out["labels"] != -100).sum())))
+        return out
+
+
+def trl_train(workdir: Path, device: str, settings: dict, steps: int, dataset=None, record_losses: bool = False):
+    import torch
+    from transformers import TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    exp, pools = load_inputs(workdir)
+    model, tokenizer = load_model(workdir, device)
+    optim = exp.train.optim
+    config = SFTConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=exp.train.batch_size,
+        max_steps=steps, learning_rate=optim.lr, adam_beta1=optim.betas[0], adam_beta2=optim.betas[1],
+        adam_epsilon=optim.eps, weight_decay=optim.weight_decay, lr_scheduler_type="constant", warmup_steps=0,
+        max_grad_norm=optim.grad_clip, bf16=device == "cuda", fp16=False, use_cpu=device == "cpu",
+        completion_only_loss=True, max_length=None, save_strategy="no", report_to="none", disable_tqdm=True,
+        seed=exp.seed, dataloader_num_workers=0, **settings,
+    )
+    times: list[float] = []
+    losses: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter())
+
+    class Recording(SFTTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            losses.append(float(loss.detach()))
+            return loss
+
+    cls = Recording if record_losses else SFTTrainer
+    trainer = cls(model=model, args=config, train_dataset=dataset if dataset is not None else trl_dataset(exp, pools),
+                  processing_class=tokenizer, callbacks=[Clock()])
+    trainer.data_collator = counter = _CountingCollator(trainer.data_collator)
+    trainer.train()
+    return times, counter.counts, losses, model
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Children
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def child(args) -> None:
+    import torch
+
+    quiet()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    workdir = Path(args.workdir)
+    name = args.child
+    if name == "matmul":
+        print("RESULT " + json.dumps(matmul_throughput(workdir, args)))
+        return
+    if name == "check":
+        print("RESULT " + json.dumps(loss_check(workdir, args)))
+        return
+    if name == "profile":
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+        with profile(activities=activities) as prof:
+            harness_train(workdir, args.device, {})
+        events = prof.key_averages()
+        print(events.table(sort_by="self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total",
+                           row_limit=30))
+        print(f"self CPU time by kind, ms per step ({args.steps} steps):")
+        for kind, share in profile_kinds(events, args.steps).items():
+            print(f"  {kind:<34}{share:>8.2f}")
+        return
+    if name in HARNESS_CONFIGS:
+        times, counts, _, model = harness_train(workdir, args.device, HARNESS_CONFIGS[name])
+    else:
+        times, counts, _, model = trl_train(workdir, args.device, TRL_CONFIGS[name], args.steps)
+    w = args.warmup
+    window = counts[w:len(times)]
+    seconds = times[-1] - times[w - 1]
+    real, padded, supervised = (sum(c[i] for c in window) for i in range(3))
+    print("RESULT " + json.dumps({
+        "config": name, "steps": len(times) - w, "seconds": seconds, "real_tokens": real, "padded_tokens": padded,
+        "supervised_tokens": supervised, "real_tps": real / seconds, "supervised_tps": supervised / seconds,
+        "pad_fraction": 1 - real / padded, "s_per_step": seconds / (len(times) - w),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "threads": torch.get_num_threads(),
+    }))
+
+
+PROFILE_KINDS = [  # (kind, operator names) — the first match wins
+    ("matmul (mm, addmm, bmm)", ("aten::mm", "aten::addmm", "aten::bmm")),
+    ("attention (sdpa, forward+backward)", ("scaled_dot_product",)),
+    ("optimizer (fused AdamW)", ("adamw", "aten::_foreach", "aten::lerp", "aten::addcdiv", "aten::addcmul")),
+    ("loss (log_softmax, nll)", ("log_softmax", "nll_loss")),
+    ("grad norm / clip", ("linalg_vector_norm", "aten::norm", "aten::clamp")),
+    ("gather / index", ("index", "gather", "scatter", "embedding", "nonzero", "masked")),
+    ("elementwise (norms, RoPE, SiLU, residuals)", ("aten::mul", "aten::add", "aten::sum", "aten::pow", "aten::neg",
+                                                    "aten::cat", "aten::silu", "aten::div", "aten::sub",
+                                                    "aten::rsqrt", "aten::mean", "aten::where", "aten::sqrt")),
+    ("memory (copy_, fill_, zeros, empty)", ("aten::copy_", "aten::fill_", "aten::zero", "aten::empty",
+                                             "aten::clone", "aten::to")),
+]
+
+
+def profile_kinds(events, steps: int) -> dict[str, float]:
+    """Self CPU time per kind of operator, in ms per step."""
+    totals = {kind: 0.0 for kind, _ in PROFILE_KINDS} | {"other": 0.0}
+    for event in events:
+        name = event.key.lower()
+        kind = next((k for k, needles in PROFILE_KINDS if any(n.lower() in name for n in needles)), "other")
+        totals[kind] += event.self_cpu_time_total / 1000 / steps
+    return totals
+
+
+def loss_check(workdir: Path, args) -> dict:
+    """Losses of the first steps on the very same batches: the harness's plan, and TRL fed that plan's examples in
+    the same order (sequential sampler), from the same initial weights."""
+    from transformers import AutoTokenizer
+
+    exp, pools = load_inputs(workdir)
+    tokenizer = AutoTokenizer.from_pretrained(workdir / "tokenizer")
+    k = args.check_steps
+    _, _, rows, _ = harness_train(workdir, args.device, {}, steps=k, log_every=1)
+    ours = [r.value for r in rows if r.metric == "loss" and r.task is None]
+    order = plan_examples(exp, exp.resolved_stages()[0], pools, tokenizer.pad_token_id)[: k * exp.train.batch_size]
+    out = {"harness": ours}
+    for name, settings in (("trl-default", {}), ("trl-padding-free", {"padding_free": True})):
+        _, _, losses, _ = trl_train(workdir, args.device, {**settings, "train_sampling_strategy": "sequential"}, k,
+                                    dataset=trl_dataset(exp, pools, order), record_losses=True)
+        out[name] = losses
+    return out
+
+
+def plan_examples(exp, stage, pools, pad_id):
+    """The examples of :func:`harness.runner.plan_stage`'s batches, in batch order."""
+    from harness.runner import plan_stage
+
+    plan = plan_stage(exp, stage, 0, pools, pad_id)
+    by_ids = {}
+    for task in exp.tasks:
+        for e in pools[task]:
+            by_ids.setdefault((task, e.input_ids.tobytes()), e)
+    out = []
+    for b in plan.batches:
+        for row, task in enumerate(b.tasks):
+            n = int(b.attention_mask[row].sum())
+            out.append(by_ids[(task, b.input_ids[row, :n].numpy().tobytes())])
+    return out
+
+
+def model_flops(workdir: Path, real_tokens: int, supervised_tokens: int, seq_sq: float) -> dict:
+    """Training FLOPs of the harness's work: ``6 × N × T`` for the body's matmuls at every real token, the head's
+    at supervised tokens only, and attention (``12 × layers × d_attn × L²`` per sequence, halved for causality)."""
+    import json as _json
+
+    config = _json.loads((workdir / "model" / "config.json").read_text())
+    d, layers = config["hidden_size"], config["num_hidden_layers"]
+    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = config.get("head_dim") or d // heads
+    ffn, vocab = config["intermediate_size"], config["vocab_size"]
+    body = layers * (d * heads * head_dim * 2 + d * kv * head_dim * 2 + 3 * d * ffn)
+    head = d * vocab
+    attention = 12 * layers * heads * head_dim * seq_sq / 2
+    return {"body_params": body, "head_params": head,
+            "flops": 6 * body * real_tokens + 6 * head * supervised_tokens + attention,
+            "flops_6nt": 6 * (body + head) * real_tokens + attention}
+
+
+def matmul_throughput(workdir: Path, args) -> dict:
+    """fp32 (bf16 on CUDA) ``torch.matmul`` FLOP/s on the model's own shapes — every projection at the batch's
+    token count, forward and the two backward products — and on one large square matmul."""
+    import torch
+
+    config = json.loads((workdir / "model" / "config.json").read_text())
+    d, ffn, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = config.get("head_dim") or d // heads
+    m, sup = args.tokens_per_batch, args.supervised_per_batch
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    shapes = [(m, d, heads * head_dim), (m, d, kv * head_dim), (m, d, kv * head_dim), (m, heads * head_dim, d),
+              (m, d, ffn), (m, d, ffn), (m, ffn, d), (sup, d, vocab)]
+
+    def products(a, k, n):  # forward x@W, backward dX = dY@Wᵀ and dW = Xᵀ@dY
+        return [(a, k, n), (a, n, k), (k, a, n)]
+
+    def rate(all_shapes, seconds_min=1.0):
+        mats = [(torch.randn(a, k, dtype=dtype, device=args.device), torch.randn(k, n, dtype=dtype, device=args.device))
+                for a, k, n in all_shapes]
+        flops = sum(2 * a * k * n for a, k, n in all_shapes)
+        for x, y in mats:  # warm-up
+            torch.matmul(x, y)
+        best, reps = 0.0, 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds_min or reps < 3:
+            t0 = time.perf_counter()
+            for x, y in mats:
+                torch.matmul(x, y)
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            best = max(best, flops / (time.perf_counter() - t0))
+            reps += 1
+        return best
+
+    model_shapes = [p for s in shapes for p in products(*s)]
+    big = 8192 if args.device == "cuda" else 2048
+    return {"model_shapes": rate(model_shapes), "square": rate([(big, big, big)]),
+            "dtype": str(dtype).replace("torch.", "")}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The parent: prepare, check, run interleaved, report
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def cpu_busy(seconds: float = 1.5) -> float:
+    """Share of the machine's CPU time used by other processes over ``seconds`` (this one sleeps meanwhile)."""
+    def read():
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+        idle = values[3] + values[4]
+        return sum(values) - idle, sum(values)
+
+    try:
+        busy0, total0 = read()
+        time.sleep(seconds)
+        busy1, total1 = read()
+        return (busy1 - busy0) / max(1, total1 - total0)
+    except OSError:
+        return float("nan")
+
+
+def wait_until_quiet(args) -> float:
+    busy = cpu_busy()
+    deadline = time.time() + args.max_wait
+    while busy > args.max_busy and time.time() < deadline:
+        time.sleep(5)
+        busy = cpu_busy()
+    return busy
+
+
+def spawn(name: str, workdir: Path, args, extra: list[str] = ()) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--workdir", str(workdir),
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
+           "--check-steps", str(args.check_steps), "--threads", str(args.threads), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "WANDB_SILENT": "true", "TOKENIZERS_PARALLELISM": "false"})
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=125, help="optimiser steps per run (125 = one pass over 4,000)")
+    parser.add_argument("--warmup", type=int, default=5, help="steps excluded from timing")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions of every configuration")
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS))
+    parser.add_argument("--check-steps", type=int, default=5, help="steps whose losses are compared (0: skip)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--model", default="qwen2-tiny", choices=["qwen2-tiny", "qwen2.5-0.5b-shape"])
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads in every run (0: torch's default)")
+    parser.add_argument("--max-busy", type=float, default=0.2,
+                        help="wait before each run while other processes use more than this share of the CPUs")
+    parser.add_argument("--max-wait", type=float, default=180, help="seconds to wait for a quiet machine per run")
+    parser.add_argument("--json", type=Path, help="also write every run's numbers here")
+    parser.add_argument("--profile", action="store_true",
+                        help="run the harness configuration once under torch.profiler and print its top operators")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    parser.add_argument("--tokens-per-batch", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--supervised-per-batch", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no GPU on this machine (torch.cuda.is_available() is False): the CUDA bench is skipped")
+        return
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in configs if c not in HARNESS_CONFIGS and c not in TRL_CONFIGS]
+    if unknown:
+        parser.error(f"unknown configs {unknown}; known: {', '.join([*HARNESS_CONFIGS, *TRL_CONFIGS])}")
+    if any(c in TRL_CONFIGS for c in configs):
+        try:
+            import trl
+        except ImportError:
+            print("TRL is not installed (pip install -e '.[bench]'): running the harness configurations only")
+            configs = [c for c in configs if c in HARNESS_CONFIGS]
+        else:
+            print(f"TRL {trl.__version__}")
+
+    workdir = Path(tempfile.mkdtemp(prefix="train-speed-"))
+    info = prepare(workdir, args)
+    import transformers
+
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}; device {args.device}, "
+          f"torch threads {args.threads or torch.get_num_threads()}; model {args.model}; "
+          f"{info['examples']} examples (tokens min {info['min']} / median {info['median']} / mean "
+          f"{info['mean']:.1f} / max {info['max']}), batch {args.batch_size}, {args.steps} steps, timed after "
+          f"{args.warmup}")
+
+    if args.profile:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "profile", "--workdir", str(workdir),
+               "--steps", str(args.steps), "--device", args.device, "--threads", str(args.threads)]
+        subprocess.run(cmd, cwd=ROOT, check=True)
+        return
+    if args.check_steps and any(c in TRL_CONFIGS for c in configs):
+        check = spawn("check", workdir, args)
+        print(f"\nloss check: the first {args.check_steps} steps on the same batches, same initial weights")
+        print(f"{'step':>5}{'harness':>12}{'trl-default':>14}{'trl-padding-free':>18}{'max |diff|':>12}")
+        worst = 0.0
+        for i, ours in enumerate(check["harness"]):
+            others = [check[k][i] for k in ("trl-default", "trl-padding-free")]
+            diff = max(abs(ours - o) for o in others)
+            worst = max(worst, diff)
+            print(f"{i + 1:>5}{ours:>12.6f}{others[0]:>14.6f}{others[1]:>18.6f}{diff:>12.2e}")
+        print("losses agree" if worst < 1e-3 else "LOSSES DIFFER: the comparison is not of equal work")
+
+    results: dict[str, list[dict]] = {c: [] for c in configs}
+    for rep in range(args.reps):
+        for name in configs:
+            busy = wait_until_quiet(args)
+            r = spawn(name, workdir, args)
+            r["busy_before"] = busy
+            results[name].append(r)
+            print(f"rep {rep + 1}/{args.reps} {name:<28} {r['real_tps']:>9.0f} real tok/s  {r['s_per_step']:.4f} "
+                  f"s/step  (other processes' CPU use before: {busy:.0%})", flush=True)
+
+    med = {name: {k: median([r[k] for r in rs]) for k in rs[0] if isinstance(rs[0][k], (int, float))}
+           for name, rs in results.items() if rs}
+    print(f"\nmedians of {args.reps} interleaved runs, fresh process each")
+    header = f"{'config':<28}{'real tok/s':>11}{'sup tok/s':>11}{'pad frac':>10}{'s/step':>9}{'peak RSS MB':>13}"
+    print(header)
+    for name, m in med.items():
+        print(f"{name:<28}{m['real_tps']:>11.0f}{m['supervised_tps']:>11.0f}{m['pad_fraction']:>10.3f}"
+              f"{m['s_per_step']:>9.4f}{m['peak_rss_mb']:>13.0f}")
+
+    if "harness" in med:
+        ours = med["harness"]["real_tps"]
+        trl_names = [n for n in med if n in TRL_CONFIGS]
+        if trl_names:
+            print("\nharness / TRL (real tokens/s)")
+            for name in trl_names:
+                print(f"  vs {name:<28}{ours / med[name]['real_tps']:>6.2f}×")
+            best = max(trl_names, key=lambda n: med[n]["real_tps"])
+            goals = [f"vs TRL's best ({best}) {ours / med[best]['real_tps']:.2f}× (goal ≥ 1.5)"]
+            if "trl-default" in med:
+                goals.append(f"vs its default {ours / med['trl-default']['real_tps']:.2f}× (goal ≥ 3.5)")
+            goals.append(f"pad fraction {med['harness']['pad_fraction']:.3f} (goal ≤ 0.02)")
+            print("  " + "; ".join(goals))
+        overhead = [n for n in ("harness-noguard", "harness-nodiag", "harness-bare") if n in med]
+        if overhead:
+            print("\nguard and health metrics: tokens/s with them off, relative to the defaults (on)")
+            for name in overhead:
+                print(f"  {name:<22}{med[name]['real_tps'] / ours:>6.3f}×  ({HARNESS_CONFIGS[name]})")
+
+        steps = med["harness"]["steps"]
+        runs = results["harness"]
+        tokens_per_batch = round(runs[0]["padded_tokens"] / runs[0]["steps"])
+        supervised_per_batch = round(runs[0]["supervised_tokens"] / runs[0]["steps"])
+        mm = spawn("matmul", workdir, args, ["--tokens-per-batch", str(tokens_per_batch),
+                                             "--supervised-per-batch", str(supervised_per_batch)])
+        flops = harness_flops(workdir, args)
+        rate = flops["flops"] * ours / max(1, flops["real_tokens"])
+        rate_6nt = flops["flops_6nt"] * ours / max(1, flops["real_tokens"])
+        print(f"\nclose to the limit ({mm['dtype']} matmul, {tokens_per_batch} tokens per batch):")
+        print(f"  torch.matmul on the model's shapes (forward and backward products): "
+              f"{mm['model_shapes'] / 1e9:.1f} GFLOP/s; one large square matmul: {mm['square'] / 1e9:.1f} GFLOP/s")
+        print(f"  harness training: {rate / 1e9:.1f} GFLOP/s (6·N_body·T + 6·N_head·T_supervised + attention) = "
+              f"{rate / mm['model_shapes']:.2f} of the model-shape matmul rate (goal ≥ 0.5), "
+              f"{rate / mm['square']:.2f} of the square one")
+        print(f"  as 6·N·T + attention (N = every parameter, head at every token; {rate_6nt / 1e9:.1f} GFLOP/s): "
+              f"{rate_6nt / mm['model_shapes']:.2f} of the model-shape rate")
+        if args.device == "cuda":
+            print(f"  MFU (vs measured bf16 matmul peak): {rate / mm['square']:.2f}")
+        del steps
+    if args.json:
+        args.json.write_text(json.dumps({"info": info, "runs": results, "medians": med}, indent=2))
+
+
+def harness_flops(workdir: Path, args) -> dict:
+    """FLOPs of one pass of the harness's plan (per real token, so any window scales)."""
+    from harness.runner import plan_stage
+
+    exp, pools = load_inputs(workdir)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(workdir / "tokenizer")
+    plan = plan_stage(exp, exp.resolved_stages()[0], 0, pools, tokenizer.pad_token_id)
+    real = sum(b.n_real_tokens for b in plan.batches)
+    supervised = sum(int((b.labels != -100).sum()) for b in plan.batches)
+    seq_sq = sum(float((b.attention_mask.sum(1).double() ** 2).sum()) for b in plan.batches)
+    return {**model_flops(workdir, real, supervised, seq_sq), "real_tokens": real}
+
+
+if __name__ == "__main__":
+    main()

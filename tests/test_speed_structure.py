@@ -1,0 +1,140 @@
+"""What makes the training loop fast, asserted structurally (no timings; bench/train_speed.py measures the speed).
+
+- a stage's plan pads little on mixed-length data (length-grouped batches);
+- the vocabulary projection runs at supervised positions only, never at prompt or padding positions;
+- batches are collated once, in the plan, with the supervised positions found there (no dataloader or label-mask
+  search on the hot path);
+- AdamW is the fused kernel (one call per parameter, not a loop of small ops);
+- the per-module-group health metrics run at logging steps only.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from harness.config import LossSpec, OptimSpec, validate_data
+from harness.data import IGNORE_INDEX, Batch, Encoded, collate
+from harness.runner import plan_stage
+from harness.train import StageLoop, batch_loss, make_optimizer, train_stage
+from tests.conftest import TINY
+
+
+def _mixed_pools(n_per_task: int = 400, seed: int = 0) -> dict[str, list[Encoded]]:
+    """Three tasks with different length ranges (10-81 tokens overall), answers of a few tokens at the end."""
+    rng = np.random.default_rng(seed)
+    ranges = {"repeat": (10, 40), "yesno": (15, 30), "math": (30, 82)}
+    pools = {}
+    for task, (lo, hi) in ranges.items():
+        pool = []
+        for n in rng.integers(lo, hi, size=n_per_task):
+            ids = rng.integers(5, 300, size=n).astype(np.int64)
+            labels = np.full(n, IGNORE_INDEX, dtype=np.int64)
+            answer = int(rng.integers(2, 8))
+            labels[n - answer - 1: n - 1] = ids[n - answer:]  # pre-shifted: position t predicts token t+1
+            pool.append(Encoded(task, ids, labels))
+        pools[task] = pool
+    return pools
+
+
+def _experiment(**train):
+    data = copy.deepcopy(TINY)
+    data["train"].update({"batch_size": 32, **train})
+    data["stages"] = [{"name": "a", "steps": 64, "mixture": {"repeat": 0.4, "yesno": 0.3, "math": 0.3}},
+                      {"name": "b", "steps": 37, "mixture": "natural"}]
+    return validate_data(data)
+
+
+def _pad_fraction(batches: list[Batch]) -> float:
+    return 1 - sum(b.n_real_tokens for b in batches) / sum(b.n_padded_tokens for b in batches)
+
+
+def test_stage_plan_pads_little_on_mixed_lengths():
+    exp, pools = _experiment(), _mixed_pools()
+    for index, stage in enumerate(exp.resolved_stages()):
+        plan = plan_stage(exp, stage, index, pools, pad_id=0)
+        assert len(plan.batches) == stage.steps
+        assert all(len(b.tasks) == 32 for b in plan.batches), "batch_size examples per optimiser step"
+        assert _pad_fraction(plan.batches) < 0.05, stage.name
+    # Without length grouping the same stream pads several times more: the grouping is what keeps it low.
+    ungrouped = _experiment(length_grouping=1)
+    stage = ungrouped.resolved_stages()[0]
+    assert _pad_fraction(plan_stage(ungrouped, stage, 0, pools, pad_id=0).batches) > 0.2
+
+
+def test_plan_batches_are_collated_once_with_their_supervised_positions():
+    exp, pools = _experiment(), _mixed_pools()
+    plan = plan_stage(exp, exp.resolved_stages()[0], 0, pools, pad_id=0)
+    for b in plan.batches[:8]:
+        assert isinstance(b, Batch) and isinstance(b.input_ids, torch.Tensor)  # tensors, not examples
+        flat = b.labels.flatten()
+        assert torch.equal(b.supervised, (flat != IGNORE_INDEX).nonzero().flatten())
+        assert (flat[b.supervised] != IGNORE_INDEX).all()
+        assert b.n_real_tokens == int(b.attention_mask.sum()) and b.n_padded_tokens == b.input_ids.numel()
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True, pad_token_id=0)
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config)
+
+
+def test_vocabulary_projection_only_at_supervised_positions(tiny_model):
+    model = copy.deepcopy(tiny_model)
+    pools = _mixed_pools(8)
+    batch = collate(pools["repeat"][:4] + pools["math"][:4], pad_id=0)
+    rows = []
+    handle = model.get_output_embeddings().register_forward_hook(
+        lambda module, inputs, output: rows.append(inputs[0].reshape(-1, inputs[0].shape[-1]).shape[0]))
+    try:
+        loss, ce, task_of_token = batch_loss(model, batch, LossSpec(), torch.zeros(8, dtype=torch.long), ["t"])
+        loss.backward()
+    finally:
+        handle.remove()
+    n_supervised = int((batch.labels != IGNORE_INDEX).sum())
+    assert rows == [n_supervised], "one projection, of exactly the supervised positions"
+    assert n_supervised < batch.n_real_tokens < batch.n_padded_tokens
+    # … and it is the same loss as the full projection's at those positions.
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        selected = batch.labels != IGNORE_INDEX
+        full = torch.nn.functional.cross_entropy(logits[selected], batch.labels[selected])
+    assert torch.allclose(loss.detach(), full, atol=1e-5)
+    assert ce.shape == task_of_token.shape == (n_supervised,)
+
+
+def test_adamw_is_the_fused_kernel(tiny_model):
+    optimizer, _ = make_optimizer(tiny_model, OptimSpec(), total_steps=10)
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert optimizer.defaults["fused"] is True and not optimizer.defaults.get("foreach")
+
+
+def test_health_metrics_run_at_logging_steps_only(tiny_model, monkeypatch):
+    from harness.diagnostics import GroupStats
+
+    model = copy.deepcopy(tiny_model)
+    calls = {"grad_norms": 0, "snapshot": 0}
+    for name in calls:
+        original = getattr(GroupStats, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(GroupStats, name, counted)
+    pools = _mixed_pools(40)
+    examples = [e for pool in pools.values() for e in pool]
+    batches = [collate(examples[i:i + 8], pad_id=0) for i in range(0, 12 * 8, 8)]
+    logged = []
+    train_stage(model, batches, StageLoop(stage="s", start_step=0, optim=OptimSpec(lr=1e-3), tasks=list(pools),
+                                          log=lambda rows, step: logged.append(step), evaluate=lambda step: None,
+                                          log_every=5))
+    assert logged == [5, 10, 12]
+    assert calls == {"grad_norms": 3, "snapshot": 3}, "health metrics only when a window is logged"
