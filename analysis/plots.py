@@ -121,8 +121,13 @@ def plot_curves(frame: pl.DataFrame, metric: str = "greedy", splits: Optional[Se
         elif not lower_is_better(metric) and part["value"].max() <= 1.0:
             ax.set_ylim(-0.03, 1.03)
     axes[0][0].set_ylabel(METRIC_TITLES.get(metric, metric))
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    for ax in axes[0][1:]:
+    return _shared_legend(fig, axes[0])
+
+
+def _shared_legend(fig: Figure, row) -> Figure:
+    """One legend at the right for every series drawn in the panels of ``row`` (each label once)."""
+    handles, labels = row[0].get_legend_handles_labels()
+    for ax in row[1:]:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             if lab not in labels:
                 handles.append(h)
@@ -190,15 +195,7 @@ def plot_hijack(frame: pl.DataFrame, splits: Optional[Sequence[str]] = None,
             if col == 0:
                 ax.set_ylabel("gold first-token rank\n(median, 1 = top; up = better)" if metric == "ft_rank_median"
                               else "first-token hijack\n(share of prompts, top-1 is yes/no)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    for ax in axes[0][1:]:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.tight_layout()
-    return fig
+    return _shared_legend(fig, axes[0])
 
 
 def plot_training(frame: pl.DataFrame, colors: Optional[dict[str, str]] = None) -> Figure:
