@@ -61,8 +61,8 @@ HARNESS_CONFIGS = {
 TRL_CONFIGS = {
     "trl-default": {},
     "trl-padding-free": {"padding_free": True},
-    "trl-group-by-length": {"train_sampling_strategy": "group_by_length"},
-    "trl-group-by-length-nockpt": {"train_sampling_strategy": "group_by_length", "gradient_checkpointing": False},
+    "trl-group-by-length": {"sampling": "group_by_length"},
+    "trl-group-by-length-nockpt": {"sampling": "group_by_length", "gradient_checkpointing": False},
 }
 DEFAULT_CONFIGS = ["harness", "trl-default", "trl-padding-free", "trl-group-by-length", "trl-group-by-length-nockpt",
                    "harness-noguard", "harness-nodiag", "harness-bare"]
@@ -250,6 +250,12 @@ def trl_train(workdir: Path, device: str, settings: dict, steps: int, dataset=No
     exp, pools = load_inputs(workdir)
     model, tokenizer = load_model(workdir, device)
     optim = exp.train.optim
+    settings = dict(settings)
+    sampling = settings.pop("sampling", None)
+    if sampling is not None:  # transformers 5: train_sampling_strategy; 4.x: group_by_length (no sequential)
+        fields = SFTConfig.__dataclass_fields__
+        settings.update({"train_sampling_strategy": sampling} if "train_sampling_strategy" in fields
+                        else {"group_by_length": sampling == "group_by_length"})
     config = SFTConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=exp.train.batch_size,
         max_steps=steps, learning_rate=optim.lr, adam_beta1=optim.betas[0], adam_beta2=optim.betas[1],
@@ -368,7 +374,7 @@ def loss_check(workdir: Path, args) -> dict:
     order = plan_examples(exp, exp.resolved_stages()[0], pools, tokenizer.pad_token_id)[: k * exp.train.batch_size]
     out = {"harness": ours}
     for name, settings in (("trl-default", {}), ("trl-padding-free", {"padding_free": True})):
-        _, _, losses, _ = trl_train(workdir, args.device, {**settings, "train_sampling_strategy": "sequential"}, k,
+        _, _, losses, _ = trl_train(workdir, args.device, {**settings, "sampling": "sequential"}, k,
                                     dataset=trl_dataset(exp, pools, order), record_losses=True)
         out[name] = losses
     return out
@@ -594,12 +600,27 @@ def main() -> None:
             print("\nharness / TRL (real tokens/s)")
             for name in trl_names:
                 print(f"  vs {name:<28}{ours / med[name]['real_tps']:>6.2f}×")
-            best = max(trl_names, key=lambda n: med[n]["real_tps"])
-            goals = [f"vs TRL's best ({best}) {ours / med[best]['real_tps']:.2f}× (goal ≥ 1.5)"]
+
+            def verdict(ok):
+                return "met" if ok else "NOT met"
+
+            goals = []
             if "trl-default" in med:
-                goals.append(f"vs its default {ours / med['trl-default']['real_tps']:.2f}× (goal ≥ 3.5)")
-            goals.append(f"pad fraction {med['harness']['pad_fraction']:.3f} (goal ≤ 0.02)")
-            print("  " + "; ".join(goals))
+                r = ours / med["trl-default"]["real_tps"]
+                goals.append(f"vs TRL's default {r:.2f}× (goal ≥ 3.5: {verdict(r >= 3.5)})")
+            stock = [n for n in trl_names if TRL_CONFIGS[n].get("gradient_checkpointing", True)]
+            if stock:  # TRL's own defaults, plus padding_free or group_by_length
+                best = max(stock, key=lambda n: med[n]["real_tps"])
+                r = ours / med[best]["real_tps"]
+                goals.append(f"vs the best of TRL's default / padding_free / group_by_length ({best}) {r:.2f}× "
+                             f"(goal ≥ 1.5: {verdict(r >= 1.5)})")
+            best = max(trl_names, key=lambda n: med[n]["real_tps"])
+            if best not in stock:
+                goals.append(f"vs the best TRL configuration measured, gradient checkpointing off as well ({best}) "
+                             f"{ours / med[best]['real_tps']:.2f}×")
+            pad = med["harness"]["pad_fraction"]
+            goals.append(f"pad fraction {pad:.3f} (goal ≤ 0.02: {verdict(pad <= 0.02)})")
+            print("\n".join("  " + g for g in goals))
         overhead = [n for n in ("harness-noguard", "harness-nodiag", "harness-bare") if n in med]
         if overhead:
             print("\nguard and health metrics: tokens/s with them off, relative to the defaults (on)")
