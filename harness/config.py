@@ -173,7 +173,8 @@ class TrainSpec(Strict):
     optim: OptimSpec = Field(default_factory=OptimSpec)
     log_every: int = Field(10, ge=1, description="Steps per training-metrics window.")
     length_grouping: int = Field(
-        32, ge=1, description="Batches drawn together and sorted by length, so batches pad little (1 = off)."
+        50, ge=1, description="Batches drawn together and sorted by length, so batches pad little (1 = off; 50 is "
+                              "the window of transformers' group_by_length sampler)."
     )
     checkpoint: bool = Field(True, description="Save a Hugging Face checkpoint at the end of the stage.")
     checkpoint_every: Optional[int] = Field(None, ge=1, description="Also save a resumable checkpoint every N "
@@ -181,6 +182,9 @@ class TrainSpec(Strict):
     keep_checkpoints: int = Field(2, ge=1, description="Periodic checkpoints kept (the newest).")
     nonfinite: NonFiniteSpec = Field(default_factory=NonFiniteSpec)
     diagnostics: bool = Field(True, description="Per-module-group grad norms and update ratios (diag/...).")
+    compile: bool = Field(False, description="torch.compile the model's forward for training (dynamic shapes): "
+                                             "fused norms/RoPE/SiLU, ~25 % faster steps on the tiny CPU model, "
+                                             "after a one-off compile of 10-30 s; pays off on long stages.")
 
 
 def _partial(model: type[BaseModel], name: str) -> dict[str, Any]:

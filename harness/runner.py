@@ -460,7 +460,7 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
                     loss=stage.train.loss, precision=stage.train.precision,
                     special_tokens=stage_special_tokens(tokenizer, plan.batches),
                     log_every=stage.train.log_every, eval_every=exp.eval.every, nonfinite=stage.train.nonfinite,
-                    diagnostics=stage.train.diagnostics, injector=injector,
+                    diagnostics=stage.train.diagnostics, compile=stage.train.compile, injector=injector,
                     checkpoint_every=stage.train.checkpoint_every, save_checkpoint=checkpoint, progress=advance,
                 ), resume=loop_resume if resuming_here else None)
             tracker.log([Row(stage.name, step, task, "train", f"mix_{key}", value)

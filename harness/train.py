@@ -10,8 +10,10 @@ steps a resumable checkpoint is written. Metrics are accumulated on-device and r
 
 from __future__ import annotations
 
+import logging
 import math
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -28,23 +30,64 @@ from harness.store import Row
 # Model types whose logits are exactly lm_head(last hidden state); for them the loss projects only supervised
 # positions. Others (logit soft-capping, scaling) go through the model's own forward.
 _HEAD_ONLY_TYPES = {"qwen2", "qwen3", "llama", "mistral", "gpt2", "qwen3_5", "qwen3_5_text", "olmo2", "phi3"}
+log = logging.getLogger(__name__)
+
+
+class _Compiled:
+    """``torch.compile(module, dynamic=True)`` for the training forward (batch length varies per step, so shapes
+    are symbolic from the start instead of recompiling at the second length). If compiling fails at the first call
+    (no C++ compiler, an unsupported operator) training goes on eagerly after one warning; later errors propagate.
+    Evaluation and the non-finite diagnosis keep calling the plain module: hooks must fire there."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module, self.compiled, self.called = module, torch.compile(module, dynamic=True), False
+
+    def __call__(self, *args, **kwargs):
+        if self.compiled is None:
+            return self.module(*args, **kwargs)
+        if self.called:
+            return self.compiled(*args, **kwargs)
+        try:
+            out = self.compiled(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 — any compiler failure: fall back, say why once
+            log.warning("train.compile: torch.compile failed (%s: %s); training without it",
+                        type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+            self.compiled = None
+            return self.module(*args, **kwargs)
+        self.called = True
+        return out
+
+
+# One compiled wrapper per module, reused by every stage (a weak map, not an attribute: an attribute would register
+# the wrapper as a submodule and put it in state dicts and checkpoints).
+_COMPILED: "weakref.WeakKeyDictionary[torch.nn.Module, _Compiled]" = weakref.WeakKeyDictionary()
+
+
+def _forward_of(module: torch.nn.Module, compiled: bool):
+    if not compiled:
+        return module
+    if module not in _COMPILED:
+        _COMPILED[module] = _Compiled(module)
+    return _COMPILED[module]
 
 
 def supervised_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      selected: torch.Tensor) -> torch.Tensor:
+                      selected: torch.Tensor, compiled: bool = False) -> torch.Tensor:
     """Logits ``[N, V]`` at the ``selected`` positions only: a boolean ``[B, T]`` mask, or the flat positions
-    (row × T + t) of :attr:`harness.data.Batch.supervised`, which gather without a host sync."""
+    (row × T + t) of :attr:`harness.data.Batch.supervised`, which gather without a host sync. ``compiled``: run
+    the forward through ``torch.compile`` (``train.compile``)."""
     def pick(x: torch.Tensor) -> torch.Tensor:  # [B, T, …] → [N, …]
         return x[selected] if selected.dtype == torch.bool else x.flatten(0, 1).index_select(0, selected)
 
     if getattr(model.config, "model_type", None) in _HEAD_ONLY_TYPES and model.get_output_embeddings() is not None:
-        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        body = _forward_of(model.base_model, compiled)
+        hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return model.get_output_embeddings()(pick(hidden))
-    return pick(model(input_ids=input_ids, attention_mask=attention_mask).logits)
+    return pick(_forward_of(model, compiled)(input_ids=input_ids, attention_mask=attention_mask).logits)
 
 
 def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, tasks: list[str],
-               precision: str = "fp32") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               precision: str = "fp32", compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss to back-propagate, plain CE per supervised token, task index per supervised token)``.
 
     The loss is the stage's (CE or GEM, with per-task and first-token weights); CE is returned as well so every
@@ -52,7 +95,7 @@ def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, task
     """
     supervised = batch.supervised  # flat positions, found once at collation
     with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-autocast"):
-        logits = supervised_logits(unwrap(model), batch.input_ids, batch.attention_mask, supervised)
+        logits = supervised_logits(unwrap(model), batch.input_ids, batch.attention_mask, supervised, compiled)
     losses, ce = token_losses_and_ce(logits, batch.labels.flatten()[supervised], spec)
     task_of_token = task_ids[supervised // batch.labels.shape[1]]
     first = first_answer_tokens(batch.labels).flatten()[supervised] if spec.first_token_weight != 1.0 else None
@@ -172,6 +215,7 @@ class StageLoop:
     special_tokens: dict[str, int] = field(default_factory=dict)  # must get gradient at the stage's first step
     nonfinite: NonFiniteSpec = field(default_factory=NonFiniteSpec)
     diagnostics: bool = True
+    compile: bool = False  # train.compile: the forward through torch.compile (not while a fault is injected)
     injector: Optional[Injector] = None
     checkpoint_every: Optional[int] = None
     save_checkpoint: Optional[Callable[[int, LoopState], None]] = None
@@ -206,6 +250,7 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
     window = Window.from_state(len(loop.tasks), state.window) if state.window else Window(len(loop.tasks))
     max_norm = loop.optim.grad_clip if loop.optim.grad_clip is not None else float("inf")
     guard = loop.nonfinite.action != "off"
+    compiled = loop.compile and loop.injector is None  # injected faults are forward hooks: they need eager modules
     device = next(model.parameters()).device
     model.train()
     upcoming = batches[state.batch_index].to(device) if state.batch_index < len(batches) else None
@@ -218,7 +263,7 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
 
         if loop.injector is not None:
             loop.injector.before_forward(model, step)
-        loss, ce, task_of_token = batch_loss(model, batch, loop.loss, task_ids, loop.tasks, loop.precision)
+        loss, ce, task_of_token = batch_loss(model, batch, loop.loss, task_ids, loop.tasks, loop.precision, compiled)
         loss.backward()
         if i + 1 < len(batches):  # on a GPU the next batch's copy overlaps this step's work
             upcoming = batches[i + 1].to(device)

@@ -138,3 +138,53 @@ def test_health_metrics_run_at_logging_steps_only(tiny_model, monkeypatch):
                                           log_every=5))
     assert logged == [5, 10, 12]
     assert calls == {"grad_norms": 3, "snapshot": 3}, "health metrics only when a window is logged"
+
+
+def _train_copy(model, batches, tasks, **loop):
+    model = copy.deepcopy(model)
+    logged = []
+    train_stage(model, batches, StageLoop(stage="s", start_step=0, optim=OptimSpec(lr=1e-3), tasks=tasks,
+                                          log=lambda rows, step: logged.extend(rows), evaluate=lambda step: None,
+                                          log_every=2, **loop))
+    return model, logged
+
+
+def test_compiled_training_matches_eager_and_keeps_plain_state_dicts(tiny_model):
+    """``train.compile``: the same updates as eager (fused kernels reorder float sums: tolerance, not equality),
+    the compiled forward really used, and no compile wrapper in the model's state dict (checkpoints unchanged)."""
+    import harness.train as train_module
+
+    pools = _mixed_pools(16)
+    examples = [e for pool in pools.values() for e in pool]
+    batches = [collate(examples[i:i + 8], pad_id=0) for i in range(0, 4 * 8, 8)]  # 4 steps, lengths vary
+    eager, eager_rows = _train_copy(tiny_model, batches, list(pools))
+    compiled, compiled_rows = _train_copy(tiny_model, batches, list(pools), compile=True)
+    wrapper = train_module._COMPILED.get(compiled.base_model)
+    assert wrapper is not None and wrapper.called and wrapper.compiled is not None, "compiled forward not used"
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), name
+    eager_losses = {(r.step, r.task): r.value for r in eager_rows if r.metric == "loss"}
+    compiled_losses = {(r.step, r.task): r.value for r in compiled_rows if r.metric == "loss"}
+    assert len(eager_losses) >= 4 and compiled_losses == pytest.approx(eager_losses, rel=1e-4)
+
+
+def test_compile_failure_falls_back_to_eager_with_a_warning(tiny_model, monkeypatch, caplog):
+    import harness.train as train_module
+
+    def broken_compile(module, **kwargs):
+        def call(*args, **kw):
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+        return call
+
+    monkeypatch.setattr(train_module.torch, "compile", broken_compile)
+    pools = _mixed_pools(8)
+    examples = [e for pool in pools.values() for e in pool]
+    batches = [collate(examples[i:i + 8], pad_id=0) for i in range(0, 3 * 8, 8)]
+    eager, _ = _train_copy(tiny_model, batches, list(pools))
+    with caplog.at_level("WARNING", logger="harness.train"):
+        fallback, _ = _train_copy(tiny_model, batches, list(pools), compile=True)
+    assert "torch.compile failed (RuntimeError: InvalidCxxCompiler" in caplog.text
+    assert caplog.text.count("torch.compile failed") == 1, "warned once, then eager without retrying"
+    for a, b in zip(eager.parameters(), fallback.parameters()):
+        assert torch.equal(a, b)
