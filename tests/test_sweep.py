@@ -229,7 +229,8 @@ def test_stale_trials_are_failed(tmp_path):
 
 
 def test_killed_worker_leaves_the_study_consistent(tmp_path):
-    path = _sweep(tmp_path, "kill", steps=12, study={"n_trials": 3, "heartbeat": {"interval": 1, "grace": 30}})
+    # Long enough trials (several seconds each) that the poll below catches one mid-training on a fast machine.
+    path = _sweep(tmp_path, "kill", steps=80, study={"n_trials": 3, "heartbeat": {"interval": 1, "grace": 30}})
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "harness", "sweep", str(path), "--workers", "2", "--out", str(out)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -237,7 +238,7 @@ def test_killed_worker_leaves_the_study_consistent(tmp_path):
     try:
         victim, deadline = None, time.time() + 240
         while victim is None and time.time() < deadline:  # a trial that is training (it has reported)
-            time.sleep(0.5)
+            time.sleep(0.2)
             if not (out / "sweep.resolved.yaml").exists():
                 continue
             for t in _study(out).get_trials(states=(optuna.trial.TrialState.RUNNING,)):
