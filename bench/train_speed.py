@@ -29,6 +29,7 @@ Run from the repository root (TRL is a benchmark-only dependency: ``pip install 
     python bench/train_speed.py                       # the table (about 15 minutes on 2 CPU cores)
     python bench/train_speed.py --reps 1 --steps 60   # a quick look
     python bench/train_speed.py --device cuda --model qwen2.5-0.5b-shape   # bf16 autocast, MFU (GPU only)
+    python bench/train_speed.py --configs harness,harness-compile --hidden 512   # a wider qwen2-tiny
 
 The machine should be otherwise idle: before each run the bench samples the CPU use of other processes for a
 moment and waits (up to ``--max-wait`` seconds) while it is above ``--max-busy``; each run's figure is printed.
@@ -83,6 +84,9 @@ def experiment(args) -> dict:
     model = {"builtin": "qwen2-tiny"}
     if args.model == "qwen2.5-0.5b-shape":
         model["config"] = dict(QWEN25_05B)
+    elif getattr(args, "hidden", None):  # the default model made wider: how close to the limit depends on width
+        model["config"] = dict(hidden_size=args.hidden, intermediate_size=4 * args.hidden,
+                               num_attention_heads=args.hidden // 32, num_key_value_heads=2)
     return {
         "name": "train_speed", "seed": 0, "world": {"people": 300, "seed": 0}, "model": model,
         "tasks": {
@@ -516,6 +520,8 @@ def main() -> None:
     parser.add_argument("--check-steps", type=int, default=5, help="steps whose losses are compared (0: skip)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--model", default="qwen2-tiny", choices=["qwen2-tiny", "qwen2.5-0.5b-shape"])
+    parser.add_argument("--hidden", type=int, default=0,
+                        help="qwen2-tiny at this width (FFN 4×, heads of 32): the FLOP/s fraction's dependence on width")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads in every run (0: torch's default)")
     parser.add_argument("--max-busy", type=float, default=0.2,
                         help="wait before each run while other processes use more than this share of the CPUs")
@@ -555,7 +561,7 @@ def main() -> None:
     import transformers
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}; device {args.device}, "
-          f"torch threads {args.threads or torch.get_num_threads()}; model {args.model}; "
+          f"torch threads {args.threads or torch.get_num_threads()}; model {args.model}{f' at hidden {args.hidden}' if args.hidden else ''}; "
           f"{info['examples']} examples (tokens min {info['min']} / median {info['median']} / mean "
           f"{info['mean']:.1f} / max {info['max']}), batch {args.batch_size}, {args.steps} steps, timed after "
           f"{args.warmup}")
