@@ -72,22 +72,23 @@ def run_dirs(paths: Union[PathLike, Sequence[PathLike]]) -> list[Path]:
     return unique
 
 
-def latest_run(root: Optional[PathLike] = None) -> Optional[Path]:
-    """The most recently written run directory under ``root`` (default: ``runs/`` of the repository), or None."""
+def _latest(root: Optional[PathLike], marker: str) -> Optional[Path]:
+    """The most recently written directory holding ``marker`` under ``root`` (default: the repository's ``runs/``)."""
     root = Path(root) if root is not None else Path(__file__).resolve().parents[1] / "runs"
     if not root.is_dir():
         return None
-    runs = [p.parent for p in root.rglob(METRICS_FILE)]
-    return max(runs, key=lambda p: (p / METRICS_FILE).stat().st_mtime) if runs else None
+    found = [p.parent for p in root.rglob(marker)]
+    return max(found, key=lambda p: (p / marker).stat().st_mtime) if found else None
+
+
+def latest_run(root: Optional[PathLike] = None) -> Optional[Path]:
+    """The most recently written run directory under ``root`` (default: ``runs/`` of the repository), or None."""
+    return _latest(root, METRICS_FILE)
 
 
 def latest_sweep(root: Optional[PathLike] = None) -> Optional[Path]:
     """The most recently written sweep directory under ``root`` (default: ``runs/`` of the repository), or None."""
-    root = Path(root) if root is not None else Path(__file__).resolve().parents[1] / "runs"
-    if not root.is_dir():
-        return None
-    sweeps = [p.parent for p in root.rglob(TRIALS_FILE)]
-    return max(sweeps, key=lambda p: (p / TRIALS_FILE).stat().st_mtime) if sweeps else None
+    return _latest(root, TRIALS_FILE)
 
 
 # ----------------------------------------------------------------------------------------------------------------
