@@ -146,7 +146,7 @@ class ModeOk(Component):
 
 class TeacherForced(Component):
     """``teacher_forced``: with the gold answer as input, ``tf_first`` (the gold first token is the argmax),
-    ``tf_exact`` (every gold token, eos included, is the argmax) and ``loss`` (mean CE per gold token over the
+    ``tf_exact`` (every gold token, eos included, is the argmax) and ``eval_loss`` (mean CE per gold token over the
     task × split, token-weighted)."""
 
     name = "teacher_forced"
