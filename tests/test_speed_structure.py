@@ -48,6 +48,13 @@ def _experiment(**train):
     return validate_data(data)
 
 
+def _batches(n_per_task: int, steps: int, size: int = 8) -> tuple[dict[str, list[Encoded]], list[Batch]]:
+    """Mixed pools and ``steps`` collated batches of ``size`` examples taken in order (lengths vary per batch)."""
+    pools = _mixed_pools(n_per_task)
+    examples = [e for pool in pools.values() for e in pool]
+    return pools, [collate(examples[i:i + size], pad_id=0) for i in range(0, steps * size, size)]
+
+
 def _pad_fraction(batches: list[Batch]) -> float:
     return 1 - sum(b.n_real_tokens for b in batches) / sum(b.n_padded_tokens for b in batches)
 
@@ -129,9 +136,7 @@ def test_health_metrics_run_at_logging_steps_only(tiny_model, monkeypatch):
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(GroupStats, name, counted)
-    pools = _mixed_pools(40)
-    examples = [e for pool in pools.values() for e in pool]
-    batches = [collate(examples[i:i + 8], pad_id=0) for i in range(0, 12 * 8, 8)]
+    pools, batches = _batches(40, steps=12)
     logged = []
     train_stage(model, batches, StageLoop(stage="s", start_step=0, optim=OptimSpec(lr=1e-3), tasks=list(pools),
                                           log=lambda rows, step: logged.append(step), evaluate=lambda step: None,
@@ -154,9 +159,7 @@ def test_compiled_training_matches_eager_and_keeps_plain_state_dicts(tiny_model)
     the compiled forward really used, and no compile wrapper in the model's state dict (checkpoints unchanged)."""
     import harness.train as train_module
 
-    pools = _mixed_pools(16)
-    examples = [e for pool in pools.values() for e in pool]
-    batches = [collate(examples[i:i + 8], pad_id=0) for i in range(0, 4 * 8, 8)]  # 4 steps, lengths vary
+    pools, batches = _batches(16, steps=4)
     eager, eager_rows = _train_copy(tiny_model, batches, list(pools))
     compiled, compiled_rows = _train_copy(tiny_model, batches, list(pools), compile=True)
     wrapper = train_module._COMPILED.get(compiled.base_model)
@@ -178,9 +181,7 @@ def test_compile_failure_falls_back_to_eager_with_a_warning(tiny_model, monkeypa
         return call
 
     monkeypatch.setattr(train_module.torch, "compile", broken_compile)
-    pools = _mixed_pools(8)
-    examples = [e for pool in pools.values() for e in pool]
-    batches = [collate(examples[i:i + 8], pad_id=0) for i in range(0, 3 * 8, 8)]
+    pools, batches = _batches(8, steps=3)
     eager, _ = _train_copy(tiny_model, batches, list(pools))
     with caplog.at_level("WARNING", logger="harness.train"):
         fallback, _ = _train_copy(tiny_model, batches, list(pools), compile=True)
