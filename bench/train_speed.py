@@ -84,7 +84,7 @@ def experiment(args) -> dict:
     model = {"builtin": "qwen2-tiny"}
     if args.model == "qwen2.5-0.5b-shape":
         model["config"] = dict(QWEN25_05B)
-    elif getattr(args, "hidden", None):  # the default model made wider: how close to the limit depends on width
+    elif args.hidden:  # the default model made wider: how close to the limit depends on width
         model["config"] = dict(hidden_size=args.hidden, intermediate_size=4 * args.hidden,
                                num_attention_heads=args.hidden // 32, num_key_value_heads=2)
     return {
@@ -521,7 +521,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--model", default="qwen2-tiny", choices=["qwen2-tiny", "qwen2.5-0.5b-shape"])
     parser.add_argument("--hidden", type=int, default=0,
-                        help="qwen2-tiny at this width (FFN 4×, heads of 32): the FLOP/s fraction's dependence on width")
+                        help="qwen2-tiny at this width (FFN 4×, heads of 32): FLOP/s fraction against width")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads in every run (0: torch's default)")
     parser.add_argument("--max-busy", type=float, default=0.2,
                         help="wait before each run while other processes use more than this share of the CPUs")
@@ -560,8 +560,9 @@ def main() -> None:
     info = prepare(workdir, args)
     import transformers
 
+    width = f" at hidden {args.hidden}" if args.hidden else ""
     print(f"torch {torch.__version__}, transformers {transformers.__version__}; device {args.device}, "
-          f"torch threads {args.threads or torch.get_num_threads()}; model {args.model}{f' at hidden {args.hidden}' if args.hidden else ''}; "
+          f"torch threads {args.threads or torch.get_num_threads()}; model {args.model}{width}; "
           f"{info['examples']} examples (tokens min {info['min']} / median {info['median']} / mean "
           f"{info['mean']:.1f} / max {info['max']}), batch {args.batch_size}, {args.steps} steps, timed after "
           f"{args.warmup}")
