@@ -39,7 +39,9 @@ import copy
 import hashlib
 import json
 import math
+import os
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
@@ -739,6 +741,54 @@ def _sweep_model_at(loc: list[Any], tag: Optional[str]):
 # ----------------------------------------------------------------------------------------------------------------
 
 
+class FlockJournalLock:
+    """An ``fcntl.flock`` on ``<journal>.flock``, in the shape of optuna's journal file locks (``acquire`` /
+    ``release``; optuna does not export their base class, and only calls these two methods)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._held = threading.local()  # a descriptor per thread: flock excludes between descriptors
+
+    def acquire(self) -> bool:
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._held.fd = fd
+        return True
+
+    def release(self) -> None:
+        import fcntl
+
+        fd = getattr(self._held, "fd", None)
+        if fd is None:
+            raise RuntimeError(f"{self.path}: released without being held")
+        self._held.fd = None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def journal_lock(journal_path: str):
+    """The lock that serialises appends to the journal file.
+
+    optuna's default (a symlink lock) survives its holder: a worker killed while appending — a heartbeat is
+    appended every second, so this is not rare — leaves the lock file behind and every other process waits its
+    30 s grace period before breaking it, by which time the dead worker's heartbeat looks stale too. An ``flock``
+    is released by the kernel when its holder dies, so on POSIX the study carries on at once. (flock is unreliable
+    on some network file systems: a journal shared across machines should be an RDB storage anyway.)"""
+    try:
+        import fcntl  # noqa: F401
+    except ImportError:  # pragma: no cover — not on POSIX
+        from optuna.storages.journal import JournalFileSymlinkLock
+
+        return JournalFileSymlinkLock(journal_path)
+    return FlockJournalLock(journal_path + ".flock")
+
+
 def make_storage(url: str):
     """An optuna storage: RDB for URLs (``sqlite:///…``, ``postgresql://…``, ``mysql://…``), else a journal file."""
     import optuna
@@ -748,7 +798,7 @@ def make_storage(url: str):
         return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite")
                                           else None)
     Path(url).parent.mkdir(parents=True, exist_ok=True)
-    return optuna.storages.JournalStorage(JournalFileBackend(url))
+    return optuna.storages.JournalStorage(JournalFileBackend(url, lock_obj=journal_lock(url)))
 
 
 def make_sampler(sweep: Sweep, worker_index: int):

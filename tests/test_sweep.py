@@ -264,6 +264,31 @@ def test_killed_worker_leaves_the_study_consistent(tmp_path):
     assert frame.height == 3 and set(frame["state"]) == {"FAIL", "COMPLETE"}
 
 
+def test_journal_lock_is_released_when_its_holder_is_killed(tmp_path):
+    # optuna's default symlink lock would block every other process for its 30 s grace period here.
+    import threading
+
+    from harness.sweep import journal_lock
+
+    path = str(tmp_path / "journal.log")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom harness.sweep import journal_lock\n"
+                               "journal_lock(sys.argv[1]).acquire()\nprint('held', flush=True)\ntime.sleep(600)", path],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        acquired = threading.Event()
+        lock = journal_lock(path)
+        waiter = threading.Thread(target=lambda: (lock.acquire(), lock.release(), acquired.set()), daemon=True)
+        waiter.start()
+        assert not acquired.wait(1.0), "the lock did not exclude: acquired while another process held it"
+        holder.send_signal(signal.SIGKILL)
+        assert acquired.wait(10.0), "the lock stayed held after its holder was killed"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_fraction_and_named_stage_paths_apply_to_the_experiment(tmp_path):
     exp = copy.deepcopy(TINY)
     exp["stages"][1]["mixture"] = {"counts": {"repeat": 8, "math": 4}}
