@@ -73,11 +73,11 @@ def _forward_of(module: torch.nn.Module, compiled: bool):
 
 def supervised_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       selected: torch.Tensor, compiled: bool = False) -> torch.Tensor:
-    """Logits ``[N, V]`` at the ``selected`` positions only: a boolean ``[B, T]`` mask, or the flat positions
-    (row × T + t) of :attr:`harness.data.Batch.supervised`, which gather without a host sync. ``compiled``: run
-    the forward through ``torch.compile`` (``train.compile``)."""
+    """Logits ``[N, V]`` at the ``selected`` flat positions (row × T + t, as :attr:`harness.data.Batch.supervised`)
+    only; they gather without a host sync. ``compiled``: run the forward through ``torch.compile``
+    (``train.compile``)."""
     def pick(x: torch.Tensor) -> torch.Tensor:  # [B, T, …] → [N, …]
-        return x[selected] if selected.dtype == torch.bool else x.flatten(0, 1).index_select(0, selected)
+        return x.flatten(0, 1).index_select(0, selected)
 
     if getattr(model.config, "model_type", None) in _HEAD_ONLY_TYPES and model.get_output_embeddings() is not None:
         body = _forward_of(model.base_model, compiled)
