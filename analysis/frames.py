@@ -14,10 +14,10 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import polars as pl
 
 from analysis.io import AnalysisError, PathLike, as_frame, load_run, load_samples, read_config
+from harness.store import LOWER_IS_BETTER as STORE_LOWER_IS_BETTER
 
-# Metrics where a smaller value is better (everything else: larger is better).
-LOWER_IS_BETTER = frozenset({"loss", "eval_loss", "ft_rank_mean", "ft_rank_median", "ft_hijack", "duration_s",
-                             "pruned_step"})
+# Metrics where a smaller value is better (everything else: larger is better): the store's, and two trial columns.
+LOWER_IS_BETTER = STORE_LOWER_IS_BETTER | {"duration_s", "pruned_step"}
 # Per-task evaluation metrics of the contract, in display order.
 EVAL_METRICS = ("greedy", "mode_ok", "tf_first", "tf_exact", "eval_loss", "ft_rank_mean", "ft_rank_median", "ft_mrr",
                 "ft_hijack", "ft_top1")

@@ -61,14 +61,13 @@ from harness.config import (
     validate_data,
 )
 from harness.registry import suggest
+from harness.store import LOWER_IS_BETTER
 
 RESOLVED_NAME = "sweep.resolved.yaml"
 BASE_EXPERIMENT_NAME = "experiment.yaml"
 JOURNAL_NAME = "journal.log"
 FINGERPRINT_ATTR = "harness:sweep"
 
-# Metrics where lower is better: the default objective direction for them is minimize.
-LOWER_IS_BETTER = {"loss", "eval_loss", "ft_rank_mean", "ft_rank_median", "ft_hijack"}
 
 # ----------------------------------------------------------------------------------------------------------------
 # Schema
