@@ -149,6 +149,11 @@ def params_text(t, sweep: Sweep) -> str:
     return "; ".join(parts)
 
 
+def _fail_line(t) -> str:
+    """The first line of a FAIL trial's reason, cut to 200 characters."""
+    return (t.user_attrs.get("fail_reason") or "no reason recorded").splitlines()[0][:200]
+
+
 def describe_trial(t, sweep: Sweep) -> str:
     """One line per finished trial (the launcher prints these)."""
     state = t.state.name
@@ -157,10 +162,11 @@ def describe_trial(t, sweep: Sweep) -> str:
     elif state == "PRUNED":
         what = f"at step {t.user_attrs.get('pruned_step')}"
     else:
-        what = (t.user_attrs.get("fail_reason") or "no reason recorded").splitlines()[0][:200]
+        what = _fail_line(t)
     duration = _duration(t)
+    params = params_text(t, sweep)
     return (f"trial {t.number} {state}: {what}" + (f" ({duration:.0f} s)" if duration is not None else "")
-            + (f" [{params_text(t, sweep)}]" if params_text(t, sweep) else ""))
+            + (f" [{params}]" if params else ""))
 
 
 def importances(study, sweep: Sweep) -> list[tuple[str, dict[str, float]]] | str:
@@ -238,8 +244,7 @@ def status_text(study, sweep: Sweep, top: int = 5) -> str:
         lines += [f"  trial {t.number}: objective {_fmt(t.values[0])}  [{params_text(t, sweep)}]" for t in best]
     failed = [t for t in trials if t.state.name == "FAIL"]
     for t in failed[:top]:
-        lines.append(f"  FAIL trial {t.number}: "
-                     + (t.user_attrs.get("fail_reason") or "no reason recorded").splitlines()[0][:200])
+        lines.append(f"  FAIL trial {t.number}: {_fail_line(t)}")
     result = importances(study, sweep)
     if isinstance(result, str):
         lines.append(result)
