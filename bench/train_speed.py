@@ -177,7 +177,7 @@ def quiet() -> None:
 
 def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None = None, log_every: int | None = None):
     """Plan the stage and train it with :func:`harness.train.train_stage` as :func:`harness.runner.run_experiment`
-    does. Returns ``(per-step end times, batches, logged rows)``."""
+    does. Returns ``(per-step end times, (real, padded, supervised) tokens per batch, logged rows, the model)``."""
     from harness.adapters import stage_special_tokens
     from harness.runner import plan_stage
     from harness.store import Row
@@ -211,7 +211,7 @@ def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None
         torch.cuda.synchronize()
         times[-1] = time.perf_counter()
     tracker.close()
-    counts = [(b.n_real_tokens, b.n_padded_tokens, int((b.labels != -100).sum())) for b in batches]
+    counts = [(b.n_real_tokens, b.n_padded_tokens, b.supervised.numel()) for b in batches]
     return times, counts, rows, model
 
 
@@ -404,16 +404,21 @@ def plan_examples(exp, stage, pools, pad_id):
     return out
 
 
+def model_shape(workdir: Path) -> dict:
+    """The sizes of the saved model's config that its matmuls depend on."""
+    config = json.loads((workdir / "model" / "config.json").read_text())
+    d, heads = config["hidden_size"], config["num_attention_heads"]
+    return {"d": d, "layers": config["num_hidden_layers"], "heads": heads,
+            "kv": config.get("num_key_value_heads", heads), "head_dim": config.get("head_dim") or d // heads,
+            "ffn": config["intermediate_size"], "vocab": config["vocab_size"]}
+
+
 def model_flops(workdir: Path, real_tokens: int, supervised_tokens: int, seq_sq: float) -> dict:
     """Training FLOPs of the harness's work: ``6 × N × T`` for the body's matmuls at every real token, the head's
     at supervised tokens only, and attention (``12 × layers × d_attn × L²`` per sequence, halved for causality)."""
-    import json as _json
-
-    config = _json.loads((workdir / "model" / "config.json").read_text())
-    d, layers = config["hidden_size"], config["num_hidden_layers"]
-    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
-    head_dim = config.get("head_dim") or d // heads
-    ffn, vocab = config["intermediate_size"], config["vocab_size"]
+    shape = model_shape(workdir)
+    d, layers, heads, kv, head_dim, ffn, vocab = (shape[k] for k in ("d", "layers", "heads", "kv", "head_dim",
+                                                                      "ffn", "vocab"))
     body = layers * (d * heads * head_dim * 2 + d * kv * head_dim * 2 + 3 * d * ffn)
     head = d * vocab
     attention = 12 * layers * heads * head_dim * seq_sq / 2
@@ -427,10 +432,8 @@ def matmul_throughput(workdir: Path, args) -> dict:
     token count, forward and the two backward products — and on one large square matmul."""
     import torch
 
-    config = json.loads((workdir / "model" / "config.json").read_text())
-    d, ffn, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
-    head_dim = config.get("head_dim") or d // heads
+    shape = model_shape(workdir)
+    d, heads, kv, head_dim, ffn, vocab = (shape[k] for k in ("d", "heads", "kv", "head_dim", "ffn", "vocab"))
     m, sup = args.tokens_per_batch, args.supervised_per_batch
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     shapes = [(m, d, heads * head_dim), (m, d, kv * head_dim), (m, d, kv * head_dim), (m, heads * head_dim, d),
@@ -668,15 +671,15 @@ def main() -> None:
 
 def harness_flops(workdir: Path, args) -> dict:
     """FLOPs of one pass of the harness's plan (per real token, so any window scales)."""
+    from transformers import AutoTokenizer
+
     from harness.runner import plan_stage
 
     exp, pools = load_inputs(workdir)
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(workdir / "tokenizer")
     plan = plan_stage(exp, exp.resolved_stages()[0], 0, pools, tokenizer.pad_token_id)
     real = sum(b.n_real_tokens for b in plan.batches)
-    supervised = sum(int((b.labels != -100).sum()) for b in plan.batches)
+    supervised = sum(b.supervised.numel() for b in plan.batches)
     seq_sq = sum(float((b.attention_mask.sum(1).double() ** 2).sum()) for b in plan.batches)
     return {**model_flops(workdir, real, supervised, seq_sq), "real_tokens": real}
 
