@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 import yaml
 
 from harness.config import ConfigError
-from harness.sweep import load_resolved, load_sweep, simplex_weights
+from harness.sweep import journal_lock, load_resolved, load_sweep, simplex_weights
 from harness.sweep_results import status_text
 from harness.sweep_worker import HEARTBEAT_ATTR, fail_stale_trials, load_worker_study, run_sweep
 from tests.conftest import ROOT, TINY, run_cli, write_yaml
@@ -266,10 +267,6 @@ def test_killed_worker_leaves_the_study_consistent(tmp_path):
 
 def test_journal_lock_is_released_when_its_holder_is_killed(tmp_path):
     # optuna's default symlink lock would block every other process for its 30 s grace period here.
-    import threading
-
-    from harness.sweep import journal_lock
-
     path = str(tmp_path / "journal.log")
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom harness.sweep import journal_lock\n"
