@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from harness.registry import Registry, suggest
 
 if TYPE_CHECKING:  # pragma: no cover
-    from harness.config import ModelSpec
+    from harness.config.schema import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,49 @@
+"""The experiment file: a pydantic schema (typos are errors), loading with ``yaml.safe_load``, ``--set``
+overrides, cross-field checks, and error messages that name the YAML path (``stages[1].mixture.yesno``).
+
+- :mod:`~harness.config.schema`: the sections (``*Spec``), :class:`Experiment`, :class:`ResolvedStage`; a stage may
+  override any field of ``train`` and :meth:`Experiment.resolved_stages` merges the two;
+- :mod:`~harness.config.mixture`: the stage mixture forms (weights, natural, counts);
+- :mod:`~harness.config.paths`: the dotted-path syntax of ``--set`` and sweep spaces;
+- :mod:`~harness.config.errors`: :class:`ConfigError` and pydantic errors as YAML paths;
+- :mod:`~harness.config.yaml_io`: reading and writing YAML;
+- :mod:`~harness.config.load`: overrides and the two validation passes (schema, then meaning), each collecting
+  every error before reporting.
+"""
+
+from harness.config.errors import ConfigError, yaml_errors
+from harness.config.load import apply_overrides, load_experiment, semantic_errors, validate_data
+from harness.config.mixture import Mixture, parse_mixture
+from harness.config.paths import PathError, format_path, parse_path, resolve_path, set_path
+from harness.config.schema import (
+    EVAL_SPLITS,
+    DataSpec,
+    DebugSpec,
+    EvalSpec,
+    Experiment,
+    InjectSpec,
+    LossSpec,
+    ModelSpec,
+    NonFiniteSpec,
+    OptimSpec,
+    PretrainSpec,
+    ResolvedStage,
+    StageSpec,
+    Strict,
+    TaskSpec,
+    TokenizerSpec,
+    TrackingSpec,
+    TrainableSpec,
+    TrainSpec,
+    WandbSpec,
+    WorldSpec,
+)
+from harness.config.yaml_io import dump_yaml, load_raw, safe_load
+
+__all__ = [
+    "EVAL_SPLITS", "ConfigError", "DataSpec", "DebugSpec", "EvalSpec", "Experiment", "InjectSpec", "LossSpec",
+    "Mixture", "ModelSpec", "NonFiniteSpec", "OptimSpec", "PathError", "PretrainSpec", "ResolvedStage", "StageSpec",
+    "Strict", "TaskSpec", "TokenizerSpec", "TrackingSpec", "TrainSpec", "TrainableSpec", "WandbSpec", "WorldSpec",
+    "apply_overrides", "dump_yaml", "format_path", "load_experiment", "load_raw", "parse_mixture", "parse_path",
+    "resolve_path", "safe_load", "semantic_errors", "set_path", "validate_data", "yaml_errors",
+]

@@ -1,0 +1,148 @@
+"""Loading an experiment: read the YAML, apply ``--set`` overrides, and validate in two passes, each collecting
+*every* error before reporting:
+
+1. the schema (types, ranges, unknown keys) — pydantic, :mod:`harness.config.schema`;
+2. the meaning (mixtures name known tasks, ``init`` points at an earlier stage, recipe params, builtin models,
+   evaluators and probes exist…), which needs the whole file and the registries.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from data_recipes import get_recipe
+from harness.config.errors import ConfigError, yaml_errors
+from harness.config.mixture import parse_mixture
+from harness.config.paths import PathError, parse_path, resolve_path, set_path
+from harness.config.schema import Experiment
+from harness.config.yaml_io import load_raw, safe_load
+from harness.evaluation import EVALUATORS, PROBES
+from harness.models import check_model_spec
+from harness.registry import UnknownNameError, suggest
+
+Errors = list[tuple[str, str]]
+
+
+def _recipe_errors(exp: Experiment) -> Errors:
+    """Every task names a registered recipe, and its params are that recipe's."""
+    errors: Errors = []
+    for name, task in exp.tasks.items():
+        try:
+            recipe = get_recipe(task.recipe)
+        except UnknownNameError as e:
+            errors.append((f"tasks.{name}.recipe", str(e)))
+            continue
+        try:
+            recipe.Params.model_validate(task.params)
+        except ValidationError as e:
+            errors += [(f"tasks.{name}.params" + ("." + p if p else ""), m) for p, m in yaml_errors(e, recipe.Params)]
+    return errors
+
+
+def _component_errors(exp: Experiment) -> Errors:
+    """Evaluators and probes are registered; loss task weights name tasks of the experiment."""
+    errors: Errors = []
+    for field, registry in (("evaluators", EVALUATORS), ("probes", PROBES)):
+        for i, name in enumerate(getattr(exp.eval, field)):
+            if name not in registry:
+                errors.append((f"eval.{field}[{i}]", str(UnknownNameError(registry.kind, name, registry.names()))))
+
+    task_names = list(exp.tasks)
+    loss_specs = [("train.loss", exp.train.loss)] + [
+        (f"stages[{i}].loss", stage.loss) for i, stage in enumerate(exp.stages) if stage.loss is not None]
+    for where, loss in loss_specs:
+        for name in loss.task_weights or {}:
+            if name not in task_names:
+                errors.append((f"{where}.task_weights.{name}", f"unknown task {name!r}{suggest(name, task_names)}"))
+    return errors
+
+
+def _stage_errors(exp: Experiment) -> Errors:
+    """Stage names are unique, ``init`` names an earlier stage, mixtures parse and fit the task pools, ``steps``
+    is given exactly when the mixture does not fix it (counts)."""
+    errors: Errors = []
+    task_names = list(exp.tasks)
+    seen: list[str] = []
+    for i, stage in enumerate(exp.stages):
+        path = f"stages[{i}]"
+        if stage.name in seen:
+            errors.append((f"{path}.name", f"duplicate stage name {stage.name!r}"))
+        if stage.init not in ("previous", "base") and stage.init not in seen:
+            later = [s.name for s in exp.stages[i:]]
+            if stage.init in later:
+                errors.append((f"{path}.init", f"stage {stage.init!r} does not come before {stage.name!r}; init can "
+                                               "only name an earlier stage"))
+            else:
+                errors.append((f"{path}.init", f"unknown stage {stage.init!r}"
+                                               f"{suggest(stage.init, seen + ['previous', 'base'])}; use previous, "
+                                               f"base or an earlier stage ({', '.join(seen) or 'none yet'})"))
+        seen.append(stage.name)
+
+        mixture = parse_mixture(stage.mixture, f"{path}.mixture", task_names, errors)
+        if mixture is None:
+            continue
+        if mixture.kind == "counts":
+            if stage.steps is not None:
+                errors.append((f"{path}.steps", "steps is derived from counts (Σ counts / batch_size); remove it"))
+            if not mixture.replace:
+                for task, n in mixture.counts.items():
+                    if n > exp.tasks[task].train:
+                        errors.append((f"{path}.mixture.counts.{task}",
+                                       f"{n} examples without replacement, but the pool has {exp.tasks[task].train}; "
+                                       "lower the count, raise tasks." f"{task}.train, or set replace: true"))
+        elif stage.steps is None:
+            errors.append((f"{path}.steps", "required field is missing"))
+        for task in mixture.tasks:
+            if exp.tasks[task].train == 0:
+                errors.append((f"{path}.mixture", f"task {task!r} has an empty training pool (tasks.{task}.train: 0)"))
+    return errors
+
+
+def semantic_errors(exp: Experiment) -> Errors:
+    """The second pass: checks that need the whole file and the registries, in the file's order of sections."""
+    return _recipe_errors(exp) + check_model_spec(exp.model) + _component_errors(exp) + _stage_errors(exp)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
+    """Apply ``key.path=value`` strings (paths as in :mod:`harness.config.paths`); values are parsed as YAML
+    (``3``, ``1e-3``, ``[a, b]``, ``{x: 1}``). A bad item raises ValueError."""
+    data = copy.deepcopy(raw)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ValueError(f"--set expects key.path=value, got {item!r}")
+        key, text = item.split("=", 1)
+        dotted = key.strip()
+        parts = parse_path(dotted)
+        if not parts:
+            raise ValueError(f"empty --set path in {dotted!r}")
+        try:
+            set_path(data, resolve_path(data, parts), safe_load(text))
+        except PathError as e:
+            raise ValueError(f"--set {dotted}: {e}") from None
+    return data
+
+
+def validate_data(data: dict[str, Any], source: str = "<experiment>") -> Experiment:
+    """Validate a raw mapping; raises :class:`ConfigError` with every error found."""
+    try:
+        exp = Experiment.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(source, yaml_errors(e, Experiment)) from None
+    errors = semantic_errors(exp)
+    if errors:
+        raise ConfigError(source, errors)
+    return exp
+
+
+def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Experiment:
+    """Load, override and validate an experiment file."""
+    raw = load_raw(path)
+    try:
+        raw = apply_overrides(raw, overrides)
+    except ValueError as e:
+        raise ConfigError(str(path), [("", str(e))]) from None
+    return validate_data(raw, str(path))
