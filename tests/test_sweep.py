@@ -20,8 +20,8 @@ import yaml
 
 from harness.config import ConfigError
 from harness.sweep import journal_lock, load_resolved, load_sweep, simplex_weights
-from harness.sweep_results import status_text
-from harness.sweep_worker import HEARTBEAT_ATTR, fail_stale_trials, load_worker_study, run_sweep
+from harness.sweep.results import status_text
+from harness.sweep.worker import HEARTBEAT_ATTR, fail_stale_trials, load_worker_study, run_sweep
 from tests.conftest import ROOT, TINY, run_cli, write_yaml
 
 
@@ -171,7 +171,7 @@ class _AlwaysPrune(optuna.pruners.BasePruner):
 
 
 def test_pruned_trial_is_recorded_with_its_step(tmp_path, monkeypatch):
-    import harness.sweep_worker as worker
+    import harness.sweep.worker as worker
 
     monkeypatch.setattr(worker, "make_pruner", lambda sweep: _AlwaysPrune())
     path = _sweep(tmp_path, "prune", study={"n_trials": 1, "pruner": "median"}, seed_trials=False)

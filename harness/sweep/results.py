@@ -27,10 +27,13 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
+import optuna
 import polars as pl
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
 
 from harness.store import atomic_write_bytes
-from harness.sweep import Sweep
+from harness.sweep.space import Sweep
 
 TRIALS_NAME = "trials.parquet"
 SHOWN_STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING")
@@ -172,10 +175,6 @@ def describe_trial(t, sweep: Sweep) -> str:
 def importances(study, sweep: Sweep) -> list[tuple[str, dict[str, float]]] | str:
     """Parameter importances (optuna's default evaluator, PED-ANOVA) over the *normalised* simplex weights and the
     other parameters of COMPLETE trials, one dict per objective; a message when there are too few trials."""
-    import optuna
-    from optuna.distributions import FloatDistribution
-    from optuna.trial import TrialState, create_trial
-
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     minimum = 4
     if len(complete) < minimum:
@@ -208,8 +207,6 @@ def importances(study, sweep: Sweep) -> list[tuple[str, dict[str, float]]] | str
 
 def status_text(study, sweep: Sweep, top: int = 5) -> str:
     """Trial counts, compute used and saved by pruning, the best trials (or the Pareto front), importances."""
-    from optuna.trial import TrialState
-
     trials = [t for t in study.get_trials(deepcopy=False) if t.state.name in SHOWN_STATES]
     counts = {s: sum(t.state.name == s for t in trials) for s in SHOWN_STATES}
     waiting = sum(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False))

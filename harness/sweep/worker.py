@@ -1,4 +1,5 @@
-"""Sweep workers: each one loads the study from the shared storage and runs trials until the global budget is used.
+"""Sweep workers, each running trials of the shared study until the global budget is used, and their launcher
+(:func:`run_sweep`: ``python -m harness.sweep.worker`` processes, followed until they all exit).
 
 A trial is a full :func:`harness.runner.run_experiment` in ``<sweep dir>/trials/<number>/``. It reports its
 objective to the pruner at every evaluation (step = global step) and ends as
@@ -20,6 +21,7 @@ storage (journal file, SQLite, PostgreSQL, MySQL): optuna 5's own heartbeat exis
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
 import os
@@ -33,7 +35,20 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from harness.sweep import Sweep, load_resolved, make_pruner, make_sampler, make_storage, quiet_optuna, sample_values
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import TrialState
+
+from harness.config import validate_data
+from harness.sweep.load import load_resolved
+from harness.sweep.results import describe_trial, write_trials
+from harness.sweep.space import Sweep, sample_values
+from harness.sweep.study import make_pruner, make_sampler, make_storage, prepare_study, quiet_optuna
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover — not on POSIX: the budget may overshoot by a trial per racing worker
+    fcntl = None
 
 HEARTBEAT_ATTR = "harness:heartbeat"
 WORKER_ATTR = "worker"
@@ -41,6 +56,7 @@ COUNTED_STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING")
 
 
 def worker_id(pid: Optional[int] = None) -> str:
+    """``host:pid``: who runs a trial (user attribute ``worker``), so a dead worker's trials can be found."""
     return f"{socket.gethostname()}:{pid or os.getpid()}"
 
 
@@ -58,8 +74,7 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{trial_id}", daemon=True)
 
     def beat(self) -> bool:
-        from optuna.exceptions import UpdateFinishedTrialError
-
+        """Write one heartbeat; False once the trial has finished (the thread then stops)."""
         try:
             self.storage.set_trial_system_attr(self.trial_id, HEARTBEAT_ATTR, time.time())
             return True
@@ -86,9 +101,6 @@ class Heartbeat:
 
 def fail_trial(study, trial, reason: str) -> bool:
     """Mark a RUNNING trial FAIL with ``fail_reason``; False if it had finished meanwhile."""
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState
-
     storage = study._storage
     try:
         storage.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
@@ -100,8 +112,6 @@ def fail_trial(study, trial, reason: str) -> bool:
 def fail_stale_trials(study, grace: float, now: Optional[float] = None) -> list[int]:
     """Fail RUNNING trials whose heartbeat (or start, before the first beat) is older than ``grace`` seconds;
     returns their numbers."""
-    from optuna.trial import TrialState
-
     now = time.time() if now is None else now
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -118,8 +128,6 @@ def fail_stale_trials(study, grace: float, now: Optional[float] = None) -> list[
 
 def fail_trials_of(study, workers: dict[str, str]) -> list[int]:
     """Fail the RUNNING trials of dead workers (``{worker id: why}``); returns their numbers."""
-    from optuna.trial import TrialState
-
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         why = workers.get(t.user_attrs.get(WORKER_ATTR))
@@ -148,8 +156,6 @@ class Reporter:
         self.step = 0
 
     def __call__(self, stage: str, step: int, rows: list) -> None:
-        import optuna
-
         table: dict[str, dict[str, dict[str, float]]] = {}
         for r in rows:
             if r.task is not None and r.text is None:
@@ -183,13 +189,9 @@ class Reporter:
 def run_trial(study, trial, sweep: Sweep, sweep_dir: Path,
               run: Optional[Callable[..., Any]] = None) -> str:
     """Run one asked trial to its end and tell the study; returns the final state's name."""
-    import optuna
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState
-
-    from harness.config import validate_data
-
     if run is None:
+        # harness.runner pulls in torch and transformers (seconds): imported when a trial runs, so that
+        # ``harness sweep-status`` and the launcher, which only read the study, stay quick to start.
         from harness.runner import run_experiment as run
     trial_dir = (Path(sweep_dir) / "trials" / str(trial.number)).resolve()
     trial.set_user_attr(WORKER_ATTR, worker_id())
@@ -247,9 +249,7 @@ def run_trial(study, trial, sweep: Sweep, sweep_dir: Path,
 @contextlib.contextmanager
 def _budget_lock(sweep_dir: Path):
     """Serialise "count, then ask" among the workers that share this sweep directory."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover — not on POSIX: the cap may overshoot by a trial per racing worker
+    if fcntl is None:  # pragma: no cover
         yield
         return
     with open(Path(sweep_dir) / ".budget.lock", "a") as f:
@@ -261,14 +261,13 @@ def _budget_lock(sweep_dir: Path):
 
 
 def counted_trials(study) -> int:
-    from optuna.trial import TrialState
-
+    """Trials that use the budget: every started one (COMPLETE, PRUNED, FAIL, RUNNING)."""
     return len(study.get_trials(deepcopy=False, states=tuple(TrialState[s] for s in COUNTED_STATES)))
 
 
 def load_worker_study(sweep: Sweep, sweep_dir: Path, worker_index: int):
-    import optuna
-
+    """The prepared study, with worker ``worker_index``'s sampler (seed ``study.seed + worker_index``) and the
+    pruner."""
     quiet_optuna()
     storage = make_storage(sweep.storage_url(sweep_dir))
     return optuna.load_study(study_name=sweep.name, storage=storage, sampler=make_sampler(sweep, worker_index),
@@ -279,8 +278,6 @@ def run_worker(sweep_dir: Path, worker_index: int = 0, export: bool = False,
                run: Optional[Callable[..., Any]] = None, log: Callable[[str], None] = print) -> int:
     """Run trials from the sweep in ``sweep_dir`` until the budget (or the timeout) is used; returns how many this
     worker ran. ``export`` rewrites ``trials.parquet`` after each trial (the launcher does it otherwise)."""
-    from harness.sweep_results import write_trials
-
     sweep_dir = Path(sweep_dir)
     sweep = load_resolved(sweep_dir)
     study = load_worker_study(sweep, sweep_dir, worker_index)
@@ -323,10 +320,6 @@ def launch_workers(sweep: Sweep, sweep_dir: Path, workers: int, worker_offset: i
     """Start ``workers`` worker processes on the prepared sweep in ``sweep_dir``, follow the study until they all
     exit (printing each finished trial, failing the trials of workers that die) and write ``trials.parquet``.
     Returns ``{"budget_done": bool, "exits": {pid: code}}``."""
-    from optuna.trial import TrialState
-
-    from harness.sweep_results import describe_trial, write_trials
-
     sweep_dir = Path(sweep_dir)
     log_dir = sweep_dir / "workers"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -337,7 +330,7 @@ def launch_workers(sweep: Sweep, sweep_dir: Path, workers: int, worker_offset: i
     for i in range(worker_offset, worker_offset + workers):
         with open(log_dir / f"{i}.log", "ab") as out:
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "harness.sweep_worker", str(sweep_dir), "--index", str(i)],
+                [sys.executable, "-m", "harness.sweep.worker", str(sweep_dir), "--index", str(i)],
                 stdout=out, stderr=subprocess.STDOUT, env=env))
     echo(f"{workers} worker{'s' if workers != 1 else ''} started (pids {', '.join(str(p.pid) for p in procs)}); "
          f"logs in {log_dir}")
@@ -400,9 +393,6 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, workers: int = 1, worker_offset: in
               echo: Callable[[str], None] = print, in_process: bool = False,
               run: Optional[Callable[..., Any]] = None) -> dict[str, Any]:
     """Prepare the study in ``sweep_dir`` and run it: ``workers`` processes, or this process (``in_process``)."""
-    from harness.sweep import prepare_study
-    from harness.sweep_results import write_trials
-
     prepare_study(sweep, sweep_dir)
     for note in sweep.notes:
         echo(f"note: {note}")
@@ -420,10 +410,11 @@ def warm_base_model(sweep: Sweep, echo: Callable[[str], None] = print) -> None:
     exp = sweep.base
     if exp.model.hf or exp.model.pretrain is None:
         return
+    # torch and transformers (seconds to import) only when there is a base model to pretrain; see run_trial.
     import transformers
 
+    from harness.prepare import build_task_data
     from harness.pretrain import builtin_base
-    from harness.runner import build_task_data
 
     transformers.utils.logging.disable_progress_bar()
     started = time.perf_counter()
@@ -442,9 +433,8 @@ def _install_sigterm() -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m harness.sweep_worker", description="One sweep worker.")
+    """``python -m harness.sweep.worker SWEEP_DIR --index I``: one worker process, as the launcher starts it."""
+    parser = argparse.ArgumentParser(prog="python -m harness.sweep.worker", description="One sweep worker.")
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--index", type=int, default=0, help="Worker index (sampler seed = study.seed + index).")
     args = parser.parse_args(argv)

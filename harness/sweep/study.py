@@ -1,0 +1,153 @@
+"""The optuna plumbing of a sweep: the storage (an RDB URL or a journal file, whose appends an ``flock`` guards),
+the sampler and pruner a study spec asks for, and :func:`prepare_study`, which creates (or reopens) the study and
+writes the files workers read."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+import warnings
+from pathlib import Path
+
+import optuna
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+
+from harness.config import ConfigError, dump_yaml
+from harness.store import atomic_write_text
+from harness.sweep.space import Sweep, seed_trial_params
+from harness.sweep.spec import BASE_EXPERIMENT_NAME, RESOLVED_NAME
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover — not on POSIX: optuna's own symlink lock is used
+    fcntl = None
+
+FINGERPRINT_ATTR = "harness:sweep"
+
+
+class FlockJournalLock:
+    """An ``fcntl.flock`` on ``<journal>.flock``, in the shape of optuna's journal file locks (``acquire`` /
+    ``release``; optuna does not export their base class, and only calls these two methods)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._held = threading.local()  # a descriptor per thread: flock excludes between descriptors
+
+    def acquire(self) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._held.fd = fd
+        return True
+
+    def release(self) -> None:
+        fd = getattr(self._held, "fd", None)
+        if fd is None:
+            raise RuntimeError(f"{self.path}: released without being held")
+        self._held.fd = None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def journal_lock(journal_path: str):
+    """The lock that serialises appends to the journal file.
+
+    optuna's default (a symlink lock) survives its holder: a worker killed while appending — a heartbeat is
+    appended every second, so this is not rare — leaves the lock file behind and every other process waits its
+    30 s grace period before breaking it, by which time the dead worker's heartbeat looks stale too. An ``flock``
+    is released by the kernel when its holder dies, so on POSIX the study carries on at once. (flock is unreliable
+    on some network file systems: a journal shared across machines should be an RDB storage anyway.)"""
+    if fcntl is None:  # pragma: no cover — not on POSIX
+        return JournalFileSymlinkLock(journal_path)
+    return FlockJournalLock(journal_path + ".flock")
+
+
+def make_storage(url: str):
+    """An optuna storage: RDB for URLs (``sqlite:///…``, ``postgresql://…``, ``mysql://…``), else a journal file."""
+    if "://" in url:
+        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite")
+                                          else None)
+    Path(url).parent.mkdir(parents=True, exist_ok=True)
+    return optuna.storages.JournalStorage(JournalFileBackend(url, lock_obj=journal_lock(url)))
+
+
+def make_sampler(sweep: Sweep, worker_index: int):
+    """The study's sampler for worker ``worker_index`` (seeded ``study.seed + worker_index``)."""
+    s = sweep.spec.study
+    seed = s.seed + worker_index
+    args = dict(s.sampler_args)
+    if s.sampler == "tpe":
+        args.setdefault("constant_liar", True)  # parallel workers: running trials count as bad guesses
+        return optuna.samplers.TPESampler(seed=seed, **args)
+    if s.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed, **args)
+    if s.sampler == "gp":
+        if importlib.util.find_spec("scipy") is None:
+            raise ImportError("the gp sampler needs scipy: pip install scipy")
+        return optuna.samplers.GPSampler(seed=seed, **args)
+    return optuna.samplers.NSGAIISampler(seed=seed, **args)
+
+
+def _steps_are_swept(sweep: Sweep) -> bool:
+    """Whether a parameter can change how many steps a trial runs (then hyperband's max resource is "auto")."""
+    return any(p.kind == "fraction" or {"steps", "counts", "batch_size"} & {str(x) for x in p.parts}
+               for p in sweep.params)
+
+
+def make_pruner(sweep: Sweep):
+    """The pruner; hyperband's resources are global steps (min: ``eval.every``, max: the experiment's total)."""
+    s = sweep.spec.study
+    if s.pruner == "none" or sweep.multi:
+        return optuna.pruners.NopPruner()
+    if s.pruner == "median":
+        return optuna.pruners.MedianPruner(**s.pruner_args)
+    args = dict(s.pruner_args)
+    args.setdefault("min_resource", sweep.base.eval.every)
+    if "max_resource" not in args:
+        args["max_resource"] = "auto" if _steps_are_swept(sweep) else \
+            sum(st.steps for st in sweep.base.resolved_stages())
+    return optuna.pruners.HyperbandPruner(**args)
+
+
+def quiet_optuna() -> None:
+    """Keep optuna's logging to warnings and errors, without its ExperimentalWarnings."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+def prepare_study(sweep: Sweep, sweep_dir: Path):
+    """Write ``experiment.yaml`` and ``sweep.resolved.yaml`` into ``sweep_dir``, create (or load) the study and
+    enqueue the seed trials when it is new; returns the study. A study that exists with a different space or
+    objectives is refused (:class:`ConfigError`)."""
+    quiet_optuna()
+    sweep_dir = Path(sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    url = sweep.storage_url(sweep_dir)
+    storage = make_storage(url)
+    study = optuna.create_study(study_name=sweep.name, storage=storage, directions=sweep.directions,
+                                load_if_exists=True, sampler=make_sampler(sweep, 0), pruner=make_pruner(sweep))
+    fingerprint = study.user_attrs.get(FINGERPRINT_ATTR)
+    if fingerprint is None:
+        study.set_user_attr(FINGERPRINT_ATTR, sweep.fingerprint())
+        study.set_user_attr("harness:objectives", [o.to_yaml() for o in sweep.objectives])
+        study.set_user_attr("harness:space", {p.path: p.spec.model_dump(mode="json", by_alias=True)
+                                              for p in sweep.params})
+    elif fingerprint != sweep.fingerprint():
+        raise ConfigError(sweep.source, [("study.name", f"study {sweep.name!r} already exists in {url} with another "
+                                                        "space or objectives; choose another study.name or --out")])
+    if [d.name.lower() for d in study.directions] != sweep.directions:
+        raise ConfigError(sweep.source, [("study.name", f"study {sweep.name!r} exists with other directions")])
+    if not study.get_trials(deepcopy=False):
+        for _, params in seed_trial_params(sweep):
+            study.enqueue_trial(params, skip_if_exists=True)
+    atomic_write_text(sweep_dir / BASE_EXPERIMENT_NAME, dump_yaml(sweep.base_raw))
+    header = f"# resolved from {sweep.source}; workers read this file\n"
+    resolved = sweep.resolved_yaml()
+    if sweep.spec.study.storage and "://" not in sweep.spec.study.storage:
+        resolved["study"]["storage"] = url
+    atomic_write_text(sweep_dir / RESOLVED_NAME, header + dump_yaml(resolved))
+    return study
