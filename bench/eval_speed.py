@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 from harness.config import EvalSpec, ModelSpec  # noqa: E402
 from harness.evaluation import run_evaluation  # noqa: E402
-from harness.evaluation.runner import greedy_decode, left_pad  # noqa: E402
+from harness.evaluation.passes import greedy_decode, left_pad  # noqa: E402
 from harness.models import build_builtin  # noqa: E402
 from harness.tokenizer import train_tokenizer  # noqa: E402
 

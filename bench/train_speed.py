@@ -6,7 +6,7 @@ labels), trained for ``--steps`` optimiser steps of ``--batch-size`` examples, f
 / eps / weight decay, constant schedule, no warmup, gradient clipping at 1.0, the same initial weights and the same
 examples, by:
 
-- ``harness``: the code path ``harness run`` takes — :func:`harness.runner.plan_stage` (mixture stream, length
+- ``harness``: the code path ``harness run`` takes — :func:`harness.prepare.plan_stage` (mixture stream, length
   grouping, collation) and :func:`harness.train.train_stage` (the loop, with its default non-finite guard and
   health metrics), logging into a :class:`harness.tracking.Tracker` (wandb disabled, as TRL reports to nothing);
 - ``harness-noguard`` / ``harness-nodiag`` / ``harness-bare``: the same with ``train.nonfinite: off``,
@@ -114,7 +114,7 @@ def prepare(workdir: Path, args) -> dict:
     import torch
 
     from harness.config import validate_data
-    from harness.runner import build_task_data, encode_task_data, load_base
+    from harness.prepare import build_task_data, encode_task_data, load_base
 
     exp_dict = experiment(args)
     exp = validate_data(exp_dict)
@@ -179,7 +179,7 @@ def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None
     """Plan the stage and train it with :func:`harness.train.train_stage` as :func:`harness.runner.run_experiment`
     does. Returns ``(per-step end times, (real, padded, supervised) tokens per batch, logged rows, the model)``."""
     from harness.adapters import stage_special_tokens
-    from harness.runner import plan_stage
+    from harness.prepare import plan_stage
     from harness.store import Row
     from harness.tracking import Tracker
     from harness.train import StageLoop, train_stage
@@ -199,11 +199,9 @@ def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None
 
     times: list[float] = []
     train_stage(model, batches, StageLoop(
-        stage=stage.name, start_step=0, optim=stage.train.optim, tasks=list(exp.tasks), log=log,
-        evaluate=lambda step: None, loss=stage.train.loss, precision=stage.train.precision,
-        special_tokens=stage_special_tokens(tokenizer, batches), log_every=log_every or stage.train.log_every,
-        eval_every=exp.eval.every, nonfinite=stage.train.nonfinite, diagnostics=stage.train.diagnostics,
-        compile=stage.train.compile, progress=lambda n: times.append(time.perf_counter()),
+        stage=stage.name, start_step=0, tasks=list(exp.tasks), log=log, evaluate=lambda step: None,
+        train=stage.train, special_tokens=stage_special_tokens(tokenizer, batches), eval_every=exp.eval.every,
+        progress=lambda n: times.append(time.perf_counter()), log_every=log_every or stage.train.log_every,
     ))
     if device == "cuda":
         import torch
@@ -225,11 +223,13 @@ def trl_dataset(exp, pools, order=None):
     supervised token; the harness's labels are pre-shifted, TRL's head shifts itself)."""
     from datasets import Dataset
 
+    from harness.losses import IGNORE_INDEX
+
     kept = [e for task in exp.tasks for e in pools[task] if e.length <= exp.train.max_length]
     examples = order if order is not None else kept
     return Dataset.from_dict({
         "input_ids": [e.input_ids.tolist() for e in examples],
-        "completion_mask": [[0] + (e.labels[:-1] != -100).astype(int).tolist() for e in examples],
+        "completion_mask": [[0] + (e.labels[:-1] != IGNORE_INDEX).astype(int).tolist() for e in examples],
     })
 
 
@@ -243,7 +243,7 @@ class _CountingCollator:
         out = self.inner(examples)
         ids = out["input_ids"]
         real = int(out["attention_mask"].sum()) if "attention_mask" in out else ids.numel()
-        self.counts.append((real, ids.numel(), int((out["labels"] != -100).sum())))
+        self.counts.append((real, ids.numel(), int((out["labels"] != -100).sum())))  # TRL masks its own labels with -100
         return out
 
 
@@ -388,8 +388,8 @@ def loss_check(workdir: Path, args) -> dict:
 
 
 def plan_examples(exp, stage, pools, pad_id):
-    """The examples of :func:`harness.runner.plan_stage`'s batches, in batch order."""
-    from harness.runner import plan_stage
+    """The examples of :func:`harness.prepare.plan_stage`'s batches, in batch order."""
+    from harness.prepare import plan_stage
 
     plan = plan_stage(exp, stage, 0, pools, pad_id)
     by_ids = {}
@@ -673,7 +673,7 @@ def harness_flops(workdir: Path, args) -> dict:
     """FLOPs of one pass of the harness's plan (per real token, so any window scales)."""
     from transformers import AutoTokenizer
 
-    from harness.runner import plan_stage
+    from harness.prepare import plan_stage
 
     exp, pools = load_inputs(workdir)
     tokenizer = AutoTokenizer.from_pretrained(workdir / "tokenizer")

@@ -1,15 +1,16 @@
 """What trains in a stage: full, LoRA / HiRA adapters (peft), a frozen base with only the new tokens' rows, and
-``unfreeze`` regexes on top; the special-token gradient check; stage checkpoints (merged HF model + peft adapter).
+``unfreeze`` regexes on top; the AdamW parameter groups that keep masked rows still; the special-token gradient
+check. (Stage checkpoints, merged HF model + peft adapter, are written by :mod:`harness.checkpoint`.)
 
 The loop's side, in order, for each stage (see the module functions for details):
 
 1. ``model = prepare_stage_model(model, stage.train.trainable, added_ids, previous)`` — may wrap the model in a
    ``PeftModel`` (adapter modes) or unwrap it (``adapter: merge``); always use the returned model;
-2. build the optimiser with :func:`weight_decay_exempt` parameters in the no-decay group (see below);
+2. build the optimiser on :func:`param_groups` (:func:`weight_decay_exempt` parameters in the no-decay group);
 3. forward through ``unwrap(model)`` (the ``*ForCausalLM`` module, adapters injected);
 4. after the first ``backward()`` of the stage, before the optimiser step:
    ``check_special_token_gradients(model, stage_special_tokens(tokenizer, batches), batch=first_batch)``;
-5. at the end: ``save_stage_checkpoint(model, tokenizer, directory, meta)``.
+5. at the end: :func:`harness.checkpoint.save_stage_checkpoint` ``(model, tokenizer, directory, meta)``.
 
 **New-token rows.** ``new_token_rows: true`` makes the input embedding and the output head (one matrix when they
 are tied) trainable and registers a gradient hook on each that zeroes every row except the added tokens' — the
@@ -39,17 +40,15 @@ import copy
 import re
 import sys
 import warnings
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 
-if TYPE_CHECKING:  # pragma: no cover
-    from harness.config import TrainableSpec
+from harness.config import TrainableSpec
+from harness.losses import IGNORE_INDEX
 
 ADAPTER_MODES = ("lora", "hira")
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "up_proj", "down_proj"]
-IGNORE_INDEX = -100
 
 # Canonical projection name → module-name suffixes, per transformers model_type (unlisted: used as written).
 _QWEN35 = {
@@ -189,8 +188,8 @@ def _mask_rows(param: torch.nn.Parameter, rows: list[int]) -> None:
     setattr(param, _HOOK, param.register_hook(hook))
 
 
-def _adapter_config(model, spec: "TrainableSpec"):
-    from peft import HiraConfig, LoraConfig
+def _adapter_config(model, spec: TrainableSpec):
+    from peft import HiraConfig, LoraConfig  # peft is imported only when a stage uses an adapter (import cost)
 
     targets = resolve_target_modules(model, spec.target_modules)
     fan_in_fan_out = getattr(unwrap(model).config, "model_type", "") == "gpt2"  # GPT-2's Conv1D stores W transposed
@@ -201,7 +200,8 @@ def _adapter_config(model, spec: "TrainableSpec"):
                       task_type="CAUSAL_LM")
 
 
-def _adapter_prefix(model) -> str:
+def adapter_prefix(model) -> str:
+    """The name fragment of a peft model's adapter parameters (``lora_``, ``hira_``)."""
     return getattr(model.base_model, "prefix", "lora_")
 
 
@@ -210,8 +210,8 @@ def _adapter_prefix(model) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def prepare_stage_model(model, trainable: "TrainableSpec", added_token_ids: Iterable[int],
-                        previous: Optional["TrainableSpec"] = None):
+def prepare_stage_model(model, trainable: TrainableSpec, added_token_ids: Iterable[int],
+                        previous: Optional[TrainableSpec] = None):
     """Set what trains in this stage; returns the model to train (a ``PeftModel`` in adapter modes).
 
     ``added_token_ids``: the rows ``new_token_rows`` trains (``load_hf(..., return_added=True)``'s ids, or
@@ -225,60 +225,75 @@ def prepare_stage_model(model, trainable: "TrainableSpec", added_token_ids: Iter
     trainable on the added rows only (a matrix already fully trainable is left so). Row masks of a previous stage
     are removed first.
     """
-    from harness.config import TrainableSpec
-
     if isinstance(trainable, (str, dict)):
         trainable = TrainableSpec.model_validate(trainable)
     _remove_row_masks(model)
-    continuing = False
-    if is_peft_model(model):
-        if previous is None or previous.mode not in ADAPTER_MODES:
-            raise ValueError("the model carries a peft adapter but no previous adapter stage was given; merge it "
-                             "(prepare with previous=<that stage's trainable>) or drop it first (drop_adapter)")
-        if previous.adapter == "merge":
-            model = model.merge_and_unload()
-        else:
-            if trainable.mode != previous.mode:
-                raise ValueError(f"adapter: continue keeps training the previous stage's {previous.mode} adapter, "
-                                 f"but this stage's trainable.mode is {trainable.mode!r}; use mode {previous.mode} "
-                                 "or adapter: merge in the previous stage")
-            fields = ("r", "alpha", "dropout", "target_modules") if trainable.mode == "lora" else \
-                ("r", "dropout", "target_modules")  # HiRA has no alpha
-            changed = [f for f in fields if getattr(trainable, f) != getattr(previous, f)]
-            if changed:
-                raise ValueError(f"adapter: continue keeps the previous stage's adapter, but this stage changes "
-                                 f"{', '.join(changed)}; keep them equal or merge the adapter first")
-            continuing = True
+    model, continuing = _carry_adapter(model, trainable, previous)
 
     for p in model.parameters():
         p.requires_grad_(trainable.mode == "full")
     if trainable.mode in ADAPTER_MODES:
         if continuing:
-            prefix = _adapter_prefix(model)
+            prefix = adapter_prefix(model)
             for name, p in model.named_parameters():
                 if prefix in name:
                     p.requires_grad_(True)
         else:
-            from peft import get_peft_model
+            from peft import get_peft_model  # peft is imported only when a stage uses an adapter (import cost)
 
             model = get_peft_model(model, _adapter_config(model, trainable))
+    _unfreeze(unwrap(model), trainable.unfreeze)
+    _train_new_token_rows(model, trainable, sorted({int(i) for i in added_token_ids}))
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"trainable.mode {trainable.mode!r} leaves nothing to train; add new_token_rows: true or "
+                         "unfreeze: [regex, …]")
+    return model
 
-    base = unwrap(model)
-    if trainable.unfreeze:
-        named = list(base.named_parameters(remove_duplicate=False))
-        for pattern in trainable.unfreeze:
-            try:
-                rx = re.compile(pattern)
-            except re.error as e:
-                raise ValueError(f"trainable.unfreeze: {pattern!r} is not a valid regex ({e})") from None
-            matched = [p for n, p in named if rx.search(n)]
-            if not matched:
-                sample = ", ".join(sorted({re.sub(r"\.\d+\.", ".N.", n) for n, _ in named})[:12])
-                raise ValueError(f"trainable.unfreeze: {pattern!r} matches no parameter; names look like: {sample}")
-            for p in matched:
-                p.requires_grad_(True)
 
-    added = sorted({int(i) for i in added_token_ids})
+def _carry_adapter(model, trainable: TrainableSpec, previous: Optional[TrainableSpec]) -> tuple[Any, bool]:
+    """``(model, continuing)``: a ``PeftModel`` left by the previous stage is merged into its weights
+    (``adapter: merge``) or kept for this stage to train on (``adapter: continue``, same type and settings)."""
+    if not is_peft_model(model):
+        return model, False
+    if previous is None or previous.mode not in ADAPTER_MODES:
+        raise ValueError("the model carries a peft adapter but no previous adapter stage was given; merge it "
+                         "(prepare with previous=<that stage's trainable>) or drop it first (drop_adapter)")
+    if previous.adapter == "merge":
+        return model.merge_and_unload(), False
+    if trainable.mode != previous.mode:
+        raise ValueError(f"adapter: continue keeps training the previous stage's {previous.mode} adapter, "
+                         f"but this stage's trainable.mode is {trainable.mode!r}; use mode {previous.mode} "
+                         "or adapter: merge in the previous stage")
+    fields = ("r", "alpha", "dropout", "target_modules") if trainable.mode == "lora" else \
+        ("r", "dropout", "target_modules")  # HiRA has no alpha
+    changed = [f for f in fields if getattr(trainable, f) != getattr(previous, f)]
+    if changed:
+        raise ValueError(f"adapter: continue keeps the previous stage's adapter, but this stage changes "
+                         f"{', '.join(changed)}; keep them equal or merge the adapter first")
+    return model, True
+
+
+def _unfreeze(base, patterns: list[str]) -> None:
+    """Make every parameter whose name matches one of the ``unfreeze`` regexes trainable (whole)."""
+    if not patterns:
+        return
+    named = list(base.named_parameters(remove_duplicate=False))
+    for pattern in patterns:
+        try:
+            rx = re.compile(pattern)
+        except re.error as e:
+            raise ValueError(f"trainable.unfreeze: {pattern!r} is not a valid regex ({e})") from None
+        matched = [p for n, p in named if rx.search(n)]
+        if not matched:
+            sample = ", ".join(sorted({re.sub(r"\.\d+\.", ".N.", n) for n, _ in named})[:12])
+            raise ValueError(f"trainable.unfreeze: {pattern!r} matches no parameter; names look like: {sample}")
+        for p in matched:
+            p.requires_grad_(True)
+
+
+def _train_new_token_rows(model, trainable: TrainableSpec, added: list[int]) -> None:
+    """``new_token_rows``: the embedding / head rows of the ``added`` tokens train (row masks); without it, warn
+    when those rows stay frozen at their initial values."""
     vocab = vocab_parameters(model)
     if trainable.new_token_rows:
         if not added:
@@ -293,11 +308,7 @@ def prepare_stage_model(model, trainable: "TrainableSpec", added_token_ids: Iter
     elif added and trainable.mode != "full" and not any(w.requires_grad for _, w, _ in vocab):
         warnings.warn(f"{len(added)} token(s) were added to the vocabulary but their embedding / output rows are "
                       f"frozen in this stage (trainable.mode {trainable.mode}); they keep their initial values — set "
-                      "trainable.new_token_rows: true to train them", stacklevel=2)
-    if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(f"trainable.mode {trainable.mode!r} leaves nothing to train; add new_token_rows: true or "
-                         "unfreeze: [regex, …]")
-    return model
+                      "trainable.new_token_rows: true to train them", stacklevel=3)
 
 
 def drop_adapter(model):
@@ -328,7 +339,7 @@ def trainable_report(model) -> dict[str, Any]:
     """``{total, trainable, share, adapter}``: parameter counts with tied weights counted once; a row-masked matrix
     counts only its trainable rows. ``total`` includes adapter parameters (``adapter`` of them)."""
     total = trainable = adapter = 0
-    prefix = _adapter_prefix(model) if is_peft_model(model) else None
+    prefix = adapter_prefix(model) if is_peft_model(model) else None
     for name, p in model.named_parameters():  # remove_duplicate=True: tied weights once
         total += p.numel()
         if prefix is not None and prefix in name:
@@ -339,7 +350,8 @@ def trainable_report(model) -> dict[str, Any]:
     return {"total": total, "trainable": trainable, "share": trainable / total if total else 0.0, "adapter": adapter}
 
 
-def format_report(report: dict[str, Any]) -> str:
+def format_trainable_report(report: dict[str, Any]) -> str:
+    """One line for :func:`trainable_report`: trainable of total parameters, share, adapter size."""
     return (f"trainable {report['trainable']:,} of {report['total']:,} parameters ({100 * report['share']:.2f}%)"
             + (f", adapter {report['adapter']:,}" if report.get("adapter") else ""))
 
@@ -398,51 +410,3 @@ def check_special_token_gradients(model, token_ids: dict[str, int], batch=None) 
     if failures:
         raise SpecialTokenGradientError(failures)
     return {"checked": checked}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Checkpoints
-# ----------------------------------------------------------------------------------------------------------------
-
-
-class _StageArtifacts:
-    """What :func:`harness.checkpoint.save_atomically` writes through ``save_pretrained``: the merged model in HF
-    format and, for a peft model, the adapter under ``adapter/``."""
-
-    def __init__(self, merged, peft_model=None, save_embedding_layers: bool = False):
-        self.merged, self.peft_model, self.save_embedding_layers = merged, peft_model, save_embedding_layers
-
-    def save_pretrained(self, directory, safe_serialization: bool = True) -> None:
-        self.merged.save_pretrained(directory, safe_serialization=safe_serialization)
-        if self.peft_model is not None:
-            self.peft_model.save_pretrained(Path(directory) / "adapter", safe_serialization=safe_serialization,
-                                            save_embedding_layers=self.save_embedding_layers)
-
-
-def save_stage_checkpoint(model, tokenizer, directory, meta: dict) -> dict:
-    """Write ``directory`` atomically (temp dir, then rename): the merged model in Hugging Face format (loadable with
-    ``AutoModelForCausalLM``), the tokenizer, ``meta.json``, and for a ``PeftModel`` the adapter in peft format under
-    ``directory/adapter`` (``PeftModel.from_pretrained(base, directory / "adapter")``; ``base`` = the weights the
-    adapter started from). The adapter also carries the embedding / head when they trained (new-token rows or
-    unfrozen); other base parameters trained by ``unfreeze`` are only in the merged model — ``meta.json`` lists them
-    under ``adapter.not_in_adapter``. The model being trained is not modified (the merge happens on a copy).
-    Returns the meta written."""
-    from harness.checkpoint import save_atomically
-
-    meta = dict(meta)
-    meta.setdefault("trainable", trainable_report(model))
-    if is_peft_model(model):
-        vocab_ids = {id(w) for _, w, _ in vocab_parameters(model)}
-        prefix = _adapter_prefix(model)
-        vocab_trained = any(w.requires_grad for _, w, _ in vocab_parameters(model))
-        outside = [n for n, p in model.named_parameters()
-                   if p.requires_grad and prefix not in n and id(p) not in vocab_ids]
-        config = model.peft_config[model.active_adapter]
-        meta["adapter"] = {"type": str(config.peft_type.value).lower(), "dir": "adapter",
-                           "includes_embeddings": vocab_trained, "not_in_adapter": outside,
-                           "complete": not outside}
-        artifacts = _StageArtifacts(merged_copy(model), model, save_embedding_layers=vocab_trained)
-    else:
-        artifacts = _StageArtifacts(model)
-    save_atomically(Path(directory), artifacts, tokenizer, meta)
-    return meta

@@ -15,8 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from harness.config import Mixture
-
-IGNORE_INDEX = -100
+from harness.losses import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

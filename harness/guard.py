@@ -25,10 +25,11 @@ class NonFiniteError(RuntimeError):
 
     def __init__(self, report: dict[str, Any]):
         self.report = report
-        super().__init__(format_report(report))
+        super().__init__(format_nonfinite_report(report))
 
 
-def format_report(report: dict[str, Any]) -> str:
+def format_nonfinite_report(report: dict[str, Any]) -> str:
+    """One line for a non-finite report: what went non-finite where, the first bad module, the bad gradients."""
     params = report.get("nonfinite_grads") or []
     shown = ", ".join(params[:5]) + (f" … ({len(params)} in all)" if len(params) > 5 else "")
     return (

@@ -40,6 +40,9 @@ import torch.nn.functional as F
 if TYPE_CHECKING:  # pragma: no cover
     from harness.config import LossSpec
 
+# The label of every position no loss is computed on (prompt tokens, padding): PyTorch's ``ignore_index``
+# default. Defined here only (this module imports no other harness module); data, adapters, evaluation, sanity
+# and the benches import it.
 IGNORE_INDEX = -100
 GEM_LOGSIGMOID_TEMPERATURE = 0.01  # the authors' constant in ``sigmoid(0.01 * logits_diff)``
 

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from harness.checkpoint import save_atomically
+from harness.checkpoint import save_hf_checkpoint
 from harness.config import ModelSpec, OptimSpec, PretrainSpec
 from harness.tokenizer import ENDOFTEXT, train_tokenizer
 
@@ -118,5 +118,5 @@ def builtin_base(spec: ModelSpec, corpus: list[str], train_examples: list, seed:
         diagnostics=False, progress=progress("pretrain", pre.steps) if progress else None,
     ))
     model.eval()
-    save_atomically(cache_dir, model, tokenizer, {"final_loss": losses[-1] if losses else None, "key": key})
+    save_hf_checkpoint(cache_dir, model, tokenizer, {"final_loss": losses[-1] if losses else None, "key": key})
     return model, tokenizer, BaseModelInfo(cache_dir, False, losses[-1] if losses else None)

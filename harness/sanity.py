@@ -14,8 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
+import torch
+from data_recipes.base import Example
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from harness.config import EvalSpec, Experiment
+from harness.data import collate, encode_examples, eval_items
+from harness.evaluation import run_evaluation
+from harness.losses import IGNORE_INDEX
+from harness.prepare import build_task_data, load_base
+from harness.train import StageLoop, train_stage
 
 
 @dataclass
@@ -52,20 +60,13 @@ def overfit_check(exp: Experiment, n: int = 128, threshold: float = 0.95, max_st
     ``corrupt_labels`` breaks the pipeline on purpose (labels not shifted: every position is trained to predict
     itself), so the check can be seen to fail.
     """
-    import torch
-
-    from harness.data import collate, encode_examples, eval_items
-    from harness.evaluation import run_evaluation
-    from harness.runner import build_task_data, load_base
-    from harness.train import StageLoop, train_stage
-
     data = build_task_data(exp)
     model, tokenizer, _, _ = load_base(exp, data, console)
     examples = _pick_examples(exp, data.splits, n, exp.seed)
     encoded = encode_examples(tokenizer, examples)
     if corrupt_labels:
         for e in encoded:
-            keep = e.labels != -100
+            keep = e.labels != IGNORE_INDEX
             e.labels[keep] = e.input_ids[keep]
     items = eval_items(tokenizer, examples, "train")
     spec = EvalSpec(evaluators=["teacher_forced"], probes=[])
@@ -113,11 +114,6 @@ def inputs_matter_check(model, tokenizer, examples: list, recipes: dict[str, Any
     """Greedy predictions with each example's own prompt vs with another example's prompt (a derangement);
     passes when the share of changed predictions, among pairs with different gold answers, reaches
     ``threshold``."""
-    from data_recipes.base import Example
-
-    from harness.data import eval_items
-    from harness.evaluation import run_evaluation
-
     rng = np.random.default_rng(seed)
     n = len(examples)
     shift = int(rng.integers(1, n)) if n > 1 else 0
@@ -141,8 +137,6 @@ def inputs_matter_check(model, tokenizer, examples: list, recipes: dict[str, Any
 
 
 def load_checkpoint(path) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
 

@@ -1,6 +1,6 @@
 """The local metrics store: one long-format parquet file per run, written with polars.
 
-Columns (the metric contract of DESIGN.md): ``run_id, stage, step, task, split, metric, value, time``, plus
+Columns (the metric contract of docs/design.md): ``run_id, stage, step, task, split, metric, value, time``, plus
 ``text`` for values that are tables (``ft_top1`` as JSON). Run-level metrics have ``task = null``.
 
 The file is rewritten atomically (temporary file, then rename) at every flush, so a reader — a notebook polling

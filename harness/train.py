@@ -14,13 +14,13 @@ import logging
 import math
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 
-from harness.adapters import check_special_token_gradients, unwrap, weight_decay_exempt
-from harness.config import LossSpec, NonFiniteSpec, OptimSpec
+from harness.adapters import check_special_token_gradients, param_groups, unwrap
+from harness.config import LossSpec, OptimSpec, TrainSpec
 from harness.data import Batch
 from harness.diagnostics import GroupStats
 from harness.guard import Injector, NonFiniteError, first_nonfinite_module, nonfinite_grads
@@ -104,13 +104,9 @@ def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, task
 
 
 def make_optimizer(model, spec: OptimSpec, total_steps: int):
-    """AdamW (no weight decay on biases and norms) with linear warmup, then cosine / linear / constant."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            # Row-masked matrices (new_token_rows) get no decay: decay would move the rows the mask freezes.
-            (no_decay if p.ndim < 2 or weight_decay_exempt(p) else decay).append(p)
-    groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    """AdamW with linear warmup, then cosine / linear / constant. No weight decay on biases, norms and row-masked
+    matrices (:func:`harness.adapters.param_groups`: decay would move the rows ``new_token_rows`` freezes)."""
+    groups = param_groups(model, spec.weight_decay)
     try:  # one fused kernel per parameter (CPU and CUDA); the foreach path loops over small ops on a CPU
         optimizer = torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, eps=spec.eps, fused=True)
     except (RuntimeError, ValueError):  # a device or dtype the fused kernel does not support
@@ -198,28 +194,41 @@ class LoopState:
     scheduler: Optional[dict[str, Any]] = None
 
 
-@dataclass
+@dataclass(init=False)
 class StageLoop:
-    """The settings of one stage's loop and the callbacks it reports through."""
+    """The settings of one stage's loop and the callbacks it reports through.
+
+    ``train`` is the stage's :class:`~harness.config.TrainSpec`; the loop reads ``optim``, ``loss``, ``precision``,
+    ``log_every``, ``nonfinite``, ``diagnostics``, ``compile`` (not while a fault is injected) and
+    ``checkpoint_every`` from it. Loops that are not an experiment's stage (pretraining, the sanity check, tests)
+    give those settings as keywords instead, over the defaults: ``StageLoop(..., optim=OptimSpec(lr=1e-3),
+    log_every=5)``.
+    """
 
     stage: str
     start_step: int  # global step before the stage's first batch
-    optim: OptimSpec
     tasks: list[str]
     log: Callable[[list[Row], int], None]
     evaluate: Callable[[int], None]
-    log_every: int = 10
-    eval_every: int = 10**9
-    loss: LossSpec = field(default_factory=LossSpec)
-    precision: str = "fp32"
-    special_tokens: dict[str, int] = field(default_factory=dict)  # must get gradient at the stage's first step
-    nonfinite: NonFiniteSpec = field(default_factory=NonFiniteSpec)
-    diagnostics: bool = True
-    compile: bool = False  # train.compile: the forward through torch.compile (not while a fault is injected)
-    injector: Optional[Injector] = None
-    checkpoint_every: Optional[int] = None
-    save_checkpoint: Optional[Callable[[int, LoopState], None]] = None
-    progress: Optional[Callable[[int], None]] = None
+    train: TrainSpec
+    eval_every: int
+    special_tokens: dict[str, int]  # must get gradient at the stage's first step
+    injector: Optional[Injector]
+    save_checkpoint: Optional[Callable[[int, LoopState], None]]
+    progress: Optional[Callable[[int], None]]
+
+    def __init__(self, stage: str, start_step: int, tasks: list[str], log: Callable[[list[Row], int], None],
+                 evaluate: Callable[[int], None], train: Optional[TrainSpec] = None, *, eval_every: int = 10**9,
+                 special_tokens: Optional[dict[str, int]] = None, injector: Optional[Injector] = None,
+                 save_checkpoint: Optional[Callable[[int, LoopState], None]] = None,
+                 progress: Optional[Callable[[int], None]] = None, **train_settings: Any):
+        unknown = sorted(set(train_settings) - set(TrainSpec.model_fields))
+        if unknown:
+            raise TypeError(f"StageLoop: unknown train setting(s) {', '.join(unknown)}")
+        self.stage, self.start_step, self.tasks, self.log, self.evaluate = stage, start_step, tasks, log, evaluate
+        self.train = (train if train is not None else TrainSpec()).model_copy(update=train_settings)
+        self.eval_every, self.special_tokens, self.injector = eval_every, special_tokens or {}, injector
+        self.save_checkpoint, self.progress = save_checkpoint, progress
 
 
 def _diagnose(model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step: int, what: str) -> dict[str, Any]:
@@ -230,27 +239,39 @@ def _diagnose(model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step
     return {
         "step": step, "stage": loop.stage, "what": what,
         "first_module": first_nonfinite_module(
-            model, lambda: batch_loss(model, batch, loop.loss, task_ids, loop.tasks, loop.precision)),
+            model, lambda: batch_loss(model, batch, loop.train.loss, task_ids, loop.tasks, loop.train.precision)),
         "nonfinite_grads": nonfinite_grads(model),
         "tasks": tasks,
     }
 
 
+def _window_rows(loop: StageLoop, step: int, window: Window, lr: float, groups: Optional[GroupStats],
+                 before: Optional[dict], group_grads: Optional[dict[str, float]]) -> list[Row]:
+    """The window's training metrics, with the per-module-group update ratios and grad norms when measured."""
+    out = window.rows(loop.tasks, loop.stage, step, lr)
+    if groups is not None and before is not None:
+        ratios = groups.update_ratios(before)
+        out.append(Row(loop.stage, step, None, "train", "update_ratio", ratios.pop("all")))
+        out += [Row(loop.stage, step, None, "train", f"diag/{g}/update_ratio", v) for g, v in ratios.items()]
+        out += [Row(loop.stage, step, None, "train", f"diag/{g}/grad_norm", v) for g, v in (group_grads or {}).items()]
+    return out
+
+
 def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[LoopState] = None) -> int:
     """Train ``model`` on ``batches`` (one optimiser step each), from ``resume`` if given; returns the global
     step at the end. Raises :class:`~harness.guard.NonFiniteError` when the guard stops the run."""
-    task_index = {t: i for i, t in enumerate(loop.tasks)}
+    train, task_index = loop.train, {t: i for i, t in enumerate(loop.tasks)}
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = GroupStats(model) if loop.diagnostics else None
-    optimizer, scheduler = make_optimizer(model, loop.optim, len(batches))
+    groups = GroupStats(model) if train.diagnostics else None
+    optimizer, scheduler = make_optimizer(model, train.optim, len(batches))
     state = resume or LoopState()
     if state.optimizer is not None:
         optimizer.load_state_dict(state.optimizer)
         scheduler.load_state_dict(state.scheduler)
     window = Window.from_state(len(loop.tasks), state.window) if state.window else Window(len(loop.tasks))
-    max_norm = loop.optim.grad_clip if loop.optim.grad_clip is not None else float("inf")
-    guard = loop.nonfinite.action != "off"
-    compiled = loop.compile and loop.injector is None  # injected faults are forward hooks: they need eager modules
+    max_norm = train.optim.grad_clip if train.optim.grad_clip is not None else float("inf")
+    guard = train.nonfinite.action != "off"
+    compiled = train.compile and loop.injector is None  # injected faults are forward hooks: they need eager modules
     device = next(model.parameters()).device
     model.train()
     upcoming = batches[state.batch_index].to(device) if state.batch_index < len(batches) else None
@@ -258,12 +279,12 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
     for i in range(state.batch_index, len(batches)):
         batch, step = upcoming, loop.start_step + i + 1
         task_ids = torch.tensor([task_index[t] for t in batch.tasks]).to(device)
-        is_log_step = (i + 1) % loop.log_every == 0 or i + 1 == len(batches)
+        is_log_step = (i + 1) % train.log_every == 0 or i + 1 == len(batches)
         started, before = time.perf_counter(), None
 
         if loop.injector is not None:
             loop.injector.before_forward(model, step)
-        loss, ce, task_of_token = batch_loss(model, batch, loop.loss, task_ids, loop.tasks, loop.precision, compiled)
+        loss, ce, task_of_token = batch_loss(model, batch, train.loss, task_ids, loop.tasks, train.precision, compiled)
         loss.backward()
         if i + 1 < len(batches):  # on a GPU the next batch's copy overlaps this step's work
             upcoming = batches[i + 1].to(device)
@@ -276,11 +297,10 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
 
         if guard and not bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):  # one host sync per step
-            what = "loss" if not torch.isfinite(loss) else "gradient"
-            report = _diagnose(model, batch, loop, task_ids, step, what)
+            report = _diagnose(model, batch, loop, task_ids, step, "loss" if not torch.isfinite(loss) else "gradient")
             state.consecutive_skips += 1
-            if loop.nonfinite.action == "stop" or state.consecutive_skips >= loop.nonfinite.max_consecutive:
-                if loop.nonfinite.action == "skip_step":
+            if train.nonfinite.action == "stop" or state.consecutive_skips >= train.nonfinite.max_consecutive:
+                if train.nonfinite.action == "skip_step":
                     report["consecutive_skips"] = state.consecutive_skips
                 raise NonFiniteError(report)
             optimizer.zero_grad(set_to_none=True)  # skip_step: drop this step, keep the schedule
@@ -296,7 +316,6 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
             # Clip only now: clipping non-finite gradients would smear NaN over every parameter's gradient.
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, grad_norm)
             before = groups.snapshot() if groups is not None and is_log_step else None
-            lr = scheduler.get_last_lr()[0]
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -304,21 +323,14 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
 
         window.seconds += time.perf_counter() - started
         if is_log_step:
-            out = window.rows(loop.tasks, loop.stage, step, scheduler.get_last_lr()[0])
-            if groups is not None and before is not None:
-                ratios = groups.update_ratios(before)
-                out.append(Row(loop.stage, step, None, "train", "update_ratio", ratios.pop("all")))
-                out += [Row(loop.stage, step, None, "train", f"diag/{g}/update_ratio", v) for g, v in ratios.items()]
-                out += [Row(loop.stage, step, None, "train", f"diag/{g}/grad_norm", v)
-                        for g, v in (group_grads or {}).items()]
-            loop.log(out, step)
+            loop.log(_window_rows(loop, step, window, scheduler.get_last_lr()[0], groups, before, group_grads), step)
             window = Window(len(loop.tasks))
         if loop.progress is not None:
             loop.progress(1)
         if step % loop.eval_every == 0 or i + 1 == len(batches):
             loop.evaluate(step)
             model.train()
-        if loop.save_checkpoint is not None and loop.checkpoint_every and step % loop.checkpoint_every == 0 \
+        if loop.save_checkpoint is not None and train.checkpoint_every and step % train.checkpoint_every == 0 \
                 and i + 1 < len(batches):
             loop.save_checkpoint(step, LoopState(i + 1, state.consecutive_skips, window.state(),
                                                  optimizer.state_dict(), scheduler.state_dict()))

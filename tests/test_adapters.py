@@ -18,11 +18,11 @@ from harness.adapters import (
     param_groups,
     prepare_stage_model,
     resolve_target_modules,
-    save_stage_checkpoint,
     stage_special_tokens,
     trainable_report,
     unwrap,
 )
+from harness.checkpoint import save_stage_checkpoint
 from harness.config import ModelSpec, TrainableSpec
 from harness.data import collate, encode_examples
 from harness.models import build_builtin, builtin_added_token_ids

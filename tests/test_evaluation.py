@@ -18,7 +18,7 @@ from harness.config import EvalSpec, ModelSpec
 from harness.data import EvalItem
 from harness.evaluation import EVALUATORS, PROBES, EvalResult, hijack_token_ids, run_evaluation
 from harness.evaluation.hijack import casing_variants
-from harness.evaluation.runner import greedy_decode, left_pad
+from harness.evaluation.passes import greedy_decode, left_pad
 from harness.models import build_builtin
 from harness.tokenizer import train_tokenizer
 

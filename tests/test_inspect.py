@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
-from harness.adapters import prepare_stage_model, save_stage_checkpoint
+from harness.adapters import prepare_stage_model
+from harness.checkpoint import save_stage_checkpoint
 from harness.config import ModelSpec, TrainableSpec
-from harness.inspect import inspect_model
+from harness.inspection import inspect_model
 from harness.models import build_builtin, builtin_added_token_ids
 from harness.tokenizer import train_tokenizer
 

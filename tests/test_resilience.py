@@ -13,7 +13,8 @@ import polars as pl
 import pytest
 
 from harness.config import validate_data
-from harness.runner import DataError, run_experiment
+from harness.prepare import DataError
+from harness.runner import run_experiment
 from harness.store import read_metrics
 from tests.conftest import ROOT, run_cli, write_yaml
 

@@ -18,7 +18,7 @@ import torch
 
 from harness.config import LossSpec, OptimSpec, validate_data
 from harness.data import IGNORE_INDEX, Batch, Encoded, collate
-from harness.runner import plan_stage
+from harness.prepare import plan_stage
 from harness.train import StageLoop, batch_loss, make_optimizer, train_stage
 from tests.conftest import TINY
 

@@ -7,7 +7,7 @@ Registered components (``eval.evaluators`` / ``eval.probes`` in the experiment f
 - probes: ``first_token`` (rank of the gold first token over the whole vocabulary, hijack share, top-1 table).
 
 Importing this package is light (no torch): the registries and the component descriptions live in
-:mod:`harness.evaluation.components`; the model work is in :mod:`harness.evaluation.runner`, imported on first use
+:mod:`harness.evaluation.components`; the model work is in :mod:`harness.evaluation.passes`, imported on first use
 of :func:`run_evaluation`. :mod:`harness.evaluation.seesaw` is pure Python.
 """
 
@@ -20,7 +20,7 @@ from harness.evaluation.hijack import hijack_token_ids
 from harness.evaluation.result import EvalResult
 
 if TYPE_CHECKING:  # pragma: no cover
-    from harness.evaluation.runner import run_evaluation
+    from harness.evaluation.passes import run_evaluation
 
 __all__ = ["EVAL_METRICS", "EVALUATORS", "PROBES", "Component", "EvalContext", "EvalResult", "ItemRecord", "hijack_token_ids",
            "run_evaluation"]
@@ -28,7 +28,7 @@ __all__ = ["EVAL_METRICS", "EVALUATORS", "PROBES", "Component", "EvalContext", "
 
 def __getattr__(name: str) -> Any:
     if name == "run_evaluation":
-        from harness.evaluation.runner import run_evaluation
+        from harness.evaluation.passes import run_evaluation
 
         return run_evaluation
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,9 +4,10 @@ A component is a small object with three things (the plugin boundary):
 
 - ``needs``: which model passes it relies on — ``"greedy"`` (greedy decoding), ``"teacher_forced"`` (one forward
   over prompt + gold answer), ``"first_logits"`` (the logits at the first answer position, i.e. the last prompt
-  position). The runner computes the union of the needs once, sharing passes between components: ``mode_ok``
-  reuses ``greedy``'s decoding, and ``first_logits`` come from the teacher-forced forward when it runs, else from
-  the prefill of greedy decoding, else from one bare forward over the prompts (last position only);
+  position). :mod:`harness.evaluation.passes` computes the union of the needs once, sharing passes between
+  components: ``mode_ok`` reuses ``greedy``'s decoding, and ``first_logits`` come from the teacher-forced forward
+  when it runs, else from the prefill of greedy decoding, else from one bare forward over the prompts (last
+  position only);
 - ``metrics(records, recipe, ctx)``: ``{metric: value}`` for the records of one task × split;
 - ``tables(records, recipe, ctx)``: optional ``{table: [(token_string, count), ...]}`` for the same group.
 

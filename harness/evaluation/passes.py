@@ -35,8 +35,7 @@ from harness.evaluation.components import (
 )
 from harness.evaluation.hijack import hijack_token_ids
 from harness.evaluation.result import EvalResult
-
-IGNORE_INDEX = -100
+from harness.losses import IGNORE_INDEX
 TOP_K_SAMPLES = 5
 
 

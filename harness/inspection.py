@@ -15,11 +15,23 @@ and dtype on a sample batch (forward hooks) — for an experiment file or a chec
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from rich.console import Console
+from rich.table import Table
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from harness.adapters import prepare_stage_model, trainable_report, unwrap, weight_decay_exempt
+from harness.config import load_experiment
+from harness.data import collate, encode_examples
+from harness.models import build_builtin, builtin_added_token_ids, load_hf
+from harness.prepare import build_task_data
+from harness.pretrain import tokenizer_texts
+from harness.tokenizer import train_tokenizer
 
 
 @dataclass
@@ -61,8 +73,6 @@ def inspect_model(model, inputs: dict[str, torch.Tensor], autocast_dtype: Option
     ``shape`` / ``dtype`` (the first tensor of the output on the sample), ``outputs`` (tensors in the output),
     ``calls`` and ``note``. Modules without own parameters that the forward never calls (``ModuleList``, empty
     adapter dicts) are left out."""
-    from harness.adapters import weight_decay_exempt
-
     modules = list(model.named_modules())
     seen_output: dict[str, tuple] = {}
     calls: dict[str, int] = {}
@@ -134,8 +144,6 @@ def _chat_sample(tokenizer) -> dict[str, torch.Tensor]:
 
 
 def inspect_checkpoint(directory: Path) -> Inspection:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(directory)
     model = AutoModelForCausalLM.from_pretrained(directory)
     rows = inspect_model(model, _chat_sample(tokenizer))
@@ -146,8 +154,6 @@ def inspect_checkpoint(directory: Path) -> Inspection:
 
 
 def _summary(model, tokenizer) -> dict[str, Any]:
-    from harness.adapters import trainable_report, unwrap
-
     report = trainable_report(model)
     config = unwrap(model).config
     return {"model_type": getattr(config, "model_type", None), "class": type(unwrap(model)).__name__,
@@ -156,14 +162,6 @@ def _summary(model, tokenizer) -> dict[str, Any]:
 
 def inspect_experiment(path: Path, overrides: Optional[list[str]] = None, stage: Optional[str] = None) -> Inspection:
     """Build the experiment's base model (no pretraining), apply one stage's trainable set, run two examples."""
-    from harness.adapters import prepare_stage_model
-    from harness.config import load_experiment
-    from harness.data import collate, encode_examples
-    from harness.models import build_builtin, builtin_added_token_ids, load_hf
-    from harness.pretrain import tokenizer_texts
-    from harness.runner import build_task_data
-    from harness.tokenizer import train_tokenizer
-
     exp = load_experiment(path, overrides)
     stages = exp.resolved_stages()
     if stage is None:
@@ -218,11 +216,6 @@ def inspect_target(target: Path, overrides: Optional[list[str]] = None, stage: O
 
 def render(inspection: Inspection, console=None) -> None:
     """A rich table on the console (stdout)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    import sys
-
     # Piped output would be 80 columns wide and fold every module name; use a wide table there.
     console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     s = inspection.summary

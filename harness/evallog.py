@@ -1,0 +1,121 @@
+"""The run's evaluation log: runs the evaluators on the fixed eval items at a step and sends every result where it
+belongs — metric rows to the tracker (store, wandb), predictions to ``samples.jsonl``, tables to wandb — and keeps
+the history the stage summaries and the seesaw detection read.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from harness.config import Experiment
+from harness.evaluation import EVAL_METRICS, hijack_token_ids, run_evaluation
+from harness.store import Row, atomic_write_text
+
+
+@dataclass
+class EvalLog:
+    """Runs the evaluators on the fixed eval items and sends every result where it belongs.
+
+    ``resume_filter(stage, step, metric)``: this run continues a killed one; its samples the filter rejects are
+    dropped from ``samples.jsonl`` (the tracker drops its rows the same way). The history starts with the
+    evaluation rows already in the tracker's store.
+    """
+
+    exp: Experiment
+    items: list
+    recipes: dict[str, Any]
+    tokenizer: Any
+    tracker: Any
+    samples_path: Path
+    on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None
+    resume_filter: Optional[Callable[[str, int, str], bool]] = None
+    history: list[Row] = field(default_factory=list)  # every evaluation row, in order
+    seconds: float = 0.0
+
+    def __post_init__(self):
+        self.hijack_ids = hijack_token_ids(self.tokenizer, self.exp.eval.hijack_words)
+        if self.resume_filter is not None:
+            _truncate_samples(self.samples_path, self.resume_filter)
+        self.history = [r for r in self.tracker.existing_rows() if _is_eval_row(r)]
+
+    def run(self, model, stage: str, step: int) -> None:
+        started = time.perf_counter()
+        result = run_evaluation(model, self.tokenizer, self.items, self.recipes, self.exp.eval, self.hijack_ids)
+        rows = []
+        for task, split, metric, value in result.metrics:
+            text = json.dumps(result.top1.get((task, split), [])) if metric == "ft_top1" else None
+            rows.append(Row(stage, step, task, split, metric, value, text))
+        with open(self.samples_path, "a", encoding="utf-8") as f:
+            for sample in result.samples:
+                f.write(json.dumps({"stage": stage, "step": step, **sample}, ensure_ascii=False) + "\n")
+        self._log_tables(result, step)
+        self.seconds += time.perf_counter() - started
+        self._record(rows, step)
+
+    def repeat_last(self, stage: str) -> None:
+        """Record the previous evaluation again under ``stage`` (a stage starting from the previous one's
+        weights begins exactly where that one ended: no need to evaluate twice)."""
+        if not self.history:
+            return
+        step = self.history[-1].step
+        last = [r for r in self.history if r.step == step and r.stage == self.history[-1].stage]
+        self._record([Row(stage, r.step, r.task, r.split, r.metric, r.value, r.text) for r in last], step)
+
+    def _record(self, rows: list[Row], step: int) -> None:
+        self.tracker.log(rows, step)
+        self.tracker.flush()
+        self.history.extend(rows)
+        if self.on_evaluation is not None and rows:
+            self.on_evaluation(rows[0].stage, step, rows)
+
+    def _log_tables(self, result, step: int) -> None:
+        per_key: dict[tuple[str, str], int] = {}
+        data = []
+        for s in result.samples:
+            key = (s["task"], s["split"])
+            if per_key.get(key, 0) >= self.exp.eval.samples:
+                continue
+            per_key[key] = per_key.get(key, 0) + 1
+            top5 = " ".join(f"{t['token']!r}:{t['prob']:.2f}" for t in s.get("top5", []))
+            data.append([s["task"], s["split"], s["prompt"], s["gold"], s.get("pred"), s.get("correct"), top5])
+        self.tracker.log_table("samples", ["task", "split", "prompt", "gold", "pred", "correct", "top5_first"],
+                               data, step)
+        top1 = [[task, split, tok, count] for (task, split), pairs in result.top1.items() for tok, count in pairs]
+        self.tracker.log_table("ft_top1", ["task", "split", "token", "count"], top1, step)
+
+    def stage_end_table(self, stage: str) -> dict[str, dict[str, dict[str, float]]]:
+        """``{split: {task: {metric: value}}}`` of the last evaluation recorded for ``stage``."""
+        rows = [r for r in self.history if r.stage == stage]
+        if not rows:
+            return {}
+        last = max(r.step for r in rows)
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for r in rows:
+            if r.step == last:
+                out.setdefault(r.split, {}).setdefault(r.task, {})[r.metric] = r.value
+        return out
+
+    def history_dicts(self) -> list[dict[str, Any]]:
+        return [{"stage": r.stage, "step": r.step, "task": r.task, "split": r.split, "metric": r.metric,
+                 "value": r.value} for r in self.history]
+
+
+def _is_eval_row(row: Row) -> bool:
+    """Rows written by evaluations (the others are training metrics, compositions and seesaw events)."""
+    return row.task is not None and row.metric in EVAL_METRICS
+
+
+def _truncate_samples(path: Path, keep: Callable[[str, int, str], bool]) -> None:
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            sample = json.loads(line)
+            if keep(sample["stage"], sample["step"], ""):
+                kept.append(line + "\n")
+    atomic_write_text(path, "".join(kept))

@@ -1,0 +1,153 @@
+"""The pipeline steps before training, shared by runs, the sanity checks, ``harness inspect``, sweep workers and the
+benches: task data from the recipes, the base model, the encoded pools and eval items, and each stage's plan
+(its batches and effective composition). Every data error surfaces here as a :class:`DataError`, before any
+training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+from data_recipes import build_world, corpus, get_recipe
+
+from harness.config import Experiment, ResolvedStage
+from harness.data import collate, encode_examples, eval_items, length_grouped_batches, mixture_stream
+from harness.models import builtin_added_token_ids, load_hf
+from harness.pretrain import builtin_base
+
+
+class DataError(Exception):
+    """Bad task data found before training (empty pool, unreadable file…); the message names the task."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Task data and the base model
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def task_seed(exp: Experiment, task: str) -> int:
+    """A task's data seed: its own, or one derived from the experiment seed and the task name."""
+    spec = exp.tasks[task]
+    if spec.seed is not None:
+        return spec.seed
+    return int.from_bytes(hashlib.sha256(f"{exp.seed}/{task}".encode()).digest()[:4], "little")
+
+
+@dataclass
+class TaskData:
+    recipes: dict[str, Any]  # task -> Recipe instance
+    splits: dict[str, dict[str, list]]  # task -> split -> [Example]
+    corpus: list[str]
+
+
+def build_task_data(exp: Experiment) -> TaskData:
+    """Every task's splits from its recipe (over the shared world when the recipe needs one) and the world corpus."""
+    world = build_world(exp.world.people, exp.world.seed)
+    recipes, splits = {}, {}
+    for name, spec in exp.tasks.items():
+        cls = get_recipe(spec.recipe)
+        recipe = cls(cls.Params.model_validate(spec.params), world if cls.needs_world else None)
+        try:
+            splits[name] = recipe.build(name, spec.train, spec.eval, task_seed(exp, name))
+        except (ValueError, OSError) as e:
+            raise DataError(f"tasks.{name} (recipe {spec.recipe}): {e}") from None
+        recipes[name] = recipe
+    return TaskData(recipes, splits, corpus(world, exp.world.seed))
+
+
+def load_base(exp: Experiment, data: TaskData, console=None) -> tuple[Any, Any, list[int], dict[str, Any]]:
+    """The base model (on the GPU when there is one) and tokenizer — a hub/local model, or a builtin one,
+    pretrained and cached — the ids of the tokens the harness added to it, and facts about where it came from."""
+    transformers.utils.logging.disable_progress_bar()  # our own bars are enough
+    if exp.model.hf:
+        model, tokenizer, added = load_hf(exp.model, return_added=True)
+        info: dict[str, Any] = {"source": exp.model.hf}
+    else:
+        all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
+        progress = console.progress_factory() if console is not None else None
+        model, tokenizer, base = builtin_base(exp.model, data.corpus, all_train, exp.seed, progress)
+        added = builtin_added_token_ids(tokenizer)
+        if exp.model.pretrain is not None and console is not None:
+            console.info("base model: " + ("cache hit" if base.cache_hit else f"pretrained (loss {base.final_loss:.3f})")
+                         + f" ({base.cache_dir})")
+        info = {"source": exp.model.builtin, "cache_hit": base.cache_hit,
+                "cache_dir": str(base.cache_dir) if base.cache_dir else None, "pretrain_final_loss": base.final_loss}
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    return model, tokenizer, added, info
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Encoding and stage plans
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EncodedData:
+    train: dict[str, list]  # task -> [Encoded]
+    eval_items: list  # [EvalItem] over every task and eval split, fixed for the whole run
+
+
+def encode_task_data(exp: Experiment, data: TaskData, tokenizer) -> EncodedData:
+    """The training pools, tokenised with their label masks, and the fixed eval items of every task and split."""
+    train = {}
+    for name, splits in data.splits.items():
+        train[name] = encode_examples(tokenizer, splits["train"])
+        for index, (ex, enc) in enumerate(zip(splits["train"], train[name])):
+            if enc.n_supervised <= 1:  # only the end-of-turn token: the answer tokenised to nothing
+                raise DataError(f"tasks.{name}: training example {index} has an answer that tokenises to nothing "
+                                f"(prompt {ex.prompt[:60]!r})")
+    items = []
+    for name, splits in data.splits.items():
+        for split in exp.eval.splits:
+            if split == "train":
+                # A fixed random subsample of training items, so the memorisation gap is visible.
+                pool = splits["train"]
+                rng = np.random.default_rng(task_seed(exp, name))
+                chosen = sorted(rng.choice(len(pool), size=min(exp.tasks[name].eval, len(pool)), replace=False))
+                examples = [pool[i] for i in chosen]
+            else:
+                examples = splits[split]
+            items.extend(eval_items(tokenizer, examples, split))
+    return EncodedData(train, items)
+
+
+@dataclass
+class StagePlan:
+    stage: ResolvedStage
+    batches: list
+    composition: dict[str, dict[str, float]]
+
+
+def plan_stage(exp: Experiment, stage: ResolvedStage, index: int, pools: dict[str, list], pad_id: int) -> StagePlan:
+    """The stage's batches and its effective composition (examples and tokens per task, too-long drops)."""
+    kept, dropped = {}, {}
+    for task in stage.mixture.tasks:
+        kept[task] = [e for e in pools[task] if e.length <= stage.train.max_length]
+        dropped[task] = len(pools[task]) - len(kept[task])
+        if dropped[task] and exp.data.too_long == "error":
+            raise DataError(f"stage {stage.name!r}: {dropped[task]} examples of task {task!r} are longer than "
+                            f"max_length={stage.train.max_length} (data.too_long: error)")
+        if not kept[task]:
+            raise DataError(f"stage {stage.name!r}: every example of task {task!r} is longer than "
+                            f"max_length={stage.train.max_length}; its pool is empty")
+    rng = np.random.default_rng([exp.seed, index])
+    n = sum(stage.mixture.counts.values()) if stage.mixture.kind == "counts" else stage.steps * stage.train.batch_size
+    draws = mixture_stream(stage.mixture, {t: len(p) for t, p in kept.items()}, n, rng)
+    examples = [kept[t][i] for t, i in draws]
+    grouped = length_grouped_batches(examples, stage.train.batch_size, stage.train.length_grouping, rng)
+    composition: dict[str, dict[str, float]] = {}
+    for e in examples:
+        c = composition.setdefault(e.task, {"examples": 0, "tokens": 0, "supervised_tokens": 0})
+        c["examples"] += 1
+        c["tokens"] += e.length
+        c["supervised_tokens"] += e.n_supervised
+    for task, c in composition.items():
+        c["share"] = c["examples"] / len(examples)
+        c["dropped_too_long"] = dropped.get(task, 0)
+    return StagePlan(stage, [collate(b, pad_id) for b in grouped], composition)
