@@ -28,7 +28,7 @@ from analysis.frames import (
     top1_table,
     worst_failures,
 )
-from analysis.io import (
+from analysis.loading import (
     AnalysisError,
     flatten_config,
     latest_run,
@@ -61,6 +61,7 @@ from analysis.sweep import (
 
 def write_report(path, out=None, **options):
     """``report.html`` (and its PNGs) for a run or sweep directory; see :mod:`analysis.report`."""
+    # Imported here, not at the top: the report draws with matplotlib, which `import analysis` does not load.
     from analysis.report import write_report as _write
 
     return _write(path, out, **options)

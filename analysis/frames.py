@@ -13,7 +13,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import polars as pl
 
-from analysis.io import AnalysisError, PathLike, as_frame, load_run, load_samples, read_config
+from analysis.loading import AnalysisError, PathLike, as_frame, load_run, load_samples, read_config
 from harness.store import LOWER_IS_BETTER as STORE_LOWER_IS_BETTER
 
 # Metrics where a smaller value is better (everything else: larger is better): the store's, and two trial columns.

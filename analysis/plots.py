@@ -23,7 +23,9 @@ import polars as pl  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from analysis.frames import eval_rows, hijack_timeline, lower_is_better, stage_bounds  # noqa: E402
-from analysis.io import AnalysisError  # noqa: E402
+from analysis.loading import AnalysisError  # noqa: E402
+from analysis.mixture_fit import partial_dependence  # noqa: E402
+from analysis.trials import complete, metric_columns  # noqa: E402
 
 STAGE_SHADES = ("#f2f2f2", "#ffffff")
 RISE_COLOR, FALL_COLOR = "#1a9850", "#d73027"
@@ -265,7 +267,7 @@ def plot_composition(frame: pl.DataFrame, colors: Optional[dict[str, str]] = Non
 
 
 def plot_interference(fit, ax=None) -> Figure:
-    """The interference matrix of :func:`analysis.interference` as a heatmap: row = the task whose weight rises by
+    """The interference matrix of :func:`analysis.mixture_fit` as a heatmap: row = the task whose weight rises by
     ``per``, column = the task whose metric moves; red = falls (the seesaw), blue = rises. Columns carry R²."""
     effect = fit.effect.drop("weight").to_numpy()
     rows, cols = fit.weights, fit.targets
@@ -298,8 +300,6 @@ def plot_interference(fit, ax=None) -> Figure:
 def plot_partial_dependence(trials: pl.DataFrame, fit, colors: Optional[dict[str, str]] = None) -> Figure:
     """Weight → metric, one panel per mixture weight: each trial's observed metric per target (dots) and the
     fitted model moving that weight alone, the others in their mean proportions (lines)."""
-    from analysis.sweep import complete, metric_columns, partial_dependence
-
     pd = partial_dependence(fit)
     colors = colors or task_colors(fit.targets)
     cols = metric_columns(trials).filter(pl.col("stage") == fit.stage, pl.col("split") == fit.split,
