@@ -1,4 +1,9 @@
-"""The ``harness`` command line: validate, run, eval, schema.
+"""The ``harness`` command line, ten commands:
+
+- one experiment: ``validate``, ``run`` (``--resume`` a killed run), ``eval`` (a checkpoint alone), ``sanity``
+  (overfit and inputs-matter checks), ``inspect`` (one row per module), ``schema`` (the experiment JSON Schema);
+- sweeps: ``sweep`` (optuna workers on a shared storage), ``sweep-status``;
+- analysis: ``report`` (report.html for a run or a sweep), ``compare`` (per-task deltas between two runs).
 
 Exit codes: 0 success; 2 invalid experiment file or task data (every error printed with its YAML path, no
 traceback); 3 stopped by the non-finite guard; 4 a special token's row would not train; 1 anything else.
@@ -53,7 +58,8 @@ def run(
     from harness.adapters import SpecialTokenGradientError
     from harness.config import ConfigError
     from harness.guard import NonFiniteError
-    from harness.runner import DataError, default_run_dir, run_experiment
+    from harness.prepare import DataError
+    from harness.runner import default_run_dir, run_experiment
 
     exp = _load(file, set_)
     if resume and out and out != resume:
@@ -80,7 +86,8 @@ def eval_(
     from datetime import datetime
 
     from harness.config import ConfigError
-    from harness.runner import DataError, evaluate_checkpoint
+    from harness.prepare import DataError
+    from harness.runner import evaluate_checkpoint
 
     exp = _load(experiment, set_)
     run_dir = out or Path("runs") / exp.name / f"eval-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
@@ -118,7 +125,7 @@ def schema():
     typer.echo(json.dumps(Experiment.model_json_schema(), indent=2))
 
 
-# -- sweeps (harness/sweep*.py) ----------------------------------------------------------------------------------
+# -- sweeps (harness/sweep/) ------------------------------------------------------------------------------------
 
 
 @app.command()
@@ -134,8 +141,8 @@ def sweep(
     """Run an optuna sweep: N workers on one shared storage, until the study's trial budget is used."""
     from harness.config import ConfigError
     from harness.sweep import load_sweep
-    from harness.sweep_results import status_text
-    from harness.sweep_worker import load_worker_study, run_sweep
+    from harness.sweep.results import status_text
+    from harness.sweep.worker import load_worker_study, run_sweep
 
     try:
         spec = load_sweep(file, set_)
@@ -158,8 +165,8 @@ def sweep_status(
     """Best trials (or the Pareto front) and parameter importances; rewrites trials.parquet from the storage."""
     from harness.config import ConfigError
     from harness.sweep import RESOLVED_NAME, load_resolved
-    from harness.sweep_results import status_text, write_trials
-    from harness.sweep_worker import load_worker_study
+    from harness.sweep.results import status_text, write_trials
+    from harness.sweep.worker import load_worker_study
 
     if not (sweep_dir / RESOLVED_NAME).is_file():
         _fail(f"{sweep_dir}: no {RESOLVED_NAME} here; give the directory of a sweep (harness sweep --out)")
@@ -187,7 +194,7 @@ def report(
                                                                 "eval.seesaw_delta)."),
 ):
     """Write report.html (self-contained, PNGs embedded and written beside it) for a run or a sweep."""
-    from analysis.io import AnalysisError, is_sweep_dir
+    from analysis.loading import AnalysisError, is_sweep_dir
     from analysis.report import write_report
 
     if is_sweep_dir(path):
@@ -212,7 +219,7 @@ def compare(
 ):
     """Print per-task deltas at each stage end between two runs."""
     from analysis.frames import COMPARE_METRICS, compare as compare_runs, format_compare
-    from analysis.io import AnalysisError, load_run
+    from analysis.loading import AnalysisError, load_run
 
     try:
         a, b = load_run(run_a), load_run(run_b)
@@ -231,7 +238,7 @@ def inspect_command(
 ):
     """One row per module: name, type, parameters, trainable, output shape and dtype on a sample batch."""
     from harness.config import ConfigError
-    from harness.inspect import inspect_target, render
+    from harness.inspection import inspect_target, render
 
     if not target.exists():
         _fail(f"{target}: no such file or directory")
