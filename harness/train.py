@@ -137,6 +137,7 @@ class Window:
     skipped: int = 0
     real_tokens: int = 0
     padded_tokens: int = 0
+    task_share_max_sum: float = 0.0  # per batch: the largest single task's share of its examples
     seconds: float = 0.0  # training time in the window (evaluation excluded)
 
     def __post_init__(self):
@@ -154,6 +155,7 @@ class Window:
         self.steps += 1
         self.real_tokens += batch.n_real_tokens
         self.padded_tokens += batch.n_padded_tokens
+        self.task_share_max_sum += max(map(batch.tasks.count, set(batch.tasks))) / len(batch.tasks)
 
     def rows(self, tasks: list[str], stage: str, step: int, lr: float) -> list[Row]:
         counts = self.token_count.tolist()
@@ -165,6 +167,8 @@ class Window:
                 Row(stage, step, None, "train", "grad_norm", float(self.grad_norm_sum) / self.steps),
                 Row(stage, step, None, "train", "tokens_per_s", self.real_tokens / max(self.seconds, 1e-9)),
                 Row(stage, step, None, "train", "pad_fraction", 1 - self.real_tokens / max(1, self.padded_tokens)),
+                # how far batches stray from the mixture: a batcher that clusters tasks makes its own seesaw
+                Row(stage, step, None, "train", "batch_task_share_max", self.task_share_max_sum / self.steps),
             ]
         out.append(Row(stage, step, None, "train", "lr", lr))
         if self.skipped:
@@ -174,13 +178,14 @@ class Window:
     def state(self) -> dict[str, Any]:
         return {"loss_sum": self.loss_sum.tolist(), "token_count": self.token_count.tolist(),
                 "grad_norm_sum": float(self.grad_norm_sum), "steps": self.steps, "skipped": self.skipped,
-                "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens, "seconds": self.seconds}
+                "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens,
+                "task_share_max_sum": self.task_share_max_sum, "seconds": self.seconds}
 
     @classmethod
     def from_state(cls, n_tasks: int, state: dict[str, Any]) -> "Window":
         return cls(n_tasks, torch.tensor(state["loss_sum"]), torch.tensor(state["token_count"]),
                    torch.tensor(state["grad_norm_sum"]), state["steps"], state["skipped"], state["real_tokens"],
-                   state["padded_tokens"], state["seconds"])
+                   state["padded_tokens"], state.get("task_share_max_sum", 0.0), state["seconds"])
 
 
 @dataclass

@@ -162,8 +162,12 @@ class TrainSpec(Strict):
     optim: OptimSpec = Field(default_factory=OptimSpec)
     log_every: int = Field(10, ge=1, description="Steps per training-metrics window.")
     length_grouping: int = Field(
-        50, ge=1, description="Batches drawn together and sorted by length, so batches pad little (1 = off; 50 is "
-                              "the window of transformers' group_by_length sampler)."
+        1, ge=1, description="Windows of this many batches are grouped by length, stratified by task, so batches "
+                             "pad little (1 = off, the default; 50 is the window of transformers' group_by_length "
+                             "sampler). Off by default because grouped batches each hold one length class of a "
+                             "task's data: reversed 3-digit addition reaches 0.002 held-out at step 540 with 50, "
+                             "0.874 with 1 (bench/plain_vs_harness.py); grouping cuts the quickstart's pad fraction "
+                             "from ~0.30 to ~0.015."
     )
     checkpoint: bool = Field(True, description="Save a Hugging Face checkpoint at the end of the stage.")
     checkpoint_every: Optional[int] = Field(None, ge=1, description="Also save a resumable checkpoint every N "
