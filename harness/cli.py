@@ -137,18 +137,22 @@ def sweep(
                                              "(space.<path>=… and overrides.<path>=… keep <path> whole)."),
     worker_offset: int = typer.Option(0, "--worker-offset", help="First worker index (sampler seed = study.seed + "
                                       "index): give each machine its own range."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="Devices to deal among the workers, e.g. 0,1,2,3 "
+                                       "(each worker's CUDA_VISIBLE_DEVICES: equal consecutive groups)."),
 ):
     """Run an optuna sweep: N workers on one shared storage, until the study's trial budget is used."""
     from harness.config import ConfigError
     from harness.sweep import load_sweep
     from harness.sweep.results import status_text
+    from harness.sweep.study import mask_url
     from harness.sweep.worker import load_worker_study, run_sweep
 
     try:
         spec = load_sweep(file, set_)
         sweep_dir = out or Path("runs") / "sweeps" / spec.name
-        typer.echo(f"sweep {spec.name} → {sweep_dir} (storage {spec.storage_url(sweep_dir)})")
-        result = run_sweep(spec, sweep_dir, workers=workers, worker_offset=worker_offset, echo=typer.echo)
+        typer.echo(f"sweep {spec.name} → {sweep_dir} (storage {mask_url(spec.storage_url(sweep_dir))})")
+        result = run_sweep(spec, sweep_dir, workers=workers, worker_offset=worker_offset, echo=typer.echo,
+                           gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else None)
     except ConfigError as e:
         _fail(str(e))
     typer.echo(status_text(load_worker_study(spec, sweep_dir, worker_offset), spec))
