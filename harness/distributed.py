@@ -118,12 +118,21 @@ class DataParallel:
             dist.all_reduce(t)
         window.real_tokens, window.padded_tokens = int(counts[0]), int(counts[1])
 
-    def bad_ranks(self, bad: bool) -> list[int]:
-        """The ranks whose step was non-finite (every rank learns them; one host sync)."""
+    def bad_ranks(self, loss_bad: bool, grad_bad: bool) -> list[int]:
+        """The ranks where a non-finite step began: those whose loss was non-finite, else those whose gradient
+        was (a NaN loss on one rank reaches every rank's gradient through the all-reduce). Every rank learns
+        them; one host sync."""
         flags = torch.zeros(self.world, dtype=torch.int32)
-        flags[self.rank] = int(bad)
+        flags[self.rank] = 2 * int(loss_bad) + int(grad_bad)
         dist.all_reduce(flags)
-        return [r for r, f in enumerate(flags.tolist()) if f]
+        values = flags.tolist()
+        return [r for r, f in enumerate(values) if f >= 2] or [r for r, f in enumerate(values) if f]
+
+    def report_of(self, rank: int, report: dict) -> dict:
+        """``rank``'s non-finite report on every rank (it names the module and parameters as that rank saw them)."""
+        box = [report]
+        dist.broadcast_object_list(box, src=rank)
+        return {**box[0], "rank": rank}
 
 
 _CURRENT: Optional[DataParallel] = None

@@ -313,12 +313,13 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
         group_grads = groups.grad_norms() if groups is not None and is_log_step else None
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
 
-        bad = guard and not bool(torch.isfinite(loss) & torch.isfinite(grad_norm))  # one host sync per step
-        bad_ranks = parallel.bad_ranks(bad) if guard and parallel is not None else []
-        if bad or bad_ranks:
-            report = _diagnose(model, batch, loop, task_ids, step, "loss" if not torch.isfinite(loss) else "gradient")
-            if bad_ranks:
-                report["ranks"] = bad_ranks  # the ranks whose loss or gradient was non-finite (this report: rank 0's)
+        loss_bad, grad_bad = (~torch.isfinite(torch.stack([loss.detach().float(), grad_norm.float()]))).tolist() \
+            if guard else (False, False)  # one host sync per step
+        bad_ranks = parallel.bad_ranks(loss_bad, grad_bad) if guard and parallel is not None else []
+        if loss_bad or grad_bad or bad_ranks:
+            report = _diagnose(model, batch, loop, task_ids, step, "loss" if loss_bad else "gradient")
+            if bad_ranks:  # every rank stops here, with the report of the first rank where it began
+                report = parallel.report_of(bad_ranks[0], report)
             state.consecutive_skips += 1
             if train.nonfinite.action == "stop" or state.consecutive_skips >= train.nonfinite.max_consecutive:
                 if train.nonfinite.action == "skip_step":
