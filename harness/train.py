@@ -258,6 +258,18 @@ def _diagnose(model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step
     }
 
 
+def _nonfinite_report(model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step: int, loss: torch.Tensor,
+                      grad_norm: torch.Tensor, parallel) -> Optional[dict[str, Any]]:
+    """None when the step's loss and gradient are finite (on every rank), else the guard's report — with several
+    ranks, the report of the first rank where it began, on every rank, so that all of them stop here."""
+    loss_bad, grad_bad = (~torch.isfinite(torch.stack([loss.detach().float(), grad_norm.float()]))).tolist()
+    bad_ranks = parallel.bad_ranks(loss_bad, grad_bad) if parallel is not None else []  # one host sync per step
+    if not (loss_bad or grad_bad or bad_ranks):
+        return None
+    report = _diagnose(model, batch, loop, task_ids, step, "loss" if loss_bad else "gradient")
+    return parallel.report_of(bad_ranks[0], report) if bad_ranks else report
+
+
 def _window_rows(loop: StageLoop, step: int, window: Window, lr: float, groups: Optional[GroupStats],
                  before: Optional[dict], group_grads: Optional[dict[str, float]]) -> list[Row]:
     """The window's training metrics, with the per-module-group update ratios and grad norms when measured."""
@@ -313,13 +325,8 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
         group_grads = groups.grad_norms() if groups is not None and is_log_step else None
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
 
-        loss_bad, grad_bad = (~torch.isfinite(torch.stack([loss.detach().float(), grad_norm.float()]))).tolist() \
-            if guard else (False, False)  # one host sync per step
-        bad_ranks = parallel.bad_ranks(loss_bad, grad_bad) if guard and parallel is not None else []
-        if loss_bad or grad_bad or bad_ranks:
-            report = _diagnose(model, batch, loop, task_ids, step, "loss" if loss_bad else "gradient")
-            if bad_ranks:  # every rank stops here, with the report of the first rank where it began
-                report = parallel.report_of(bad_ranks[0], report)
+        report = _nonfinite_report(model, batch, loop, task_ids, step, loss, grad_norm, parallel) if guard else None
+        if report is not None:
             state.consecutive_skips += 1
             if train.nonfinite.action == "stop" or state.consecutive_skips >= train.nonfinite.max_consecutive:
                 if train.nonfinite.action == "skip_step":
