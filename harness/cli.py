@@ -11,6 +11,7 @@ traceback); 3 stopped by the non-finite guard; 4 a special token's row would not
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -53,8 +54,14 @@ def run(
     set_: Optional[list[str]] = SetOption,
     out: Optional[Path] = typer.Option(None, "--out", help="The run directory (default runs/<name>/<timestamp>)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the killed run in this directory."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Data-parallel ranks on this machine (through torchrun; "
+                                                        "batch_size stays the global batch)."),
 ):
     """Train and evaluate an experiment (exit 3 when the non-finite guard stops it)."""
+    import os
+    import subprocess
+
+    from harness import distributed
     from harness.adapters import SpecialTokenGradientError
     from harness.config import ConfigError
     from harness.guard import NonFiniteError
@@ -64,9 +71,16 @@ def run(
     exp = _load(file, set_)
     if resume and out and out != resume:
         _fail("--resume names the run directory; drop --out or give the same directory")
+    if resume and (nproc > 1 or distributed.launched_by_torchrun()):
+        _fail("--resume of a data-parallel run is not supported yet; resume it in one process")
     run_dir = resume or out or default_run_dir(exp)
+    if nproc > 1 and not distributed.launched_by_torchrun():
+        argv = [a for a in sys.argv[1:]] + ([] if out or resume else ["--out", str(run_dir)])  # one dir for all
+        raise typer.Exit(subprocess.run(distributed.torchrun_command(nproc, argv), env=os.environ).returncode)
+    session = distributed.rank_session(exp, run_dir) if distributed.launched_by_torchrun() else None
     try:
-        run_experiment(exp, run_dir, resume=resume is not None)
+        with session or contextlib.nullcontext((exp, run_dir)) as (exp, run_dir):
+            run_experiment(exp, run_dir, resume=resume is not None)
     except (DataError, ConfigError) as e:
         _fail(f"{file}: {e}")
     except NonFiniteError as e:
@@ -137,18 +151,22 @@ def sweep(
                                              "(space.<path>=… and overrides.<path>=… keep <path> whole)."),
     worker_offset: int = typer.Option(0, "--worker-offset", help="First worker index (sampler seed = study.seed + "
                                       "index): give each machine its own range."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="Devices to deal among the workers, e.g. 0,1,2,3 "
+                                       "(each worker's CUDA_VISIBLE_DEVICES: equal consecutive groups)."),
 ):
     """Run an optuna sweep: N workers on one shared storage, until the study's trial budget is used."""
     from harness.config import ConfigError
     from harness.sweep import load_sweep
     from harness.sweep.results import status_text
+    from harness.sweep.study import mask_url
     from harness.sweep.worker import load_worker_study, run_sweep
 
     try:
         spec = load_sweep(file, set_)
         sweep_dir = out or Path("runs") / "sweeps" / spec.name
-        typer.echo(f"sweep {spec.name} → {sweep_dir} (storage {spec.storage_url(sweep_dir)})")
-        result = run_sweep(spec, sweep_dir, workers=workers, worker_offset=worker_offset, echo=typer.echo)
+        typer.echo(f"sweep {spec.name} → {sweep_dir} (storage {mask_url(spec.storage_url(sweep_dir))})")
+        result = run_sweep(spec, sweep_dir, workers=workers, worker_offset=worker_offset, echo=typer.echo,
+                           gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else None)
     except ConfigError as e:
         _fail(str(e))
     typer.echo(status_text(load_worker_study(spec, sweep_dir, worker_offset), spec))

@@ -19,6 +19,8 @@ from typing import Any, Optional
 
 import torch
 
+from harness import distributed
+
 
 class NonFiniteError(RuntimeError):
     """Training stopped on a non-finite loss or gradient; ``report`` says where."""
@@ -81,10 +83,13 @@ class Injector:
     where: str  # forward | grad
     module: str  # regex over module (forward) or parameter (grad) names
     repeat: int = 1
+    rank: Optional[int] = None  # data-parallel runs: only this rank injects
     _handle: Any = field(default=None, repr=False)
 
     def active(self, step: int) -> bool:
-        return self.step <= step < self.step + self.repeat
+        here = distributed.current()
+        on_this_rank = self.rank is None or (here.rank if here is not None else 0) == self.rank
+        return on_this_rank and self.step <= step < self.step + self.repeat
 
     def before_forward(self, model, step: int) -> None:
         if self.where != "forward" or not self.active(step):

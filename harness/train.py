@@ -6,6 +6,10 @@ step → warmup/cosine schedule. Every ``log_every`` steps the window's training
 and per-task loss, lr, grad norm, update ratio, tokens/s, pad fraction, per-module-group health); every
 ``eval.every`` global steps and at the stage's end the ``evaluate`` callback runs; every ``checkpoint_every``
 steps a resumable checkpoint is written. Metrics are accumulated on-device and read back once per window.
+
+With several ranks (:mod:`harness.distributed`) the loop calls four hooks of ``DataParallel``: each rank takes its
+slice of every global batch, the forward goes through DDP, the loss is normalised by the global supervised-token
+count, and the window sums and the non-finite flag are all-reduced.
 """
 
 from __future__ import annotations
@@ -19,12 +23,13 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from harness import distributed
 from harness.adapters import check_special_token_gradients, param_groups, unwrap
 from harness.config import LossSpec, OptimSpec, TrainSpec
 from harness.data import Batch
 from harness.diagnostics import GroupStats
 from harness.guard import Injector, NonFiniteError, first_nonfinite_module, nonfinite_grads
-from harness.losses import first_answer_tokens, token_losses_and_ce, weighted_mean
+from harness.losses import first_answer_tokens, token_losses_and_ce, token_weights, weighted_mean
 from harness.store import Row
 
 # Model types whose logits are exactly lm_head(last hidden state); for them the loss projects only supervised
@@ -87,19 +92,27 @@ def supervised_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tens
 
 
 def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, tasks: list[str],
-               precision: str = "fp32", compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               precision: str = "fp32", compiled: bool = False,
+               parallel: Optional[distributed.DataParallel] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss to back-propagate, plain CE per supervised token, task index per supervised token)``.
 
     The loss is the stage's (CE or GEM, with per-task and first-token weights); CE is returned as well so every
-    run logs the same comparable number whatever it trains on.
+    run logs the same comparable number whatever it trains on. With ``parallel`` (this rank's slice of a global
+    batch) the forward runs through DDP and the loss is this rank's term of the global mean.
     """
     supervised = batch.supervised  # flat positions, found once at collation
     with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-autocast"):
-        logits = supervised_logits(unwrap(model), batch.input_ids, batch.attention_mask, supervised, compiled)
+        if parallel is None:
+            logits = supervised_logits(unwrap(model), batch.input_ids, batch.attention_mask, supervised, compiled)
+        else:
+            logits = parallel.logits_module(model)(batch.input_ids, batch.attention_mask, supervised, compiled)
     losses, ce = token_losses_and_ce(logits, batch.labels.flatten()[supervised], spec)
     task_of_token = task_ids[supervised // batch.labels.shape[1]]
     first = first_answer_tokens(batch.labels).flatten()[supervised] if spec.first_token_weight != 1.0 else None
-    loss = weighted_mean(losses, task_of_token, first, spec, tasks=tasks)
+    if parallel is None:
+        loss = weighted_mean(losses, task_of_token, first, spec, tasks=tasks)
+    else:
+        loss = parallel.global_mean(losses, token_weights(task_of_token, first, spec, tasks))
     return loss, ce, task_of_token
 
 
@@ -250,6 +263,18 @@ def _diagnose(model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step
     }
 
 
+def _nonfinite_report(model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step: int, loss: torch.Tensor,
+                      grad_norm: torch.Tensor, parallel) -> Optional[dict[str, Any]]:
+    """None when the step's loss and gradient are finite (on every rank), else the guard's report — with several
+    ranks, the report of the first rank where it began, on every rank, so that all of them stop here."""
+    loss_bad, grad_bad = (~torch.isfinite(torch.stack([loss.detach().float(), grad_norm.float()]))).tolist()
+    bad_ranks = parallel.bad_ranks(loss_bad, grad_bad) if parallel is not None else []  # one host sync per step
+    if not (loss_bad or grad_bad or bad_ranks):
+        return None
+    report = _diagnose(model, batch, loop, task_ids, step, "loss" if loss_bad else "gradient")
+    return parallel.report_of(bad_ranks[0], report) if bad_ranks else report
+
+
 def _window_rows(loop: StageLoop, step: int, window: Window, lr: float, groups: Optional[GroupStats],
                  before: Optional[dict], group_grads: Optional[dict[str, float]]) -> list[Row]:
     """The window's training metrics, with the per-module-group update ratios and grad norms when measured."""
@@ -266,6 +291,9 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
     """Train ``model`` on ``batches`` (one optimiser step each), from ``resume`` if given; returns the global
     step at the end. Raises :class:`~harness.guard.NonFiniteError` when the guard stops the run."""
     train, task_index = loop.train, {t: i for i, t in enumerate(loop.tasks)}
+    parallel = distributed.current()  # None in a single process
+    if parallel is not None:
+        batches = [parallel.shard(b) for b in batches]
     params = [p for p in model.parameters() if p.requires_grad]
     groups = GroupStats(model) if train.diagnostics else None
     optimizer, scheduler = make_optimizer(model, train.optim, len(batches))
@@ -289,7 +317,8 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
 
         if loop.injector is not None:
             loop.injector.before_forward(model, step)
-        loss, ce, task_of_token = batch_loss(model, batch, train.loss, task_ids, loop.tasks, train.precision, compiled)
+        loss, ce, task_of_token = batch_loss(model, batch, train.loss, task_ids, loop.tasks, train.precision, compiled,
+                                             parallel)
         loss.backward()
         if i + 1 < len(batches):  # on a GPU the next batch's copy overlaps this step's work
             upcoming = batches[i + 1].to(device)
@@ -301,8 +330,8 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
         group_grads = groups.grad_norms() if groups is not None and is_log_step else None
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
 
-        if guard and not bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):  # one host sync per step
-            report = _diagnose(model, batch, loop, task_ids, step, "loss" if not torch.isfinite(loss) else "gradient")
+        report = _nonfinite_report(model, batch, loop, task_ids, step, loss, grad_norm, parallel) if guard else None
+        if report is not None:
             state.consecutive_skips += 1
             if train.nonfinite.action == "stop" or state.consecutive_skips >= train.nonfinite.max_consecutive:
                 if train.nonfinite.action == "skip_step":
@@ -328,6 +357,8 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
 
         window.seconds += time.perf_counter() - started
         if is_log_step:
+            if parallel is not None:
+                parallel.sum_window(window)
             loop.log(_window_rows(loop, step, window, scheduler.get_last_lr()[0], groups, before, group_grads), step)
             window = Window(len(loop.tasks))
         if loop.progress is not None:

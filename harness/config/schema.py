@@ -262,6 +262,7 @@ class InjectSpec(Strict):
     repeat: int = Field(1, ge=1, description="Inject at this many consecutive steps.")
     where: Literal["forward", "grad"] = "forward"
     module: str = Field(..., description="Regex over module names (forward) or parameter names (grad).")
+    rank: Optional[int] = Field(None, ge=0, description="Data-parallel runs: inject on this rank only (default all).")
 
 
 class DebugSpec(Strict):

@@ -8,12 +8,13 @@ import copy
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from harness.config import Experiment, TaskSpec, set_path
-from harness.sweep.spec import BASE_EXPERIMENT_NAME, JOURNAL_NAME, SweepSpec
+from harness.sweep.spec import BASE_EXPERIMENT_NAME, JOURNAL_NAME, STORAGE_ENV, SweepSpec
 
 
 @dataclass
@@ -118,8 +119,9 @@ class Sweep:
         return [o.direction for o in self.objectives]
 
     def storage_url(self, sweep_dir: Path) -> str:
-        """The storage as a string: a URL, or the journal file's absolute path."""
-        storage = self.spec.study.storage
+        """The storage as a string: a URL, or the journal file's absolute path. With no ``study.storage`` in the
+        file, ``$HARNESS_STORAGE`` (read by every worker, never written to the sweep directory) if set."""
+        storage = self.spec.study.storage or os.environ.get(STORAGE_ENV) or None
         if storage and "://" in storage:
             return storage
         return str((Path(sweep_dir) / (storage or JOURNAL_NAME)).resolve())

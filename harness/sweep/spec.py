@@ -40,6 +40,7 @@ from harness.config import Strict
 
 RESOLVED_NAME = "sweep.resolved.yaml"  # the sweep as workers read it, in the sweep directory
 BASE_EXPERIMENT_NAME = "experiment.yaml"  # the base experiment (overrides applied), next to it
+STORAGE_ENV = "HARNESS_STORAGE"  # the storage URL when the sweep file names none: its password stays out of files
 JOURNAL_NAME = "journal.log"  # the default optuna storage: a journal file in the sweep directory
 
 
@@ -182,7 +183,8 @@ class StudySpec(Strict):
                                 description="Study name (default: the sweep file's stem); also the wandb group.")
     storage: Optional[str] = Field(
         None, description="An optuna storage URL (sqlite:///x.db, postgresql://…, mysql://…) or a journal file path "
-                          "relative to the sweep directory; default: <sweep dir>/journal.log.")
+                          "relative to the sweep directory; default: $HARNESS_STORAGE if set, else <sweep dir>/journal.log. "
+                          "A URL with a password is refused here: put it in HARNESS_STORAGE.")
     sampler: Literal["tpe", "random", "gp", "nsga2"] = "tpe"
     sampler_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the sampler.")
     pruner: Literal["none", "median", "hyperband"] = "none"

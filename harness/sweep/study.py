@@ -1,22 +1,28 @@
-"""The optuna plumbing of a sweep: the storage (an RDB URL or a journal file, whose appends an ``flock`` guards),
-the sampler and pruner a study spec asks for, and :func:`prepare_study`, which creates (or reopens) the study and
-writes the files workers read."""
+"""The optuna plumbing of a sweep: the storage (an RDB URL or a journal file, whose appends an ``flock`` guards;
+``HARNESS_STORAGE`` when the sweep file names none), the lock around the trial budget (an ``flock`` on one machine,
+a PostgreSQL advisory lock across machines), the sampler and pruner a study spec asks for, and
+:func:`prepare_study`, which creates (or reopens) the study and writes the files workers read."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
 import os
+import re
 import threading
 import warnings
 from pathlib import Path
 
 import optuna
+import sqlalchemy
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+from sqlalchemy.engine import make_url
 
 from harness.config import ConfigError, dump_yaml
 from harness.store import atomic_write_text
 from harness.sweep.space import Sweep, seed_trial_params
-from harness.sweep.spec import BASE_EXPERIMENT_NAME, RESOLVED_NAME
+from harness.sweep.spec import BASE_EXPERIMENT_NAME, RESOLVED_NAME, STORAGE_ENV
 
 try:
     import fcntl
@@ -24,6 +30,25 @@ except ImportError:  # pragma: no cover — not on POSIX: optuna's own symlink l
     fcntl = None
 
 FINGERPRINT_ATTR = "harness:sweep"
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (sqlalchemy's own rendering); other strings unchanged. What
+    the harness prints or writes about a storage goes through this."""
+    if "://" not in url:
+        return url
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 — not a URL sqlalchemy parses: hide everything between :// and @
+        return re.sub(r"://[^@/]*@", "://***@", url)
+
+
+def url_password(url: str) -> bool:
+    """Whether a storage URL carries a password."""
+    try:
+        return "://" in url and make_url(url).password is not None
+    except Exception:  # noqa: BLE001
+        return "@" in url
 
 
 class FlockJournalLock:
@@ -73,6 +98,41 @@ def make_storage(url: str):
                                           else None)
     Path(url).parent.mkdir(parents=True, exist_ok=True)
     return optuna.storages.JournalStorage(JournalFileBackend(url, lock_obj=journal_lock(url)))
+
+
+def _advisory_key(study_name: str) -> int:
+    """A signed 64-bit key for ``pg_advisory_lock``, the same on every machine for one study."""
+    return int.from_bytes(hashlib.sha256(f"harness-budget:{study_name}".encode()).digest()[:8], "big", signed=True)
+
+
+@contextlib.contextmanager
+def budget_lock(sweep_dir: Path, url: str, study_name: str):
+    """Serialise "count the trials, then ask for one" among workers, so a study ends with exactly ``n_trials``.
+
+    On PostgreSQL the lock is a session advisory lock in the database itself, so workers on every machine share
+    it (and the server releases it when a worker's connection dies). Elsewhere it is an ``flock`` in the sweep
+    directory, which covers the workers that share that directory."""
+    if url.startswith("postgresql"):
+        engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+        try:
+            with engine.connect() as conn:
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": _advisory_key(study_name)})
+                try:
+                    yield
+                finally:
+                    conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": _advisory_key(study_name)})
+        finally:
+            engine.dispose()
+        return
+    if fcntl is None:  # pragma: no cover — not on POSIX: the budget may overshoot by a trial per racing worker
+        yield
+        return
+    with open(Path(sweep_dir) / ".budget.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def make_sampler(sweep: Sweep, worker_index: int):
@@ -137,7 +197,7 @@ def prepare_study(sweep: Sweep, sweep_dir: Path):
         study.set_user_attr("harness:space", {p.path: p.spec.model_dump(mode="json", by_alias=True)
                                               for p in sweep.params})
     elif fingerprint != sweep.fingerprint():
-        raise ConfigError(sweep.source, [("study.name", f"study {sweep.name!r} already exists in {url} with another "
+        raise ConfigError(sweep.source, [("study.name", f"study {sweep.name!r} already exists in {mask_url(url)} with another "
                                                         "space or objectives; choose another study.name or --out")])
     if [d.name.lower() for d in study.directions] != sweep.directions:
         raise ConfigError(sweep.source, [("study.name", f"study {sweep.name!r} exists with other directions")])

@@ -43,12 +43,7 @@ from harness.config import validate_data
 from harness.sweep.load import load_resolved
 from harness.sweep.results import describe_trial, write_trials
 from harness.sweep.space import Sweep, sample_values
-from harness.sweep.study import make_pruner, make_sampler, make_storage, prepare_study, quiet_optuna
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover — not on POSIX: the budget may overshoot by a trial per racing worker
-    fcntl = None
+from harness.sweep.study import budget_lock, make_pruner, make_sampler, make_storage, prepare_study, quiet_optuna
 
 HEARTBEAT_ATTR = "harness:heartbeat"
 WORKER_ATTR = "worker"
@@ -246,20 +241,6 @@ def run_trial(study, trial, sweep: Sweep, sweep_dir: Path,
 # ----------------------------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _budget_lock(sweep_dir: Path):
-    """Serialise "count, then ask" among the workers that share this sweep directory."""
-    if fcntl is None:  # pragma: no cover
-        yield
-        return
-    with open(Path(sweep_dir) / ".budget.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def counted_trials(study) -> int:
     """Trials that use the budget: every started one (COMPLETE, PRUNED, FAIL, RUNNING)."""
     return len(study.get_trials(deepcopy=False, states=tuple(TrialState[s] for s in COUNTED_STATES)))
@@ -288,7 +269,7 @@ def run_worker(sweep_dir: Path, worker_index: int = 0, export: bool = False,
         stale = fail_stale_trials(study, spec.heartbeat.grace)
         if stale:
             log(f"worker {worker_index}: failed stale trials {stale}")
-        with _budget_lock(sweep_dir):
+        with budget_lock(sweep_dir, sweep.storage_url(sweep_dir), sweep.name):
             if counted_trials(study) >= spec.n_trials:
                 break
             trial = study.ask()
@@ -315,10 +296,22 @@ def _describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
+def device_groups(gpus: list[str], workers: int) -> list[str]:
+    """``CUDA_VISIBLE_DEVICES`` for each of ``workers`` workers: the devices dealt in equal consecutive groups
+    (8 GPUs, 2 workers: ``0,1,2,3`` and ``4,5,6,7``), or shared round-robin when there are fewer devices than
+    workers."""
+    if not gpus:
+        return []
+    per = max(1, len(gpus) // workers)
+    return [",".join(gpus[(i * per) % len(gpus):(i * per) % len(gpus) + per]) for i in range(workers)]
+
+
 def launch_workers(sweep: Sweep, sweep_dir: Path, workers: int, worker_offset: int = 0,
-                   echo: Callable[[str], None] = print, poll_s: float = 1.0) -> dict[str, Any]:
-    """Start ``workers`` worker processes on the prepared sweep in ``sweep_dir``, follow the study until they all
-    exit (printing each finished trial, failing the trials of workers that die) and write ``trials.parquet``.
+                   echo: Callable[[str], None] = print, poll_s: float = 1.0,
+                   gpus: Optional[list[str]] = None) -> dict[str, Any]:
+    """Start ``workers`` worker processes on the prepared sweep in ``sweep_dir`` (each with its
+    :func:`device_groups` share of ``gpus`` as ``CUDA_VISIBLE_DEVICES``), follow the study until they all exit
+    (printing each finished trial, failing the trials of workers that die) and write ``trials.parquet``.
     Returns ``{"budget_done": bool, "exits": {pid: code}}``."""
     sweep_dir = Path(sweep_dir)
     log_dir = sweep_dir / "workers"
@@ -327,11 +320,13 @@ def launch_workers(sweep: Sweep, sweep_dir: Path, workers: int, worker_offset: i
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if "OMP_NUM_THREADS" not in env:  # workers share the cores instead of each taking all of them
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
-    for i in range(worker_offset, worker_offset + workers):
+    devices = device_groups(gpus or [], workers)
+    for k, i in enumerate(range(worker_offset, worker_offset + workers)):
+        worker_env = {**env, "CUDA_VISIBLE_DEVICES": devices[k]} if devices else env
         with open(log_dir / f"{i}.log", "ab") as out:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "harness.sweep.worker", str(sweep_dir), "--index", str(i)],
-                stdout=out, stderr=subprocess.STDOUT, env=env))
+                stdout=out, stderr=subprocess.STDOUT, env=worker_env))
     echo(f"{workers} worker{'s' if workers != 1 else ''} started (pids {', '.join(str(p.pid) for p in procs)}); "
          f"logs in {log_dir}")
     study = load_worker_study(sweep, sweep_dir, worker_offset)
@@ -391,8 +386,9 @@ def launch_workers(sweep: Sweep, sweep_dir: Path, workers: int, worker_offset: i
 
 def run_sweep(sweep: Sweep, sweep_dir: Path, workers: int = 1, worker_offset: int = 0,
               echo: Callable[[str], None] = print, in_process: bool = False,
-              run: Optional[Callable[..., Any]] = None) -> dict[str, Any]:
-    """Prepare the study in ``sweep_dir`` and run it: ``workers`` processes, or this process (``in_process``)."""
+              run: Optional[Callable[..., Any]] = None, gpus: Optional[list[str]] = None) -> dict[str, Any]:
+    """Prepare the study in ``sweep_dir`` and run it: ``workers`` processes (on ``gpus``, see
+    :func:`device_groups`), or this process (``in_process``)."""
     prepare_study(sweep, sweep_dir)
     for note in sweep.notes:
         echo(f"note: {note}")
@@ -402,7 +398,7 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, workers: int = 1, worker_offset: in
         study = load_worker_study(sweep, sweep_dir, worker_offset)
         write_trials(study, sweep, sweep_dir)
         return {"budget_done": counted_trials(study) >= sweep.spec.study.n_trials, "exits": {}}
-    return launch_workers(sweep, sweep_dir, workers, worker_offset, echo)
+    return launch_workers(sweep, sweep_dir, workers, worker_offset, echo, gpus=gpus)
 
 
 def warm_base_model(sweep: Sweep, echo: Callable[[str], None] = print) -> None:

@@ -1,0 +1,184 @@
+"""Data-parallel training over torch.distributed: the process group, the launch through torchrun, and the few
+hooks the training loop calls when there is more than one rank.
+
+``harness run FILE --nproc N`` re-runs the same command under ``python -m torch.distributed.run --standalone
+--nproc-per-node N`` (any torchrun invocation, multi-node included, works the same: the ranks read torchrun's
+environment). Each rank then runs the whole experiment:
+
+- the data pipeline and the seeded mixture sampler are global and identical on every rank; each rank trains on
+  its contiguous slice of the rows of every global batch (:meth:`DataParallel.shard`), so ``batch_size`` is the
+  global batch and the mixture's composition is unchanged;
+- gradients are exchanged by ``DistributedDataParallel`` (its all-reduce averages over ranks); the loss each rank
+  back-propagates is its share of the *global* supervised-token mean, ``Σ_rank-tokens w·l / Σ_all-tokens w ×
+  world`` (the denominator all-reduced), so the gradient equals one process's on the whole batch — not the mean
+  of per-rank means, which weighs a rank with few supervised tokens like one with many;
+- the non-finite flag is all-reduced, so a NaN on one rank stops every rank at that step (the report names it);
+- evaluation runs on every rank on the identical model (not sharded: see README), and only rank 0 writes: every
+  other rank runs into a scratch directory it deletes, with wandb off and no console.
+
+Collectives time out after ``HARNESS_DIST_TIMEOUT`` seconds (default 1800), so a rank that dies cannot leave
+the others waiting forever. The backend is nccl on GPUs, gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import shutil
+import sys
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from harness.data import Batch
+
+TIMEOUT_ENV = "HARNESS_DIST_TIMEOUT"
+
+
+def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
+    """The command that re-runs ``python -m harness ARGV`` (``--nproc`` removed) as ``nproc`` torchrun ranks on
+    this machine."""
+    args, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            args.append(a)
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "harness", *args]
+
+
+def launched_by_torchrun() -> bool:
+    return "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+class _SupervisedLogits(torch.nn.Module):
+    """The model's logits at the supervised positions as one module, so DDP sees the whole training forward
+    (the loop calls the model body and the head separately, which DDP cannot follow)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, selected, compiled: bool = False):
+        from harness.adapters import unwrap  # harness.train imports this module: a cycle at import time
+        from harness.train import supervised_logits
+
+        return supervised_logits(unwrap(self.model), input_ids, attention_mask, selected, compiled)
+
+
+class DataParallel:
+    """This rank's view of the process group, with the hooks :func:`harness.train.train_stage` calls."""
+
+    def __init__(self):
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self._wrapped: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+    def shard(self, batch: Batch) -> Batch:
+        """This rank's contiguous slice of the rows of a global batch (same padded width as the whole batch)."""
+        rows = batch.input_ids.shape[0]
+        if rows < self.world:
+            raise ValueError(f"train.batch_size {rows} is smaller than the {self.world} ranks: each needs a row")
+        start, end = rows * self.rank // self.world, rows * (self.rank + 1) // self.world
+        mask = batch.attention_mask[start:end]
+        return Batch(batch.input_ids[start:end], mask, batch.labels[start:end], batch.tasks[start:end],
+                     int(mask.sum()), int(mask.numel()))
+
+    def logits_module(self, model: torch.nn.Module) -> DistributedDataParallel:
+        """The DDP-wrapped training forward of ``model``, rebuilt when its trainable set changed (a new stage)."""
+        trainable = tuple(n for n, p in model.named_parameters() if p.requires_grad)
+        cached = self._wrapped.get(model)
+        if cached is None or cached[0] != trainable:
+            device = next(model.parameters()).device
+            ddp = DistributedDataParallel(_SupervisedLogits(model),
+                                          device_ids=[device] if device.type == "cuda" else None)
+            self._wrapped[model] = (trainable, ddp)
+        return self._wrapped[model][1]
+
+    def global_mean(self, per_token: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
+        """This rank's term of the global weighted token mean, scaled by the world size (DDP averages gradients)."""
+        weights = torch.ones_like(per_token) if weights is None else weights.to(per_token.dtype)
+        total = weights.sum().detach().float()
+        dist.all_reduce(total)
+        return (per_token * weights).sum() / total.clamp_min(1e-12).to(per_token.dtype) * self.world
+
+    def sum_window(self, window) -> None:
+        """Sum a training-metrics window's per-task losses, token counts and token totals over ranks (in place);
+        the grad norm is the same on every rank after the all-reduce, so it stays."""
+        counts = torch.tensor([window.real_tokens, window.padded_tokens], dtype=torch.float64)
+        for t in (window.loss_sum, window.token_count, counts):
+            dist.all_reduce(t)
+        window.real_tokens, window.padded_tokens = int(counts[0]), int(counts[1])
+
+    def bad_ranks(self, loss_bad: bool, grad_bad: bool) -> list[int]:
+        """The ranks where a non-finite step began: those whose loss was non-finite, else those whose gradient
+        was (a NaN loss on one rank reaches every rank's gradient through the all-reduce). Every rank learns
+        them; one host sync."""
+        flags = torch.zeros(self.world, dtype=torch.int32)
+        flags[self.rank] = 2 * int(loss_bad) + int(grad_bad)
+        dist.all_reduce(flags)
+        values = flags.tolist()
+        return [r for r, f in enumerate(values) if f >= 2] or [r for r, f in enumerate(values) if f]
+
+    def report_of(self, rank: int, report: dict) -> dict:
+        """``rank``'s non-finite report on every rank (it names the module and parameters as that rank saw them)."""
+        box = [report]
+        dist.broadcast_object_list(box, src=rank)
+        return {**box[0], "rank": rank}
+
+
+_CURRENT: Optional[DataParallel] = None
+
+
+def current() -> Optional[DataParallel]:
+    """The data-parallel hooks when this process is one of several ranks, else None."""
+    return _CURRENT
+
+
+def _warm_base_model(exp) -> None:
+    """Rank 0 pretrains (or finds) the cached builtin base model before the others read the cache."""
+    if exp.model.hf or exp.model.pretrain is None:
+        return
+    from harness.prepare import build_task_data  # torch-free module imports stay light: see harness.cli
+    from harness.pretrain import builtin_base
+
+    data = build_task_data(exp)
+    all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
+    builtin_base(exp.model, data.corpus, all_train, exp.seed, None)
+
+
+@contextlib.contextmanager
+def rank_session(exp, run_dir: Path) -> Iterator[tuple[object, Path]]:
+    """Join the process group torchrun set up and yield ``(experiment, run directory)`` for this rank: rank 0's
+    are the given ones; the others get a scratch directory (deleted afterwards) and no wandb or console."""
+    global _CURRENT
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "1800")))
+    dist.init_process_group(backend, timeout=timeout)
+    scratch = None
+    try:
+        if dist.get_rank() == 0:
+            _warm_base_model(exp)
+        dist.barrier()
+        _CURRENT = DataParallel()
+        if _CURRENT.rank != 0:
+            scratch = Path(tempfile.mkdtemp(prefix=f"harness-rank{_CURRENT.rank}-"))
+            exp = exp.model_copy(update={"tracking": exp.tracking.model_copy(update={
+                "console": False, "wandb": exp.tracking.wandb.model_copy(update={"mode": "disabled"})})})
+            run_dir = scratch / "run"
+        yield exp, run_dir
+    finally:
+        _CURRENT = None
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        dist.destroy_process_group()
