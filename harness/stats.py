@@ -71,7 +71,7 @@ def paired_outcomes_test(before: Sequence[float], after: Sequence[float]) -> flo
 
 
 def paired_bootstrap_test(before: Sequence[float], after: Sequence[float], *, resamples: int = 2000,
-                          seed: int = 0) -> float:
+                          seed: int | Sequence[int] = 0) -> float:
     """Two-sided p-value that the mean of ``after - before`` (same items, same order) is zero.
 
     Hand-written (scipy's ``bootstrap`` gives intervals, not p-values): the per-item differences are centred on
