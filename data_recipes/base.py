@@ -11,8 +11,8 @@ requested sizes, it returns three splits of :class:`Example`:
 It also owns how a prediction is judged: :meth:`Recipe.normalise`, :meth:`Recipe.is_correct` (exact match after
 normalising, unless the task says otherwise), :meth:`Recipe.mode_ok` (does the output have the right *shape*
 for this task — e.g. yes/no answers start with yes or no, open answers must not), :meth:`Recipe.extra_scores`
-(further per-item scores, e.g. math's ``answer_ok``) and :meth:`Recipe.constant_candidates` (content-free answers
-the constant-answer baseline tries).
+(further per-item scores, e.g. math's ``answer_ok``) and :meth:`Recipe.answer_classes` (the closed answer set of a
+classification task, which defines its chance level).
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ class Recipe(ABC):
         proportion metric of the ``greedy`` evaluator, e.g. math's ``answer_ok``). Default: none."""
         return {}
 
-    def constant_candidates(self) -> tuple[str, ...]:
-        """Answers a model could give to every prompt of this task regardless of content (e.g. "Yes."), tried
-        by :func:`harness.evaluation.baselines.constant_answer_baseline` beside the pool's own gold answers.
-        Default: none."""
+    def answer_classes(self) -> tuple[str, ...]:
+        """The closed set of answers, for tasks whose every answer is one of a few classes (yes/no): guessing among
+        them uniformly is the task's chance level, and each is a constant answer the baselines try
+        (:mod:`harness.evaluation.baselines`). Default: none (an open answer)."""
         return ()

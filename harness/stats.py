@@ -6,6 +6,7 @@ p-value and the McNemar power formula) are written here and say so.
 - :func:`wilson_interval` — 95 % Wilson score interval of a proportion (every ``greedy``/``mode_ok``/… rate);
 - :func:`mcnemar_exact` — exact two-sided McNemar test for paired binary outcomes (the same items evaluated twice);
 - :func:`paired_bootstrap_test` — seeded paired bootstrap test of a mean difference for non-binary paired values;
+- :func:`above_rate_p` — one-sided exact binomial test of a proportion against a fixed rate (score vs baseline);
 - :func:`benjamini_hochberg` — BH-adjusted p-values (``scipy.stats.false_discovery_control``);
 - :func:`t_interval` — Student-t interval of a mean across replicates (seeds);
 - :func:`min_detectable_difference` — the smallest paired change in a proportion that a pool of ``n`` items
@@ -90,6 +91,17 @@ def paired_bootstrap_test(before: Sequence[float], after: Sequence[float], *, re
     means = centred[picks].mean(axis=1)
     extreme = int(np.sum(np.abs(means) >= observed - 1e-12))
     return (extreme + 1) / (resamples + 1)
+
+
+def above_rate_p(successes: int, n: int, rate: float) -> float:
+    """One-sided exact binomial p-value that the true proportion behind ``successes / n`` exceeds ``rate`` (e.g.
+    a final score against its baseline, the baseline taken as a fixed number): ``binomtest(..., alternative=
+    "greater")``. A rate of 1 cannot be exceeded (p = 1); ``n == 0`` gives NaN."""
+    if n == 0:
+        return math.nan
+    if rate >= 1:
+        return 1.0
+    return float(stats.binomtest(int(successes), int(n), rate, alternative="greater").pvalue)
 
 
 def benjamini_hochberg(p_values: Sequence[float]) -> np.ndarray:

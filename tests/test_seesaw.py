@@ -110,7 +110,8 @@ def item_rows(series, metric="greedy", split="heldout"):
 
 
 def flips(n_items, ones_before, gained, lost):
-    """(before, after) outcome lists: ``ones_before`` right first; ``gained`` wrong → right, ``lost`` right → wrong."""
+    """(before, after) outcome lists: ``ones_before`` right items first; ``gained`` turn wrong → right, ``lost``
+    right → wrong."""
     before = [1] * ones_before + [0] * (n_items - ones_before)
     after = list(before)
     for i in range(lost):

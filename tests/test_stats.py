@@ -129,3 +129,10 @@ def test_min_detectable_difference_shrinks_with_n_and_caps_at_tiny_pools():
     assert mdds == sorted(mdds, reverse=True)
     assert mdds[-1] == pytest.approx(mdds[1] * math.sqrt(50 / 800), rel=0.1)  # ~ 1/√n
     assert stats.min_detectable_difference(24, discordant=0.2) == math.inf  # even 0.2 (all flips one way) is too weak
+
+
+def test_above_rate_p_is_the_one_sided_binomial_tail():
+    # P(X >= 15 | Binomial(20, 1/2)), written out
+    tail = sum(math.comb(20, k) for k in range(15, 21)) / 2**20
+    assert stats.above_rate_p(15, 20, 0.5) == pytest.approx(tail)
+    assert stats.above_rate_p(10, 20, 1.0) == 1.0 and math.isnan(stats.above_rate_p(0, 0, 0.5))
