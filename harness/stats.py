@@ -1,11 +1,12 @@
 """The statistics the harness reports with its numbers: intervals, paired tests, false-discovery correction, power.
 
-Thin wrappers over :mod:`scipy.stats` where it has the procedure; the two that scipy lacks (a paired bootstrap
-p-value and the McNemar power formula) are written here and say so.
+Thin wrappers over :mod:`scipy.stats` where it has the procedure; the one that scipy lacks (the McNemar power
+formula) is written here and says so.
 
 - :func:`wilson_interval` — 95 % Wilson score interval of a proportion (every ``greedy``/``mode_ok``/… rate);
 - :func:`mcnemar_exact` — exact two-sided McNemar test for paired binary outcomes (the same items evaluated twice);
-- :func:`paired_bootstrap_test` — seeded paired bootstrap test of a mean difference for non-binary paired values;
+- :func:`paired_permutation_test` — seeded sign-flip permutation test of a mean difference for non-binary paired
+  values;
 - :func:`above_rate_p` — one-sided exact binomial test of a proportion against a fixed rate (score vs baseline);
 - :func:`benjamini_hochberg` — BH-adjusted p-values (``scipy.stats.false_discovery_control``);
 - :func:`t_interval` — Student-t interval of a mean across replicates (seeds);
@@ -71,26 +72,29 @@ def paired_outcomes_test(before: Sequence[float], after: Sequence[float]) -> flo
     return mcnemar_exact(int(np.sum(~a & b)), int(np.sum(a & ~b)))
 
 
-def paired_bootstrap_test(before: Sequence[float], after: Sequence[float], *, resamples: int = 2000,
-                          seed: int | Sequence[int] = 0) -> float:
-    """Two-sided p-value that the mean of ``after - before`` (same items, same order) is zero.
+def paired_permutation_test(before: Sequence[float], after: Sequence[float], *, resamples: int = 2000,
+                            seed: int | Sequence[int] = 0) -> float:
+    """Two-sided p-value that the mean of ``after - before`` (same items, same order) is zero, for non-binary
+    paired values (ranks, reciprocal ranks, losses).
 
-    Hand-written (scipy's ``bootstrap`` gives intervals, not p-values): the per-item differences are centred on
-    zero (the null) and resampled with replacement ``resamples`` times; the p-value is the share of resampled
-    means at least as far from zero as the observed mean, with the usual +1 in numerator and denominator so that
-    it is never 0. Seeded, so the same data give the same p-value. All-zero differences give p = 1; every item
-    moved by the same non-zero amount gives the floor 1 / (resamples + 1).
+    The sign-flip permutation test: under the null each item's two values are exchangeable, so the sign of each
+    difference is a coin flip. ``scipy.stats.permutation_test(permutation_type="samples")``, exact when
+    2^n ≤ ``resamples``, otherwise ``resamples`` random sign patterns (seeded: the same data give the same
+    p-value). Chosen over a paired bootstrap of the centred differences, which is liberal at the pool sizes used
+    here: at n = 30 it rejected a true null in 7.2 % [5.8, 9.0] of 1000 trials at α = 0.05.
     """
-    diff = np.asarray(after, dtype=float) - np.asarray(before, dtype=float)
-    if diff.ndim != 1 or diff.size == 0:
-        raise ValueError("paired_bootstrap_test needs two equally long, non-empty sequences")
-    observed = abs(diff.mean())
-    centred = diff - diff.mean()
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, diff.size, size=(resamples, diff.size))
-    means = centred[picks].mean(axis=1)
-    extreme = int(np.sum(np.abs(means) >= observed - 1e-12))
-    return (extreme + 1) / (resamples + 1)
+    x, y = np.asarray(before, dtype=float), np.asarray(after, dtype=float)
+    if x.ndim != 1 or x.shape != y.shape or x.size == 0:
+        raise ValueError("paired_permutation_test needs two equally long, non-empty sequences")
+    if not np.any(y - x):
+        return 1.0
+    result = stats.permutation_test((y, x), _mean_difference, permutation_type="samples", vectorized=True,
+                                    n_resamples=resamples, alternative="two-sided", rng=np.random.default_rng(seed))
+    return float(result.pvalue)
+
+
+def _mean_difference(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(a - b, axis=axis)
 
 
 def above_rate_p(successes: int, n: int, rate: float) -> float:

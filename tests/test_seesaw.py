@@ -99,7 +99,7 @@ def test_format_events():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The paired rule: per-item outcomes, exact McNemar / paired bootstrap, one BH family per run
+# The paired rule: per-item outcomes, exact McNemar / paired permutation, one BH family per run
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -184,16 +184,16 @@ def test_items_pair_by_key_and_missing_items_are_left_out():
     assert test["p_raw"] == pytest.approx(binomtest(9, 9).pvalue)
 
 
-def test_non_proportion_metrics_use_the_paired_bootstrap():
+def test_non_proportion_metrics_use_the_paired_permutation_test():
     rng = np.random.default_rng(0)
     base = rng.uniform(0.1, 0.5, size=40)
     series = [(0, "s", {"a": base.tolist(), "b": (base + 0.5).tolist()}),
               (10, "s", {"a": (base + 0.4).tolist(), "b": (base + 0.1).tolist()})]
     tests = change_tests(item_rows(series, metric="ft_mrr"), ["ft_mrr"])
-    assert [t["test"] for t in tests] == ["bootstrap", "bootstrap"]
+    assert [t["test"] for t in tests] == ["permutation", "permutation"]
     assert tests == change_tests(item_rows(series, metric="ft_mrr"), ["ft_mrr"])  # seeded
     events = paired_seesaw_events(item_rows(series, metric="ft_mrr"), 0.15, ["ft_mrr"])
-    assert [(e["rose"], e["fell"], e["test"]) for e in events] == [("a", "b", "bootstrap")]
+    assert [(e["rose"], e["fell"], e["test"]) for e in events] == [("a", "b", "permutation")]
 
 
 def test_paired_rule_merges_a_repeated_evaluation_at_a_stage_boundary():

@@ -4,7 +4,7 @@ Two rules (``eval.seesaw_test``):
 
 - **paired** (:func:`paired_seesaw_events`, the default): eval items are fixed, so a task's change between two
   evaluations is a paired measurement. Each task's change is tested on its items — exact McNemar for proportion
-  metrics (0/1 per item), a seeded paired bootstrap for the others — every p-value of the run is
+  metrics (0/1 per item), a seeded sign-flip permutation test for the others — every p-value of the run is
   Benjamini–Hochberg corrected together, and an event needs both changes ≥ δ *and* both significant after the
   correction at ``alpha``. Under the quickstart's null (accuracy 0.5, 24 items, 20 % of items flipping between
   evaluations) the untested rule fires in ~90 % of runs; this one in ≤ α (``tests/test_seesaw_power.py``);
@@ -38,10 +38,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from harness.evaluation.components import PROPORTION_METRICS
-from harness.stats import benjamini_hochberg, mcnemar_exact, paired_bootstrap_test
+from harness.stats import benjamini_hochberg, mcnemar_exact, paired_permutation_test
 
 SEESAW_METRICS = ("greedy", "ft_hijack")
-SEESAW_TESTS = ("paired", "none")
+SEESAW_TESTS = ("paired", "none")  # eval.seesaw_test: paired_seesaw_events, seesaw_events
 DEFAULT_ALPHA = 0.05
 TOLERANCE = 1e-9
 
@@ -182,14 +182,14 @@ def change_tests(rows: Iterable[Mapping[str, Any]], metrics: Iterable[str] = SEE
 
     Returns ``{metric, split, step_from, step_to, stage_from, stage_to, task, change, n, test, p_raw}`` per task
     present at both evaluations: ``change`` is the difference of the paired items' means over ``n`` items,
-    ``test`` is ``"mcnemar"`` (exact; metrics in :data:`PROPORTION_METRICS`) or ``"bootstrap"`` (paired,
+    ``test`` is ``"mcnemar"`` (exact; metrics in :data:`PROPORTION_METRICS`) or ``"permutation"`` (paired,
     ``resamples`` resamples seeded by ``seed`` and the test's identity, so each p-value is reproducible alone).
     """
     metrics = list(metrics)
     tests: list[tuple[tuple, dict[str, Any]]] = []
     discordant: list[tuple[dict[str, Any], int, int]] = []  # McNemar tests: (test, gained, lost)
-    for key, metric, split, before, after, a, b in _consecutive(_as_dicts(rows), metrics, _outcomes,
-                                                                      _same_outcomes):
+    pairs = _consecutive(_as_dicts(rows), metrics, _outcomes, _same_outcomes)
+    for key, metric, split, before, after, a, b in pairs:
         for task in (t for t in a if t in b):
             x, y = _paired(a[task], b[task])
             if not x.size:
@@ -203,8 +203,8 @@ def change_tests(rows: Iterable[Mapping[str, Any]], metrics: Iterable[str] = SEE
                 test.update(test="mcnemar", p_raw=math.nan)
             else:
                 identity = zlib.crc32(f"{metric}|{split}|{before}|{after}|{task}".encode())
-                test.update(test="bootstrap",
-                            p_raw=paired_bootstrap_test(x, y, resamples=resamples, seed=[seed, identity]))
+                test.update(test="permutation",
+                            p_raw=paired_permutation_test(x, y, resamples=resamples, seed=[seed, identity]))
             tests.append(((*key, task), test))
     if discordant:  # all McNemar tests in one vectorised call: a run makes hundreds, the null simulation thousands
         p_values = mcnemar_exact(np.array([g for _, g, _ in discordant]), np.array([l for _, _, l in discordant]))
