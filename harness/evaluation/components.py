@@ -107,6 +107,7 @@ class ItemRecord:
             "gold_first_id": gold_first,
             "gold_first_token": self.gold_first_token,
             "gold_first_rank": self.gold_first_rank,
+            "first_nonfinite": self.first_nonfinite,
             "top5": self.top5 if self.top5 is not None else [],
         }
         out.update(self.extra)
@@ -200,8 +201,8 @@ class TeacherForced(Component):
 
 class FirstToken(Component):
     """``first_token``: at the first answer position, the rank of the gold first token over the whole vocabulary
-    (``ft_rank_mean``, ``ft_rank_median``, ``ft_mrr``; rank 1 = top, ties counted in the token's favour: rank =
-    1 + number of tokens with a strictly greater logit), ``ft_hijack`` (share of prompts whose top-1 token is in
+    (``ft_rank_mean``, ``ft_rank_median``, ``ft_mrr``; rank 1 = top, ties counted against the token: rank =
+    number of tokens with a logit ≥ the gold one's, :mod:`harness.evaluation.ranks`), ``ft_hijack`` (share of prompts whose top-1 token is in
     the hijack set) and ``ft_top1`` (share of the most common top-1 token; the table of the 10 most common goes to
     ``EvalResult.tables["ft_top1"]``) and, when the pass recorded it, ``ft_nonfinite`` (share of rows whose logits
     had a NaN or ±inf; those rows get the worst rank)."""
