@@ -142,12 +142,13 @@ def _band(ax, part: pl.DataFrame, task: str, color: str) -> None:
 
 def _baseline_lines(ax, base: pl.DataFrame, tasks: Sequence[str], colors: dict[str, str]) -> None:
     """Each task's baseline as a dashed horizontal line in its colour (one legend entry for all)."""
-    first = True
+    drawn = False
     for r in base.iter_rows(named=True):
         if r["task"] in tasks:
-            ax.axhline(r["baseline"], ls="--", lw=1.1, color=colors[r["task"]], alpha=0.85, zorder=2,
-                       label="baseline (dashed)" if first else None)
-            first = False
+            ax.axhline(r["baseline"], ls="--", lw=1.1, color=colors[r["task"]], alpha=0.85, zorder=2)
+            drawn = True
+    if drawn:  # a neutral legend entry: the lines themselves take each task's colour
+        ax.plot([], [], ls="--", lw=1.1, color="#555555", label="baseline (task's colour)")
 
 
 def _shared_legend(fig: Figure, row) -> Figure:
