@@ -5,7 +5,8 @@ the first-token hijack, fit mixture interference over sweeps, plot, and write re
 import analysis as A
 runs = A.load_runs("runs/micro/*")                    # one long frame + flattened config columns
 A.stage_table(runs, "greedy", split="heldout")        # (run, stage) × task at each stage end
-A.seesaw_events(runs)                                  # the in-run event definition, over every run
+A.seesaw_events(runs)                                  # each run's stored events (paired test, p_value)
+A.baselines(runs)                                      # baseline_<metric> of every task × split pool
 trials = A.load_sweep("runs/sweeps/yesno_vs_qa")
 fit = A.interference(trials, "greedy")                 # task × task matrix, R², predicted best mixture
 A.write_report("runs/micro/20261130-101500")           # report.html + PNGs
@@ -14,6 +15,7 @@ A.write_report("runs/micro/20261130-101500")           # report.html + PNGs
 
 from __future__ import annotations
 
+from analysis.evidence import above_baseline, baselines
 from analysis.frames import (
     compare,
     eval_rows,
@@ -68,7 +70,7 @@ def write_report(path, out=None, **options):
 
 
 __all__ = [
-    "AnalysisError", "Interference", "best_trial_dir", "best_trials", "fit_objective", "compare", "eval_rows", "flatten_config", "format_compare",
+    "AnalysisError", "Interference", "above_baseline", "baselines", "best_trial_dir", "best_trials", "fit_objective", "compare", "eval_rows", "flatten_config", "format_compare",
     "hijack_tasks", "hijack_timeline", "interference", "latest_run", "latest_sweep", "load_run", "load_runs", "load_samples",
     "load_sweep", "lower_is_better", "metric_columns", "objective_columns", "objective_directions", "pareto", "partial_dependence",
     "read_config", "read_summary", "read_sweep_config", "readable_prompt", "run_dirs", "seesaw_events",

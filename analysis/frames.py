@@ -13,14 +13,15 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import polars as pl
 
+from analysis.evidence import EVENT_SCHEMA, stored_seesaw_events
 from analysis.loading import AnalysisError, PathLike, as_frame, load_run, load_samples, read_config
 from harness.store import LOWER_IS_BETTER as STORE_LOWER_IS_BETTER
 
 # Metrics where a smaller value is better (everything else: larger is better): the store's, and two trial columns.
 LOWER_IS_BETTER = STORE_LOWER_IS_BETTER | {"duration_s", "pruned_step"}
 # Per-task evaluation metrics of the contract, in display order.
-EVAL_METRICS = ("greedy", "mode_ok", "tf_first", "tf_exact", "eval_loss", "ft_rank_mean", "ft_rank_median", "ft_mrr",
-                "ft_hijack", "ft_top1")
+EVAL_METRICS = ("greedy", "answer_ok", "mode_ok", "tf_first", "tf_exact", "eval_loss", "ft_rank_mean", "ft_rank_median",
+                "ft_mrr", "ft_hijack", "ft_top1", "ft_nonfinite")
 HIJACK_METRICS = ("ft_hijack", "ft_rank_mean", "ft_rank_median", "ft_mrr", "tf_first")
 COMPARE_METRICS = ("greedy", "mode_ok", "tf_first", "ft_rank_median", "ft_hijack")
 
@@ -69,7 +70,7 @@ def eval_rows(runs: RunsLike, metrics: Optional[Iterable[str]] = None, split: Op
     """
     frame = _stage_index(as_frame(runs))
     frame = frame.filter(pl.col("task").is_not_null(), ~pl.col("metric").str.starts_with("mix_"),
-                         pl.col("metric") != "seesaw")
+                         ~pl.col("metric").str.starts_with("baseline_"), pl.col("metric") != "seesaw")
     # The training loss per task lives on split "train" (the evaluation loss is ``eval_loss``; older stores called
     # it ``loss`` on the evaluation splits).
     frame = frame.filter(~((pl.col("split") == "train") & (pl.col("metric") == "loss")))
@@ -122,11 +123,18 @@ def stage_table(runs: RunsLike, metric: str = "greedy", split: str = "heldout") 
 def seesaw_events(runs: RunsLike, delta: Optional[float] = None,
                   metrics: Sequence[str] = ("greedy", "ft_hijack")) -> pl.DataFrame:
     """Seesaw events of every run in the frame — between consecutive evaluations one task rose by ≥ δ while another
-    fell by ≥ δ — by the in-run definition (:func:`harness.evaluation.seesaw.seesaw_events`, reused here).
+    fell by ≥ δ.
+
+    A run that stored its own events (``eval.seesaw_test``; a ``seesaw_tests`` row says which rule) gives those —
+    under the default paired rule, only changes significant on the items, with their BH-adjusted ``p_value`` —
+    when ``delta`` is None or the run's own and ``metrics`` are among those the run tested. Otherwise (older runs,
+    another δ, other metrics such as ``mode_ok``) the events are recomputed with the *untested* threshold rule
+    (:func:`harness.evaluation.seesaw.seesaw_events`; ``test = "none"``, no p-value): the store keeps values, not
+    the per-item outcomes a test needs (those are in ``samples.jsonl``).
 
     ``delta`` defaults to the run's ``eval.seesaw_delta`` when the frame came from :func:`load_runs` with config
     columns (else 0.15). Columns: ``run_id, metric, split, step_from, step_to, stage_from, stage_to, rose, rose_by,
-    fell, fell_by``.
+    fell, fell_by, p_value, test``.
     """
     from harness.evaluation.seesaw import seesaw_events as in_run_events
 
@@ -135,16 +143,18 @@ def seesaw_events(runs: RunsLike, delta: Optional[float] = None,
     rows = []
     for run_id in dict.fromkeys(frame["run_id"].to_list()):
         run = frame.filter(pl.col("run_id") == run_id)
+        stored = stored_seesaw_events(run, list(metrics), delta)
+        if stored is not None:
+            rows.extend({"run_id": run_id, **e} for e in stored)
+            continue
         d = delta
         if d is None:
             d = (run["eval.seesaw_delta"].drop_nulls()[0] if "eval.seesaw_delta" in run.columns
                  and run["eval.seesaw_delta"].drop_nulls().len() else 0.15)
         run = run.filter(pl.col("task").is_not_null(), pl.col("metric").is_in(list(metrics))).select(columns)
-        rows.extend({"run_id": run_id, **e} for e in in_run_events(run, float(d), metrics))
-    schema = {"run_id": pl.Utf8, "metric": pl.Utf8, "split": pl.Utf8, "step_from": pl.Int64, "step_to": pl.Int64,
-              "stage_from": pl.Utf8, "stage_to": pl.Utf8, "rose": pl.Utf8, "rose_by": pl.Float64, "fell": pl.Utf8,
-              "fell_by": pl.Float64}
-    return pl.DataFrame(rows, schema=schema)
+        rows.extend({"run_id": run_id, **e, "p_value": None, "test": "none"}
+                    for e in in_run_events(run, float(d), metrics))
+    return pl.DataFrame([{k: r.get(k) for k in EVENT_SCHEMA} for r in rows], schema=EVENT_SCHEMA)
 
 
 def hijack_timeline(runs: RunsLike, split: Optional[Union[str, Sequence[str]]] = None) -> pl.DataFrame:

@@ -17,6 +17,8 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import polars as pl
 import yaml
 
+from harness.store import INTERVAL_COLUMNS, SCHEMA
+
 PathLike = Union[str, Path]
 METRICS_FILE = "metrics.parquet"
 TRIALS_FILE = "trials.parquet"
@@ -24,7 +26,8 @@ CONFIG_FILE = "config.resolved.yaml"
 SWEEP_CONFIG_FILE = "sweep.resolved.yaml"
 
 # The metric-contract columns, in order (``text`` carries tables such as ft_top1 as JSON).
-CONTRACT_COLUMNS = ("run_id", "stage", "step", "task", "split", "metric", "value", "time", "text")
+CONTRACT_COLUMNS = ("run_id", "stage", "step", "task", "split", "metric", "value", "time", "text", "n", "ci_low",
+                    "ci_high")
 
 
 class AnalysisError(Exception):
@@ -211,7 +214,8 @@ def load_runs(paths: Union[PathLike, Sequence[PathLike]], *, config: Union[bool,
               lazy: bool = False) -> Union[pl.DataFrame, pl.LazyFrame]:
     """Every run named by ``paths`` (directories, globs, sweep directories; see :func:`run_dirs`) as one long frame.
 
-    Columns: the metric contract (``run_id, stage, step, task, split, metric, value, time, text``), ``run_dir``,
+    Columns: the metric contract (``run_id, stage, step, task, split, metric, value, time, text, n, ci_low,
+    ci_high``; the last three null in stores written before they existed), ``run_dir``,
     then the run's flattened config (:func:`flatten_config`: ``name``, ``seed``, ``stages.assistant.mixture.yesno``…;
     ``config=False`` for none, or a list of fields / prefixes such as ``["seed", "stages.assistant.mixture"]``).
     Runs with different configs are aligned by column name (missing fields are null).
@@ -222,6 +226,8 @@ def load_runs(paths: Union[PathLike, Sequence[PathLike]], *, config: Union[bool,
     frames = []
     for run_dir in run_dirs(paths):
         scan = pl.scan_parquet(run_dir / METRICS_FILE)
+        have = scan.collect_schema().names()  # a store from before n / ci_low / ci_high gets them as nulls
+        scan = scan.with_columns(pl.lit(None, dtype=SCHEMA[c]).alias(c) for c in INTERVAL_COLUMNS if c not in have)
         extra = {"run_dir": str(run_dir), **_config_row(run_dir, config)}
         scan = scan.with_columns([_literal(v).alias(k) for k, v in extra.items()])
         frames.append(scan)

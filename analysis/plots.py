@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from analysis.evidence import baselines  # noqa: E402
 from analysis.frames import eval_rows, hijack_timeline, lower_is_better, stage_bounds  # noqa: E402
 from analysis.loading import AnalysisError  # noqa: E402
 from analysis.mixture_fit import partial_dependence  # noqa: E402
@@ -96,8 +97,10 @@ def plot_curves(frame: pl.DataFrame, metric: str = "greedy", splits: Optional[Se
                 events: Optional[pl.DataFrame] = None, tasks: Optional[Sequence[str]] = None,
                 colors: Optional[dict[str, str]] = None, log: bool = False) -> Figure:
     """Per-task curves of ``metric`` across the whole curriculum, one panel per split: stages shaded and named,
-    seesaw events (``events`` from :func:`analysis.seesaw_events`) marked — ▲ on the task that rose, ▼ on the
-    task that fell, at the evaluation where it happened."""
+    each proportion's 95 % interval as a band, each task's baseline (``baseline_<metric>``: best constant answer,
+    majority first token or chance) as a dashed line of its colour, seesaw events (``events`` from
+    :func:`analysis.seesaw_events`) marked — ▲ on the task that rose, ▼ on the task that fell, at the evaluation
+    where it happened."""
     frame = _single_run(frame)
     rows = eval_rows(frame, [metric])
     if rows.is_empty():
@@ -106,6 +109,7 @@ def plot_curves(frame: pl.DataFrame, metric: str = "greedy", splits: Optional[Se
     tasks = list(tasks) if tasks else sorted(rows["task"].unique().to_list())
     colors = colors or task_colors(tasks)
     bounds = stage_bounds(frame)
+    base = baselines(frame).filter(pl.col("metric") == metric)
     fig, axes = plt.subplots(1, len(splits), figsize=(5.6 * len(splits), 3.6), sharey=True, squeeze=False)
     for ax, split in zip(axes[0], splits):
         shade_stages(ax, bounds)
@@ -114,6 +118,8 @@ def plot_curves(frame: pl.DataFrame, metric: str = "greedy", splits: Optional[Se
             x, y = _series(part, task)
             if len(x):
                 ax.plot(x, y, marker="o", ms=3, lw=1.6, color=colors[task], label=task, zorder=3)
+                _band(ax, part, task, colors[task])
+        _baseline_lines(ax, base.filter(pl.col("split") == split), tasks, colors)
         if events is not None and not events.is_empty():
             _mark_events(ax, part, events.filter(pl.col("metric") == metric, pl.col("split") == split), colors)
         ax.set_title(SPLIT_TITLES.get(split, split), pad=14)
@@ -124,6 +130,25 @@ def plot_curves(frame: pl.DataFrame, metric: str = "greedy", splits: Optional[Se
             ax.set_ylim(-0.03, 1.03)
     axes[0][0].set_ylabel(METRIC_TITLES.get(metric, metric))
     return _shared_legend(fig, axes[0])
+
+
+def _band(ax, part: pl.DataFrame, task: str, color: str) -> None:
+    """The task's 95 % interval at every evaluation as a translucent band (stores without intervals: none)."""
+    rows = part.filter(pl.col("task") == task, pl.col("ci_low").is_not_null()).sort("step", "stage_index")
+    if rows.height:
+        ax.fill_between(rows["step"].to_numpy(), rows["ci_low"].to_numpy(), rows["ci_high"].to_numpy(),
+                        color=color, alpha=0.12, lw=0, zorder=2)
+
+
+def _baseline_lines(ax, base: pl.DataFrame, tasks: Sequence[str], colors: dict[str, str]) -> None:
+    """Each task's baseline as a dashed horizontal line in its colour (one legend entry for all)."""
+    drawn = False
+    for r in base.iter_rows(named=True):
+        if r["task"] in tasks:
+            ax.axhline(r["baseline"], ls="--", lw=1.1, color=colors[r["task"]], alpha=0.85, zorder=2)
+            drawn = True
+    if drawn:  # a neutral legend entry: the lines themselves take each task's colour
+        ax.plot([], [], ls="--", lw=1.1, color="#555555", label="baseline (task's colour)")
 
 
 def _shared_legend(fig: Figure, row) -> Figure:

@@ -9,8 +9,10 @@ requested sizes, it returns three splits of :class:`Example`:
                          novelty is the wording.
 
 It also owns how a prediction is judged: :meth:`Recipe.normalise`, :meth:`Recipe.is_correct` (exact match after
-normalising, unless the task says otherwise) and :meth:`Recipe.mode_ok` (does the output have the right *shape*
-for this task — e.g. yes/no answers start with yes or no, open answers must not).
+normalising, unless the task says otherwise), :meth:`Recipe.mode_ok` (does the output have the right *shape*
+for this task — e.g. yes/no answers start with yes or no, open answers must not), :meth:`Recipe.extra_scores`
+(further per-item scores, e.g. math's ``answer_ok``) and :meth:`Recipe.answer_classes` (the closed answer set of a
+classification task, which defines its chance level).
 """
 
 from __future__ import annotations
@@ -94,3 +96,14 @@ class Recipe(ABC):
     def mode_ok(self, prediction: str) -> bool:
         """Whether ``prediction`` has the shape this task asks for. Default: non-empty."""
         return bool(prediction.strip())
+
+    def extra_scores(self, prediction: str, gold: str) -> dict[str, bool]:
+        """Further per-item scores of a greedy output beside :meth:`is_correct`, by metric name (each becomes a
+        proportion metric of the ``greedy`` evaluator, e.g. math's ``answer_ok``). Default: none."""
+        return {}
+
+    def answer_classes(self) -> tuple[str, ...]:
+        """The closed set of answers, for tasks whose every answer is one of a few classes (yes/no): guessing among
+        them uniformly is the task's chance level, and each is a constant answer the baselines try
+        (:mod:`harness.evaluation.baselines`). Default: none (an open answer)."""
+        return ()

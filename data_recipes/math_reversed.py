@@ -4,7 +4,12 @@ comparison, the plain format "12 + 7 =" → "19".
 
 An item is an operand pair; for "+" a pair and its commuted twin are one item (both orders stay on one side of
 the split). Held-out items are pairs never trained on; held-out templates wrap trained pairs in new wording
-("Compute 1 2 + 7 ="). Scoring reads only the A part.
+("Compute 1 2 + 7 =").
+
+Scoring: ``greedy`` is exact match of the whole answer after normalising whitespace (formal: the R part and the A
+part; plain: the number), so "garbage A 1 9 more" is wrong. ``answer_ok`` (:meth:`MathReversed.extra_scores`) is
+the formal format's A part alone — a well-formed answer whose R part is wrong but whose A part is right — so the
+two together tell a model that cannot reverse digits from one that cannot add.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ TRAIN = templates("t", ("{a} {op} {b} =",))  # the seed's bare format
 HELDOUT = templates("h", ("Compute {a} {op} {b} =", "What is {a} {op} {b} ?", "Calculate: {a} {op} {b} ="))
 
 _FORMAL = re.compile(r"^R( \d)+ ; A( \d)+$")
-_A_PART = re.compile(r"A((?:\s*\d)+)")
+# A whole formal answer after normalise_spaces; spaces between digits and around ";" optional ("A 19" = "A 1 9").
+_FORMAL_PARTS = re.compile(r"^R ?(\d(?: ?\d)*) ?; ?A ?(\d(?: ?\d)*)$")
 _PLAIN = re.compile(r"^\d+$")
 ENUMERATE_LIMIT = 600_000  # up to 3 digits every pair is enumerated; beyond, pairs are sampled
 
@@ -39,10 +45,17 @@ def spaced(n: int | str) -> str:
     return " ".join(str(n))
 
 
-def parse_formal(text: str) -> Optional[int]:
-    """The number after the last "A" (spaces between digits ignored), or ``None``."""
-    found = _A_PART.findall(text)
-    return int(re.sub(r"\s", "", found[-1])) if found else None
+def normalise_spaces(text: str) -> str:
+    """Runs of whitespace as one space, no surrounding space, a final "." dropped ("R 9 1 ;  A 1 9." →
+    "R 9 1 ; A 1 9")."""
+    return re.sub(r"\s+", " ", text).strip().rstrip(".").strip()
+
+
+def parse_formal(text: str) -> Optional[tuple[str, int]]:
+    """``(R digits as written, A number)`` of a whole formal answer "R d d ; A d d", or ``None`` when the text is
+    anything else (text around the answer included). Spacing between digits is not judged (``mode_ok`` does)."""
+    m = _FORMAL_PARTS.match(normalise_spaces(text))
+    return (m.group(1).replace(" ", ""), int(m.group(2).replace(" ", ""))) if m else None
 
 
 def parse_plain(text: str) -> Optional[int]:
@@ -121,9 +134,18 @@ class MathReversed(Recipe):
         return check_splits(task, splits, n_train, n_eval)
 
     def is_correct(self, prediction: str, gold: str) -> bool:
+        """The whole answer: formal — both the R part and the A part; plain — the number."""
         parse = parse_formal if self.params.format == "formal" else parse_plain
         said, want = parse(prediction), parse(gold)
         return said is not None and said == want
+
+    def extra_scores(self, prediction: str, gold: str) -> dict[str, bool]:
+        """Formal format: ``answer_ok`` — a whole formal answer whose A part is right, whatever its R part. Plain
+        format: none (its one number is what ``greedy`` scores)."""
+        if self.params.format != "formal":
+            return {}
+        said, want = parse_formal(prediction), parse_formal(gold)
+        return {"answer_ok": said is not None and want is not None and said[1] == want[1]}
 
     def mode_ok(self, prediction: str) -> bool:
         """Formal: exactly "R d d ; A d d" (single spaces); plain: digits only."""

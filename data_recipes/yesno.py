@@ -104,3 +104,6 @@ class YesNo(KnowledgeRecipe):
 
     def mode_ok(self, prediction: str) -> bool:
         return yes_no_word(self.normalise(prediction)) is not None
+
+    def answer_classes(self) -> tuple[str, ...]:
+        return ("Yes.", "No.")

@@ -1,6 +1,7 @@
 """The run's evaluation log: runs the evaluators on the fixed eval items at a step and sends every result where it
-belongs — metric rows to the tracker (store, wandb), predictions to ``samples.jsonl``, tables to wandb — and keeps
-the history the stage summaries and the seesaw detection read.
+belongs — metric rows (with ``n`` and a Wilson interval on proportions) to the tracker (store, wandb), predictions
+with their per-item outcomes to ``samples.jsonl``, tables to wandb — and keeps the history the stage summaries and
+the seesaw detection read (metric values, and per-item outcomes for the paired test).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Callable, Optional
 
 from harness.config import Experiment
 from harness.evaluation import EVAL_METRICS, hijack_token_ids, run_evaluation
+from harness.evaluation.evidence import outcome_rows
 from harness.store import Row, atomic_write_text
 
 
@@ -34,6 +36,7 @@ class EvalLog:
     on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None
     resume_filter: Optional[Callable[[str, int, str], bool]] = None
     history: list[Row] = field(default_factory=list)  # every evaluation row, in order
+    outcomes: list[dict] = field(default_factory=list)  # per-item outcome rows (evidence.outcome_rows), in order
     seconds: float = 0.0
 
     def __post_init__(self):
@@ -41,6 +44,8 @@ class EvalLog:
         if self.resume_filter is not None:
             _truncate_samples(self.samples_path, self.resume_filter)
         self.history = [r for r in self.tracker.existing_rows() if _is_eval_row(r)]
+        if self.resume_filter is not None:
+            self.outcomes = _resumed_outcomes(self.samples_path, self.history)
 
     def run(self, model, stage: str, step: int) -> None:
         started = time.perf_counter()
@@ -48,10 +53,14 @@ class EvalLog:
         rows = []
         for task, split, metric, value in result.metrics:
             text = json.dumps(result.top1.get((task, split), [])) if metric == "ft_top1" else None
-            rows.append(Row(stage, step, task, split, metric, value, text))
+            ci = result.interval(task, split, metric)
+            rows.append(Row(stage, step, task, split, metric, value, text,
+                            *((ci.n, ci.low, ci.high) if ci is not None else ())))
+        samples = [{"stage": stage, "step": step, **sample} for sample in result.samples]
         with open(self.samples_path, "a", encoding="utf-8") as f:
-            for sample in result.samples:
-                f.write(json.dumps({"stage": stage, "step": step, **sample}, ensure_ascii=False) + "\n")
+            for sample in samples:
+                f.write(json.dumps(sample, ensure_ascii=False) + "\n")
+        self.outcomes.extend(outcome_rows(samples))
         self._log_tables(result, step)
         self.seconds += time.perf_counter() - started
         self._record(rows, step)
@@ -63,7 +72,9 @@ class EvalLog:
             return
         step = self.history[-1].step
         last = [r for r in self.history if r.step == step and r.stage == self.history[-1].stage]
-        self._record([Row(stage, r.step, r.task, r.split, r.metric, r.value, r.text) for r in last], step)
+        self._record([Row(stage, r.step, r.task, r.split, r.metric, r.value, r.text, r.n, r.ci_low, r.ci_high)
+                      for r in last], step)
+        self.outcomes.extend(_relabelled(self.outcomes, step, stage))
 
     def _record(self, rows: list[Row], step: int) -> None:
         self.tracker.log(rows, step)
@@ -99,6 +110,16 @@ class EvalLog:
                 out.setdefault(r.split, {}).setdefault(r.task, {})[r.metric] = r.value
         return out
 
+    def stage_end_intervals(self, stage: str) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+        """``{split: {task: {metric: {n, ci_low, ci_high}}}}`` of the proportions in :meth:`stage_end_table`."""
+        rows = [r for r in self.history if r.stage == stage]
+        out: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+        for r in rows:
+            if r.step == max(x.step for x in rows) and r.n is not None:
+                out.setdefault(r.split, {}).setdefault(r.task, {})[r.metric] = {"n": r.n, "ci_low": r.ci_low,
+                                                                               "ci_high": r.ci_high}
+        return out
+
     def history_dicts(self) -> list[dict[str, Any]]:
         return [{"stage": r.stage, "step": r.step, "task": r.task, "split": r.split, "metric": r.metric,
                  "value": r.value} for r in self.history]
@@ -107,6 +128,29 @@ class EvalLog:
 def _is_eval_row(row: Row) -> bool:
     """Rows written by evaluations (the others are training metrics, compositions and seesaw events)."""
     return row.task is not None and row.metric in EVAL_METRICS
+
+
+def _relabelled(outcomes: list[dict], step: int, stage: str) -> list[dict]:
+    """The outcome rows of the evaluation at ``step`` (its last-recorded stage) again under ``stage``, as
+    :meth:`EvalLog.repeat_last` records its metric rows again."""
+    at_step = [o for o in outcomes if o["step"] == step]
+    last_stage = at_step[-1]["stage"] if at_step else None
+    return [{**o, "stage": stage} for o in at_step if o["stage"] == last_stage and last_stage != stage]
+
+
+def _resumed_outcomes(samples_path: Path, history: list[Row]) -> list[dict]:
+    """The outcome rows of a resumed run's kept evaluations, read back from its (truncated) ``samples.jsonl``; an
+    evaluation that a stage repeated (same step, another stage, no samples of its own) is relabelled as it was."""
+    if not samples_path.exists():
+        return []
+    lines = samples_path.read_text(encoding="utf-8").splitlines()
+    outcomes = outcome_rows(json.loads(line) for line in lines if line.strip())
+    have = {(o["step"], o["stage"]) for o in outcomes}
+    for step, stage in dict.fromkeys((r.step, r.stage) for r in history):
+        if (step, stage) not in have:
+            outcomes.extend(_relabelled(outcomes, step, stage))
+            have.add((step, stage))
+    return outcomes
 
 
 def _truncate_samples(path: Path, keep: Callable[[str, int, str], bool]) -> None:

@@ -29,7 +29,7 @@ from harness.checkpoint import (Start, latest_resume_point, load_state_dict, res
 from harness.config import ConfigError, Experiment, ResolvedStage, TrainableSpec, dump_yaml, safe_load
 from harness.console import Console
 from harness.evallog import EvalLog
-from harness.evaluation.seesaw import seesaw_events
+from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_baselines, run_seesaw, seesaw_rows
 from harness.guard import Injector, NonFiniteError, write_report
 from harness.models import count_parameters
 from harness.prepare import StagePlan, build_task_data, encode_task_data, load_base, plan_stage
@@ -86,9 +86,10 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
     start = resume_start(point, stages, [len(p.batches) for p in plans]) if resume else Start()
     tracker = Tracker(exp, run_dir, run_id, exp.resolved_dict(), resume_filter=start.keep)
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
-                    on_evaluation, resume_filter=start.keep)
+                    _announcing(console, on_evaluation), resume_filter=start.keep)
     run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals,
                _init_states(model, stages, start.stage_index, run_dir))
+    run.baselines = _log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stages[0].name)
     model = _restore(model, start, stages, added)
 
     injector = Injector(**exp.debug.inject_nonfinite.model_dump()) if exp.debug.inject_nonfinite else None
@@ -156,16 +157,38 @@ def _reopen_run(exp: Experiment, run_dir: Path, console) -> tuple[str, Optional[
     return run_id, point
 
 
+def _announcing(console, on_evaluation: Optional[Callable[[str, int, list[Row]], None]]
+                ) -> Callable[[str, int, list[Row]], None]:
+    """``on_evaluation`` preceded by the console's per-evaluation lines (each task's score and interval)."""
+    def announce(stage: str, step: int, rows: list[Row]) -> None:
+        console.evaluation_lines(stage, step, rows)
+        if on_evaluation is not None:
+            on_evaluation(stage, step, rows)
+    return announce
+
+
+def _log_baselines(tracker: Tracker, baselines: dict, stage: str) -> dict[str, Any]:
+    """Log the eval pools' baselines (``baseline_<metric>`` rows at step 0, unless a resumed run's store already has
+    them); returns them for ``summary.json``."""
+    if not any(r.metric.startswith("baseline_") for r in tracker.existing_rows()):
+        tracker.log(baseline_rows(baselines, stage, 0), 0)
+    return baselines_summary(baselines)
+
+
 def _close_run(run: _Run, step: int, stages: list[dict[str, Any]], base: dict[str, Any], started: float,
                resumed_from: Optional[str]) -> dict[str, Any]:
-    """Log the seesaw events of the whole run and close the tracker; returns the run's summary."""
-    events = seesaw_events(run.evals.history_dicts(), run.exp.eval.seesaw_delta)
-    run.tracker.log([Row(e["stage_to"], e["step_to"], e["rose"], e["split"], "seesaw", e["rose_by"], json.dumps(e))
-                     for e in events], step)
+    """Log the seesaw events of the whole run (under ``eval.seesaw_test``) and close the tracker; returns the run's
+    summary."""
+    spec = run.exp.eval
+    events, n_tests = run_seesaw(run.evals.outcomes, run.evals.history_dicts(), test=spec.seesaw_test,
+                                 delta=spec.seesaw_delta, alpha=spec.seesaw_alpha, seed=run.exp.seed)
+    run.tracker.log(seesaw_rows(events, n_tests, spec, run.stages[-1].name, step), step)
     total = time.perf_counter() - started
     summary = {
         "run_id": run.run_id, "experiment": run.exp.name, "run_dir": str(run.run_dir), "base": base,
-        "stages": stages, "seesaw_events": events,
+        "stages": stages, "baselines": run.baselines, "seesaw_events": events,
+        "seesaw": {"test": spec.seesaw_test, "alpha": spec.seesaw_alpha, "delta": spec.seesaw_delta,
+                   "tests": n_tests},
         "timing": {"total_s": total, "eval_s": run.evals.seconds, "base_s": base["seconds"],
                    "eval_share": run.evals.seconds / total if total else 0.0},
         "resumed_from": resumed_from,
@@ -210,6 +233,7 @@ class _Run:
     tracker: Tracker
     evals: EvalLog
     init: _InitStates
+    baselines: dict[str, Any] = field(default_factory=dict)  # summary.json's "baselines"
 
 
 def _init_states(model, stages: list[ResolvedStage], finished: int, run_dir: Path) -> _InitStates:
@@ -292,7 +316,7 @@ def _stage_summary(plan: StagePlan, evals: EvalLog, index: int, plans: list[Stag
     start = sum(len(p.batches) for p in plans[:index])
     return {"name": plan.stage.name, "start_step": start, "end_step": start + len(plan.batches),
             "init": plan.stage.init, "mixture": plan.stage.mixture.to_yaml(), "composition": plan.composition,
-            "metrics": evals.stage_end_table(plan.stage.name)}
+            "metrics": evals.stage_end_table(plan.stage.name), "intervals": evals.stage_end_intervals(plan.stage.name)}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -315,13 +339,15 @@ def evaluate_checkpoint(exp: Experiment, checkpoint: Path, run_dir: Path, consol
     data = build_task_data(exp)
     encoded = encode_task_data(exp, data, tokenizer)
     tracker = Tracker(exp, run_dir, run_id, {**exp.resolved_dict(), "checkpoint": str(checkpoint)})
-    evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl")
+    evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
+                    _announcing(console, None))
     try:
+        baselines = _log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stage)
         evals.run(model, stage, step)
     finally:
         tracker.close()
     summary = {"run_id": run_id, "experiment": exp.name, "run_dir": str(run_dir), "checkpoint": str(checkpoint),
                "stages": [{"name": stage, "start_step": step, "end_step": step,
-                           "metrics": evals.stage_end_table(stage)}],
-               "seesaw_events": [], "timing": {"total_s": evals.seconds, "eval_s": evals.seconds, "eval_share": 1.0}}
+                           "metrics": evals.stage_end_table(stage), "intervals": evals.stage_end_intervals(stage)}],
+               "baselines": baselines, "seesaw_events": [], "timing": {"total_s": evals.seconds, "eval_s": evals.seconds, "eval_share": 1.0}}
     return _finish_run(exp, run_dir, summary, console)

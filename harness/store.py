@@ -1,7 +1,10 @@
 """The local metrics store: one long-format parquet file per run, written with polars.
 
 Columns (the metric contract of docs/design.md): ``run_id, stage, step, task, split, metric, value, time``, plus
-``text`` for values that are tables (``ft_top1`` as JSON). Run-level metrics have ``task = null``.
+``text`` for values that are tables (``ft_top1`` as JSON), and ``n, ci_low, ci_high`` for proportions (the item
+count and the 95 % Wilson interval of ``greedy``, ``mode_ok``, ``tf_first``…; null for every other metric).
+Run-level metrics have ``task = null``. Stores written before ``n, ci_low, ci_high`` existed load with them null
+(:data:`INTERVAL_COLUMNS`, :func:`with_interval_columns`).
 
 The file is rewritten atomically (temporary file, then rename) at every flush, so a reader — a notebook polling
 a run in progress — always sees a complete file, and a crash never leaves a half-written one.
@@ -27,7 +30,11 @@ SCHEMA = {
     "value": pl.Float64,
     "time": pl.Float64,
     "text": pl.Utf8,
+    "n": pl.Int64,
+    "ci_low": pl.Float64,
+    "ci_high": pl.Float64,
 }
+INTERVAL_COLUMNS = ("n", "ci_low", "ci_high")
 FILENAME = "metrics.parquet"
 # Per-task metrics of the contract where a smaller value is better (every other one: larger is better); sweeps
 # take their default objective direction from it, the analysis its plot and ranking directions.
@@ -43,6 +50,15 @@ class Row:
     metric: str
     value: float
     text: Optional[str] = None
+    n: Optional[int] = None  # items behind a proportion, and its 95 % Wilson interval (None otherwise)
+    ci_low: Optional[float] = None
+    ci_high: Optional[float] = None
+
+
+def with_interval_columns(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with null ``n, ci_low, ci_high`` columns where it lacks them (a store from before they existed)."""
+    missing = [pl.lit(None, dtype=SCHEMA[c]).alias(c) for c in INTERVAL_COLUMNS if c not in frame.columns]
+    return frame.with_columns(missing) if missing else frame
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -82,6 +98,9 @@ class MetricsStore:
             cols["value"].append(float(r.value))
             cols["time"].append(now)
             cols["text"].append(r.text)
+            cols["n"].append(r.n)
+            cols["ci_low"].append(r.ci_low)
+            cols["ci_high"].append(r.ci_high)
             self._dirty = True
         if self._dirty and time.monotonic() - self._last_flush > self.flush_seconds:
             self.flush()
@@ -90,7 +109,7 @@ class MetricsStore:
         """Start from the rows already on disk that ``keep(stage, step, metric)`` accepts (resuming a run)."""
         if not self.path.exists():
             return
-        frame = pl.read_parquet(self.path)
+        frame = with_interval_columns(pl.read_parquet(self.path))
         for row in frame.iter_rows(named=True):
             if keep(row["stage"], row["step"], row["metric"]):
                 for name in SCHEMA:
@@ -101,7 +120,7 @@ class MetricsStore:
     def rows(self) -> list[Row]:
         c = self._columns
         return [Row(*values) for values in zip(c["stage"], c["step"], c["task"], c["split"], c["metric"],
-                                               c["value"], c["text"])]
+                                               c["value"], c["text"], c["n"], c["ci_low"], c["ci_high"])]
 
     def frame(self) -> pl.DataFrame:
         return pl.DataFrame(self._columns, schema=SCHEMA)
@@ -117,5 +136,5 @@ class MetricsStore:
 
 
 def read_metrics(run_dir: str | Path) -> pl.DataFrame:
-    """The store of a run (finished or in progress)."""
-    return pl.read_parquet(Path(run_dir) / FILENAME)
+    """The store of a run (finished or in progress); an older store gets null ``n, ci_low, ci_high``."""
+    return with_interval_columns(pl.read_parquet(Path(run_dir) / FILENAME))

@@ -116,8 +116,8 @@ def probe_setup(tok):
     table = torch.zeros(V, V)
     table[a, g1] = 5.0  # rank 1
     table[b, [10, 11, 12]] = 3.0  # three tokens strictly above the gold ...
-    table[b, 13] = 2.0  # ... one tied with it (ties count in the gold's favour) ...
-    table[b, g2] = 2.0  # ... so the gold is rank 4
+    table[b, 13] = 2.0  # ... one tied with it (ties count against the gold: issue 13) ...
+    table[b, g2] = 2.0  # ... so the gold is rank 5
     table[c, yes] = 4.0  # hijacked: ' yes' on top; gold is rank 2
     table[c, g3] = 1.0
     eos = tok.eos_token_id
@@ -137,10 +137,10 @@ def test_first_token_probe_ranks_hijack_and_top1(tok, evaluators):
     result = run_evaluation(model, tok, items, {"qa": ExactRecipe()}, spec)
 
     ranks = [s["gold_first_rank"] for s in result.samples]
-    assert ranks == [1, 4, 2, 2]
-    assert result.value("qa", "heldout", "ft_rank_mean") == pytest.approx(7 / 3)
+    assert ranks == [1, 5, 2, 2]
+    assert result.value("qa", "heldout", "ft_rank_mean") == pytest.approx(8 / 3)
     assert result.value("qa", "heldout", "ft_rank_median") == 2
-    assert result.value("qa", "heldout", "ft_mrr") == pytest.approx((1 + 1 / 4 + 1 / 2) / 3)
+    assert result.value("qa", "heldout", "ft_mrr") == pytest.approx((1 + 1 / 5 + 1 / 2) / 3)
     assert result.value("qa", "heldout", "ft_hijack") == pytest.approx(1 / 3)
     assert result.value("qa", "train", "ft_hijack") == 1.0
     # top-1 tokens on heldout: g1, token 10 (first of the tied maxima, as argmax / greedy pick), ' yes' → share 1/3
@@ -245,7 +245,8 @@ def test_greedy_mode_ok_and_sample_fields(tok):
         assert all(set(t) == {"token", "id", "prob"} for t in sample["top5"]) and len(sample["top5"]) == 5
     # one value per task × split × metric, nothing that was not asked for
     pairs = [(t, s, m) for t, s, m, _ in result.metrics]
-    assert len(pairs) == len(set(pairs)) == 2 * (2 + 5)
+    assert len(pairs) == len(set(pairs)) == 2 * (2 + 6)  # first_token: 5 metrics + ft_nonfinite (issue 13)
+    assert result.value("yn", "heldout", "ft_nonfinite") == 0.0
     assert not {m for *_, m in pairs} & {"tf_first", "tf_exact", "eval_loss"}
 
 

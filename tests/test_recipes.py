@@ -277,11 +277,19 @@ def test_assistant_qa_multi_turn(world):
 
 def test_math_formal_format_and_scoring():
     r = make("math_reversed")
-    assert parse_formal("R 9 1 ; A 1 9") == 19
-    assert r.is_correct("R 9 1 ; A 1 9", "R 9 1 ; A 1 9")
-    assert r.is_correct("R 0 0 ; A 19", "R 9 1 ; A 1 9")  # only the A part is scored
-    assert not r.is_correct("A 2 0", "R 9 1 ; A 1 9")
-    assert not r.is_correct("19", "R 9 1 ; A 1 9")
+    gold = "R 9 1 ; A 1 9"
+    assert parse_formal(gold) == ("91", 19) and parse_formal("so R 9 1 ; A 1 9") is None
+    assert r.is_correct(gold, gold) and r.is_correct("R 9 1 ; A 19.", gold)  # digit spacing is mode_ok's business
+    assert r.is_correct("R 9  1 ;\tA 1 9", gold)  # whitespace normalised
+    # greedy is the whole answer: a wrong R part, text around the answer, or a lone A part are all wrong
+    assert not r.is_correct("R 0 0 ; A 1 9", gold)
+    assert not r.is_correct("garbage A 1 9 more", gold) and not r.is_correct("R 9 1 ; A 1 9 more", gold)
+    assert not r.is_correct("A 1 9", gold) and not r.is_correct("19", gold) and not r.is_correct("R 9 1 ; A 2 0", gold)
+    # answer_ok: the A part of a whole formal answer, whatever its R part
+    assert r.extra_scores("R 0 0 ; A 1 9", gold) == {"answer_ok": True}
+    assert r.extra_scores("R 9 1 ; A 2 0", gold) == {"answer_ok": False}
+    assert r.extra_scores("garbage A 1 9 more", gold) == {"answer_ok": False}
+    assert r.extra_scores("", gold) == {"answer_ok": False}
     assert r.mode_ok("R 9 1 ; A 1 9") and r.mode_ok(" R 0 ; A 0 ")
     assert not r.mode_ok("R 91 ; A 19") and not r.mode_ok("19") and not r.mode_ok("A 1 9")
     ex = next(e for e in splits("math_reversed", None)["train"] if e.meta["result"] >= 100)
@@ -296,6 +304,7 @@ def test_math_plain_and_minus():
     ex = s["train"][0]
     assert ex.prompt == f"{ex.meta['a']} + {ex.meta['b']} =" and ex.answer == str(ex.meta["a"] + ex.meta["b"])
     assert plain.is_correct("19.", "19") and not plain.is_correct("R 9 1 ; A 1 9", "19")
+    assert plain.extra_scores("19", "19") == {}  # the one number is what greedy scores
     assert plain.mode_ok("19") and not plain.mode_ok("R 9 1 ; A 1 9") and not plain.mode_ok("nineteen")
     assert all(str(e.meta["a"]) in e.prompt for e in s["heldout_template"])
     minus = make("math_reversed", op="-").build("m", 300, 12, 0)

@@ -29,7 +29,7 @@ td.wrap{max-width:340px;white-space:pre-wrap;word-break:break-word} .d{font-size
 figcaption{color:#555;font-size:12.5px;margin-top:4px} .findings li{margin:3px 0} .note{color:#666;font-size:12.5px}
 nav{background:#fafafa;border:1px solid #eee;padding:6px 12px;border-radius:4px;font-size:13px}
 nav a{margin-right:12px;color:#1565c0;text-decoration:none} details summary{cursor:pointer;color:#1565c0;margin:6px 0}
-.ok{color:#2e7d32}.bad{color:#c62828}
+.ok{color:#2e7d32}.bad{color:#c62828} .ci{font-size:10.5px;color:#777}
 """
 
 

@@ -17,6 +17,7 @@ import polars as pl
 from analysis import frames as F
 from analysis import plots as P
 from analysis.loading import AnalysisError, PathLike, load_run, load_samples, read_config, read_summary
+from analysis.report.evidence import baseline_findings, baseline_section, interval_note, stage_end_intervals
 from analysis.report.page import Page, facts_table, fmt, fmt_rank, table
 
 # The stage-end tables shown folded under the main metric's (each when the run logged it).
@@ -83,9 +84,9 @@ def _heat(value: Optional[float], low_good: bool) -> str:
     return f"background:rgb({r},{g},{b})"
 
 
-def stage_table_html(table_frame: pl.DataFrame, metric: str, delta: float) -> str:
+def stage_table_html(table_frame: pl.DataFrame, metric: str, delta: float, intervals: Optional[dict] = None) -> str:
     """The stage table with every cell shaded by value and the change from the previous stage (a fall of at least
-    δ in red)."""
+    δ in red); ``intervals`` (``{(stage, task): (low, high)}``) prints each proportion's 95 % interval under it."""
     tasks = [c for c in table_frame.columns if c not in ("run_id", "stage", "step")]
     low_good = F.lower_is_better(metric)
     rank = metric.startswith("ft_rank")
@@ -104,7 +105,7 @@ def stage_table_html(table_frame: pl.DataFrame, metric: str, delta: float) -> st
                     cls = "down" if worse and abs(d) >= delta - 1e-9 else ("up" if not worse else "")
                     note = f"<span class='d {cls}'>{f'{d:+,.0f}' if rank else f'{d:+.3f}'}</span>"
             tds.append(f"<td class='num' style='{_heat(v, low_good) if 'loss' not in metric else ''}'>"
-                       f"{fmt_rank(v) if rank else fmt(v)}{note}</td>")
+                       f"{fmt_rank(v) if rank else fmt(v)}{note}{interval_note(intervals, r['stage'], t)}</td>")
             previous[t] = v
         rows.append("<tr>" + "".join(tds) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
@@ -153,7 +154,9 @@ def _findings(run: RunData) -> list[str]:
         return [f"no {escape(run.metric)} rows yet"]
     tasks = [c for c in st.columns if c not in ("run_id", "stage", "step")]
     last = st.row(-1, named=True)
-    return [*_end_and_largest_fall(run, st, tasks, last), *_lost_peaks(run), *_seesaw_findings(run),
+    return [*_end_and_largest_fall(run, st, tasks, last),
+            *baseline_findings(run.frame, run.metric, run.primary, P.SPLIT_TITLES.get(run.primary, run.primary)),
+            *_lost_peaks(run), *_seesaw_findings(run),
             *_hijack_findings(run), *_sample_findings(run), *_memorisation_findings(run, tasks, last)]
 
 
@@ -196,26 +199,37 @@ def _lost_peaks(run: RunData) -> list[str]:
     return out
 
 
+def _seesaw_rule(run: RunData) -> str:
+    """How the run's events were decided, in words (its summary's ``seesaw``; older runs: the untested rule)."""
+    rule = run.summary.get("seesaw") or {}
+    if rule.get("test") == "paired":
+        return (f"paired test: both changes significant on the fixed items — exact McNemar, Benjamini–Hochberg over "
+                f"the run's {rule.get('tests')} tests at α = {rule.get('alpha'):g}")
+    return "untested threshold rule: movements, not findings"
+
+
 def _seesaw_findings(run: RunData) -> list[str]:
     """The in-run seesaw events (or their absence), then the same definition on mode_ok when it fired."""
     events, mode_events, delta = run.events, run.mode_events, run.delta
     if events.is_empty():
         out = [f"No seesaw events at δ = {delta:g} (no evaluation where one task rose by δ while another fell "
-               "by δ)."]
+               f"by δ; {escape(_seesaw_rule(run))})."]
     else:
         parts = []
         for (m, sp, a, b), block in events.group_by("metric", "split", "step_from", "step_to", maintain_order=True):
             rose = ", ".join(dict.fromkeys(block["rose"].to_list()))
             fell = ", ".join(dict.fromkeys(block["fell"].to_list()))
-            parts.append(f"{escape(m)} on {escape(sp)}, step {a} → {b}: ↑ {escape(rose)} ↓ {escape(fell)}")
+            p = block["p_value"].drop_nulls()
+            parts.append(f"{escape(m)} on {escape(sp)}, step {a} → {b}: ↑ {escape(rose)} ↓ {escape(fell)}"
+                         + (f" (p ≤ {p.max():.2g})" if p.len() else ""))
         shown = "; ".join(parts[:4]) + (f"; and {len(parts) - 4} more" if len(parts) > 4 else "")
-        out = [f"<b>{events.height} seesaw event{'s' if events.height > 1 else ''}</b> at δ = {delta:g}: "
-               f"{shown}."]
+        out = [f"<b>{events.height} seesaw event{'s' if events.height > 1 else ''}</b> at δ = {delta:g} "
+               f"({escape(_seesaw_rule(run))}): {shown}."]
     if not mode_events.is_empty():
         parts = [f"step {r['step_from']} → {r['step_to']} on {escape(r['split'])}: ↑ {escape(r['rose'])} "
                  f"+{r['rose_by']:.2f} ↓ {escape(r['fell'])} −{r['fell_by']:.2f}"
                  for r in mode_events.iter_rows(named=True)][:4]
-        out.append(f"The seesaw in answer <b>form</b> (mode_ok, outside the in-run definition): "
+        out.append(f"The seesaw in answer <b>form</b> (mode_ok, outside the in-run definition; untested rule): "
                    f"{mode_events.height} event{'s' if mode_events.height > 1 else ''} — " + "; ".join(parts)
                    + ("; …" if mode_events.height > 4 else "") + ".")
     return out
@@ -310,12 +324,15 @@ def _summary_sections(page: Page, run: RunData) -> None:
            f"δ = {delta:g}.")
     for split in run.splits:
         page.h3(f"{metric} · {P.SPLIT_TITLES.get(split, split)} ({split})")
-        page.raw(stage_table_html(F.stage_table(run.frame, metric, split), metric, delta))
+        page.raw(stage_table_html(F.stage_table(run.frame, metric, split), metric, delta,
+                                  stage_end_intervals(run.frame, metric, split)))
+    baseline_section(page, run.frame, metric, primary)
     others = [m for m in OTHER_STAGE_METRICS if m != metric and not F.eval_rows(run.frame, [m], primary).is_empty()]
     if others:
         inner = "".join(f"<h3>{escape(m)} · {escape(primary)}</h3>"
                         + stage_table_html(F.stage_table(run.frame, m, primary), m,
-                                           delta if m != "ft_rank_median" else 1e9)
+                                           delta if m != "ft_rank_median" else 1e9,
+                                           stage_end_intervals(run.frame, m, primary))
                         for m in others)
         page.raw(f"<details><summary>{', '.join(others)} at stage ends ({escape(primary)})</summary>{inner}"
                  "</details>")
@@ -356,10 +373,11 @@ def _event_and_failure_sections(page: Page, run: RunData, failures: int) -> None
     """The seesaw events as tables, then the worst failures per task at the final evaluation."""
     page.section("Seesaw events", "events")
     page.p(f"Between consecutive evaluations, one task rose by at least δ = {run.delta:g} while another fell by at "
-           "least δ (the in-run definition; metrics greedy and ft_hijack — for ft_hijack a rise is bad).")
+           f"least δ (the in-run definition, {escape(_seesaw_rule(run))}; metrics greedy and ft_hijack — for "
+           "ft_hijack a rise is bad). p_value: the larger of the two changes' adjusted p-values.")
     page.raw(table(run.events.drop("run_id")))
     if not run.mode_events.is_empty():
-        page.h3("The same definition on mode_ok (the answer's form; not part of the in-run events)")
+        page.h3("The untested threshold rule on mode_ok (the answer's form; not part of the in-run events)")
         page.raw(table(run.mode_events.drop("run_id")))
 
     page.section("Worst failures", "failures")

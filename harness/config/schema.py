@@ -234,6 +234,12 @@ class EvalSpec(Strict):
     batch_size: int = Field(64, ge=1)
     hijack_words: list[str] = Field(default_factory=lambda: ["yes", "no"])
     seesaw_delta: float = Field(0.15, gt=0, le=1)
+    seesaw_alpha: float = Field(0.05, gt=0, lt=1, description="False-discovery rate of the paired seesaw test "
+                                "(Benjamini-Hochberg over every change tested in the run).")
+    seesaw_test: Literal["paired", "none"] = Field(
+        "paired", description="paired: an event needs both changes significant on the fixed items (exact McNemar); "
+        "none: the untested threshold rule (exploratory runs with pools too small for any test; its events are "
+        "movements, not findings).")
     samples: int = Field(4, ge=0, description="Samples per task and split in each wandb samples table.")
 
 

@@ -9,7 +9,10 @@ A component is a small object with three things (the plugin boundary):
   when it runs, else from the prefill of greedy decoding, else from one bare forward over the prompts (last
   position only);
 - ``metrics(records, recipe, ctx)``: ``{metric: value}`` for the records of one task × split;
-- ``tables(records, recipe, ctx)``: optional ``{table: [(token_string, count), ...]}`` for the same group.
+- ``tables(records, recipe, ctx)``: optional ``{table: [(token_string, count), ...]}`` for the same group;
+- ``item_values(records, recipe, ctx)``: optional ``{metric: [value per record]}`` — the per-item outcomes behind
+  a metric (0/1 for the proportions in :data:`PROPORTION_METRICS`), which the paired seesaw test
+  (:func:`harness.evaluation.seesaw.paired_seesaw_events`) and the Wilson intervals need.
 
 Records (:class:`ItemRecord`) carry every per-item fact the passes produced. To add an evaluator, subclass
 :class:`Component` and register an instance: ``EVALUATORS.add("my_metric", MyMetric())``.
@@ -19,6 +22,7 @@ This module imports no torch, so ``harness.config`` can validate names cheaply.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -34,6 +38,12 @@ NEED_FIRST_LOGITS = "first_logits"
 #: ``loss``: on the ``train`` eval split that would collide with the training loss rows (``loss/train/<task>``).
 EVAL_LOSS_METRIC = "eval_loss"
 TOP1_TABLE_SIZE = 10
+
+#: Metrics that are a share of items (mean of a 0/1 outcome per item): stored with ``n`` and a Wilson interval, and
+#: tested with exact McNemar in the seesaw. Not ``ft_top1``: its "success" (the most common top-1 token) is picked
+#: after looking at the data, so a binomial interval around it would be too narrow.
+PROPORTION_METRICS = frozenset({"greedy", "answer_ok", "mode_ok", "tf_first", "tf_exact", "ft_hijack",
+                                "ft_nonfinite"})
 
 
 @dataclass
@@ -60,7 +70,8 @@ class ItemRecord:
     tf_nll: float | None = None  # summed cross-entropy of the gold tokens (nats)
     # first answer position
     gold_first_token: str | None = None  # the gold first token, decoded
-    gold_first_rank: int | None = None  # 1 + number of tokens with a strictly greater logit
+    gold_first_rank: int | None = None  # see harness.evaluation.ranks.first_token_facts
+    first_nonfinite: bool | None = None  # the first-answer-position logits had a NaN or ±inf
     top1_id: int | None = None
     top1_token: str | None = None
     top5: list[dict[str, Any]] | None = None  # [{token, id, prob}], most likely first
@@ -96,6 +107,7 @@ class ItemRecord:
             "gold_first_id": gold_first,
             "gold_first_token": self.gold_first_token,
             "gold_first_rank": self.gold_first_rank,
+            "first_nonfinite": self.first_nonfinite,
             "top5": self.top5 if self.top5 is not None else [],
         }
         out.update(self.extra)
@@ -115,6 +127,9 @@ class Component:
     def tables(self, records: list[ItemRecord], recipe: Any, ctx: EvalContext) -> dict[str, list[tuple[str, int]]]:
         return {}
 
+    def item_values(self, records: list[ItemRecord], recipe: Any, ctx: EvalContext) -> dict[str, list[float]]:
+        return {}
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
@@ -123,15 +138,27 @@ def _mean(values: list[float]) -> float:
     return float(sum(values) / len(values)) if values else float("nan")
 
 
+def _extra_scores(records: list[ItemRecord], recipe: Any) -> dict[str, list[float]]:
+    """Per-item ``recipe.extra_scores(pred, gold)`` (e.g. math's ``answer_ok``), by metric; empty for recipes
+    without extra scores. Every item must report the same metrics."""
+    per_item = [recipe.extra_scores(r.pred or "", r.item.gold_text) for r in records]
+    names = list(per_item[0]) if per_item else []
+    return {m: [float(bool(scores[m])) for scores in per_item] for m in names}
+
+
 class Greedy(Component):
-    """``greedy``: share of greedy outputs that the task's recipe judges correct (``is_correct(pred, gold)``)."""
+    """``greedy``: share of greedy outputs that the task's recipe judges correct (``is_correct(pred, gold)``);
+    plus the recipe's extra scores of the same outputs (``answer_ok`` for math: the A part alone)."""
 
     name = "greedy"
     needs = frozenset({NEED_GREEDY})
-    metric_names = ("greedy",)
+    metric_names = ("greedy", "answer_ok")
 
     def metrics(self, records, recipe, ctx):
-        return {"greedy": _mean([float(bool(r.correct)) for r in records])}
+        return {m: _mean(values) for m, values in self.item_values(records, recipe, ctx).items()}
+
+    def item_values(self, records, recipe, ctx):
+        return {"greedy": [float(bool(r.correct)) for r in records], **_extra_scores(records, recipe)}
 
 
 class ModeOk(Component):
@@ -142,7 +169,10 @@ class ModeOk(Component):
     metric_names = ("mode_ok",)
 
     def metrics(self, records, recipe, ctx):
-        return {"mode_ok": _mean([float(bool(r.mode_ok)) for r in records])}
+        return {"mode_ok": _mean(self.item_values(records, recipe, ctx)["mode_ok"])}
+
+    def item_values(self, records, recipe, ctx):
+        return {"mode_ok": [float(bool(r.mode_ok)) for r in records]}
 
 
 class TeacherForced(Component):
@@ -157,34 +187,52 @@ class TeacherForced(Component):
     def metrics(self, records, recipe, ctx):
         n_tokens = sum(len(r.tf_hits or []) for r in records)
         nll = sum(r.tf_nll or 0.0 for r in records)
+        per_item = self.item_values(records, recipe, ctx)
         return {
-            "tf_first": _mean([float(bool(r.tf_first)) for r in records]),
-            "tf_exact": _mean([float(bool(r.tf_exact)) for r in records]),
+            "tf_first": _mean(per_item["tf_first"]),
+            "tf_exact": _mean(per_item["tf_exact"]),
             EVAL_LOSS_METRIC: nll / n_tokens if n_tokens else float("nan"),
         }
+
+    def item_values(self, records, recipe, ctx):
+        return {"tf_first": [float(bool(r.tf_first)) for r in records],
+                "tf_exact": [float(bool(r.tf_exact)) for r in records]}
 
 
 class FirstToken(Component):
     """``first_token``: at the first answer position, the rank of the gold first token over the whole vocabulary
-    (``ft_rank_mean``, ``ft_rank_median``, ``ft_mrr``; rank 1 = top, ties counted in the token's favour: rank =
-    1 + number of tokens with a strictly greater logit), ``ft_hijack`` (share of prompts whose top-1 token is in
+    (``ft_rank_mean``, ``ft_rank_median``, ``ft_mrr``; rank 1 = top, ties counted against the token: rank =
+    number of tokens with a logit ≥ the gold one's, :mod:`harness.evaluation.ranks`), ``ft_hijack`` (share of prompts whose top-1 token is in
     the hijack set) and ``ft_top1`` (share of the most common top-1 token; the table of the 10 most common goes to
-    ``EvalResult.tables["ft_top1"]``)."""
+    ``EvalResult.tables["ft_top1"]``) and, when the pass recorded it, ``ft_nonfinite`` (share of rows whose logits
+    had a NaN or ±inf; those rows get the worst rank)."""
 
     name = "first_token"
     needs = frozenset({NEED_FIRST_LOGITS})
-    metric_names = ("ft_rank_mean", "ft_rank_median", "ft_mrr", "ft_hijack", "ft_top1")
+    metric_names = ("ft_rank_mean", "ft_rank_median", "ft_mrr", "ft_hijack", "ft_top1", "ft_nonfinite")
 
     def metrics(self, records, recipe, ctx):
         ranks = [r.gold_first_rank for r in records if r.gold_first_rank is not None]
         top1 = self._counts(records)
-        return {
+        per_item = self.item_values(records, recipe, ctx)
+        out = {
             "ft_rank_mean": _mean([float(x) for x in ranks]),
             "ft_rank_median": float(statistics.median(ranks)) if ranks else float("nan"),
             "ft_mrr": _mean([1.0 / x for x in ranks]),
-            "ft_hijack": _mean([float(r.top1_id in ctx.hijack_ids) for r in records]),
+            "ft_hijack": _mean(per_item["ft_hijack"]),
             "ft_top1": top1[0][2] / len(records) if top1 else float("nan"),
         }
+        if "ft_nonfinite" in per_item:
+            out["ft_nonfinite"] = _mean(per_item["ft_nonfinite"])
+        return out
+
+    def item_values(self, records, recipe, ctx):
+        # NaN where an item has no gold first token, so the list stays aligned with the records
+        out = {"ft_mrr": [1.0 / r.gold_first_rank if r.gold_first_rank is not None else math.nan for r in records],
+               "ft_hijack": [float(r.top1_id in ctx.hijack_ids) for r in records]}
+        if records and all(r.first_nonfinite is not None for r in records):
+            out["ft_nonfinite"] = [float(r.first_nonfinite) for r in records]
+        return out
 
     def tables(self, records, recipe, ctx):
         return {"ft_top1": [(token, count) for _, token, count in self._counts(records)[:TOP1_TABLE_SIZE]]}

@@ -29,14 +29,15 @@ from harness.evaluation.components import (
     NEED_GREEDY,
     NEED_TEACHER_FORCED,
     PROBES,
+    PROPORTION_METRICS,
     Component,
     EvalContext,
     ItemRecord,
 )
 from harness.evaluation.hijack import hijack_token_ids
+from harness.evaluation.ranks import first_token_facts
 from harness.evaluation.result import EvalResult
 from harness.losses import IGNORE_INDEX
-TOP_K_SAMPLES = 5
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -178,31 +179,14 @@ class _TokenNames:
         return self.cache[token_id]
 
 
-def first_token_facts(logits: torch.Tensor, gold_ids: Sequence[int | None]) -> dict[str, list]:
-    """From float logits ``[batch, vocab]`` at the first answer position: ``rank`` of each gold id (1 + number of
-    tokens with a strictly greater logit; None without gold), ``top1`` ids (argmax, as greedy picks) and
-    ``top5`` ``(ids, probs)`` (softmax over the whole vocabulary)."""
-    logits = logits.float()
-    gold = torch.tensor([g if g is not None else 0 for g in gold_ids], dtype=torch.long, device=logits.device)
-    gold_logit = logits.gather(1, gold[:, None])
-    ranks = (logits > gold_logit).sum(dim=1) + 1
-    top1 = logits.argmax(dim=1)
-    k = min(TOP_K_SAMPLES, logits.shape[1])
-    probs, top_ids = logits.softmax(dim=-1).topk(k, dim=-1)
-    ranks_list = ranks.tolist()
-    return {
-        "rank": [r if g is not None else None for r, g in zip(ranks_list, gold_ids)],
-        "top1": top1.tolist(),
-        "top5": list(zip(top_ids.tolist(), probs.tolist())),
-    }
-
-
 def _fill_first(records: list[ItemRecord], logits: torch.Tensor, names: _TokenNames) -> None:
     golds = [r.gold_first_id for r in records]
     facts = first_token_facts(logits, golds)
     names.learn([*facts["top1"], *(i for ids, _ in facts["top5"] for i in ids), *(g for g in golds if g is not None)])
-    for rec, rank, top1, (ids, probs) in zip(records, facts["rank"], facts["top1"], facts["top5"]):
+    for rec, rank, nonfinite, top1, (ids, probs) in zip(records, facts["rank"], facts["nonfinite"], facts["top1"],
+                                                        facts["top5"]):
         rec.gold_first_rank = rank
+        rec.first_nonfinite = nonfinite
         rec.gold_first_token = names(rec.gold_first_id) if rec.gold_first_id is not None else None
         rec.top1_id = top1
         rec.top1_token = names(top1)
@@ -326,7 +310,7 @@ def run_evaluation(model, tokenizer, items: list, recipes: dict[str, Any], spec,
     groups: dict[tuple[str, str], list[ItemRecord]] = {}
     for rec in records:
         groups.setdefault((rec.item.task, rec.item.split), []).append(rec)
-    result = EvalResult(samples=[rec.sample() for rec in records])
+    result = EvalResult()
     for (task, split), group in groups.items():
         recipe = recipes[task]
         for component in components:
@@ -334,4 +318,10 @@ def run_evaluation(model, tokenizer, items: list, recipes: dict[str, Any], spec,
                 result.metrics.append((task, split, metric, float(value)))
             for table, rows in component.tables(group, recipe, ctx).items():
                 result.tables.setdefault(table, {})[(task, split)] = rows
+            for metric, values in component.item_values(group, recipe, ctx).items():
+                result.item_values[(task, split, metric)] = values
+                if metric in PROPORTION_METRICS:  # each sample carries its 0/1 outcomes: the paired seesaw's data
+                    for rec, value in zip(group, values):
+                        rec.extra.setdefault("outcomes", {})[metric] = int(value)
+    result.samples = [rec.sample() for rec in records]
     return result
