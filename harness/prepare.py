@@ -17,6 +17,7 @@ from data_recipes import build_world, corpus, get_recipe
 
 from harness.config import Experiment, ResolvedStage
 from harness.data import collate, encode_examples, eval_items, length_grouped_batches, mixture_stream
+from harness.evaluation.lengths import needed_new_tokens, too_short_errors
 from harness.models import builtin_added_token_ids, load_hf
 from harness.pretrain import builtin_base
 
@@ -114,6 +115,9 @@ def encode_task_data(exp: Experiment, data: TaskData, tokenizer) -> EncodedData:
             else:
                 examples = splits[split]
             items.extend(eval_items(tokenizer, examples, split))
+    too_short = too_short_errors(exp.eval.max_new_tokens, needed_new_tokens(items))
+    if too_short:  # a cut-off answer would score wrong however good the model is
+        raise DataError("\n".join(too_short))
     return EncodedData(train, items)
 
 

@@ -226,7 +226,9 @@ class EvalSpec(Strict):
         default_factory=lambda: ["heldout", "heldout_template"])
     evaluators: list[str] = Field(default_factory=lambda: ["greedy", "mode_ok", "teacher_forced"])
     probes: list[str] = Field(default_factory=lambda: ["first_token"])
-    max_new_tokens: int = Field(32, ge=1)
+    max_new_tokens: Optional[int] = Field(
+        None, ge=1, description="Greedy decoding budget; null: the longest gold answer of the eval pools plus a margin "
+                                "(a value below that is an error naming the task).")
     batch_size: int = Field(64, ge=1)
     hijack_words: list[str] = Field(default_factory=lambda: ["yes", "no"])
     seesaw_delta: float = Field(0.15, gt=0, le=1)
