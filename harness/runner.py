@@ -86,7 +86,7 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
     start = resume_start(point, stages, [len(p.batches) for p in plans]) if resume else Start()
     tracker = Tracker(exp, run_dir, run_id, exp.resolved_dict(), resume_filter=start.keep)
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
-                    on_evaluation, resume_filter=start.keep)
+                    console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep)
     run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals,
                _init_states(model, stages, start.stage_index, run_dir))
     model = _restore(model, start, stages, added)
