@@ -53,20 +53,39 @@ def run(
     set_: Optional[list[str]] = SetOption,
     out: Optional[Path] = typer.Option(None, "--out", help="The run directory (default runs/<name>/<timestamp>)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the killed run in this directory."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds: one replicate per seed under "
+                                        "<run dir>/seed-<s>/ (overrides the file's seeds)."),
+    jobs: int = typer.Option(1, "--jobs", min=1, help="Replicates run at once (subprocesses) with --seeds."),
 ):
     """Train and evaluate an experiment (exit 3 when the non-finite guard stops it)."""
     from harness.adapters import SpecialTokenGradientError
     from harness.config import ConfigError
     from harness.guard import NonFiniteError
     from harness.prepare import DataError
+    from harness.replicates import SeedsError, parse_seeds, run_group
     from harness.runner import default_run_dir, run_experiment
 
     exp = _load(file, set_)
     if resume and out and out != resume:
         _fail("--resume names the run directory; drop --out or give the same directory")
+    try:
+        seed_list = parse_seeds(seeds) if seeds is not None else exp.seeds
+    except SeedsError as e:
+        _fail(str(e))
+    if jobs > 1 and not seed_list:
+        _fail("--jobs runs seed replicates at once: give --seeds (or seeds: in the file)")
+    if seed_list and resume:
+        _fail("--resume continues one run: give a replicate's directory (<group>/seed-<s>) without --seeds")
     run_dir = resume or out or default_run_dir(exp)
     try:
-        run_experiment(exp, run_dir, resume=resume is not None)
+        if seed_list:
+            command = ["run", str(file), *(arg for value in set_ or [] for arg in ("--set", value))]
+            codes = run_group(exp, run_dir, seed_list, jobs=jobs, command=command, echo=typer.echo)
+            failed = {s: c for s, c in codes.items() if c}
+            if failed:
+                _fail(f"replicates failed: {failed} (see {run_dir}/seed-<s>/console.log)", next(iter(failed.values())))
+        else:
+            run_experiment(exp, run_dir, resume=resume is not None)
     except (DataError, ConfigError) as e:
         _fail(f"{file}: {e}")
     except NonFiniteError as e:
@@ -184,7 +203,8 @@ def sweep_status(
 
 @app.command()
 def report(
-    path: Path = typer.Argument(..., help="A run directory (metrics.parquet) or a sweep directory (trials.parquet)."),
+    path: Path = typer.Argument(..., help="A run directory (metrics.parquet), a sweep directory (trials.parquet) or a "
+                                          "seed group (group.json, from run --seeds)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where report.html and the PNGs go (default PATH/report)."),
     metric: Optional[str] = typer.Option(None, "--metric", help="The metric the report is about (default greedy; "
                                                                 "for a sweep, its objective's metric)."),

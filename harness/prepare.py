@@ -32,11 +32,13 @@ class DataError(Exception):
 
 
 def task_seed(exp: Experiment, task: str) -> int:
-    """A task's data seed: its own, or one derived from the experiment seed and the task name."""
+    """A task's data seed: its own, or one derived from the experiment's data seed (``data_seed``, else ``seed``)
+    and the task name."""
     spec = exp.tasks[task]
     if spec.seed is not None:
         return spec.seed
-    return int.from_bytes(hashlib.sha256(f"{exp.seed}/{task}".encode()).digest()[:4], "little")
+    base = exp.data_seed if exp.data_seed is not None else exp.seed
+    return int.from_bytes(hashlib.sha256(f"{base}/{task}".encode()).digest()[:4], "little")
 
 
 @dataclass

@@ -273,6 +273,10 @@ class Experiment(Strict):
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
     seed: int = 0
+    seeds: Optional[list[int]] = Field(None, min_length=1, description="Run one replicate per seed (model init and "
+                                       "data order) under <run dir>/seed-<s>/; see `harness run --seeds`.")
+    data_seed: Optional[int] = Field(None, description="Seed of the task data (default: seed). Replicates of a "
+                                     "seeds group keep it fixed, so every seed is scored on the same items.")
     world: WorldSpec = Field(default_factory=WorldSpec)
     model: ModelSpec = Field(default_factory=ModelSpec)
     tasks: dict[str, TaskSpec] = Field(..., min_length=1)
@@ -282,6 +286,14 @@ class Experiment(Strict):
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     data: DataSpec = Field(default_factory=DataSpec)
     debug: DebugSpec = Field(default_factory=DebugSpec)
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: Optional[list[int]]) -> Optional[list[int]]:
+        repeated = sorted({s for s in seeds or [] if (seeds or []).count(s) > 1})
+        if repeated:
+            raise ValueError(f"seed(s) {', '.join(map(str, repeated))} given more than once")
+        return seeds
 
     @field_validator("tasks")
     @classmethod
