@@ -40,11 +40,20 @@ def _load(file: Path, overrides: Optional[list[str]]):
 
 @app.command()
 def validate(file: Path = typer.Argument(..., help="Experiment YAML."), set_: Optional[list[str]] = SetOption):
-    """Check an experiment file; exit 2 listing every error by YAML path."""
+    """Check an experiment file and its task data; exit 2 listing every error by YAML path. Prints each eval pool's
+    size and the smallest change it can detect."""
+    from harness.pools import pool_report
+    from harness.prepare import DataError
+
     exp = _load(file, set_)
     stages = exp.resolved_stages()
+    try:
+        pools = pool_report(exp)
+    except DataError as e:
+        _fail(f"{file}: {e}")
     typer.echo(f"{file}: ok — {len(exp.tasks)} tasks, {len(stages)} stages "
                f"({', '.join(f'{s.name}:{s.steps}' for s in stages)})")
+    typer.echo("\n".join(pools))
 
 
 @app.command()

@@ -4,6 +4,7 @@ an explicit value that cuts an answer is a data error, and cut-off outputs are c
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from harness.evaluation import run_evaluation
 from harness.evaluation.lengths import default_max_new_tokens, length_margin, needed_new_tokens, stop_token_ids
 from harness.prepare import DataError, build_task_data, encode_task_data
 from harness.tokenizer import ENDOFTEXT, IM_END, IM_START, train_tokenizer
+from tests.conftest import run_cli, write_yaml
 from tests.test_evaluation import Bigram, ExactRecipe, item
 
 
@@ -92,3 +94,16 @@ def test_a_budget_that_cuts_math_answers_is_a_data_error_naming_the_task(tiny):
         encode_task_data(exp, data, tok)
     encoded = encode_task_data(_math_experiment(tiny, None), data, tok)
     assert needed_new_tokens(encoded.eval_items)["math"] > 12  # "R 5 2 1 ; A 1 2 5" and its end token
+
+
+def test_validate_reports_a_cutting_budget_and_each_pool_s_detectable_change(tiny, tmp_path):
+    tiny["eval"]["max_new_tokens"] = 4
+    cut = run_cli("validate", str(write_yaml(tmp_path / "cut.yaml", tiny)))
+    assert cut.returncode == 2 and "eval.max_new_tokens=4 cuts task 'math'" in cut.stderr
+    tiny["eval"]["max_new_tokens"] = None
+    tiny["tasks"]["math"]["eval"] = 100
+    ok = run_cli("validate", str(write_yaml(tmp_path / "ok.yaml", tiny)))
+    assert ok.returncode == 0, ok.stderr
+    assert "max_new_tokens" in ok.stdout and "(auto)" in ok.stdout
+    assert re.search(r"^  math +heldout +n=100 +±0\.\d\d$", ok.stdout, re.M), ok.stdout
+    assert re.search(r"^  repeat +heldout +n=4 +none$", ok.stdout, re.M), ok.stdout  # 4 items detect nothing

@@ -45,7 +45,7 @@ def too_short_errors(max_new_tokens: int | None, needed: dict[str, int]) -> list
     if max_new_tokens is None:
         return []
     return [f"eval.max_new_tokens={max_new_tokens} cuts task {task!r}: its longest gold answer needs {n} tokens "
-            f"(end token included); raise it to at least {n} or leave it null (auto: {n + length_margin(n)})"
+            f"(end token included); raise it to at least {n} or leave it null (auto)"
             for task, n in sorted(needed.items()) if n > max_new_tokens]
 
 
