@@ -41,11 +41,20 @@ def _load(file: Path, overrides: Optional[list[str]]):
 
 @app.command()
 def validate(file: Path = typer.Argument(..., help="Experiment YAML."), set_: Optional[list[str]] = SetOption):
-    """Check an experiment file; exit 2 listing every error by YAML path."""
+    """Check an experiment file and its task data; exit 2 listing every error by YAML path. Prints each eval pool's
+    size and the smallest change it can detect."""
+    from harness.pools import pool_report
+    from harness.prepare import DataError
+
     exp = _load(file, set_)
     stages = exp.resolved_stages()
+    try:
+        pools = pool_report(exp)
+    except DataError as e:
+        _fail(f"{file}: {e}")
     typer.echo(f"{file}: ok — {len(exp.tasks)} tasks, {len(stages)} stages "
                f"({', '.join(f'{s.name}:{s.steps}' for s in stages)})")
+    typer.echo("\n".join(pools))
 
 
 @app.command()
@@ -56,6 +65,9 @@ def run(
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the killed run in this directory."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Data-parallel ranks on this machine (through torchrun; "
                                                         "batch_size stays the global batch)."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds: one replicate per seed under "
+                                        "<run dir>/seed-<s>/ (overrides the file's seeds)."),
+    jobs: int = typer.Option(1, "--jobs", min=1, help="Replicates run at once (subprocesses) with --seeds."),
 ):
     """Train and evaluate an experiment (exit 3 when the non-finite guard stops it)."""
     import os
@@ -66,6 +78,7 @@ def run(
     from harness.config import ConfigError
     from harness.guard import NonFiniteError
     from harness.prepare import DataError
+    from harness.replicates import SeedsError, parse_seeds, run_group
     from harness.runner import default_run_dir, run_experiment
 
     exp = _load(file, set_)
@@ -73,14 +86,31 @@ def run(
         _fail("--resume names the run directory; drop --out or give the same directory")
     if resume and (nproc > 1 or distributed.launched_by_torchrun()):
         _fail("--resume of a data-parallel run is not supported yet; resume it in one process")
+    try:
+        seed_list = parse_seeds(seeds) if seeds is not None else exp.seeds
+    except SeedsError as e:
+        _fail(str(e))
+    if jobs > 1 and not seed_list:
+        _fail("--jobs runs seed replicates at once: give --seeds (or seeds: in the file)")
+    if seed_list and resume:
+        _fail("--resume continues one run: give a replicate's directory (<group>/seed-<s>) without --seeds")
+    if seed_list and nproc > 1:
+        _fail("--seeds with --nproc is not supported yet: run each seed with --set seed=<s> --nproc N")
     run_dir = resume or out or default_run_dir(exp)
     if nproc > 1 and not distributed.launched_by_torchrun():
         argv = [a for a in sys.argv[1:]] + ([] if out or resume else ["--out", str(run_dir)])  # one dir for all
         raise typer.Exit(subprocess.run(distributed.torchrun_command(nproc, argv), env=os.environ).returncode)
     session = distributed.rank_session(exp, run_dir) if distributed.launched_by_torchrun() else None
     try:
-        with session or contextlib.nullcontext((exp, run_dir)) as (exp, run_dir):
-            run_experiment(exp, run_dir, resume=resume is not None)
+        if seed_list:
+            command = ["run", str(file), *(arg for value in set_ or [] for arg in ("--set", value))]
+            codes = run_group(exp, run_dir, seed_list, jobs=jobs, command=command, echo=typer.echo)
+            failed = {s: c for s, c in codes.items() if c}
+            if failed:
+                _fail(f"replicates failed: {failed} (see {run_dir}/seed-<s>/console.log)", next(iter(failed.values())))
+        else:
+            with session or contextlib.nullcontext((exp, run_dir)) as (exp, run_dir):
+                run_experiment(exp, run_dir, resume=resume is not None)
     except (DataError, ConfigError) as e:
         _fail(f"{file}: {e}")
     except NonFiniteError as e:
@@ -202,7 +232,8 @@ def sweep_status(
 
 @app.command()
 def report(
-    path: Path = typer.Argument(..., help="A run directory (metrics.parquet) or a sweep directory (trials.parquet)."),
+    path: Path = typer.Argument(..., help="A run directory (metrics.parquet), a sweep directory (trials.parquet) or a "
+                                          "seed group (group.json, from run --seeds)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where report.html and the PNGs go (default PATH/report)."),
     metric: Optional[str] = typer.Option(None, "--metric", help="The metric the report is about (default greedy; "
                                                                 "for a sweep, its objective's metric)."),

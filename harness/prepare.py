@@ -17,6 +17,7 @@ from data_recipes import build_world, corpus, get_recipe
 
 from harness.config import Experiment, ResolvedStage
 from harness.data import collate, encode_examples, eval_items, length_grouped_batches, mixture_stream
+from harness.evaluation.lengths import needed_new_tokens, too_short_errors
 from harness.models import builtin_added_token_ids, load_hf
 from harness.pretrain import builtin_base
 
@@ -31,11 +32,13 @@ class DataError(Exception):
 
 
 def task_seed(exp: Experiment, task: str) -> int:
-    """A task's data seed: its own, or one derived from the experiment seed and the task name."""
+    """A task's data seed: its own, or one derived from the experiment's data seed (``data_seed``, else ``seed``)
+    and the task name."""
     spec = exp.tasks[task]
     if spec.seed is not None:
         return spec.seed
-    return int.from_bytes(hashlib.sha256(f"{exp.seed}/{task}".encode()).digest()[:4], "little")
+    base = exp.data_seed if exp.data_seed is not None else exp.seed
+    return int.from_bytes(hashlib.sha256(f"{base}/{task}".encode()).digest()[:4], "little")
 
 
 @dataclass
@@ -114,6 +117,9 @@ def encode_task_data(exp: Experiment, data: TaskData, tokenizer) -> EncodedData:
             else:
                 examples = splits[split]
             items.extend(eval_items(tokenizer, examples, split))
+    too_short = too_short_errors(exp.eval.max_new_tokens, needed_new_tokens(items))
+    if too_short:  # a cut-off answer would score wrong however good the model is
+        raise DataError("\n".join(too_short))
     return EncodedData(train, items)
 
 

@@ -86,7 +86,7 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
     start = resume_start(point, stages, [len(p.batches) for p in plans]) if resume else Start()
     tracker = Tracker(exp, run_dir, run_id, exp.resolved_dict(), resume_filter=start.keep)
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
-                    _announcing(console, on_evaluation), resume_filter=start.keep)
+                    console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep)
     run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals,
                _init_states(model, stages, start.stage_index, run_dir))
     run.baselines = _log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stages[0].name)
@@ -155,16 +155,6 @@ def _reopen_run(exp: Experiment, run_dir: Path, console) -> tuple[str, Optional[
     point = latest_resume_point(run_dir)
     console.info(f"resuming {run_id} from {point.name if point else 'the start (no resumable checkpoint)'}")
     return run_id, point
-
-
-def _announcing(console, on_evaluation: Optional[Callable[[str, int, list[Row]], None]]
-                ) -> Callable[[str, int, list[Row]], None]:
-    """``on_evaluation`` preceded by the console's per-evaluation lines (each task's score and interval)."""
-    def announce(stage: str, step: int, rows: list[Row]) -> None:
-        console.evaluation_lines(stage, step, rows)
-        if on_evaluation is not None:
-            on_evaluation(stage, step, rows)
-    return announce
 
 
 def _log_baselines(tracker: Tracker, baselines: dict, stage: str) -> dict[str, Any]:

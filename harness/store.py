@@ -38,7 +38,7 @@ INTERVAL_COLUMNS = ("n", "ci_low", "ci_high")
 FILENAME = "metrics.parquet"
 # Per-task metrics of the contract where a smaller value is better (every other one: larger is better); sweeps
 # take their default objective direction from it, the analysis its plot and ranking directions.
-LOWER_IS_BETTER = frozenset({"loss", "eval_loss", "ft_rank_mean", "ft_rank_median", "ft_hijack"})
+LOWER_IS_BETTER = frozenset({"loss", "eval_loss", "ft_rank_mean", "ft_rank_median", "ft_hijack", "truncated"})
 
 
 @dataclass(frozen=True)

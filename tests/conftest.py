@@ -32,7 +32,7 @@ TINY = {
         "math": {"recipe": "math_reversed", "train": 40, "eval": 4, "params": {"digits": 2}},
     },
     "train": {"batch_size": 4, "optim": {"lr": 3e-3, "warmup": 1}, "log_every": 2},
-    "eval": {"every": 4, "max_new_tokens": 4, "splits": ["heldout"]},
+    "eval": {"every": 4, "splits": ["heldout"]},  # max_new_tokens: auto (what the gold answers need)
     "stages": [
         {"name": "a", "steps": 4, "mixture": {"repeat": 1.0}},
         {"name": "b", "steps": 4, "mixture": {"repeat": 0.5, "yesno": 0.5}},

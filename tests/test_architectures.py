@@ -202,7 +202,6 @@ def test_model_hf_local_runs_end_to_end(local_gpt2, tiny, tmp_path):
     directory, _ = local_gpt2
     tiny["model"] = {"hf": str(directory)}
     tiny["tasks"] = {"repeat": {"recipe": "repeat", "train": 24, "eval": 3}}
-    tiny["eval"]["max_new_tokens"] = 3
     tiny["stages"] = [{"name": "a", "steps": 2, "mixture": {"repeat": 1.0}},
                       {"name": "b", "steps": 2, "mixture": {"repeat": 1.0}}]
     path = write_yaml(tmp_path / "hf.yaml", tiny)

@@ -5,6 +5,7 @@ and stores from before the interval columns."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def test_micro_summary_has_baselines_intervals_and_the_seesaw_rule(micro_run):
     base = store.filter(pl.col("metric") == "baseline_greedy", pl.col("task") == "identity")
     assert base.height == 2 and set(base["value"]) == {1.0}  # heldout and heldout_template
     console = (micro_run / "console.txt").read_text()
-    assert "eval step 0 (" in console and "n=" in console and "paired tests" in console
+    assert re.search(r"^eval \w+@0 heldout \(greedy\): ", console, re.M) and "n=" in console and "paired tests" in console
 
 
 def _planted_outcomes(n: int = 80) -> list[dict]:

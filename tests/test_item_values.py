@@ -23,14 +23,17 @@ def record(pred, gold=GOLD, **facts):
 
 def test_greedy_reports_answer_ok_beside_greedy_for_math():
     recipe = get_recipe("math_reversed")()
-    records = [record(GOLD), record("R 0 0 ; A 1 9"), record("garbage A 1 9 more")]
+    records = [record(GOLD, truncated=False), record("R 0 0 ; A 1 9", truncated=False),
+               record("garbage A 1 9 more", truncated=True)]
     greedy = EVALUATORS.get("greedy")
     ctx = EvalContext(None, frozenset(), None)
-    assert greedy.item_values(records, recipe, ctx) == {"greedy": [1.0, 0.0, 0.0], "answer_ok": [1.0, 1.0, 0.0]}
-    assert greedy.metrics(records, recipe, ctx) == {"greedy": pytest.approx(1 / 3), "answer_ok": pytest.approx(2 / 3)}
+    assert greedy.item_values(records, recipe, ctx) == {"greedy": [1.0, 0.0, 0.0], "answer_ok": [1.0, 1.0, 0.0],
+                                                        "truncated": [0.0, 0.0, 1.0]}
+    assert greedy.metrics(records, recipe, ctx) == {"greedy": pytest.approx(1 / 3), "answer_ok": pytest.approx(2 / 3),
+                                                    "truncated": pytest.approx(1 / 3)}
     assert set(greedy.metric_names) >= {"greedy", "answer_ok"}
     identity = get_recipe("identity")()
-    assert set(greedy.metrics(records, identity, ctx)) == {"greedy"}  # no extra scores: no answer_ok row
+    assert set(greedy.metrics(records, identity, ctx)) == {"greedy", "truncated"}  # no extra scores: no answer_ok
 
 
 def test_first_token_reports_nonfinite_only_when_measured():

@@ -17,7 +17,7 @@ from tests.conftest import MICRO
 
 SHRINK = [
     "model.pretrain.steps=6", "tracking.wandb.mode=disabled", "tracking.console=false", "eval.every=100",
-    "eval.max_new_tokens=3", "stages[0].steps=3", "stages[1].steps=3", "stages[2].steps=3",
+    "stages[0].steps=3", "stages[1].steps=3", "stages[2].steps=3",
     "tasks.repeat.train=40", "tasks.yesno.train=40", "tasks.assistant_qa.train=40", "tasks.math.train=40",
     "tasks.identity.train=20", "tasks.repeat.eval=2", "tasks.yesno.eval=2", "tasks.assistant_qa.eval=2",
     "tasks.math.eval=2", "tasks.identity.eval=2",

@@ -230,7 +230,9 @@ class EvalSpec(Strict):
         default_factory=lambda: ["heldout", "heldout_template"])
     evaluators: list[str] = Field(default_factory=lambda: ["greedy", "mode_ok", "teacher_forced"])
     probes: list[str] = Field(default_factory=lambda: ["first_token"])
-    max_new_tokens: int = Field(32, ge=1)
+    max_new_tokens: Optional[int] = Field(
+        None, ge=1, description="Greedy decoding budget; null: the longest gold answer of the eval pools plus a margin "
+                                "(a value below that is an error naming the task).")
     batch_size: int = Field(64, ge=1)
     hijack_words: list[str] = Field(default_factory=lambda: ["yes", "no"])
     seesaw_delta: float = Field(0.15, gt=0, le=1)
@@ -282,6 +284,10 @@ class Experiment(Strict):
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
     seed: int = 0
+    seeds: Optional[list[int]] = Field(None, min_length=1, description="Run one replicate per seed (model init and "
+                                       "data order) under <run dir>/seed-<s>/; see `harness run --seeds`.")
+    data_seed: Optional[int] = Field(None, description="Seed of the task data (default: seed). Replicates of a "
+                                     "seeds group keep it fixed, so every seed is scored on the same items.")
     world: WorldSpec = Field(default_factory=WorldSpec)
     model: ModelSpec = Field(default_factory=ModelSpec)
     tasks: dict[str, TaskSpec] = Field(..., min_length=1)
@@ -291,6 +297,14 @@ class Experiment(Strict):
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     data: DataSpec = Field(default_factory=DataSpec)
     debug: DebugSpec = Field(default_factory=DebugSpec)
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: Optional[list[int]]) -> Optional[list[int]]:
+        repeated = sorted({s for s in seeds or [] if (seeds or []).count(s) > 1})
+        if repeated:
+            raise ValueError(f"seed(s) {', '.join(map(str, repeated))} given more than once")
+        return seeds
 
     @field_validator("tasks")
     @classmethod

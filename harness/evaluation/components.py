@@ -42,7 +42,7 @@ TOP1_TABLE_SIZE = 10
 #: Metrics that are a share of items (mean of a 0/1 outcome per item): stored with ``n`` and a Wilson interval, and
 #: tested with exact McNemar in the seesaw. Not ``ft_top1``: its "success" (the most common top-1 token) is picked
 #: after looking at the data, so a binomial interval around it would be too narrow.
-PROPORTION_METRICS = frozenset({"greedy", "answer_ok", "mode_ok", "tf_first", "tf_exact", "ft_hijack",
+PROPORTION_METRICS = frozenset({"greedy", "answer_ok", "truncated", "mode_ok", "tf_first", "tf_exact", "ft_hijack",
                                 "ft_nonfinite"})
 
 
@@ -65,6 +65,7 @@ class ItemRecord:
     pred: str | None = None  # decoded with skip_special_tokens
     correct: bool | None = None  # recipe.is_correct(pred, gold_text)
     mode_ok: bool | None = None  # recipe.mode_ok(pred)
+    truncated: bool | None = None  # decoding hit max_new_tokens without producing a stop token
     # teacher forcing
     tf_hits: list[bool] | None = None  # per gold token: is it the argmax given the gold prefix
     tf_nll: float | None = None  # summed cross-entropy of the gold tokens (nats)
@@ -102,6 +103,7 @@ class ItemRecord:
             "pred": self.pred,
             "correct": self.correct,
             "mode_ok": self.mode_ok,
+            "truncated": self.truncated,
             "tf_first": self.tf_first,
             "tf_exact": self.tf_exact,
             "gold_first_id": gold_first,
@@ -148,17 +150,19 @@ def _extra_scores(records: list[ItemRecord], recipe: Any) -> dict[str, list[floa
 
 class Greedy(Component):
     """``greedy``: share of greedy outputs that the task's recipe judges correct (``is_correct(pred, gold)``);
-    plus the recipe's extra scores of the same outputs (``answer_ok`` for math: the A part alone)."""
+    plus the recipe's extra scores of the same outputs (``answer_ok`` for math: the A part alone) and
+    ``truncated``, the share of outputs cut off at ``max_new_tokens`` before any stop token."""
 
     name = "greedy"
     needs = frozenset({NEED_GREEDY})
-    metric_names = ("greedy", "answer_ok")
+    metric_names = ("greedy", "answer_ok", "truncated")
 
     def metrics(self, records, recipe, ctx):
         return {m: _mean(values) for m, values in self.item_values(records, recipe, ctx).items()}
 
     def item_values(self, records, recipe, ctx):
-        return {"greedy": [float(bool(r.correct)) for r in records], **_extra_scores(records, recipe)}
+        return {"greedy": [float(bool(r.correct)) for r in records], **_extra_scores(records, recipe),
+                "truncated": [float(bool(r.truncated)) for r in records]}
 
 
 class ModeOk(Component):

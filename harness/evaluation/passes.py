@@ -36,6 +36,7 @@ from harness.evaluation.components import (
 )
 from harness.evaluation.hijack import hijack_token_ids
 from harness.evaluation.ranks import first_token_facts
+from harness.evaluation.lengths import default_max_new_tokens, stop_token_ids
 from harness.evaluation.result import EvalResult
 from harness.losses import IGNORE_INDEX
 
@@ -112,12 +113,13 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: Any = None
     return ids.to(device), mask.to(device), position_ids.to(device)
 
 
-def greedy_decode(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_token_id: int | None,
-                  pad_token_id: int, io: ModelIO | None = None, return_first_logits: bool = False
+def greedy_decode(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                  eos_token_id: int | Sequence[int] | None, pad_token_id: int, io: ModelIO | None = None, return_first_logits: bool = False
                   ) -> tuple[list[list[int]], torch.Tensor | None]:
     """Greedy continuation of one left-padded batch of prompts with a KV cache.
 
-    Returns the generated ids per prompt (ending with ``eos_token_id`` when it was produced; no padding) and,
+    ``eos_token_id`` may be a list (every end-of-turn token, as ``generate`` accepts). Returns the generated ids per
+    prompt (ending with the first stop token when one was produced; no padding) and,
     if asked, the float32 logits at the last prompt position ``[batch, vocab]`` (the prefill's). Sequences stop at
     eos or after ``max_new_tokens``; the loop stops when all have. Finished rows keep being fed the pad token (as
     in ``generate``) so that the batch's computation — and therefore every row's argmax — is identical to
@@ -130,13 +132,15 @@ def greedy_decode(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: in
     first = logits[:, -1].float() if return_first_logits else None
     unfinished = torch.ones(batch, dtype=torch.bool, device=ids.device)
     pad = torch.tensor(pad_token_id, dtype=torch.long, device=ids.device)
+    stops = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    stop_ids = torch.tensor(stops, dtype=torch.long, device=ids.device)
     steps: list[torch.Tensor] = []
     for step in range(max_new_tokens):
         next_tokens = logits[:, -1].float().argmax(dim=-1)
         next_tokens = torch.where(unfinished, next_tokens, pad)
         steps.append(next_tokens)
-        if eos_token_id is not None:
-            unfinished &= next_tokens != eos_token_id
+        if stops:
+            unfinished &= ~torch.isin(next_tokens, stop_ids)
         if step == max_new_tokens - 1 or not bool(unfinished.any()):
             break
         mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=-1)
@@ -145,9 +149,8 @@ def greedy_decode(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: in
     generated = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(batch)]
     out = []
     for row in generated:
-        if eos_token_id is not None and eos_token_id in row:
-            row = row[: row.index(eos_token_id) + 1]
-        out.append(row)
+        ended = [i for i, token in enumerate(row) if token in stops]
+        out.append(row[: ended[0] + 1] if ended else row)
     return out, first
 
 
@@ -196,13 +199,17 @@ def _fill_first(records: list[ItemRecord], logits: torch.Tensor, names: _TokenNa
 def _greedy_pass(model, io, records, tokenizer, spec, want_first: bool, names: _TokenNames) -> None:
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    stops = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
+    # null: what the longest gold answer needs plus a margin (harness.prepare rejects an explicit value below it).
+    max_new = spec.max_new_tokens or default_max_new_tokens(r.item for r in records)
     order = sorted(range(len(records)), key=lambda i: len(records[i].item.prompt_ids))
     for chunk in _batches(order, spec.batch_size):
         batch = [records[i] for i in chunk]
-        generated, first = greedy_decode(model, [r.item.prompt_ids for r in batch], max_new_tokens=spec.max_new_tokens,
-                                         eos_token_id=eos, pad_token_id=pad, io=io, return_first_logits=want_first)
+        generated, first = greedy_decode(model, [r.item.prompt_ids for r in batch], max_new_tokens=max_new,
+                                         eos_token_id=stops, pad_token_id=pad, io=io, return_first_logits=want_first)
         for rec, ids in zip(batch, generated):
             rec.pred_ids = ids
+            rec.truncated = len(ids) >= max_new and (not ids or ids[-1] not in stops)
         if want_first:
             _fill_first(batch, first, names)
 

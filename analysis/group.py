@@ -1,0 +1,107 @@
+"""Seed groups (``harness run --seeds``): per-task final scores across replicates and seesaw events that recur.
+
+- :func:`final_scores`: for every task × split, each seed's final score (the last stage's last evaluation), their
+  mean with a Student-t 95 % interval across seeds (``t_low`` / ``t_high``: how much the score moves between
+  trainings), next to the 95 % Wilson interval one run of ``n`` items would give at that mean (``within_low`` /
+  ``within_high``: how much it moves between eval pools of that size);
+- :func:`recurring_events`: seesaw events matched across seeds on (split, rose task, fell task, stage transition),
+  with ``recurs_in`` = ``k/N`` — the number of replicates in which the event happened.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from analysis.loading import AnalysisError, PathLike, load_samples, read_summary
+from harness.replicates import GROUP_FILE
+from harness.stats import t_interval, wilson_interval
+
+
+def is_group_dir(path: PathLike) -> bool:
+    return (Path(path) / GROUP_FILE).is_file()
+
+
+def read_group(group_dir: PathLike) -> dict[str, Any]:
+    path = Path(group_dir) / GROUP_FILE
+    if not path.is_file():
+        raise AnalysisError(f"{group_dir}: not a seed group (no {GROUP_FILE}; made by harness run --seeds)")
+    return json.loads(path.read_text())
+
+
+def replicate_runs(group_dir: PathLike) -> dict[int, Path]:
+    """``{seed: run directory}`` of the replicates that finished (wrote ``summary.json``), in seed order."""
+    group = read_group(group_dir)
+    runs = {int(s): Path(group_dir) / name for s, name in group["replicates"].items()}
+    done = {s: d for s, d in sorted(runs.items()) if (d / "summary.json").is_file()}
+    if not done:
+        raise AnalysisError(f"{group_dir}: no replicate has finished yet (no seed-*/summary.json)")
+    return done
+
+
+def _item_counts(run_dir: Path) -> dict[tuple[str, str], int]:
+    """Items per task × split at the run's last evaluation (from ``samples.jsonl``)."""
+    samples = load_samples(run_dir, lazy=True)
+    last = samples.select(pl.col("step").max()).collect().item()
+    counts = samples.filter(pl.col("step") == last).group_by("task", "split").len().collect()
+    return {(r["task"], r["split"]): r["len"] for r in counts.iter_rows(named=True)}
+
+
+def final_scores(group_dir: PathLike, metric: str = "greedy") -> pl.DataFrame:
+    """One row per split × task: ``seeds`` (replicates with a value), ``mean``, ``t_low``/``t_high`` (across
+    seeds), ``n`` (items per run), ``within_low``/``within_high`` (one run's Wilson interval at the mean) and
+    ``values`` (per seed)."""
+    per_seed: dict[tuple[str, str], dict[int, float]] = {}
+    counts: dict[tuple[str, str], int] = {}
+    for seed, run_dir in replicate_runs(group_dir).items():
+        final = read_summary(run_dir)["stages"][-1]["metrics"]
+        for split, tasks in final.items():
+            for task, values in tasks.items():
+                if metric in values:
+                    per_seed.setdefault((split, task), {})[seed] = float(values[metric])
+        counts.update({(s, t): n for (t, s), n in _item_counts(run_dir).items()})
+    rows = []
+    for (split, task), values in sorted(per_seed.items()):
+        across = t_interval(list(values.values()))
+        n = counts.get((split, task))
+        within = wilson_interval(round(across.estimate * n), n) if n else None
+        rows.append({"split": split, "task": task, "seeds": len(values), "mean": across.estimate,
+                     "t_low": across.low, "t_high": across.high, "n": n,
+                     "within_low": within.low if within else None, "within_high": within.high if within else None,
+                     "values": ", ".join(f"{s}: {v:.3f}" for s, v in values.items())})
+    return pl.DataFrame(rows)
+
+
+def _transition(event: dict[str, Any]) -> str:
+    a, b = event.get("stage_from"), event.get("stage_to")
+    return a if a == b else f"{a}→{b}"
+
+
+def recurring_events(group_dir: PathLike) -> pl.DataFrame:
+    """Seesaw events of every replicate, matched on (split, rose, fell, stage transition): ``recurs_in`` (``k/N``
+    over the finished replicates), ``seeds``, the metrics they fired on, the mean rise and fall, and the largest
+    ``p_value`` when the runs' events carry one. Most recurrent first."""
+    runs = replicate_runs(group_dir)
+    matched: dict[tuple[str, str, str, str], list[tuple[int, dict]]] = {}
+    for seed, run_dir in runs.items():
+        for event in read_summary(run_dir).get("seesaw_events", []):
+            key = (event["split"], event["rose"], event["fell"], _transition(event))
+            matched.setdefault(key, []).append((seed, event))
+    rows = []
+    for (split, rose, fell, transition), hits in matched.items():
+        seeds = sorted({s for s, _ in hits})
+        p_values = [e["p_value"] for _, e in hits if e.get("p_value") is not None]
+        rows.append({"split": split, "stages": transition, "rose": rose, "fell": fell,
+                     "recurs_in": f"{len(seeds)}/{len(runs)}", "k": len(seeds),
+                     "seeds": ", ".join(map(str, seeds)), "metrics": ", ".join(sorted({e["metric"] for _, e in hits})),
+                     "rose_by": sum(e["rose_by"] for _, e in hits) / len(hits),
+                     "fell_by": sum(e["fell_by"] for _, e in hits) / len(hits),
+                     "max_p_value": max(p_values) if p_values else None})
+    if not rows:
+        return pl.DataFrame(schema={"split": pl.Utf8, "stages": pl.Utf8, "rose": pl.Utf8, "fell": pl.Utf8,
+                                    "recurs_in": pl.Utf8, "k": pl.Int64, "seeds": pl.Utf8, "metrics": pl.Utf8,
+                                    "rose_by": pl.Float64, "fell_by": pl.Float64, "max_p_value": pl.Float64})
+    return pl.DataFrame(rows).sort(["k", "split", "stages"], descending=[True, False, False])

@@ -1,0 +1,55 @@
+"""The report of a seed group (``harness report GROUP``): final scores with their across-seed t-interval next to
+one run's Wilson interval, and seesaw events with the number of seeds they recur in (:mod:`analysis.group`)."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any, Optional
+
+import polars as pl
+
+from analysis.group import final_scores, read_group, recurring_events, replicate_runs
+from analysis.loading import PathLike
+from analysis.report.page import Page, facts_table, fmt, table
+
+
+def _interval(low: Optional[float], high: Optional[float]) -> str:
+    return "–" if low is None or high is None else f"[{fmt(low)}, {fmt(high)}]"
+
+
+def score_table(scores: pl.DataFrame) -> pl.DataFrame:
+    """The displayed columns: mean, across-seed interval, within-run interval, n, per-seed values."""
+    return pl.DataFrame([{
+        "task": r["task"], "seeds": r["seeds"], "mean": r["mean"],
+        "95% across seeds (t)": _interval(r["t_low"], r["t_high"]), "n items": r["n"],
+        "95% one run (Wilson)": _interval(r["within_low"], r["within_high"]), "per seed": r["values"],
+    } for r in scores.iter_rows(named=True)])
+
+
+def group_report(group_dir: PathLike, out: Optional[PathLike] = None, *, metric: str = "greedy",
+                 **_: Any) -> Path:
+    """Write ``report.html`` for a seed group; returns its path. (Run-report options such as ``delta`` do not
+    apply: events come from each replicate's own detection.)"""
+    group_dir = Path(group_dir)
+    out = Path(out) if out else group_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    group, runs = read_group(group_dir), replicate_runs(group_dir)
+    page = Page(out, f"{group['experiment']}: {len(runs)} seeds")
+    page.section("Final scores across seeds", "scores")
+    page.p(f"{html.escape(metric)} at the end of the last stage. The t-interval across seeds measures how much the "
+           "score moves between trainings; the Wilson interval is what one run of n items would report at that "
+           "mean (eval-pool noise). Every replicate is scored on the same items (data_seed "
+           f"{group['data_seed']}).", "note")
+    scores = final_scores(group_dir, metric)
+    for split in scores["split"].unique(maintain_order=True).to_list() if not scores.is_empty() else []:
+        page.h3(split)
+        page.raw(table(score_table(scores.filter(pl.col("split") == split))))
+    page.section("Seesaw events across seeds", "events")
+    page.p("Matched on split, rising task, falling task and stage transition; recurs_in counts the replicates "
+           "whose run detected it (with the run's own rule: eval.seesaw_test).", "note")
+    page.raw(table(recurring_events(group_dir).drop("k")))
+    page.section("Replicates", "replicates")
+    page.raw(facts_table({f"seed {s}": str(d) for s, d in runs.items()}
+                         | {f"seed {s} status": st for s, st in group["status"].items()}))
+    return page.write(f"seed group {html.escape(str(group_dir))}")
