@@ -1,7 +1,9 @@
 """The local metrics store: one long-format parquet file per run, written with polars.
 
 Columns (the metric contract of docs/design.md): ``run_id, stage, step, task, split, metric, value, time``, plus
-``text`` for values that are tables (``ft_top1`` as JSON). Run-level metrics have ``task = null``.
+``text`` for values that are tables (``ft_top1`` as JSON) and ``cached_from`` (the id of the run that computed a
+row this run copied from the stage cache, :mod:`harness.stage_cache`; null otherwise — stores written before the
+column existed read with it null). Run-level metrics have ``task = null``.
 
 The file is rewritten atomically (temporary file, then rename) at every flush, so a reader — a notebook polling
 a run in progress — always sees a complete file, and a crash never leaves a half-written one.
@@ -27,6 +29,7 @@ SCHEMA = {
     "value": pl.Float64,
     "time": pl.Float64,
     "text": pl.Utf8,
+    "cached_from": pl.Utf8,
 }
 FILENAME = "metrics.parquet"
 # Per-task metrics of the contract where a smaller value is better (every other one: larger is better); sweeps
@@ -69,7 +72,7 @@ class MetricsStore:
         self._dirty = False
         self._last_flush = time.monotonic()
 
-    def log(self, rows: Iterable[Row]) -> None:
+    def log(self, rows: Iterable[Row], cached_from: Optional[str] = None) -> None:
         now = time.time()
         cols = self._columns
         for r in rows:
@@ -82,6 +85,7 @@ class MetricsStore:
             cols["value"].append(float(r.value))
             cols["time"].append(now)
             cols["text"].append(r.text)
+            cols["cached_from"].append(cached_from)
             self._dirty = True
         if self._dirty and time.monotonic() - self._last_flush > self.flush_seconds:
             self.flush()
@@ -94,7 +98,7 @@ class MetricsStore:
         for row in frame.iter_rows(named=True):
             if keep(row["stage"], row["step"], row["metric"]):
                 for name in SCHEMA:
-                    self._columns[name].append(row[name])
+                    self._columns[name].append(row.get(name))  # a column added since: null
         self._dirty = True
         self.flush()
 
@@ -117,5 +121,8 @@ class MetricsStore:
 
 
 def read_metrics(run_dir: str | Path) -> pl.DataFrame:
-    """The store of a run (finished or in progress)."""
-    return pl.read_parquet(Path(run_dir) / FILENAME)
+    """The store of a run (finished or in progress); a column added to :data:`SCHEMA` since it was written reads
+    as null."""
+    frame = pl.read_parquet(Path(run_dir) / FILENAME)
+    missing = [pl.lit(None, dtype).alias(name) for name, dtype in SCHEMA.items() if name not in frame.columns]
+    return frame.with_columns(missing) if missing else frame
