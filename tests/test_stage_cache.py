@@ -6,6 +6,7 @@ are safe; housekeeping lists, sizes and prunes."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import time
@@ -16,11 +17,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from harness.cache_housekeeping import list_entries, prune
 from harness.config import Experiment
 from harness.prepare import build_task_data
 from harness.runner import run_experiment
 from harness.stage_cache import _publish, read_entry, stage_keys, task_data_hash
 from harness.store import read_metrics
+from tests.conftest import run_cli
 
 WALL_CLOCK = ["tokens_per_s"]  # the only values that may differ between two identical runs
 
@@ -40,7 +43,7 @@ def _four_stages(tiny: dict) -> dict:
     exp["stages"] = [
         {"name": "a", "steps": 4, "mixture": {"repeat": 1.0}},
         {"name": "b", "steps": 4, "mixture": {"repeat": 0.5, "yesno": 0.5}, "trainable": lora},
-        {"name": "c", "steps": 4, "mixture": {"yesno": 0.5, "math": 0.5}, "trainable": lora},
+        {"name": "c", "steps": 4, "mixture": {"yesno": 0.5, "math": 0.5}, "trainable": dict(lora)},
         {"name": "d", "steps": 3, "init": "a", "mixture": {"math": 1.0}},
     ]
     exp["train"]["log_every"] = 3
@@ -182,7 +185,7 @@ def test_two_writers_of_one_stage_keep_one_whole_entry(tmp_path):
         tmp = tmp_path / name
         tmp.mkdir()
         (tmp / "x").write_text(content)
-        digest = __import__("hashlib").sha256(content.encode()).hexdigest()
+        digest = hashlib.sha256(content.encode()).hexdigest()
         (tmp / "meta.json").write_text(json.dumps({"parts": [], "files": {"x": {"size": len(content),
                                                                                "sha256": digest}}}))
         return tmp
@@ -195,3 +198,46 @@ def test_two_writers_of_one_stage_keep_one_whole_entry(tmp_path):
     assert _publish(finished(".w3", "third"), target, has_checkpoint=False)  # a corrupt entry is replaced
     assert (target / "x").read_text() == "third"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]
+
+
+# -- housekeeping -------------------------------------------------------------------------------------------------
+
+
+def _fake_entry(root: Path, key: str, size: int, age_s: float, meta: bool = True) -> Path:
+    path = root / key
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(b"\0" * size)
+    if meta:
+        (path / "meta.json").write_text(json.dumps({"experiment": "x", "stage": key, "index": 0, "end_step": 4}))
+    old = time.time() - age_s
+    os.utime(path, (old, old))
+    return path
+
+
+def test_prune_removes_old_corrupt_and_least_recently_used_entries(tmp_path):
+    root = tmp_path / "stages"
+    _fake_entry(root, "old", 100, age_s=8 * 86400)
+    _fake_entry(root, "corrupt", 100, age_s=60, meta=False)
+    _fake_entry(root, "lru", 1000, age_s=3600)
+    _fake_entry(root, "recent", 1000, age_s=10)
+    abandoned = root / ".writer.abc"
+    abandoned.mkdir()
+    os.utime(abandoned, (time.time() - 86400, time.time() - 86400))
+    (root / ".writer.fresh").mkdir()  # a writer at work: left alone
+    removed = prune(root, older_than_s=7 * 86400, max_size=1500)
+    assert sorted(e.path.name for e in removed) == ["corrupt", "lru", "old"]
+    assert [e.path.name for e in list_entries(root)] == ["recent"]
+    assert sorted(p.name for p in root.iterdir()) == [".writer.fresh", "recent"]
+
+
+def test_cache_cli_lists_sizes_and_rejects_bad_values(tmp_path):
+    root = tmp_path / "cache"
+    _fake_entry(root / "stages", "k1", 2000, age_s=10)
+    env = {"HARNESS_CACHE": str(root)}
+    listing = run_cli("cache", "ls", env=env)
+    assert listing.returncode == 0 and "k1" in listing.stdout and "x/k1" in listing.stdout
+    assert "1 entries, 2.1 KB" in run_cli("cache", "du", env=env).stdout
+    bad = run_cli("cache", "prune", "--older-than", "7 days", env=env)
+    assert bad.returncode == 2 and "--older-than '7 days'" in bad.stderr
+    assert run_cli("cache", "prune", "--max-size", "1KB", env=env).stdout.startswith("removed 1 entries")
+    assert not (root / "stages" / "k1").exists()
