@@ -231,7 +231,7 @@ class StageCache:
                 break
             meta = read_entry(self.root / self.keys[index], warn=self.console.info)
             wants_checkpoint = stage.train.checkpoint or stage.name in needed
-            if meta is None or (wants_checkpoint and CHECKPOINT not in meta["parts"]):
+            if meta is None or (wants_checkpoint and CHECKPOINT not in meta.get("parts", [])):
                 break
             self.hits.append(meta)
         if not self.hits:
@@ -256,11 +256,14 @@ class StageCache:
             evaluations += [(key[0], key[1], group) for key, group in
                             _runs_of(rows, key=lambda r: (r.stage, r.step) if _is_eval(r) else None) if key]
             _append_samples(entry / "samples.jsonl", samples_path, source)
-            if CHECKPOINT in meta["parts"]:
+            if CHECKPOINT in meta.get("parts", []):
                 target = self.run_dir / "checkpoints" / stage.name
                 shutil.rmtree(target, ignore_errors=True)
                 shutil.copytree(entry / CHECKPOINT, target)
-            os.utime(entry)  # last used: what prune --older-than reads
+            try:
+                os.utime(entry)  # last used: what prune --older-than reads
+            except OSError:  # a cache on a filesystem this user may only read
+                pass
             self.console.info(f"stage {stage.name}: from the stage cache ({meta['end_step']} steps done; computed "
                               f"by run {source}, entry {self.keys[index][:12]})")
         tracker.flush()
