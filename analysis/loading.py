@@ -17,7 +17,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import polars as pl
 import yaml
 
-from harness.store import INTERVAL_COLUMNS, SCHEMA
+from harness.store import SCHEMA
 
 PathLike = Union[str, Path]
 METRICS_FILE = "metrics.parquet"
@@ -227,7 +227,7 @@ def load_runs(paths: Union[PathLike, Sequence[PathLike]], *, config: Union[bool,
     for run_dir in run_dirs(paths):
         scan = pl.scan_parquet(run_dir / METRICS_FILE)
         have = scan.collect_schema().names()  # a store from before n / ci_low / ci_high gets them as nulls
-        scan = scan.with_columns(pl.lit(None, dtype=SCHEMA[c]).alias(c) for c in INTERVAL_COLUMNS if c not in have)
+        scan = scan.with_columns(pl.lit(None, dtype=t).alias(c) for c, t in SCHEMA.items() if c not in have)
         extra = {"run_dir": str(run_dir), **_config_row(run_dir, config)}
         scan = scan.with_columns([_literal(v).alias(k) for k, v in extra.items()])
         frames.append(scan)

@@ -1,9 +1,10 @@
-"""The ``harness`` command line, ten commands:
+"""The ``harness`` command line, eleven commands:
 
 - one experiment: ``validate``, ``run`` (``--resume`` a killed run), ``eval`` (a checkpoint alone), ``sanity``
   (overfit and inputs-matter checks), ``inspect`` (one row per module), ``schema`` (the experiment JSON Schema);
 - sweeps: ``sweep`` (optuna workers on a shared storage), ``sweep-status``;
-- analysis: ``report`` (report.html for a run or a sweep), ``compare`` (per-task deltas between two runs).
+- analysis: ``report`` (report.html for a run or a sweep), ``compare`` (per-task deltas between two runs);
+- ``cache ls | du | prune``: the stage cache (:mod:`harness.stage_cache`).
 
 Exit codes: 0 success; 2 invalid experiment file or task data (every error printed with its YAML path, no
 traceback); 3 stopped by the non-finite guard; 4 a special token's row would not train; 1 anything else.
@@ -301,6 +302,54 @@ def inspect_command(
         typer.echo(json.dumps(result.rows, indent=1))
     else:
         render(result)
+
+
+# ---- the stage cache ($HARNESS_CACHE/stages, harness.stage_cache) ---------------------------------------------
+
+cache_app = typer.Typer(no_args_is_help=True, help="The stage cache under $HARNESS_CACHE/stages: ls, du, prune.")
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("ls")
+def cache_ls():
+    """Every entry, least recently used first: key, size, last use, experiment/stage."""
+    from datetime import datetime
+
+    from harness.cache_housekeeping import human_size, list_entries
+    from harness.stage_cache import stages_root
+
+    for e in list_entries(stages_root()):
+        used = datetime.fromtimestamp(e.last_used).strftime("%Y-%m-%d %H:%M")
+        typer.echo(f"{e.path.name[:16]}  {human_size(e.size):>9}  {used}  {e.label}")
+
+
+@cache_app.command("du")
+def cache_du():
+    """Entries and total size of the stage cache."""
+    from harness.cache_housekeeping import human_size, list_entries
+    from harness.stage_cache import stages_root
+
+    entries = list_entries(stages_root())
+    typer.echo(f"{stages_root()}: {len(entries)} entries, {human_size(sum(e.size for e in entries))}")
+
+
+@cache_app.command("prune")
+def cache_prune(
+    older_than: Optional[str] = typer.Option(None, "--older-than", help="Remove entries unused this long (7d, 12h)."),
+    max_size: Optional[str] = typer.Option(None, "--max-size", help="Then remove the least recently used until the "
+                                                                    "cache is at most this big (20GB)."),
+):
+    """Remove old entries, corrupt ones, and the least recently used beyond a size (exit 2 on a bad value)."""
+    from harness.cache_housekeeping import human_size, parse_age, parse_size, prune
+    from harness.stage_cache import stages_root
+
+    try:
+        age = parse_age(older_than) if older_than else None
+        size = parse_size(max_size) if max_size else None
+    except ValueError as e:
+        _fail(f"harness cache prune: {e}")
+    removed = prune(stages_root(), age, size)
+    typer.echo(f"removed {len(removed)} entries ({human_size(sum(e.size for e in removed))})")
 
 
 def main() -> None:

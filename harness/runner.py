@@ -33,6 +33,7 @@ from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_b
 from harness.guard import Injector, NonFiniteError, write_report
 from harness.models import count_parameters
 from harness.prepare import StagePlan, build_task_data, encode_task_data, load_base, plan_stage
+from harness.stage_cache import StageCache
 from harness.store import Row, atomic_write_text
 from harness.tracking import Tracker
 from harness.train import LoopState, StageLoop, train_stage
@@ -82,9 +83,12 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
     stages = exp.resolved_stages()
     plans = [plan_stage(exp, s, i, encoded.train, tokenizer.pad_token_id) for i, s in enumerate(stages)]
 
-    # -- where to start, decided once: a new run at its first stage, a resumed one where its resume point left off
-    start = resume_start(point, stages, [len(p.batches) for p in plans]) if resume else Start()
+    # -- where to start, decided once: a new run after the stages the stage cache holds, a resumed one where its
+    # resume point left off
+    cache = StageCache.for_run(exp, stages, data, base_info, model, run_dir, run_id, console)
+    start = resume_start(point, stages, [len(p.batches) for p in plans]) if resume else cache.start()
     tracker = Tracker(exp, run_dir, run_id, exp.resolved_dict(), resume_filter=start.keep)
+    cache.replay(tracker, run_dir / "samples.jsonl", on_evaluation)
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
                     console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep)
     run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals,
@@ -94,11 +98,13 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
 
     injector = Injector(**exp.debug.inject_nonfinite.model_dump()) if exp.debug.inject_nonfinite else None
     summary_stages = [_stage_summary(plans[i], evals, i, plans) for i in range(start.stage_index)]
+    cache.annotate(summary_stages)
     step, loop_state, exit_code = start.step, start.loop_state, 1
     try:
         for index in range(start.stage_index, len(stages)):
             stage, plan = stages[index], plans[index]
             if loop_state.batch_index == 0:  # the stage begins here (a resumed run may continue inside one)
+                cache.stage_began(index, tracker, run_dir / "samples.jsonl")
                 model = _begin_stage(run, model, index, step)
             save_resume_point_at = _resume_saver(run, model, index)
             with console.stage_progress(stage.name, len(plan.batches)) as advance:
@@ -110,6 +116,7 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
                     injector=injector, save_checkpoint=save_resume_point_at, progress=advance,
                 ), resume=loop_state)
             _end_stage(run, model, index, step, save_resume_point_at)
+            cache.stage_ended(index, model, step, tracker, run_dir / "samples.jsonl")
             summary_stages.append(_stage_summary(plan, evals, index, plans))
             loop_state = LoopState()  # the next stage begins at its first batch
         exit_code = 0

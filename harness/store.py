@@ -1,11 +1,7 @@
 """The local metrics store: one long-format parquet file per run, written with polars.
 
 Columns (the metric contract of docs/design.md): ``run_id, stage, step, task, split, metric, value, time``, plus
-``text`` for values that are tables (``ft_top1`` as JSON), and ``n, ci_low, ci_high`` for proportions (the item
-count and the 95 % Wilson interval of ``greedy``, ``mode_ok``, ``tf_first``…; null for every other metric).
-Run-level metrics have ``task = null``. Stores written before ``n, ci_low, ci_high`` existed load with them null
-(:data:`INTERVAL_COLUMNS`, :func:`with_interval_columns`).
-
+``text`` for values that are tables (``ft_top1`` as JSON)
 The file is rewritten atomically (temporary file, then rename) at every flush, so a reader — a notebook polling
 a run in progress — always sees a complete file, and a crash never leaves a half-written one.
 """
@@ -30,10 +26,7 @@ SCHEMA = {
     "value": pl.Float64,
     "time": pl.Float64,
     "text": pl.Utf8,
-    "n": pl.Int64,
-    "ci_low": pl.Float64,
-    "ci_high": pl.Float64,
-}
+ ``n}
 INTERVAL_COLUMNS = ("n", "ci_low", "ci_high")
 FILENAME = "metrics.parquet"
 # Per-task metrics of the contract where a smaller value is better (every other one: larger is better); sweeps
@@ -55,9 +48,10 @@ class Row:
     ci_high: Optional[float] = None
 
 
-def with_interval_columns(frame: pl.DataFrame) -> pl.DataFrame:
-    """``frame`` with null ``n, ci_low, ci_high`` columns where it lacks them (a store from before they existed)."""
-    missing = [pl.lit(None, dtype=SCHEMA[c]).alias(c) for c in INTERVAL_COLUMNS if c not in frame.columns]
+def with_schema_columns(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with a null column for every :data:`SCHEMA` column it lacks (a store from before it existed:
+    ``n, ci_low, ci_high``, ``cached_from``)."""
+    missing = [pl.lit(None, dtype=dtype).alias(name) for name, dtype in SCHEMA.items() if name not in frame.columns]
     return frame.with_columns(missing) if missing else frame
 
 
@@ -85,7 +79,7 @@ class MetricsStore:
         self._dirty = False
         self._last_flush = time.monotonic()
 
-    def log(self, rows: Iterable[Row]) -> None:
+    def log(self, rows: Iterable[Row], cached_from: Optional[str] = None) -> None:
         now = time.time()
         cols = self._columns
         for r in rows:
@@ -98,10 +92,7 @@ class MetricsStore:
             cols["value"].append(float(r.value))
             cols["time"].append(now)
             cols["text"].append(r.text)
-            cols["n"].append(r.n)
-            cols["ci_low"].append(r.ci_low)
-            cols["ci_high"].append(r.ci_high)
-            self._dirty = True
+ ci_low            self._dirty = True
         if self._dirty and time.monotonic() - self._last_flush > self.flush_seconds:
             self.flush()
 
@@ -109,11 +100,11 @@ class MetricsStore:
         """Start from the rows already on disk that ``keep(stage, step, metric)`` accepts (resuming a run)."""
         if not self.path.exists():
             return
-        frame = with_interval_columns(pl.read_parquet(self.path))
+        frame = with_schema_columns(pl.read_parquet(self.path))
         for row in frame.iter_rows(named=True):
             if keep(row["stage"], row["step"], row["metric"]):
                 for name in SCHEMA:
-                    self._columns[name].append(row[name])
+                    self._columns[name].append(row.get(name))  # a column added since: null
         self._dirty = True
         self.flush()
 
@@ -136,5 +127,6 @@ class MetricsStore:
 
 
 def read_metrics(run_dir: str | Path) -> pl.DataFrame:
-    """The store of a run (finished or in progress); an older store gets null ``n, ci_low, ci_high``."""
-    return with_interval_columns(pl.read_parquet(Path(run_dir) / FILENAME))
+    """The store of a run (finished or in progress); a column added to :data:`SCHEMA` since it was written reads
+    as null."""
+    return with_schema_columns(pl.read_parquet(Path(run_dir) / FILENAME))

@@ -46,9 +46,10 @@ class Tracker:
         """Rows already in the store (those kept from a resumed run)."""
         return self.store.rows()
 
-    def log(self, rows: Iterable[Row], step: int) -> None:
+    def log(self, rows: Iterable[Row], step: int, cached_from: Optional[str] = None) -> None:
+        """``cached_from``: the rows are copied from the stage cache, computed by that run."""
         rows = list(rows)
-        self.store.log(rows)
+        self.store.log(rows, cached_from)
         if self.wandb_run is not None and rows:
             self.wandb_run.log({wandb_key(r.metric, r.split, r.task): r.value for r in rows}, step=step)
 

@@ -91,6 +91,7 @@ def _resume_experiment(tiny):
     tiny["train"]["checkpoint_every"] = 3
     tiny["train"]["log_every"] = 4  # not a multiple of checkpoint_every: the window must resume mid-way
     tiny["eval"]["every"] = 5
+    tiny["train"]["stage_cache"] = False  # the killed run must train its stages, not replay the reference's
     return tiny
 
 

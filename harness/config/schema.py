@@ -12,7 +12,7 @@ import copy
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
@@ -178,6 +178,9 @@ class TrainSpec(Strict):
     compile: bool = Field(False, description="torch.compile the model's forward for training (dynamic shapes): "
                                              "fused norms/RoPE/SiLU, 20-30 % faster steps on the tiny CPU model, "
                                              "after a one-off compile of 10-30 s; pays off on long stages.")
+    stage_cache: Union[bool, Literal["read_only"]] = Field(
+        True, description="Keep the stage's outcome under $HARNESS_CACHE/stages and start from it when a later run "
+                          "shares every stage up to it (true); only read it (read_only); neither (false).")
 
 
 def _partial(model: type[BaseModel], name: str) -> dict[str, Any]:

@@ -214,13 +214,17 @@ def status_text(study, sweep: Sweep, top: int = 5) -> str:
              + ", ".join(f"{s} {n}" for s, n in counts.items()) + (f", WAITING {waiting}" if waiting else "") + ")"]
     for i, o in enumerate(sweep.objectives):
         lines.append(f"objective{f' {i}' if sweep.multi else ''}: {o.describe()}")
-    steps = sum(int(t.user_attrs.get("steps", 0)) for t in trials)
+    reached = sum(int(t.user_attrs.get("steps", 0)) for t in trials)  # cached steps included
+    cached = sum(int(t.user_attrs.get("cached_steps", 0)) for t in trials)
     pruned = [t for t in trials if t.state.name == "PRUNED"]
-    if steps or pruned:
-        line = f"training steps run: {steps}"
+    if reached or pruned:
+        would = sum(int(t.user_attrs.get("total_steps", 0)) - int(t.user_attrs.get("steps", 0)) for t in pruned)
+        line = f"training steps run: {reached - cached}"
+        if cached:
+            line += (f"; the stage cache saved {cached} steps ({cached / max(1, reached + would):.0%} of the steps "
+                     "the same trials would have run without it)")
         if pruned:
-            would = sum(int(t.user_attrs.get("total_steps", 0)) - int(t.user_attrs.get("steps", 0)) for t in pruned)
-            line += (f"; pruning saved {would} steps ({would / max(1, steps + would):.0%} of the steps the same "
+            line += (f"; pruning saved {would} steps ({would / max(1, reached + would):.0%} of the steps the same "
                      "trials would have run unpruned)")
         lines.append(line)
     durations = [d for d in (_duration(t) for t in trials if t.state.name != "RUNNING") if d]

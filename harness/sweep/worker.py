@@ -213,6 +213,8 @@ def run_trial(study, trial, sweep: Sweep, sweep_dir: Path,
         with Heartbeat(study._storage, trial._trial_id, sweep.spec.study.heartbeat.interval):
             result = run(exp, trial_dir, on_evaluation=reporter)
         stages = {s["name"]: s.get("metrics") or {} for s in result.summary.get("stages", [])}
+        trial.set_user_attr("cached_steps", sum(s["end_step"] - s["start_step"] for s in result.summary["stages"]
+                                                if s.get("cached_from")))  # replayed from the stage cache
         objective_values = [o.value(stages.get(o.stage) or reporter.tables.get(o.stage, {}))
                             for o in sweep.objectives]
         bad = [i for i, v in enumerate(objective_values) if not math.isfinite(v)]
