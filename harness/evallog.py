@@ -44,7 +44,7 @@ class EvalLog:
         if self.resume_filter is not None:
             _truncate_samples(self.samples_path, self.resume_filter)
         self.history = [r for r in self.tracker.existing_rows() if _is_eval_row(r)]
-        if self.resume_filter is not None:
+        if self.history:  # a resumed run, or stages replayed from the stage cache: their items' outcomes too
             self.outcomes = _resumed_outcomes(self.samples_path, self.history)
 
     def run(self, model, stage: str, step: int) -> None:

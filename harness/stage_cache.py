@@ -45,7 +45,7 @@ from harness.evaluation import EVAL_METRICS
 from harness.pretrain import cache_root
 from harness.store import Row
 
-STAGE_CACHE_VERSION = "1"  # bump when an entry's layout or what a key covers changes
+STAGE_CACHE_VERSION = "2"  # 2: samples carry per-item outcomes (paired seesaw). Bump when an entry's layout or what a key covers changes
 META = "meta.json"
 CHECKPOINT = "checkpoint"
 # Train fields that decide what a run keeps on disk, not what a stage computes.
