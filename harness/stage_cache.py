@@ -45,7 +45,8 @@ from harness.evaluation import EVAL_METRICS
 from harness.pretrain import cache_root
 from harness.store import Row
 
-STAGE_CACHE_VERSION = "2"  # 2: samples carry per-item outcomes (paired seesaw). Bump when an entry's layout or what a key covers changes
+# Bump when an entry's layout or what a key covers changes (2: samples carry per-item outcomes for the paired seesaw)
+STAGE_CACHE_VERSION = "2"
 META = "meta.json"
 CHECKPOINT = "checkpoint"
 # Train fields that decide what a run keeps on disk, not what a stage computes.
