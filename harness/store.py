@@ -1,7 +1,12 @@
 """The local metrics store: one long-format parquet file per run, written with polars.
 
 Columns (the metric contract of docs/design.md): ``run_id, stage, step, task, split, metric, value, time``, plus
-``text`` for values that are tables (``ft_top1`` as JSON)
+``text`` for values that are tables (``ft_top1`` as JSON), ``n, ci_low, ci_high`` for proportions (the item
+count and the 95 % Wilson interval of ``greedy``, ``mode_ok``, ``tf_first``…; null for every other metric), and
+``cached_from`` (the id of the run that computed a row this run copied from the stage cache,
+:mod:`harness.stage_cache`; null otherwise). Run-level metrics have ``task = null``. Stores written before a column
+existed load with it null (:func:`with_schema_columns`).
+
 The file is rewritten atomically (temporary file, then rename) at every flush, so a reader — a notebook polling
 a run in progress — always sees a complete file, and a crash never leaves a half-written one.
 """
@@ -26,12 +31,15 @@ SCHEMA = {
     "value": pl.Float64,
     "time": pl.Float64,
     "text": pl.Utf8,
- ``n}
-INTERVAL_COLUMNS = ("n", "ci_low", "ci_high")
+    "n": pl.Int64,
+    "ci_low": pl.Float64,
+    "ci_high": pl.Float64,
+    "cached_from": pl.Utf8,
+}
 FILENAME = "metrics.parquet"
 # Per-task metrics of the contract where a smaller value is better (every other one: larger is better); sweeps
 # take their default objective direction from it, the analysis its plot and ranking directions.
-LOWER_IS_BETTER = frozenset({"loss", "eval_loss", "ft_rank_mean", "ft_rank_median", "ft_hijack", "truncated"})
+LOWER_IS_BETTER = frozenset({"loss", "eval_loss", "ft_rank_mean", "ft_rank_median", "ft_hijack"})
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,11 @@ class MetricsStore:
             cols["value"].append(float(r.value))
             cols["time"].append(now)
             cols["text"].append(r.text)
- ci_low            self._dirty = True
+            cols["n"].append(r.n)
+            cols["ci_low"].append(r.ci_low)
+            cols["ci_high"].append(r.ci_high)
+            cols["cached_from"].append(cached_from)
+            self._dirty = True
         if self._dirty and time.monotonic() - self._last_flush > self.flush_seconds:
             self.flush()
 
@@ -104,7 +116,7 @@ class MetricsStore:
         for row in frame.iter_rows(named=True):
             if keep(row["stage"], row["step"], row["metric"]):
                 for name in SCHEMA:
-                    self._columns[name].append(row.get(name))  # a column added since: null
+                    self._columns[name].append(row[name])
         self._dirty = True
         self.flush()
 
@@ -127,6 +139,5 @@ class MetricsStore:
 
 
 def read_metrics(run_dir: str | Path) -> pl.DataFrame:
-    """The store of a run (finished or in progress); a column added to :data:`SCHEMA` since it was written reads
-    as null."""
+    """The store of a run (finished or in progress); a column added to :data:`SCHEMA` since it was written reads as null."""
     return with_schema_columns(pl.read_parquet(Path(run_dir) / FILENAME))

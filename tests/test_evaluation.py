@@ -245,7 +245,9 @@ def test_greedy_mode_ok_and_sample_fields(tok):
         assert all(set(t) == {"token", "id", "prob"} for t in sample["top5"]) and len(sample["top5"]) == 5
     # one value per task × split × metric, nothing that was not asked for
     pairs = [(t, s, m) for t, s, m, _ in result.metrics]
-    assert len(pairs) == len(set(pairs)) == 2 * (3 + 6)  # greedy    assert not {m for *_, m in pairs} & {"tf_first", "tf_exact", "eval_loss"}
+    assert len(pairs) == len(set(pairs)) == 2 * (3 + 6)  # greedy, truncated, mode_ok + first_token's 5 + ft_nonfinite
+    assert result.value("yn", "heldout", "ft_nonfinite") == 0.0
+    assert not {m for *_, m in pairs} & {"tf_first", "tf_exact", "eval_loss"}
 
 
 def test_no_components_means_no_model_calls(tok):
