@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 from harness.config import Experiment
 from harness.evaluation import EVAL_METRICS, hijack_token_ids, run_evaluation
+from harness.jsonl import append_jsonl, read_jsonl
 from harness.store import Row, atomic_write_text
 
 
@@ -33,6 +34,7 @@ class EvalLog:
     samples_path: Path
     on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None
     resume_filter: Optional[Callable[[str, int, str], bool]] = None
+    run_id: Optional[str] = None  # written first on every sample line
     history: list[Row] = field(default_factory=list)  # every evaluation row, in order
     seconds: float = 0.0
 
@@ -49,9 +51,9 @@ class EvalLog:
         for task, split, metric, value in result.metrics:
             text = json.dumps(result.top1.get((task, split), [])) if metric == "ft_top1" else None
             rows.append(Row(stage, step, task, split, metric, value, text))
-        with open(self.samples_path, "a", encoding="utf-8") as f:
-            for sample in result.samples:
-                f.write(json.dumps({"stage": stage, "step": step, **sample}, ensure_ascii=False) + "\n")
+        # One write + flush + fsync per evaluation: a kill leaves at most an unfinished last line, which readers skip.
+        append_jsonl(self.samples_path, ({"stage": stage, "step": step, **s} for s in result.samples),
+                     run_id=self.run_id)
         self._log_tables(result, step)
         self.seconds += time.perf_counter() - started
         self._record(rows, step)
@@ -112,10 +114,6 @@ def _is_eval_row(row: Row) -> bool:
 def _truncate_samples(path: Path, keep: Callable[[str, int, str], bool]) -> None:
     if not path.exists():
         return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            sample = json.loads(line)
-            if keep(sample["stage"], sample["step"], ""):
-                kept.append(line + "\n")
+    # read_jsonl skips (with a warning) the unfinished last line a kill mid-write leaves.
+    kept = [json.dumps(s, ensure_ascii=False) + "\n" for s in read_jsonl(path) if keep(s["stage"], s["step"], "")]
     atomic_write_text(path, "".join(kept))

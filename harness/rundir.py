@@ -19,11 +19,16 @@ import errno
 import fcntl
 import os
 import secrets
+import shutil
 import time
 from pathlib import Path
 from typing import Optional, Union
 
 LOCK_FILE = ".lock"
+# What a run writes into its directory: ``--force`` deletes exactly these (never a user's other files, so a mistaken
+# ``--out .`` cannot wipe a working directory).
+RUN_OUTPUTS = ("config.resolved.yaml", "run.json", "samples.jsonl", "metrics.parquet", "summary.json",
+               "nonfinite.json", "checkpoints", "wandb", "report")
 
 
 class RunDirError(Exception):
@@ -111,6 +116,22 @@ class RunDirClaim:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def clear_run_outputs(path: Union[str, Path]) -> list[str]:
+    """Delete the outputs of an earlier run (:data:`RUN_OUTPUTS`) from a directory this process has claimed with
+    ``force=True``, so the new run's samples are not appended to the old ones; returns the names removed."""
+    removed = []
+    for name in RUN_OUTPUTS:
+        target = Path(path) / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed
 
 
 def claim_run_dir(path: Union[str, Path], *, resume: bool, force: bool) -> RunDirClaim:

@@ -17,6 +17,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from harness.config.mixture import Mixture, parse_mixture
+from harness.names import check_safe_name
 
 
 class Strict(BaseModel):
@@ -211,6 +212,11 @@ class _StageCore(Strict):
     mixture: Any = Field(..., description="weights {task: w} | natural | {natural: [tasks]} | {counts: {task: n}}",
                          json_schema_extra=_MIXTURE_SCHEMA)
 
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str) -> str:
+        return check_safe_name(name, "stage name")  # "." would save its checkpoint over checkpoints/ itself
+
 
 StageSpec = create_model("StageSpec", __base__=_StageCore, **_partial(TrainSpec, "Stage"))
 StageSpec.__doc__ = "One curriculum stage: its mixture, length, init, and any train field overridden."
@@ -281,12 +287,18 @@ class Experiment(Strict):
     data: DataSpec = Field(default_factory=DataSpec)
     debug: DebugSpec = Field(default_factory=DebugSpec)
 
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str) -> str:
+        return check_safe_name(name, "experiment name")  # ".." would put runs/<name>/ outside runs/
+
     @field_validator("tasks")
     @classmethod
     def _task_names(cls, tasks: dict[str, TaskSpec]) -> dict[str, TaskSpec]:
         for name in tasks:
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
                 raise ValueError(f"task name {name!r} may only use letters, digits, _ . -")
+            check_safe_name(name, "task name")
         return tasks
 
     def resolved_stages(self) -> list["ResolvedStage"]:
