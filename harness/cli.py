@@ -147,14 +147,16 @@ def sweep(
 ):
     """Run an optuna sweep: N workers on one shared storage, until the study's trial budget is used."""
     from harness.config import ConfigError
+    from harness.redact import mask_url
     from harness.sweep import load_sweep
     from harness.sweep.results import status_text
-    from harness.sweep.worker import load_worker_study, run_sweep
+    from harness.sweep.worker import stop_on_sigterm, load_worker_study, run_sweep
 
+    stop_on_sigterm()  # SIGTERM stops the workers as Ctrl-C does (they would otherwise run on alone)
     try:
         spec = load_sweep(file, set_)
         sweep_dir = out or Path("runs") / "sweeps" / spec.name
-        typer.echo(f"sweep {spec.name} → {sweep_dir} (storage {spec.storage_url(sweep_dir)})")
+        typer.echo(f"sweep {spec.name} → {sweep_dir} (storage {mask_url(spec.storage_url(sweep_dir))})")
         result = run_sweep(spec, sweep_dir, workers=workers, worker_offset=worker_offset, echo=typer.echo)
     except ConfigError as e:
         _fail(str(e))
