@@ -90,7 +90,7 @@ def test_user_jsonl_task_with_default_eval_splits_runs(tiny, tmp_path):
     result = run_cli("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--out", str(tmp_path / "run"),
                      cwd=tmp_path.parent)
     assert result.returncode == 0, result.stderr[-3000:]
-    console = result.stdout + result.stderr
+    console = " ".join((result.stdout + result.stderr).split())  # the console wraps long lines
     assert console.count("evaluation skips empty splits: mine/heldout_template") == 1
     metrics = pl.read_parquet(tmp_path / "run" / "metrics.parquet")
     assert set(metrics.filter(pl.col("task") == "mine")["split"].unique()) >= {"heldout"}
@@ -152,3 +152,59 @@ def test_full_disk_is_one_line_exit_5():
 def test_dot_names_are_rejected_at_validate(tiny, tmp_path, override, field):
     result = run_cli("validate", str(write_yaml(tmp_path / "x.yaml", tiny)), "--set", override)
     assert result.returncode == 2 and field in result.stderr and "is not allowed" in result.stderr
+
+
+# -- 2. a cut-off last line of samples.jsonl --------------------------------------------------------------------
+
+
+def test_half_written_samples_line_keeps_resume_and_report_working(tiny, tmp_path):
+    tiny["train"]["checkpoint_every"] = 4
+    exp_file = write_yaml(tmp_path / "x.yaml", tiny)
+    out = tmp_path / "run"
+    assert run_cli("run", str(exp_file), "--out", str(out)).returncode == 0
+    complete = len(_lines(out / "samples.jsonl"))
+    with open(out / "samples.jsonl", "a") as f:  # killed mid-write
+        f.write('{"run_id": "x", "stage": "b", "step": 8, "task": "rep')
+    report = run_cli("report", str(out))
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert f"warning: {out / 'samples.jsonl'}:{complete + 1}: unfinished last line" in report.stderr
+    resumed = run_cli("run", str(exp_file), "--resume", str(out))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "unfinished last line" in resumed.stderr
+    assert len(_lines(out / "samples.jsonl")) >= complete  # the cut line is gone, every complete one parses
+
+
+# -- 3. an evaluation prompt longer than the model ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["drop", "error"])
+def test_4000_word_eval_row_on_gpt2_tiny_is_dropped_and_counted_or_exit_2(tiny, tmp_path, policy):
+    rows = [{"q": "word " * 4000 + "?", "a": "long"}] + [{"q": f"what is {i}?", "a": str(i)} for i in range(40)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tiny["model"] = {"builtin": "gpt2-tiny", "config": {"n_embd": 32, "n_layer": 1, "n_head": 2},
+                     "tokenizer": {"vocab_size": 400}}
+    tiny["tasks"] = {"mine": {"recipe": "jsonl", "train": 1, "eval": 40,
+                              "params": {"path": "d.jsonl", "prompt": "q", "answer": "a"}}}
+    tiny["stages"] = [{"name": "a", "steps": 2, "mixture": {"mine": 1.0}}]
+    tiny["data"] = {"too_long": policy}
+    tiny["tracking"]["console"] = True
+    result = run_cli("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--out", str(tmp_path / "run"))
+    if policy == "error":
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert "tasks.mine: 1 heldout evaluation items are longer than 256 tokens" in result.stderr
+        return
+    assert result.returncode == 0, result.stderr[-3000:]
+    console = " ".join((result.stdout + result.stderr).split())  # the console wraps long lines
+    assert console.count("evaluation dropped items too long for the model (data.too_long: drop): mine/heldout 1") == 1
+
+
+# -- 11. model config values and enum values --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.config.hidden_size=-64", "model.config.hidden_size: must be a positive integer, got -64"),
+    ("eval.splits=[heldout, testt]", "eval.splits[1]: unknown value 'testt'"),
+])
+def test_bad_model_config_and_enum_values_are_exit_2_naming_field_and_value(tiny, tmp_path, override, message):
+    result = run_cli("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--set", override)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
