@@ -19,6 +19,7 @@ from harness.config import Experiment, ResolvedStage
 from harness.data import collate, encode_examples, eval_items, fit_eval_items, length_grouped_batches, mixture_stream
 from harness.models import builtin_added_token_ids, load_hf
 from harness.pretrain import builtin_base
+from harness.special_text import apply_special_token_policy
 
 
 class DataError(Exception):
@@ -112,6 +113,7 @@ def encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: 
     ``empty_splits``; eval items longer than ``min(train.max_length, max_positions)`` (prompt plus answer or
     ``max_new_tokens``) are dropped and counted in ``too_long``, or raise :class:`DataError` with
     ``data.too_long: error``."""
+    _check_special_token_text(exp, data, tokenizer)
     train = {}
     for name, splits in data.splits.items():
         train[name] = encode_examples(tokenizer, splits["train"])
@@ -136,6 +138,18 @@ def encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: 
             items.extend(eval_items(tokenizer, examples, split))
     kept, too_long = _fit_eval(exp, items, max_positions)
     return EncodedData(train, kept, empty_splits=empty, too_long=too_long)
+
+
+def _check_special_token_text(exp: Experiment, data: TaskData, tokenizer) -> None:
+    """Every split of every task through ``data.special_tokens_in_text`` (in place): a row whose text holds a
+    special-token string would be tokenised into the control token itself."""
+    for name, splits in data.splits.items():
+        for split, examples in splits.items():
+            try:
+                splits[split] = apply_special_token_policy(examples, tokenizer, exp.data.special_tokens_in_text,
+                                                           name, split)
+            except ValueError as e:
+                raise DataError(f"tasks.{name}: {e}") from None
 
 
 def _fit_eval(exp: Experiment, items: list, max_positions: Optional[int]) -> tuple[list, dict[tuple[str, str], int]]:

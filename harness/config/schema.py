@@ -257,6 +257,9 @@ class DataSpec(Strict):
 
     too_long: Literal["drop", "error"] = Field(
         "drop", description="Examples longer than train.max_length: drop them (counted per task) or stop.")
+    special_tokens_in_text: Literal["error", "escape"] = Field(
+        "error", description="Rows whose text contains a special-token string (<|im_end|>): stop naming the row, or "
+                             "escape it (a zero-width space after its first character) so it stays plain text.")
 
 
 class InjectSpec(Strict):
