@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from analysis.io import AnalysisError, load_samples
+from analysis.loading import AnalysisError, load_samples
 from harness.jsonl import (JsonlError, UnfinishedLineWarning, append_jsonl, read_jsonl,
                            trim_unfinished_last_line)
 
