@@ -9,6 +9,7 @@ and a missing ``summary.json`` only means the run has not finished.
 from __future__ import annotations
 
 import glob as globlib
+import io
 import json
 import math
 from pathlib import Path
@@ -244,15 +245,25 @@ def load_runs(paths: Union[PathLike, Sequence[PathLike]], *, config: Union[bool,
 
 
 def load_samples(run_dir: PathLike, lazy: bool = False) -> Union[pl.DataFrame, pl.LazyFrame]:
-    """``samples.jsonl`` of a run: one row per evaluated item per evaluation (stage, step, task, split, prompt,
-    gold, pred, correct, mode_ok, gold_first_rank, top5 …). An empty frame when the run wrote none."""
+    """``samples.jsonl`` of a run: one row per evaluated item per evaluation (run_id, stage, step, task, split,
+    prompt, gold, pred, correct, mode_ok, gold_first_rank, top5 …). An empty frame when the run wrote none.
+
+    A run killed mid-write leaves an unfinished last line: it is skipped with a warning naming file and line
+    (:func:`harness.jsonl.complete_jsonl_bytes`); a malformed line before it raises ``AnalysisError`` naming them."""
+    from harness.jsonl import JsonlError, complete_jsonl_bytes
+
     path = Path(run_dir) / "samples.jsonl"
-    if not path.is_file() or path.stat().st_size == 0:
+    try:
+        data = complete_jsonl_bytes(path) if path.is_file() else b""
+    except JsonlError as e:
+        raise AnalysisError(str(e)) from None
+    if not data:
         empty = pl.DataFrame(schema={"stage": pl.Utf8, "step": pl.Int64, "task": pl.Utf8, "split": pl.Utf8,
                                      "prompt": pl.Utf8, "gold": pl.Utf8, "pred": pl.Utf8, "correct": pl.Boolean})
         return empty.lazy() if lazy else empty
-    scan = pl.scan_ndjson(path, infer_schema_length=None)
-    return scan if lazy else scan.collect()
+    # Read from the validated bytes, not the file: polars would fail on the unfinished line.
+    frame = pl.read_ndjson(io.BytesIO(data), infer_schema_length=None)
+    return frame.lazy() if lazy else frame
 
 
 def load_sweep(sweep_dir: PathLike) -> pl.DataFrame:

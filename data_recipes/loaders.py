@@ -10,6 +10,14 @@ next ``n_train`` rows whose content is not in ``heldout``. ``heldout_template`` 
 dataset has no notion of templates. Rows are checked as they are taken: an empty answer, a conversation that
 does not alternate user/assistant and end with the assistant, or an unknown role is a ``ValueError`` naming the
 file and row (``skip_invalid: true`` drops such rows instead). ``datasets`` is imported only here, lazily.
+
+Types: mapped fields must hold text. ``42``, ``true`` or ``{"x": 1}`` in a prompt / answer / system / turn field is
+an error naming the row and field (``cast_to_string: true`` turns numbers and booleans into their JSON text;
+mappings and lists are never text). JSON-lines files are first read line by line, so an empty file, a malformed
+line, invalid UTF-8 or a lone surrogate is reported as ``FILE:LINE: why`` rather than as Arrow's error.
+
+Paths: a relative ``path`` (or a local ``id`` directory) is relative to the experiment file's directory when the
+harness passes one (:meth:`DatasetLoader.resolve_paths`), not to the current directory.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from typing import Any, ClassVar, Iterator, Optional
 from pydantic import Field, model_validator
 
 from data_recipes._registry import register
+from data_recipes._rowcheck import RowProblem, field_text, scan_jsonl
 from data_recipes.base import Example, Recipe, RecipeParams
 
 ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "chatgpt": "assistant",
@@ -36,7 +45,10 @@ class LoaderParams(RecipeParams):
                                                       "ShareGPT {from, value} turns); instead of prompt/answer.")
     system: Optional[str] = Field(None, description="Optional column whose text becomes a leading system message.")
     skip_invalid: bool = Field(False, description="Drop rows with an empty answer or a malformed conversation "
-                                                  "instead of failing.")
+                                                  "instead of failing (a file that cannot be parsed, or a field "
+                                                  "that is not text, still fails).")
+    cast_to_string: bool = Field(False, description="Turn numbers and booleans in mapped fields into text (42 → "
+                                                    "'42', true → 'true') instead of rejecting the row.")
 
     @model_validator(mode="after")
     def _mapping(self) -> "LoaderParams":
@@ -59,8 +71,15 @@ class HFParams(LoaderParams):
     trust_remote_code: bool = Field(False, description="Allow a dataset's own loading script (off by default).")
 
 
-class _Invalid(Exception):
-    """A row that cannot become an example; the message says why."""
+_Invalid = RowProblem  # a row that cannot become an example; the message says why
+
+
+def resolve_data_path(path: str, base_dir: Optional[str]) -> str:
+    """``path`` made absolute against ``base_dir`` (the experiment file's directory) when it is relative; globs
+    are kept as globs. Without a base directory the path is left as given (relative to the current directory)."""
+    if base_dir is None or os.path.isabs(os.path.expanduser(path)):
+        return os.path.expanduser(path)
+    return os.path.normpath(os.path.join(base_dir, path))
 
 
 class DatasetLoader(Recipe):
@@ -68,6 +87,11 @@ class DatasetLoader(Recipe):
 
     reads_files: ClassVar[bool] = True  # tells the harness the params name files (resolve paths, hash contents)
     Params: ClassVar[type[LoaderParams]] = LoaderParams
+
+    @classmethod
+    def resolve_paths(cls, params: dict[str, Any], base_dir: Optional[str]) -> dict[str, Any]:
+        """``params`` (the raw mapping from the experiment) with file paths resolved against ``base_dir``."""
+        return dict(params)
 
     def _source(self) -> str:
         raise NotImplementedError
@@ -92,15 +116,17 @@ class DatasetLoader(Recipe):
                     raise _Invalid(f"column {p.messages!r} holds a turn that is not a mapping: {turn!r}")
                 role = turn.get("role") if turn.get("role") is not None else turn.get("from")
                 content = turn.get("content") if turn.get("content") is not None else turn.get("value")
-                if role not in ROLES:
+                if not isinstance(role, str) or role not in ROLES:
                     raise _Invalid(f"column {p.messages!r} has a turn with unknown role {role!r} "
                                    f"(known: {', '.join(sorted(ROLES))})")
-                turns.append({"role": ROLES[role], "content": "" if content is None else str(content)})
+                text = field_text(content, f"{p.messages}[{len(turns)}].content", p.cast_to_string)
+                turns.append({"role": ROLES[role], "content": text})
         else:
-            turns = [{"role": "user", "content": _text(row[p.prompt])},
-                     {"role": "assistant", "content": _text(row[p.answer])}]
-        if p.system and _text(row[p.system]).strip() and turns[0]["role"] != "system":
-            turns.insert(0, {"role": "system", "content": _text(row[p.system])})
+            turns = [{"role": "user", "content": field_text(row[p.prompt], p.prompt, p.cast_to_string)},
+                     {"role": "assistant", "content": field_text(row[p.answer], p.answer, p.cast_to_string)}]
+        system = field_text(row[p.system], p.system, p.cast_to_string) if p.system else ""
+        if system.strip() and turns[0]["role"] != "system":
+            turns.insert(0, {"role": "system", "content": system})
         return turns
 
     def _check(self, turns: list[dict[str, str]]) -> None:
@@ -123,6 +149,8 @@ class DatasetLoader(Recipe):
 
     def build(self, task: str, n_train: int, n_eval: int, seed: int) -> dict[str, list[Example]]:
         ds = self._load()
+        if len(ds) == 0:
+            raise self._fail("no rows")
         columns = list(ds.column_names)
         for field in ("prompt", "answer", "messages", "system"):
             column = getattr(self.params, field)
@@ -166,16 +194,22 @@ class DatasetLoader(Recipe):
         return {"train": train, "heldout": heldout, "heldout_template": []}
 
 
-def _text(value: Any) -> str:
-    return "" if value is None else str(value)
-
-
 class _FileLoader(DatasetLoader):
     Params = FileParams
     builder: ClassVar[str]
 
+    @classmethod
+    def resolve_paths(cls, params: dict[str, Any], base_dir: Optional[str]) -> dict[str, Any]:
+        resolved = dict(params)
+        if isinstance(resolved.get("path"), str):
+            resolved["path"] = resolve_data_path(resolved["path"], base_dir)
+        return resolved
+
     def _source(self) -> str:
         return self.params.path
+
+    def _prescan(self, path: str) -> None:
+        """Format-specific checks before Arrow reads the file (JSON lines: see :func:`scan_jsonl`)."""
 
     def _load(self):
         import datasets
@@ -184,6 +218,7 @@ class _FileLoader(DatasetLoader):
         path = self.params.path
         if not any(ch in path for ch in "*?[") and not os.path.isfile(path):
             raise self._fail(f"file not found (params.path{', cwd ' + os.getcwd() if not os.path.isabs(path) else ''})")
+        self._prescan(path)
         try:
             return datasets.load_dataset(self.builder, data_files=path, split="train")
         except FileNotFoundError as e:
@@ -198,12 +233,32 @@ class JsonlLoader(_FileLoader):
 
     builder = "json"
 
+    def _prescan(self, path: str) -> None:
+        p = self.params
+        try:
+            scan_jsonl(path, [f for f in (p.prompt, p.answer, p.system) if f], p.messages, p.cast_to_string)
+        except ValueError as e:
+            raise ValueError(f"{self.name}: {e}") from None
+
 
 @register("parquet")
 class ParquetLoader(_FileLoader):
     """A parquet file (or glob of files)."""
 
     builder = "parquet"
+
+    def _prescan(self, path: str) -> None:
+        import glob as globlib
+
+        import pyarrow.parquet as pq
+
+        files = sorted(globlib.glob(path)) if globlib.has_magic(path) else [path]
+        try:
+            rows = sum(pq.read_metadata(f).num_rows for f in files)
+        except Exception:  # not parquet at all: let datasets give its own reason
+            return
+        if rows == 0:  # datasets would say 'Instruction "train" corresponds to no data!'
+            raise self._fail("no rows")
 
 
 @register("hf")
@@ -212,6 +267,18 @@ class HFLoader(DatasetLoader):
     written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` (read with ``load_from_disk``)."""
 
     Params = HFParams
+
+    @classmethod
+    def resolve_paths(cls, params: dict[str, Any], base_dir: Optional[str]) -> dict[str, Any]:
+        """A relative ``id`` that names a directory next to the experiment file becomes its absolute path; any
+        other id (``user/dataset`` on the hub) is left as it is."""
+        resolved = dict(params)
+        raw = resolved.get("id")
+        if isinstance(raw, str) and base_dir is not None and not os.path.isabs(raw):
+            candidate = resolve_data_path(raw, base_dir)
+            if os.path.exists(candidate):
+                resolved["id"] = candidate
+        return resolved
 
     def _source(self) -> str:
         return self.params.id + (f" ({self.params.name})" if self.params.name else "") + f" [{self.params.split}]"

@@ -6,8 +6,10 @@
 - analysis: ``report`` (report.html for a run or a sweep), ``compare`` (per-task deltas between two runs);
 - ``cache ls | du | prune``: the stage cache (:mod:`harness.stage_cache`).
 
-Exit codes: 0 success; 2 invalid experiment file or task data (every error printed with its YAML path, no
-traceback); 3 stopped by the non-finite guard; 4 a special token's row would not train; 1 anything else.
+Exit codes: 0 success; 2 invalid input: experiment / sweep file (every error printed with its YAML path), a
+``--set`` value, task data, a run directory that is not empty or in use; 3 stopped by the non-finite guard; 4 a
+special token's row would not train; 5 the file system refused (permission, disk full); 1 anything else. Errors
+are one line, no traceback (``--debug`` anywhere on the line shows it): :mod:`harness.cli_errors`.
 """
 
 from __future__ import annotations
@@ -62,13 +64,16 @@ def validate(file: Path = typer.Argument(..., help="Experiment YAML."), set_: Op
 def run(
     file: Path = typer.Argument(..., help="Experiment YAML."),
     set_: Optional[list[str]] = SetOption,
-    out: Optional[Path] = typer.Option(None, "--out", help="The run directory (default runs/<name>/<timestamp>)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="The run directory, claimed for this run: refused when "
+                                       "not empty or in use (default runs/<name>/<time>-<random>)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the killed run in this directory."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Data-parallel ranks on this machine (through torchrun; "
                                                         "batch_size stays the global batch)."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds: one replicate per seed under "
                                         "<run dir>/seed-<s>/ (overrides the file's seeds)."),
     jobs: int = typer.Option(1, "--jobs", min=1, help="Replicates run at once (subprocesses) with --seeds."),
+    force: bool = typer.Option(False, "--force", help="Start over in a non-empty --out (its earlier run's outputs "
+                                                     "are deleted)."),
 ):
     """Train and evaluate an experiment (exit 3 when the non-finite guard stops it)."""
     import os
@@ -85,6 +90,8 @@ def run(
     exp = _load(file, set_)
     if resume and out and out != resume:
         _fail("--resume names the run directory; drop --out or give the same directory")
+    if resume and force:
+        _fail("--resume continues the run in the directory, --force starts over in it: give one")
     if resume and (nproc > 1 or distributed.launched_by_torchrun()):
         _fail("--resume of a data-parallel run is not supported yet; resume it in one process")
     try:
@@ -111,7 +118,7 @@ def run(
                 _fail(f"replicates failed: {failed} (see {run_dir}/seed-<s>/console.log)", next(iter(failed.values())))
         else:
             with session or contextlib.nullcontext((exp, run_dir)) as (exp, run_dir):
-                run_experiment(exp, run_dir, resume=resume is not None)
+                run_experiment(exp, run_dir, resume=resume is not None, force=force)
     except (DataError, ConfigError) as e:
         _fail(f"{file}: {e}")
     except NonFiniteError as e:
@@ -125,21 +132,21 @@ def eval_(
     checkpoint: Path = typer.Argument(..., help="A checkpoint directory (e.g. RUN/checkpoints/<stage>)."),
     experiment: Path = typer.Option(..., "--experiment", help="Experiment YAML: tasks, eval settings, tracking."),
     set_: Optional[list[str]] = SetOption,
-    out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default runs/<name>/eval-<time>)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output directory; a non-empty one (a run) gets a new "
+                                       "eval-<time>-<random> subdirectory (default runs/<name>/eval-<time>-<random>)."),
 ):
     """Evaluate a saved checkpoint alone, with the experiment's evaluators, probes and outputs."""
-    from datetime import datetime
-
     from harness.config import ConfigError
     from harness.prepare import DataError
-    from harness.runner import evaluate_checkpoint
+    from harness.runner import eval_output_dir, evaluate_checkpoint
 
     exp = _load(experiment, set_)
-    run_dir = out or Path("runs") / exp.name / f"eval-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    run_dir = eval_output_dir(out, exp)
     try:
         evaluate_checkpoint(exp, checkpoint, run_dir)
     except (DataError, ConfigError) as e:
         _fail(str(e))
+    typer.echo(f"evaluation → {run_dir}")
 
 
 @app.command()
@@ -187,11 +194,12 @@ def sweep(
 ):
     """Run an optuna sweep: N workers on one shared storage, until the study's trial budget is used."""
     from harness.config import ConfigError
+    from harness.redact import mask_url
     from harness.sweep import load_sweep
     from harness.sweep.results import status_text
-    from harness.sweep.study import mask_url
-    from harness.sweep.worker import load_worker_study, run_sweep
+    from harness.sweep.worker import load_worker_study, run_sweep, stop_on_sigterm
 
+    stop_on_sigterm()  # SIGTERM stops the workers as Ctrl-C does (they would otherwise run on alone)
     try:
         spec = load_sweep(file, set_)
         sweep_dir = out or Path("runs") / "sweeps" / spec.name
@@ -353,7 +361,9 @@ def cache_prune(
 
 
 def main() -> None:
-    app(prog_name="harness")
+    from harness.cli_errors import run_cli
+
+    run_cli(lambda: app(prog_name="harness"))
 
 
 if __name__ == "__main__":  # pragma: no cover

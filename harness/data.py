@@ -10,7 +10,7 @@ sees at inference, for any tokenizer whose template renders prefixes consistentl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -72,6 +72,8 @@ def assistant_spans(tokenizer, messages: Sequence[dict[str, str]]) -> tuple[str,
 
 def encode_examples(tokenizer, examples: Sequence[Any]) -> list[Encoded]:
     """Tokenise examples (``data_recipes.Example``) with completion-only labels, in one batched tokenizer call."""
+    if not examples:  # an empty split (a user file has no heldout_template): nothing to tokenise
+        return []
     rendered = [assistant_spans(tokenizer, ex.messages) for ex in examples]
     batch = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
     out = []
@@ -87,7 +89,8 @@ def encode_examples(tokenizer, examples: Sequence[Any]) -> list[Encoded]:
 
 
 def eval_items(tokenizer, examples: Sequence[Any], split: str) -> list[EvalItem]:
-    """Evaluation prompts: everything before the last assistant turn, with the generation prompt appended."""
+    """Evaluation prompts: everything before the last assistant turn, with the generation prompt appended.
+    An empty split gives no items (the caller skips it and says so)."""
     items = []
     encoded = encode_examples(tokenizer, examples)
     for index, (ex, enc) in enumerate(zip(examples, encoded)):
@@ -101,6 +104,32 @@ def eval_items(tokenizer, examples: Sequence[Any], split: str) -> list[EvalItem]
         gold_ids = [int(t) for t in gold[: int(np.argmax(gold == IGNORE_INDEX)) if (gold == IGNORE_INDEX).any() else None]]
         items.append(EvalItem(ex.task, split, index, prompt_text, list(prompt_ids), ex.answer, gold_ids, dict(ex.meta)))
     return items
+
+
+def position_limit(model_config) -> Optional[int]:
+    """The longest sequence the model can take (learned positions: GPT-2's ``n_positions``; RoPE models'
+    ``max_position_embeddings``), or None when its config states none."""
+    for name in ("n_positions", "max_position_embeddings"):
+        value = getattr(model_config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def fit_eval_items(items: Sequence[EvalItem], limit: int,
+                   max_new_tokens: int) -> tuple[list[EvalItem], dict[tuple[str, str], int]]:
+    """The items whose prompt plus continuation fits in ``limit`` positions (``min(train.max_length, the model's
+    position limit)``), and the number dropped per ``(task, split)``. The continuation is the longer of the gold
+    tokens (teacher-forced metrics) and ``max_new_tokens`` (greedy decoding). A 4,000-word prompt would otherwise
+    end in an IndexError on learned positions, and grow memory without bound on RoPE models."""
+    kept: list[EvalItem] = []
+    dropped: dict[tuple[str, str], int] = {}
+    for item in items:
+        if len(item.prompt_ids) + max(len(item.gold_ids), max_new_tokens) <= limit:
+            kept.append(item)
+        else:
+            dropped[(item.task, item.split)] = dropped.get((item.task, item.split), 0) + 1
+    return kept, dropped
 
 
 # ----------------------------------------------------------------------------------------------------------------

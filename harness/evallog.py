@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 from harness.config import Experiment
 from harness.evaluation import EVAL_METRICS, hijack_token_ids, run_evaluation
 from harness.evaluation.evidence import outcome_rows
+from harness.jsonl import append_jsonl, read_jsonl
 from harness.store import Row, atomic_write_text
 
 
@@ -35,6 +36,7 @@ class EvalLog:
     samples_path: Path
     on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None
     resume_filter: Optional[Callable[[str, int, str], bool]] = None
+    run_id: Optional[str] = None  # written first on every sample line
     history: list[Row] = field(default_factory=list)  # every evaluation row, in order
     outcomes: list[dict] = field(default_factory=list)  # per-item outcome rows (evidence.outcome_rows), in order
     seconds: float = 0.0
@@ -57,9 +59,8 @@ class EvalLog:
             rows.append(Row(stage, step, task, split, metric, value, text,
                             *((ci.n, ci.low, ci.high) if ci is not None else ())))
         samples = [{"stage": stage, "step": step, **sample} for sample in result.samples]
-        with open(self.samples_path, "a", encoding="utf-8") as f:
-            for sample in samples:
-                f.write(json.dumps(sample, ensure_ascii=False) + "\n")
+        # One write + flush + fsync per evaluation: a kill leaves at most an unfinished last line, which readers skip.
+        append_jsonl(self.samples_path, samples, run_id=self.run_id)
         self.outcomes.extend(outcome_rows(samples))
         self._log_tables(result, step)
         self.seconds += time.perf_counter() - started
@@ -143,8 +144,7 @@ def _resumed_outcomes(samples_path: Path, history: list[Row]) -> list[dict]:
     evaluation that a stage repeated (same step, another stage, no samples of its own) is relabelled as it was."""
     if not samples_path.exists():
         return []
-    lines = samples_path.read_text(encoding="utf-8").splitlines()
-    outcomes = outcome_rows(json.loads(line) for line in lines if line.strip())
+    outcomes = outcome_rows(read_jsonl(samples_path))
     have = {(o["step"], o["stage"]) for o in outcomes}
     for step, stage in dict.fromkeys((r.step, r.stage) for r in history):
         if (step, stage) not in have:
@@ -156,10 +156,6 @@ def _resumed_outcomes(samples_path: Path, history: list[Row]) -> list[dict]:
 def _truncate_samples(path: Path, keep: Callable[[str, int, str], bool]) -> None:
     if not path.exists():
         return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            sample = json.loads(line)
-            if keep(sample["stage"], sample["step"], ""):
-                kept.append(line + "\n")
+    # read_jsonl skips (with a warning) the unfinished last line a kill mid-write leaves.
+    kept = [json.dumps(s, ensure_ascii=False) + "\n" for s in read_jsonl(path) if keep(s["stage"], s["step"], "")]
     atomic_write_text(path, "".join(kept))

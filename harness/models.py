@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from harness.model_check import model_config_errors
 from harness.registry import Registry, suggest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,6 +74,8 @@ def check_model_spec(spec: "ModelSpec") -> list[tuple[str, str]]:
         if key not in known_fields:
             errors.append((f"model.config.{key}", f"not a field of the {arch.model_type} config"
                                                   f"{suggest(key, known_fields)}"))
+    if not errors:
+        errors += model_config_errors(spec, arch, config_class)
     return errors
 
 

@@ -7,8 +7,8 @@ training.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -16,10 +16,11 @@ import transformers
 from data_recipes import build_world, corpus, get_recipe
 
 from harness.config import Experiment, ResolvedStage
-from harness.data import collate, encode_examples, eval_items, length_grouped_batches, mixture_stream
-from harness.evaluation.lengths import needed_new_tokens, too_short_errors
+from harness.data import collate, encode_examples, eval_items, fit_eval_items, length_grouped_batches, mixture_stream
+from harness.evaluation.lengths import default_max_new_tokens, needed_new_tokens, too_short_errors
 from harness.models import builtin_added_token_ids, load_hf
 from harness.pretrain import builtin_base
+from harness.special_text import apply_special_token_policy
 
 
 class DataError(Exception):
@@ -94,10 +95,28 @@ def load_base(exp: Experiment, data: TaskData, console=None) -> tuple[Any, Any, 
 class EncodedData:
     train: dict[str, list]  # task -> [Encoded]
     eval_items: list  # [EvalItem] over every task and eval split, fixed for the whole run
+    empty_splits: list[tuple[str, str]] = field(default_factory=list)  # (task, split) with no items: skipped
+    too_long: dict[tuple[str, str], int] = field(default_factory=dict)  # (task, split) -> eval items dropped
+
+    def notes(self) -> list[str]:
+        """One line per kind of skipped evaluation data, for the console (said once per run)."""
+        lines = []
+        if self.empty_splits:
+            lines.append("evaluation skips empty splits: " + ", ".join(f"{t}/{s}" for t, s in self.empty_splits))
+        if self.too_long:
+            lines.append("evaluation dropped items too long for the model (data.too_long: drop): "
+                         + ", ".join(f"{t}/{s} {n}" for (t, s), n in sorted(self.too_long.items())))
+        return lines
 
 
-def encode_task_data(exp: Experiment, data: TaskData, tokenizer) -> EncodedData:
-    """The training pools, tokenised with their label masks, and the fixed eval items of every task and split."""
+def encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: Optional[int] = None) -> EncodedData:
+    """The training pools, tokenised with their label masks, and the fixed eval items of every task and split.
+
+    A split a task does not have (a user file has no ``heldout_template``) is skipped and listed in
+    ``empty_splits``; eval items longer than ``min(train.max_length, max_positions)`` (prompt plus answer or
+    ``max_new_tokens``) are dropped and counted in ``too_long``, or raise :class:`DataError` with
+    ``data.too_long: error``."""
+    _check_special_token_text(exp, data, tokenizer)
     train = {}
     for name, splits in data.splits.items():
         train[name] = encode_examples(tokenizer, splits["train"])
@@ -105,9 +124,12 @@ def encode_task_data(exp: Experiment, data: TaskData, tokenizer) -> EncodedData:
             if enc.n_supervised <= 1:  # only the end-of-turn token: the answer tokenised to nothing
                 raise DataError(f"tasks.{name}: training example {index} has an answer that tokenises to nothing "
                                 f"(prompt {ex.prompt[:60]!r})")
-    items = []
+    items, empty = [], []
     for name, splits in data.splits.items():
         for split in exp.eval.splits:
+            if split != "train" and not splits.get(split):
+                empty.append((name, split))
+                continue
             if split == "train":
                 # A fixed random subsample of training items, so the memorisation gap is visible.
                 pool = splits["train"]
@@ -120,7 +142,33 @@ def encode_task_data(exp: Experiment, data: TaskData, tokenizer) -> EncodedData:
     too_short = too_short_errors(exp.eval.max_new_tokens, needed_new_tokens(items))
     if too_short:  # a cut-off answer would score wrong however good the model is
         raise DataError("\n".join(too_short))
-    return EncodedData(train, items)
+    kept, too_long = _fit_eval(exp, items, max_positions)
+    return EncodedData(train, kept, empty_splits=empty, too_long=too_long)
+
+
+def _check_special_token_text(exp: Experiment, data: TaskData, tokenizer) -> None:
+    """Every split of every task through ``data.special_tokens_in_text`` (in place): a row whose text holds a
+    special-token string would be tokenised into the control token itself."""
+    for name, splits in data.splits.items():
+        for split, examples in splits.items():
+            try:
+                splits[split] = apply_special_token_policy(examples, tokenizer, exp.data.special_tokens_in_text,
+                                                           name, split)
+            except ValueError as e:
+                raise DataError(f"tasks.{name}: {e}") from None
+
+
+def _fit_eval(exp: Experiment, items: list, max_positions: Optional[int]) -> tuple[list, dict[tuple[str, str], int]]:
+    """The eval items that fit the model and ``train.max_length``, and the dropped counts (see encode_task_data)."""
+    limit = min(exp.train.max_length, max_positions or exp.train.max_length)
+    # null max_new_tokens: what the longest answer needs (passes.py resolves it per evaluation, never longer)
+    max_new_tokens = exp.eval.max_new_tokens or default_max_new_tokens(items)
+    kept, dropped = fit_eval_items(items, limit, max_new_tokens)
+    if dropped and exp.data.too_long == "error":
+        (task, split), n = next(iter(dropped.items()))
+        raise DataError(f"tasks.{task}: {n} {split} evaluation items are longer than {limit} tokens with their answer "
+                        f"(min of train.max_length and the model's positions; data.too_long: error)")
+    return kept, dropped
 
 
 @dataclass

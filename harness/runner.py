@@ -28,12 +28,14 @@ from harness.checkpoint import (Start, latest_resume_point, load_state_dict, res
                                 save_stage_checkpoint)
 from harness.config import ConfigError, Experiment, ResolvedStage, TrainableSpec, dump_yaml, safe_load
 from harness.console import Console
+from harness.data import position_limit
 from harness.evallog import EvalLog
 from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_baselines, run_seesaw, seesaw_rows
 from harness.guard import Injector, NonFiniteError, write_report
 from harness.models import count_parameters
 from harness.prepare import StagePlan, build_task_data, encode_task_data, load_base, plan_stage
 from harness.stage_cache import StageCache
+from harness.rundir import claim_run_dir, clear_run_outputs, unique_run_name
 from harness.store import Row, atomic_write_text
 from harness.tracking import Tracker
 from harness.train import LoopState, StageLoop, train_stage
@@ -44,7 +46,7 @@ def new_run_id(exp: Experiment) -> str:
 
 
 def default_run_dir(exp: Experiment, root: Path = Path("runs")) -> Path:
-    return root / exp.name / datetime.now().strftime("%Y%m%d-%H%M%S")
+    return root / exp.name / unique_run_name()
 
 
 @dataclass
@@ -55,8 +57,22 @@ class RunResult:
 
 def run_experiment(exp: Experiment, run_dir: Path, console=None,
                    on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None,
-                   resume: bool = False) -> RunResult:
+                   resume: bool = False, force: bool = False) -> RunResult:
     """Train and evaluate ``exp`` into ``run_dir``; returns the summary (also written to ``summary.json``).
+
+    ``run_dir`` is claimed first (:func:`harness.rundir.claim_run_dir`): a directory in use by another run, or
+    holding files without ``resume`` / ``force``, raises :class:`~harness.rundir.RunDirError`; ``force`` deletes
+    the earlier run's outputs before starting.
+    """
+    with claim_run_dir(run_dir, resume=resume, force=force):
+        if force and not resume:
+            clear_run_outputs(run_dir)
+        return _run_claimed(exp, run_dir, console, on_evaluation, resume)
+
+
+def _run_claimed(exp: Experiment, run_dir: Path, console,
+                 on_evaluation: Optional[Callable[[str, int, list[Row]], None]], resume: bool) -> RunResult:
+    """The body of :func:`run_experiment`, in a directory this process holds.
 
     ``on_evaluation(stage, step, rows)`` is called after every evaluation (sweeps report to their pruner there);
     an exception it raises ends the run, with the store flushed and the wandb run closed as failed.
@@ -79,7 +95,9 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
     model, tokenizer, added, base_info = load_base(exp, data, console)
     base_seconds = time.perf_counter() - t0
     console.info(f"model: {count_parameters(model)[0] / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
-    encoded = encode_task_data(exp, data, tokenizer)
+    encoded = encode_task_data(exp, data, tokenizer, position_limit(model.config))
+    for note in encoded.notes():
+        console.info(note)
     stages = exp.resolved_stages()
     plans = [plan_stage(exp, s, i, encoded.train, tokenizer.pad_token_id) for i, s in enumerate(stages)]
 
@@ -90,7 +108,8 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
     tracker = Tracker(exp, run_dir, run_id, exp.resolved_dict(), resume_filter=start.keep)
     cache.replay(tracker, run_dir / "samples.jsonl", on_evaluation)
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
-                    console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep)
+                    console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep,
+                    run_id=run_id)
     run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals,
                _init_states(model, stages, start.stage_index, run_dir))
     run.baselines = _log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stages[0].name)
@@ -321,12 +340,28 @@ def _stage_summary(plan: StagePlan, evals: EvalLog, index: int, plans: list[Stag
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def eval_output_dir(out: Optional[Path], exp: Experiment, root: Path = Path("runs")) -> Path:
+    """Where ``harness eval`` writes: ``out`` when it is new or empty, else a new ``eval-<time>-<hex>``
+    subdirectory of it (so ``--out RUN`` never touches the training run's own files); default
+    ``runs/<name>/eval-<time>-<hex>``."""
+    if out is None:
+        return root / exp.name / unique_run_name("eval")
+    if out.is_dir() and any(out.iterdir()):
+        return out / unique_run_name("eval")
+    return out
+
+
 def evaluate_checkpoint(exp: Experiment, checkpoint: Path, run_dir: Path, console=None) -> RunResult:
     """Evaluate a saved checkpoint alone with the experiment's evaluators, probes and splits; writes the same
-    outputs as a run (store, samples.jsonl, summary.json, wandb) into ``run_dir``."""
-    console = console or Console(enabled=exp.tracking.console)
+    outputs as a run (store, samples.jsonl, summary.json, wandb) into ``run_dir``, which it claims (a non-empty or
+    busy directory raises :class:`~harness.rundir.RunDirError`)."""
     if not (checkpoint / "config.json").exists():
         raise ConfigError(str(checkpoint), [("", "not a Hugging Face checkpoint directory (no config.json)")])
+    with claim_run_dir(run_dir, resume=False, force=False):
+        return _evaluate_claimed(exp, checkpoint, run_dir, console or Console(enabled=exp.tracking.console))
+
+
+def _evaluate_claimed(exp: Experiment, checkpoint: Path, run_dir: Path, console) -> RunResult:
     run_id = _open_run(exp, run_dir, checkpoint=str(checkpoint))
     meta_path = checkpoint / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
@@ -334,10 +369,12 @@ def evaluate_checkpoint(exp: Experiment, checkpoint: Path, run_dir: Path, consol
     model = AutoModelForCausalLM.from_pretrained(checkpoint, trust_remote_code=exp.model.trust_remote_code)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=exp.model.trust_remote_code)
     data = build_task_data(exp)
-    encoded = encode_task_data(exp, data, tokenizer)
+    encoded = encode_task_data(exp, data, tokenizer, position_limit(model.config))
+    for note in encoded.notes():
+        console.info(note)
     tracker = Tracker(exp, run_dir, run_id, {**exp.resolved_dict(), "checkpoint": str(checkpoint)})
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
-                    _announcing(console, None))
+                    console.evaluation_hook(encoded.eval_items), run_id=run_id)
     try:
         baselines = _log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stage)
         evals.run(model, stage, step)
@@ -346,5 +383,6 @@ def evaluate_checkpoint(exp: Experiment, checkpoint: Path, run_dir: Path, consol
     summary = {"run_id": run_id, "experiment": exp.name, "run_dir": str(run_dir), "checkpoint": str(checkpoint),
                "stages": [{"name": stage, "start_step": step, "end_step": step,
                            "metrics": evals.stage_end_table(stage), "intervals": evals.stage_end_intervals(stage)}],
-               "baselines": baselines, "seesaw_events": [], "timing": {"total_s": evals.seconds, "eval_s": evals.seconds, "eval_share": 1.0}}
+               "baselines": baselines, "seesaw_events": [],
+               "timing": {"total_s": evals.seconds, "eval_s": evals.seconds, "eval_share": 1.0}}
     return _finish_run(exp, run_dir, summary, console)

@@ -5,7 +5,6 @@ the only writer and a non-finite step on one rank stopping both."""
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import polars as pl

@@ -21,9 +21,8 @@ import optuna
 import pytest
 
 from harness.sweep import load_resolved
-from harness.sweep.study import mask_url
 from harness.sweep.worker import device_groups, load_worker_study
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT
 from tests.test_sweep import _sweep
 
 PG_BIN_GLOB = "/usr/lib/postgresql/*/bin"
@@ -96,15 +95,6 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 30
             raise AssertionError(f"machine A exited early ({proc.returncode}):\n{path.read_text()[-3000:]}")
         time.sleep(0.5)
     raise AssertionError(f"no {text!r} in {path} after {timeout} s")
-
-
-def test_password_in_the_sweep_file_is_refused(tmp_path):
-    path = _sweep(tmp_path, "pw", study={"storage": "postgresql://u:hunter2@db-host/sweeps"})
-    result = run_cli("sweep", str(path), "--out", str(tmp_path / "out"))
-    assert result.returncode == 2, result.stderr
-    assert "study.storage: the URL holds a password (postgresql://u:***@db-host/sweeps)" in result.stderr
-    assert "HARNESS_STORAGE" in result.stderr and "hunter2" not in result.stderr + result.stdout
-    assert mask_url("postgresql://u:hunter2@h/db") == "postgresql://u:***@h/db"
 
 
 def test_gpus_are_dealt_in_consecutive_groups():

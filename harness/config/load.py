@@ -12,6 +12,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
 from data_recipes import get_recipe
@@ -123,6 +124,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[st
             set_path(data, resolve_path(data, parts), safe_load(text))
         except PathError as e:
             raise ValueError(f"--set {dotted}: {e}") from None
+        except yaml.YAMLError as e:
+            raise ValueError(f"--set {dotted}: the value {text!r} is not valid YAML "
+                             f"({getattr(e, 'problem', None) or e}); quote it or fix the brackets") from None
     return data
 
 
@@ -145,4 +149,24 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
         raw = apply_overrides(raw, overrides)
     except ValueError as e:
         raise ConfigError(str(path), [("", str(e))]) from None
-    return validate_data(raw, str(path))
+    return validate_data(resolve_data_paths(raw, Path(path).resolve().parent), str(path))
+
+
+def resolve_data_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """``raw`` with the file paths of file-reading recipes (jsonl, parquet, …) made absolute against ``base_dir``
+    (the experiment file's directory), so a run does not depend on the directory it is started from. Tasks whose
+    recipe is unknown or whose params are not a mapping are left for validation to report."""
+    tasks = raw.get("tasks")
+    if not isinstance(tasks, dict):
+        return raw
+    out = copy.deepcopy(raw)
+    for task in out["tasks"].values():
+        if not isinstance(task, dict) or not isinstance(task.get("params"), dict):
+            continue
+        try:
+            recipe = get_recipe(str(task.get("recipe")))
+        except UnknownNameError:
+            continue
+        if hasattr(recipe, "resolve_paths"):
+            task["params"] = recipe.resolve_paths(task["params"], str(base_dir))
+    return out

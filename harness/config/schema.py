@@ -17,6 +17,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from harness.config.mixture import Mixture, parse_mixture
+from harness.names import check_safe_name
 
 
 class Strict(BaseModel):
@@ -218,6 +219,11 @@ class _StageCore(Strict):
     mixture: Any = Field(..., description="weights {task: w} | natural | {natural: [tasks]} | {counts: {task: n}}",
                          json_schema_extra=_MIXTURE_SCHEMA)
 
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str) -> str:
+        return check_safe_name(name, "stage name")  # "." would save its checkpoint over checkpoints/ itself
+
 
 StageSpec = create_model("StageSpec", __base__=_StageCore, **_partial(TrainSpec, "Stage"))
 StageSpec.__doc__ = "One curriculum stage: its mixture, length, init, and any train field overridden."
@@ -266,6 +272,9 @@ class DataSpec(Strict):
 
     too_long: Literal["drop", "error"] = Field(
         "drop", description="Examples longer than train.max_length: drop them (counted per task) or stop.")
+    special_tokens_in_text: Literal["error", "escape"] = Field(
+        "error", description="Rows whose text contains a special-token string (<|im_end|>): stop naming the row, or "
+                             "escape it (a zero-width space after its first character) so it stays plain text.")
 
 
 class InjectSpec(Strict):
@@ -308,6 +317,10 @@ class Experiment(Strict):
         if repeated:
             raise ValueError(f"seed(s) {', '.join(map(str, repeated))} given more than once")
         return seeds
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str) -> str:
+        return check_safe_name(name, "experiment name")  # ".." would put runs/<name>/ outside runs/
 
     @field_validator("tasks")
     @classmethod
@@ -315,6 +328,7 @@ class Experiment(Strict):
         for name in tasks:
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
                 raise ValueError(f"task name {name!r} may only use letters, digits, _ . -")
+            check_safe_name(name, "task name")
         return tasks
 
     def resolved_stages(self) -> list["ResolvedStage"]:

@@ -30,8 +30,8 @@ from harness.evaluation import EVALUATORS, PROBES
 from harness.registry import suggest
 from harness.store import LOWER_IS_BETTER
 from harness.sweep.space import Objective, Param, Sweep
-from harness.sweep.spec import RESOLVED_NAME, STORAGE_ENV, ObjectiveSpec, SweepSpec, space_kind
-from harness.sweep.study import make_pruner, make_sampler, mask_url, url_password
+from harness.sweep.spec import RESOLVED_NAME, ObjectiveSpec, SweepSpec, space_kind
+from harness.sweep.study import make_pruner, make_sampler
 
 Errors = list[tuple[str, str]]
 SECTION_ORDER = ["experiment", "overrides", "study", "space", "objective", "objectives"]  # errors come in this order
@@ -220,10 +220,6 @@ def _section(error: tuple[str, str]) -> int:
 def _study_errors(sweep: Sweep) -> Errors:
     """The sampler and pruner can be built with their arguments (and the gp sampler's scipy is there)."""
     errors: Errors = []
-    storage = sweep.spec.study.storage
-    if storage and url_password(storage):  # it would be copied into sweep.resolved.yaml and printed
-        errors.append(("study.storage", f"the URL holds a password ({mask_url(storage)}); leave study.storage out "
-                                        f"and set {STORAGE_ENV}=<url> in every worker's environment instead"))
     for label, make in (("sampler", lambda: make_sampler(sweep, 0)), ("pruner", lambda: make_pruner(sweep))):
         try:
             make()

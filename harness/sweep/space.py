@@ -8,13 +8,13 @@ import copy
 import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from harness.config import Experiment, TaskSpec, set_path
-from harness.sweep.spec import BASE_EXPERIMENT_NAME, JOURNAL_NAME, STORAGE_ENV, SweepSpec
+from harness.redact import mask_url, storage_url_from_env
+from harness.sweep.spec import BASE_EXPERIMENT_NAME, JOURNAL_NAME, SweepSpec
 
 
 @dataclass
@@ -119,9 +119,12 @@ class Sweep:
         return [o.direction for o in self.objectives]
 
     def storage_url(self, sweep_dir: Path) -> str:
-        """The storage as a string: a URL, or the journal file's absolute path. With no ``study.storage`` in the
-        file, ``$HARNESS_STORAGE`` (read by every worker, never written to the sweep directory) if set."""
-        storage = self.spec.study.storage or os.environ.get(STORAGE_ENV) or None
+        """The storage as a string: a URL, or the journal file's absolute path. ``$HARNESS_STORAGE`` gives the URL
+        when ``study.storage`` is unset, or holds only its masked form (what ``sweep.resolved.yaml`` keeps)."""
+        storage = self.spec.study.storage
+        from_env = storage_url_from_env()
+        if from_env and (not storage or storage == mask_url(from_env)):
+            return from_env
         if storage and "://" in storage:
             return storage
         return str((Path(sweep_dir) / (storage or JOURNAL_NAME)).resolve())
@@ -157,6 +160,8 @@ class Sweep:
         """The sweep as workers read it: ``experiment`` is the copy written next to it, overrides applied."""
         study = self.spec.study.model_dump(mode="json")
         study["name"] = self.name
+        if study.get("storage"):
+            study["storage"] = mask_url(study["storage"])  # workers get the password through $HARNESS_STORAGE
         out: dict[str, Any] = {"experiment": BASE_EXPERIMENT_NAME, "study": study,
                                "space": {p.path: p.spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)
                                          for p in self.params}}

@@ -9,20 +9,22 @@ import contextlib
 import hashlib
 import importlib.util
 import os
-import re
 import threading
 import warnings
 from pathlib import Path
+from typing import Optional
 
 import optuna
 import sqlalchemy
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
-from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
 from harness.config import ConfigError, dump_yaml
+from harness.jsonl import trim_unfinished_last_line
+from harness.redact import mask_url, mask_urls_in_text
 from harness.store import atomic_write_text
 from harness.sweep.space import Sweep, seed_trial_params
-from harness.sweep.spec import BASE_EXPERIMENT_NAME, RESOLVED_NAME, STORAGE_ENV
+from harness.sweep.spec import BASE_EXPERIMENT_NAME, RESOLVED_NAME
 
 try:
     import fcntl
@@ -32,31 +34,16 @@ except ImportError:  # pragma: no cover — not on POSIX: optuna's own symlink l
 FINGERPRINT_ATTR = "harness:sweep"
 
 
-def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (sqlalchemy's own rendering); other strings unchanged. What
-    the harness prints or writes about a storage goes through this."""
-    if "://" not in url:
-        return url
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 — not a URL sqlalchemy parses: hide everything between :// and @
-        return re.sub(r"://[^@/]*@", "://***@", url)
-
-
-def url_password(url: str) -> bool:
-    """Whether a storage URL carries a password."""
-    try:
-        return "://" in url and make_url(url).password is not None
-    except Exception:  # noqa: BLE001
-        return "@" in url
-
-
 class FlockJournalLock:
     """An ``fcntl.flock`` on ``<journal>.flock``, in the shape of optuna's journal file locks (``acquire`` /
-    ``release``; optuna does not export their base class, and only calls these two methods)."""
+    ``release``; optuna does not export their base class, and only calls these two methods).
 
-    def __init__(self, path: str):
-        self.path = path
+    With ``journal``, the lock also repairs that journal once it holds it: an unfinished last line (a writer killed
+    or a disk filled mid-append) is cut off before the next append, which would otherwise glue a new record to it
+    and make the line unparseable for every later reader (optuna skips a bad *last* line, not a bad middle one)."""
+
+    def __init__(self, path: str, journal: Optional[str] = None):
+        self.path, self.journal = path, journal
         self._held = threading.local()  # a descriptor per thread: flock excludes between descriptors
 
     def acquire(self) -> bool:
@@ -67,6 +54,8 @@ class FlockJournalLock:
             os.close(fd)
             raise
         self._held.fd = fd
+        if self.journal is not None:
+            trim_unfinished_last_line(self.journal)
         return True
 
     def release(self) -> None:
@@ -88,7 +77,7 @@ def journal_lock(journal_path: str):
     on some network file systems: a journal shared across machines should be an RDB storage anyway.)"""
     if fcntl is None:  # pragma: no cover — not on POSIX
         return JournalFileSymlinkLock(journal_path)
-    return FlockJournalLock(journal_path + ".flock")
+    return FlockJournalLock(journal_path + ".flock", journal=journal_path)
 
 
 def make_storage(url: str):
@@ -187,9 +176,13 @@ def prepare_study(sweep: Sweep, sweep_dir: Path):
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     url = sweep.storage_url(sweep_dir)
-    storage = make_storage(url)
-    study = optuna.create_study(study_name=sweep.name, storage=storage, directions=sweep.directions,
-                                load_if_exists=True, sampler=make_sampler(sweep, 0), pruner=make_pruner(sweep))
+    try:
+        storage = make_storage(url)
+        study = optuna.create_study(study_name=sweep.name, storage=storage, directions=sweep.directions,
+                                    load_if_exists=True, sampler=make_sampler(sweep, 0), pruner=make_pruner(sweep))
+    except (ImportError, OSError, ValueError, SQLAlchemyError) as e:  # no driver, unreachable host, bad URL
+        raise ConfigError(sweep.source, [("study.storage", f"cannot open {mask_url(url)}: "
+                                                          f"{mask_urls_in_text(str(e)).splitlines()[0]}")]) from None
     fingerprint = study.user_attrs.get(FINGERPRINT_ATTR)
     if fingerprint is None:
         study.set_user_attr(FINGERPRINT_ATTR, sweep.fingerprint())
@@ -197,8 +190,9 @@ def prepare_study(sweep: Sweep, sweep_dir: Path):
         study.set_user_attr("harness:space", {p.path: p.spec.model_dump(mode="json", by_alias=True)
                                               for p in sweep.params})
     elif fingerprint != sweep.fingerprint():
-        raise ConfigError(sweep.source, [("study.name", f"study {sweep.name!r} already exists in {mask_url(url)} with another "
-                                                        "space or objectives; choose another study.name or --out")])
+        raise ConfigError(sweep.source, [("study.name", f"study {sweep.name!r} already exists in {mask_url(url)} "
+                                                        "with another space or objectives; choose another study.name "
+                                                        "or --out")])
     if [d.name.lower() for d in study.directions] != sweep.directions:
         raise ConfigError(sweep.source, [("study.name", f"study {sweep.name!r} exists with other directions")])
     if not study.get_trials(deepcopy=False):

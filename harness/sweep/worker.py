@@ -34,12 +34,14 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
+from unittest import mock
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from harness.config import validate_data
+from harness.redact import STORAGE_ENV
 from harness.sweep.load import load_resolved
 from harness.sweep.results import describe_trial, write_trials
 from harness.sweep.space import Sweep, sample_values
@@ -319,7 +321,8 @@ def launch_workers(sweep: Sweep, sweep_dir: Path, workers: int, worker_offset: i
     log_dir = sweep_dir / "workers"
     log_dir.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen] = []
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # The storage URL itself (sweep.resolved.yaml keeps only its masked form, without the password).
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", STORAGE_ENV: sweep.storage_url(sweep_dir)}
     if "OMP_NUM_THREADS" not in env:  # workers share the cores instead of each taking all of them
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
     devices = device_groups(gpus or [], workers)
@@ -395,8 +398,9 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, workers: int = 1, worker_offset: in
     for note in sweep.notes:
         echo(f"note: {note}")
     warm_base_model(sweep, echo)
-    if in_process:
-        run_worker(sweep_dir, worker_offset, export=True, run=run, log=echo)
+    if in_process:  # the URL reaches the worker as it reaches worker processes: through $HARNESS_STORAGE
+        with mock.patch.dict(os.environ, {STORAGE_ENV: sweep.storage_url(sweep_dir)}):
+            run_worker(sweep_dir, worker_offset, export=True, run=run, log=echo)
         study = load_worker_study(sweep, sweep_dir, worker_offset)
         write_trials(study, sweep, sweep_dir)
         return {"budget_done": counted_trials(study) >= sweep.spec.study.n_trials, "exits": {}}
@@ -423,7 +427,7 @@ def warm_base_model(sweep: Sweep, echo: Callable[[str], None] = print) -> None:
         echo(f"base model pretrained once for every worker ({time.perf_counter() - started:.0f} s, {info.cache_dir})")
 
 
-def _install_sigterm() -> None:
+def stop_on_sigterm() -> None:
     def handler(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
@@ -436,7 +440,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--index", type=int, default=0, help="Worker index (sampler seed = study.seed + index).")
     args = parser.parse_args(argv)
-    _install_sigterm()
+    stop_on_sigterm()
     os.environ.setdefault("WANDB_SILENT", "true")
     try:
         run_worker(args.sweep_dir, args.index, log=lambda m: print(m, flush=True))

@@ -1,0 +1,72 @@
+"""How the ``harness`` command ends on an error: one line on stderr and a documented exit code, never a traceback
+for a user's mistake (``--debug``, anywhere on the command line, shows the traceback instead).
+
+Exit codes: 0 success; 2 invalid input (experiment / sweep file, ``--set`` value, task data, a run directory that
+is not empty or is in use, a corrupt samples file); 3 stopped by the non-finite guard; 4 a special token's row
+would not train; 5 the file system refused (permission denied, disk full, read-only); 1 anything else (a bug:
+the traceback is printed).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import Callable
+
+import yaml
+
+from harness.jsonl import JsonlError, UnfinishedLineWarning
+from harness.redact import mask_urls_in_text
+from harness.rundir import RunDirError
+
+EXIT_INVALID = 2
+EXIT_FILESYSTEM = 5
+DEBUG_FLAG = "--debug"
+DEBUG_ENV = "HARNESS_DEBUG"
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    """The exceptions that are the user's input, not a bug. Imported here, not at module top: ``harness.prepare``
+    pulls in torch and transformers, and ``harness --help`` should stay quick."""
+    from harness.config import ConfigError
+    from harness.prepare import DataError
+
+    return ConfigError, DataError, RunDirError, JsonlError, yaml.YAMLError
+
+
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.filename is not None:
+        text = f"{error.filename}: {error.strerror or error}"
+    else:
+        text = str(error) or type(error).__name__
+    return mask_urls_in_text(text)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings about the user's files (an unfinished last line skipped) as ``warning: …``, not as a source
+    location in the harness."""
+    stream = file or sys.stderr
+    if issubclass(category, UnfinishedLineWarning):
+        stream.write(f"warning: {message}\n")
+    else:
+        stream.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def run_cli(app: Callable[[], None]) -> None:
+    """Run the typer ``app`` (a no-argument callable) with the error policy of the module docstring."""
+    debug = DEBUG_FLAG in sys.argv[1:] or os.environ.get(DEBUG_ENV) == "1"
+    sys.argv = [sys.argv[0]] + [a for a in sys.argv[1:] if a != DEBUG_FLAG]
+    warnings.showwarning = _show_warning
+    try:
+        app()
+    except _user_error_types() as e:
+        if debug:
+            raise
+        sys.stderr.write(f"harness: {_one_line(e)}\n")
+        sys.exit(EXIT_INVALID)
+    except OSError as e:
+        if debug:
+            raise
+        sys.stderr.write(f"harness: {_one_line(e)} (rerun with --debug for the traceback)\n")
+        sys.exit(EXIT_FILESYSTEM)
