@@ -165,22 +165,18 @@ class RunOutcome:
     n: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     run_dir: str = ""
+    # greedy metrics: item index → correct, from samples.jsonl (for paired item-level tests between arms)
+    items: dict[str, dict[int, bool]] = field(default_factory=dict)
 
 
-def _final_sample_counts(run_dir: Path) -> dict[tuple[str, str], int]:
-    """``{(task, split): items}`` of the run's last evaluation, read from ``samples.jsonl``."""
+def _final_samples(run_dir: Path) -> list[dict[str, Any]]:
+    """The ``samples.jsonl`` records of the run's last evaluation (none when the file is missing or empty)."""
     path = run_dir / "samples.jsonl"
     if not path.is_file():
-        return {}
+        return []
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    if not records:
-        return {}
-    last = max(r.get("step", 0) for r in records)
-    counts: dict[tuple[str, str], int] = {}
-    for r in records:
-        if r.get("step", 0) == last:
-            counts[(r["task"], r["split"])] = counts.get((r["task"], r["split"]), 0) + 1
-    return counts
+    last = max((r.get("step", 0) for r in records), default=0)
+    return [r for r in records if r.get("step", 0) == last]
 
 
 def collect_run(run_dir: Path, arm: str, seed: int, metrics: list[MetricRef], exp: Experiment) -> RunOutcome:
@@ -188,12 +184,14 @@ def collect_run(run_dir: Path, arm: str, seed: int, metrics: list[MetricRef], ex
     ``eval`` size. A metric the run did not record is NaN."""
     summary = json.loads((run_dir / "summary.json").read_text())
     table = summary["stages"][-1]["metrics"] if summary.get("stages") else {}
-    counts = _final_sample_counts(run_dir)
+    samples = _final_samples(run_dir)
     outcome = RunOutcome(arm, seed, seconds=summary.get("timing", {}).get("total_s", 0.0), run_dir=str(run_dir))
     for m in metrics:
         outcome.values[m.label] = float(table.get(m.split, {}).get(m.task, {}).get(m.metric, math.nan))
-        fallback = exp.tasks[m.task].eval if m.task in exp.tasks else 0
-        outcome.n[m.label] = counts.get((m.task, m.split), fallback)
+        mine = [r for r in samples if (r["task"], r["split"]) == (m.task, m.split)]
+        outcome.n[m.label] = len(mine) or (exp.tasks[m.task].eval if m.task in exp.tasks else 0)
+        if m.metric == "greedy" and mine:
+            outcome.items[m.label] = {int(r["index"]): bool(r["correct"]) for r in mine}
     return outcome
 
 

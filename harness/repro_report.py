@@ -60,6 +60,25 @@ def paired_difference(outcomes: list[RunOutcome], higher: str, lower: str, label
             "low": low, "high": high, "p_paired_t": p}
 
 
+def paired_items(outcomes: list[RunOutcome], higher: str, lower: str, label: str) -> list[dict[str, Any]]:
+    """Per seed, the item-level paired comparison of two arms on the same held-out items (same seed, same data
+    draw): items only ``higher`` got right, only ``lower`` got right, and the exact McNemar p (two-sided binomial
+    test on the discordant pairs)."""
+    by = {(o.arm, o.seed): o.items.get(label) for o in outcomes}
+    out = []
+    for seed in sorted({o.seed for o in outcomes}):
+        a, b = by.get((higher, seed)), by.get((lower, seed))
+        if not a or not b or set(a) != set(b):
+            continue
+        only_higher = sum(a[i] and not b[i] for i in a)
+        only_lower = sum(b[i] and not a[i] for i in a)
+        discordant = only_higher + only_lower
+        p = float(stats.binomtest(only_higher, discordant).pvalue) if discordant else 1.0
+        out.append({"seed": seed, "n": len(a), "only_higher": only_higher, "only_lower": only_lower,
+                    "p_mcnemar_exact": p})
+    return out
+
+
 def summarise(repro: Repro, outcomes: list[RunOutcome]) -> dict[str, Any]:
     """Everything the table and the figure show, JSON-ready."""
     spec = repro.spec
@@ -83,6 +102,8 @@ def summarise(repro: Repro, outcomes: list[RunOutcome]) -> dict[str, Any]:
     if spec.expect and spec.expect.higher in arms and spec.expect.lower in arms:
         result["direction"] = paired_difference(outcomes, spec.expect.higher, spec.expect.lower,
                                                 spec.metrics[0].label)
+        result["direction"]["per_seed_items"] = paired_items(outcomes, spec.expect.higher, spec.expect.lower,
+                                                             spec.metrics[0].label)
     return result
 
 
@@ -107,6 +128,9 @@ def markdown(result: dict[str, Any], command: str, figure: Optional[str]) -> str
         lines += ["", f"Published direction, {d['higher']} − {d['lower']} on {d['metric']} (paired over seeds "
                       f"{d['seeds']}): {_fmt(d['mean'])} [{_fmt(d['low'])}, {_fmt(d['high'])}], paired t-test "
                       f"p = {_fmt(d['p_paired_t'])}."]
+        lines += [f"Seed {x['seed']}, paired on its {x['n']} items: only {d['higher']} right {x['only_higher']}, only "
+                  f"{d['lower']} right {x['only_lower']}, exact McNemar p = {x['p_mcnemar_exact']:.2g}."
+                  for x in d["per_seed_items"]]
     if figure:
         lines += ["", f"![{result['name']}]({figure})"]
     return "\n".join(lines) + "\n"

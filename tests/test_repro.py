@@ -133,3 +133,14 @@ def test_world_corpus_augmentation_fields():
     shuffled = job_before_home(corpus(world, 0, docs_per_person=3, permute=True, filler_docs=0))
     assert fixed and all(fixed)
     assert not all(shuffled)
+
+
+def test_paired_items_counts_discordant_items_per_seed():
+    a = repro_mod.RunOutcome("a", 0, {"m": 0.6}, items={"m": {i: i < 30 for i in range(50)}})
+    b = repro_mod.RunOutcome("b", 0, {"m": 0.2}, items={"m": {i: 20 <= i < 30 or i == 49 for i in range(50)}})
+    from harness.repro_report import paired_items
+
+    (row,) = paired_items([a, b], "a", "b", "m")
+    assert (row["n"], row["only_higher"], row["only_lower"]) == (50, 20, 1)
+    assert row["p_mcnemar_exact"] < 1e-4
+    assert paired_items([a, b], "b", "a", "m")[0]["only_higher"] == 1
