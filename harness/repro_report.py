@@ -155,8 +155,8 @@ def figure(result: dict[str, Any], path: Path, x_label: Optional[str] = None, x_
             _draw(ax, xs, [i["metrics"][label] for _, i in swept], line=True)
             ax.set_xscale("log" if x_log else "linear")
             ax.set_xlabel(x_label or "x")
-            for a, i in others:  # reference arms as horizontal lines across the sweep
-                ax.axhline(i["metrics"][label]["mean"], linestyle="--", linewidth=1, label=a)
+            for colour, (a, i) in enumerate(others, start=1):  # reference arms as lines across the sweep
+                ax.axhline(i["metrics"][label]["mean"], linestyle="--", linewidth=1, label=a, color=f"C{colour}")
             if others:
                 ax.legend(fontsize=8)
         else:

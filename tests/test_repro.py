@@ -12,7 +12,7 @@ from data_recipes import build_world, corpus
 from harness import repro as repro_mod
 from harness.config import ConfigError
 from harness.repro import arm_experiment, available, load_repro, parse_seeds, run_repro
-from harness.repro_report import paired_difference, t_interval, wilson_interval, write_outputs
+from harness.repro_report import paired_difference, paired_items, t_interval, wilson_interval, write_outputs
 from tests.conftest import run_cli, write_yaml
 
 NAMES = available()
@@ -138,8 +138,6 @@ def test_world_corpus_augmentation_fields():
 def test_paired_items_counts_discordant_items_per_seed():
     a = repro_mod.RunOutcome("a", 0, {"m": 0.6}, items={"m": {i: i < 30 for i in range(50)}})
     b = repro_mod.RunOutcome("b", 0, {"m": 0.2}, items={"m": {i: 20 <= i < 30 or i == 49 for i in range(50)}})
-    from harness.repro_report import paired_items
-
     (row,) = paired_items([a, b], "a", "b", "m")
     assert (row["n"], row["only_higher"], row["only_lower"]) == (50, 20, 1)
     assert row["p_mcnemar_exact"] < 1e-4
