@@ -11,6 +11,7 @@ import pytest
 from data_recipes import build_world, corpus
 from harness import repro as repro_mod
 from harness.config import ConfigError
+from harness.prepare import build_task_data
 from harness.repro import arm_experiment, available, load_repro, parse_seeds, run_repro
 from harness.repro_report import paired_difference, paired_items, t_interval, wilson_interval, write_outputs
 from tests.conftest import run_cli, write_yaml
@@ -142,3 +143,14 @@ def test_paired_items_counts_discordant_items_per_seed():
     assert (row["n"], row["only_higher"], row["only_lower"]) == (50, 20, 1)
     assert row["p_mcnemar_exact"] < 1e-4
     assert paired_items([a, b], "b", "a", "m")[0]["only_higher"] == 1
+
+
+def test_reversed_and_plain_arms_share_their_operand_pairs():
+    """The item-level paired test between the formats needs the same held-out pairs at the same indices."""
+    repro = load_repro("reversed_addition")
+    splits = [build_task_data(arm_experiment(repro, arm, 0, micro=True)).splits["math"] for arm in ("reversed",
+                                                                                                   "plain")]
+    for split in ("heldout", "train"):
+        pairs = [[(e.meta["a"], e.meta["b"]) for e in s[split]] for s in splits]
+        assert pairs[0] == pairs[1]
+    assert splits[0]["heldout"][0].answer != splits[1]["heldout"][0].answer  # the formats do differ
