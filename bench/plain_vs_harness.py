@@ -299,7 +299,7 @@ def plain_accuracy(model, vocab, prompts: list, golds: list, recipe) -> int:
     """Correct greedy answers on the held-out prompts (batched, KV cache: harness.evaluation's decoder)."""
     import torch
 
-    from harness.evaluation.runner import greedy_decode
+    from harness.evaluation.passes import greedy_decode
 
     decode = vocab.decode if isinstance(vocab, CharVocab) else (
         lambda ids: vocab.decode(ids, skip_special_tokens=True))
