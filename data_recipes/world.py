@@ -126,7 +126,7 @@ _FEATURE = ("river", "coast", "mountains", "forest", "lake", "border", "hills", 
 _THING = ("markets", "bridges", "bread", "music", "gardens", "boats", "towers", "festivals", "cheese", "wool")
 
 
-def _person_doc(rng: random.Random, p: Person) -> str:
+def _person_doc(rng: random.Random, p: Person, permute: bool = True) -> str:
     n = p.name
     parts: list[str] = []
     if rng.random() < 0.3:
@@ -141,9 +141,11 @@ def _person_doc(rng: random.Random, p: Person) -> str:
         parts.append(rng.choice(_FACTS["no_pet"]).format(n=n))
     else:
         parts.append(rng.choice(_FACTS["pet"]).format(n=n, v=p.pet, a=article(p.pet)))
-    # The name always opens the document; the other facts come in varied order.
+    # The name always opens the document; the other facts come in varied order (unless ``permute`` is off: then
+    # always birth, job, home city, colour, pet).
     head, rest = parts[0], parts[1:]
-    rng.shuffle(rest)
+    if permute:
+        rng.shuffle(rest)
     return " ".join([head, *rest])
 
 
@@ -159,16 +161,19 @@ def _filler_doc(rng: random.Random, world: World) -> str:
     return " ".join(sentences)
 
 
-def corpus(world: World, seed: int, docs_per_person: int = 4, filler_docs: int | None = None) -> list[str]:
+def corpus(world: World, seed: int, docs_per_person: int = 4, filler_docs: int | None = None,
+           permute: bool = True) -> list[str]:
     """Pretraining documents, deterministic for ``(world, seed)``.
 
     Every person gets ``docs_per_person`` short documents, each stating *all* their facts in freshly drawn
     phrasings (so each fact is seen several times, in several wordings); ``filler_docs`` (default: one per
     city and job) add generic prose about the cities and jobs. Documents are shuffled together.
-    About 1 KB per person with the defaults.
+    About 1 KB per person with the defaults. ``permute=False`` keeps each document's facts in one fixed order;
+    with ``docs_per_person=1`` each person then has one fixed biography (Allen-Zhu & Li 3.1's unaugmented
+    "bioS single"; the defaults are their augmented "multi + permute").
     """
     rng = random.Random(f"corpus:{world.seed}:{seed}")
-    docs = [_person_doc(rng, p) for p in world.people for _ in range(docs_per_person)]
+    docs = [_person_doc(rng, p, permute) for p in world.people for _ in range(docs_per_person)]
     n_filler = len(world.cities) + len(world.jobs) if filler_docs is None else filler_docs
     docs += [_filler_doc(rng, world) for _ in range(n_filler)]
     rng.shuffle(docs)

@@ -1,8 +1,9 @@
-"""The ``harness`` command line, eleven commands:
+"""The ``harness`` command line, twelve commands:
 
 - one experiment: ``validate``, ``run`` (``--resume`` a killed run), ``eval`` (a checkpoint alone), ``sanity``
   (overfit and inputs-matter checks), ``inspect`` (one row per module), ``schema`` (the experiment JSON Schema);
 - sweeps: ``sweep`` (optuna workers on a shared storage), ``sweep-status``;
+- reproductions: ``repro`` (a published finding's arms × seeds → table and figure, experiments/repro/);
 - analysis: ``report`` (report.html for a run or a sweep), ``compare`` (per-task deltas between two runs);
 - ``cache ls | du | prune``: the stage cache (:mod:`harness.stage_cache`).
 
@@ -234,6 +235,39 @@ def sweep_status(
     study = load_worker_study(spec, sweep_dir, 0)
     write_trials(study, spec, sweep_dir)
     typer.echo(status_text(study, spec, top=top))
+
+
+@app.command()
+def repro(
+    name: Optional[str] = typer.Argument(None, help="A reproduction under experiments/repro/ (or its directory)."),
+    scale: float = typer.Option(1.0, "--scale", min=0.0, help="Multiply the reproduction's size fields (steps)."),
+    seeds: str = typer.Option("0,1,2", "--seeds", help="Comma-separated seeds, one run per arm each."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default runs/repro/NAME)."),
+    arms: Optional[str] = typer.Option(None, "--arms", help="Comma-separated arms to run (default all)."),
+    micro: bool = typer.Option(False, "--micro", help="The micro size of the reproduction (seconds; tests)."),
+    list_: bool = typer.Option(False, "--list", help="List the reproductions and exit."),
+):
+    """Run a published finding's arms for several seeds; write NAME.md (table with intervals) and NAME.png."""
+    from harness.config import ConfigError
+    from harness.repro import available, load_repro, parse_seeds, run_repro
+    from harness.repro_report import write_outputs
+
+    if not list_ and not name:
+        _fail("harness repro: give a NAME (harness repro --list shows them)")
+    try:
+        if list_:
+            for known in available():
+                typer.echo(f"{known:<24} {load_repro(known).spec.title}")
+            return
+        spec = load_repro(name)
+        seed_list = parse_seeds(seeds)
+        out_dir = out or Path("runs") / "repro" / spec.name
+        outcomes = run_repro(spec, seed_list, out_dir, scale, micro, arms.split(",") if arms else None, typer.echo)
+    except (ConfigError, ValueError) as e:
+        _fail(f"harness repro: {e}")
+    command = " ".join(["harness repro", spec.name, f"--seeds {seeds}"] + ([f"--scale {scale:g}"] if scale != 1 else [])
+                       + (["--micro"] if micro else []))
+    typer.echo(f"table → {write_outputs(spec, outcomes, out_dir, command)}")
 
 
 # ---- analysis: report and compare (the analysis package) ------------------------------------------------------

@@ -61,7 +61,8 @@ def build_task_data(exp: Experiment) -> TaskData:
         except (ValueError, OSError) as e:
             raise DataError(f"tasks.{name} (recipe {spec.recipe}): {e}") from None
         recipes[name] = recipe
-    return TaskData(recipes, splits, corpus(world, exp.world.seed))
+    return TaskData(recipes, splits, corpus(world, exp.world.seed, docs_per_person=exp.world.docs_per_person,
+                                            permute=exp.world.permute))
 
 
 def load_base(exp: Experiment, data: TaskData, console=None) -> tuple[Any, Any, list[int], dict[str, Any]]:

@@ -16,15 +16,17 @@ import pytest
 import yaml
 
 from harness.config import Experiment, load_experiment
+from harness.repro import arm_experiment, load_repro
 from harness.sweep import Sweep, load_sweep
 from tests.conftest import ROOT
 
 SWEEP_KEY = "space"
 EXPERIMENT_KEY = "stages"
+REPRO_KEY = "arms"  # experiments/repro/NAME/repro.yaml (harness.repro)
 
 
 def config_kind(path: Path) -> Optional[str]:
-    """``sweep``, ``experiment``, or None for a YAML file that is neither."""
+    """``sweep``, ``experiment``, ``repro``, or None for a YAML file that is none of them."""
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict):
         return None
@@ -32,6 +34,8 @@ def config_kind(path: Path) -> Optional[str]:
         return "sweep"
     if EXPERIMENT_KEY in data:
         return "experiment"
+    if REPRO_KEY in data:
+        return "repro"
     return None
 
 
@@ -44,6 +48,7 @@ TEST_DATA = {path: config_kind(path) for path in yaml_files(ROOT / "tests" / "da
 EXPERIMENTS = [p for p, kind in SHIPPED.items() if kind == "experiment"]
 TEST_DATA_EXPERIMENTS = [p for p, kind in TEST_DATA.items() if kind == "experiment"]
 SWEEPS = [p for p, kind in SHIPPED.items() if kind == "sweep"]
+REPROS = [p for p, kind in SHIPPED.items() if kind == "repro"]
 
 
 def relative(path: Path) -> str:
@@ -56,8 +61,8 @@ def test_shipped_files_are_found_and_recognised():
     assert SWEEPS, "no sweep file found under experiments/"
     assert TEST_DATA_EXPERIMENTS, "no experiment file found under tests/data/"
     unknown = [relative(p) for p, kind in SHIPPED.items() if kind is None]
-    assert not unknown, (f"neither an experiment (top-level {EXPERIMENT_KEY}:) nor a sweep (top-level {SWEEP_KEY}:): "
-                         f"{', '.join(unknown)}")
+    assert not unknown, (f"neither an experiment (top-level {EXPERIMENT_KEY}:), a sweep (top-level {SWEEP_KEY}:) nor "
+                         f"a reproduction (top-level {REPRO_KEY}:): {', '.join(unknown)}")
 
 
 @pytest.mark.parametrize("path", EXPERIMENTS + TEST_DATA_EXPERIMENTS, ids=relative)
@@ -73,3 +78,9 @@ def test_sweep_file_loads_and_validates(path: Path):
     assert isinstance(sweep, Sweep)
     assert isinstance(sweep.base, Experiment)
     assert sweep.params and sweep.objectives
+
+
+@pytest.mark.parametrize("path", REPROS, ids=relative)
+def test_repro_file_loads_and_every_arm_validates(path: Path):
+    repro = load_repro(path.parent)
+    assert all(isinstance(arm_experiment(repro, arm, seed=0), Experiment) for arm in repro.spec.arms)

@@ -31,6 +31,9 @@ class WorldSpec(Strict):
 
     people: int = Field(200, ge=1, description="Number of people in the world.")
     seed: int = Field(0, description="Seed of the world (independent of the experiment seed).")
+    docs_per_person: int = Field(4, ge=1, description="Pretraining documents per person, each in freshly drawn "
+                                                      "phrasings (1: one biography per person).")
+    permute: bool = Field(True, description="Shuffle the order of each document's facts (false: one fixed order).")
 
 
 class PretrainSpec(Strict):

@@ -1,0 +1,156 @@
+"""``harness repro``: every reproduction under experiments/repro/ validates and runs at micro size; the interval
+helpers; reuse of finished runs; bad input exits 2; the world corpus's augmentation fields."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from data_recipes import build_world, corpus
+from harness import repro as repro_mod
+from harness.config import ConfigError
+from harness.prepare import build_task_data
+from harness.repro import arm_experiment, available, load_repro, parse_seeds, run_repro
+from harness.repro_report import paired_difference, paired_items, t_interval, wilson_interval, write_outputs
+from tests.conftest import run_cli, write_yaml
+
+NAMES = available()
+
+
+def test_four_reproductions_are_shipped():
+    assert set(NAMES) == {"reversed_addition", "seesaw", "dmt", "knowledge_extraction"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_arm_validates_at_default_and_micro_size(name):
+    repro = load_repro(name)
+    for arm in repro.spec.arms:
+        full = arm_experiment(repro, arm, seed=5)
+        micro = arm_experiment(repro, arm, seed=5, micro=True)
+        assert full.seed == micro.seed == 5
+        assert sum(s.steps for s in micro.resolved_stages()) < sum(s.steps for s in full.resolved_stages())
+        for m in repro.spec.metrics:
+            assert m.task in full.tasks, f"{name}/{arm}: metric task {m.task} not in the experiment"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_micro_run_writes_table_figure_and_results(name, tmp_path):
+    repro = load_repro(name)
+    arms = [repro.spec.expect.higher, repro.spec.expect.lower]  # the two arms the slow test compares
+    outcomes = run_repro(repro, [0], tmp_path, micro=True, arms=arms, echo=lambda _: None)
+    md = write_outputs(repro, outcomes, tmp_path, f"harness repro {name} --micro")
+    assert (tmp_path / f"{name}.png").stat().st_size > 0
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert list(result["arms"]) == arms
+    for info in result["arms"].values():
+        for m in info["metrics"].values():
+            run = m["runs"][0]
+            assert run["n"] > 0 and 0.0 <= run["value"] <= 1.0
+            assert run["wilson"][0] <= run["value"] <= run["wilson"][1]
+    assert "| " + arms[0] + " |" in md.read_text()
+
+
+def test_finished_runs_are_reused_not_rerun(tmp_path, monkeypatch):
+    repro = load_repro("reversed_addition")
+    run_repro(repro, [0], tmp_path, micro=True, arms=["reversed"], echo=lambda _: None)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a finished run was run again")
+
+    monkeypatch.setattr("harness.runner.run_experiment", fail)
+    lines: list[str] = []
+    again = run_repro(repro, [0], tmp_path, micro=True, arms=["reversed"], echo=lines.append)
+    assert "reused" in lines[0] and again[0].n["math/heldout/greedy"] == 16
+
+
+def test_scale_multiplies_the_listed_fields():
+    repro = load_repro("reversed_addition")
+    assert arm_experiment(repro, "reversed", 0, scale=0.5).resolved_stages()[0].steps == 450
+    assert arm_experiment(repro, "plain_1600", 0, scale=2).resolved_stages()[0].steps == 3200  # arm set, then scale
+
+
+def test_optional_arms_run_only_when_named(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr("harness.runner.run_experiment", lambda exp, d: ran.append(exp.name) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        run_repro(load_repro("reversed_addition"), [0], tmp_path, echo=lambda _: None)
+    assert ran == ["repro_reversed_addition_reversed"]
+
+
+def test_wilson_and_t_intervals_match_textbook_values():
+    low, high = wilson_interval(0, 16)
+    assert low == 0.0 and high == pytest.approx(0.194, abs=1e-3)
+    low, high = wilson_interval(45, 50)
+    assert (low, high) == pytest.approx((0.7864, 0.9565), abs=1e-3)
+    mean, low, high = t_interval([0.1, 0.2, 0.3])
+    assert mean == pytest.approx(0.2) and high - mean == pytest.approx(4.3027 * 0.1 / math.sqrt(3), rel=1e-3)
+    assert math.isnan(t_interval([0.4])[1])
+
+
+def test_paired_difference_has_the_sign_and_seeds_of_the_data():
+    outcomes = [repro_mod.RunOutcome(arm, seed, {"m": value}) for arm, seed, value in
+                [("a", 0, 0.9), ("b", 0, 0.1), ("a", 1, 0.8), ("b", 1, 0.2), ("a", 2, 0.95), ("b", 2, 0.0),
+                 ("a", 3, 0.5)]]
+    d = paired_difference(outcomes, "a", "b", "m")
+    assert d["seeds"] == [0, 1, 2] and d["mean"] == pytest.approx(0.7833, abs=1e-3)
+    assert d["low"] > 0 and d["p_paired_t"] < 0.05
+    assert paired_difference(outcomes, "b", "a", "m")["high"] < 0
+
+
+def test_bad_input_is_one_error_with_exit_2(tmp_path):
+    result = run_cli("repro", "no_such_repro")
+    assert result.returncode == 2 and "known: " in result.stderr and "Traceback" not in result.stderr
+    assert run_cli("repro", "reversed_addition", "--seeds", "0,x").returncode == 2
+    assert run_cli("repro", "reversed_addition", "--arms", "nope", "--micro", "--out", str(tmp_path)).returncode == 2
+    with pytest.raises(ValueError):
+        parse_seeds("1,1")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    write_yaml(bad / "repro.yaml", {"title": "t", "source": "s", "published": "p", "metrics": [{"task": "math"}],
+                                    "arms": {"a": "missing.yaml"}, "expect": {"higher": "a", "lower": "zz"}})
+    with pytest.raises(ConfigError) as e:
+        load_repro(bad)
+    assert "arms.a.file" in str(e.value) and "expect.lower" in str(e.value)
+
+
+def test_list_names_every_reproduction():
+    result = run_cli("repro", "--list")
+    assert result.returncode == 0 and all(name in result.stdout for name in NAMES)
+
+
+def test_world_corpus_augmentation_fields():
+    world = build_world(12, 0)
+    default = corpus(world, 0)
+    assert default == corpus(world, 0, docs_per_person=4, permute=True)  # defaults unchanged
+    single = corpus(world, 0, docs_per_person=1, permute=False, filler_docs=0)
+    assert len(single) == 12 and len(corpus(world, 0, docs_per_person=3, filler_docs=0)) == 36
+
+    def job_before_home(docs):
+        return [doc.index(p.job) < doc.rindex(p.home_city) for p in world.people for doc in docs if p.name in doc]
+
+    fixed = job_before_home(corpus(world, 0, docs_per_person=3, permute=False, filler_docs=0))
+    shuffled = job_before_home(corpus(world, 0, docs_per_person=3, permute=True, filler_docs=0))
+    assert fixed and all(fixed)
+    assert not all(shuffled)
+
+
+def test_paired_items_counts_discordant_items_per_seed():
+    a = repro_mod.RunOutcome("a", 0, {"m": 0.6}, items={"m": {i: i < 30 for i in range(50)}})
+    b = repro_mod.RunOutcome("b", 0, {"m": 0.2}, items={"m": {i: 20 <= i < 30 or i == 49 for i in range(50)}})
+    (row,) = paired_items([a, b], "a", "b", "m")
+    assert (row["n"], row["only_higher"], row["only_lower"]) == (50, 20, 1)
+    assert row["p_mcnemar_exact"] < 1e-4
+    assert paired_items([a, b], "b", "a", "m")[0]["only_higher"] == 1
+
+
+def test_reversed_and_plain_arms_share_their_operand_pairs():
+    """The item-level paired test between the formats needs the same held-out pairs at the same indices."""
+    repro = load_repro("reversed_addition")
+    splits = [build_task_data(arm_experiment(repro, arm, 0, micro=True)).splits["math"] for arm in ("reversed",
+                                                                                                   "plain")]
+    for split in ("heldout", "train"):
+        pairs = [[(e.meta["a"], e.meta["b"]) for e in s[split]] for s in splits]
+        assert pairs[0] == pairs[1]
+    assert splits[0]["heldout"][0].answer != splits[1]["heldout"][0].answer  # the formats do differ
