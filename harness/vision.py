@@ -59,7 +59,7 @@ def model_part(parameter_name: str) -> str | None:
 
 
 def parameters_by_part(model) -> dict[str, list[str]]:
-    """``{part: [parameter names]}`` for every part present; ``KeyError``-free: unknown names go to ``other``."""
+    """``{part: [parameter names]}`` for the parts present; names matching no part go to ``other``."""
     out: dict[str, list[str]] = {}
     for name, _ in model.named_parameters():
         out.setdefault(model_part(name) or "other", []).append(name)
