@@ -33,6 +33,7 @@ class EvalLog:
     samples_path: Path
     on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None
     resume_filter: Optional[Callable[[str, int, str], bool]] = None
+    image_eval: Optional[Callable[[Any], tuple[list, list]]] = None  # harness.vision_run.ImageEval
     history: list[Row] = field(default_factory=list)  # every evaluation row, in order
     seconds: float = 0.0
 
@@ -45,12 +46,16 @@ class EvalLog:
     def run(self, model, stage: str, step: int) -> None:
         started = time.perf_counter()
         result = run_evaluation(model, self.tokenizer, self.items, self.recipes, self.exp.eval, self.hijack_ids)
+        metrics, samples = list(result.metrics), list(result.samples)
+        if self.image_eval is not None:  # image tasks: greedy with their images and the image_use probe
+            image_rows, image_samples = self.image_eval(model)
+            metrics, samples = metrics + image_rows, samples + image_samples
         rows = []
-        for task, split, metric, value in result.metrics:
+        for task, split, metric, value in metrics:
             text = json.dumps(result.top1.get((task, split), [])) if metric == "ft_top1" else None
             rows.append(Row(stage, step, task, split, metric, value, text))
         with open(self.samples_path, "a", encoding="utf-8") as f:
-            for sample in result.samples:
+            for sample in samples:
                 f.write(json.dumps({"stage": stage, "step": step, **sample}, ensure_ascii=False) + "\n")
         self._log_tables(result, step)
         self.seconds += time.perf_counter() - started
@@ -106,7 +111,7 @@ class EvalLog:
 
 def _is_eval_row(row: Row) -> bool:
     """Rows written by evaluations (the others are training metrics, compositions and seesaw events)."""
-    return row.task is not None and row.metric in EVAL_METRICS
+    return row.task is not None and (row.metric in EVAL_METRICS or row.metric.startswith("img_"))
 
 
 def _truncate_samples(path: Path, keep: Callable[[str, int, str], bool]) -> None:

@@ -19,6 +19,8 @@ from harness.config import Experiment, ResolvedStage
 from harness.data import collate, encode_examples, eval_items, length_grouped_batches, mixture_stream
 from harness.models import builtin_added_token_ids, load_hf
 from harness.pretrain import builtin_base
+from harness.vision_data import collate_mixed, encode_image_examples
+from harness.vision_run import is_image_model, load_vision_base, processor_for
 
 
 class DataError(Exception):
@@ -64,7 +66,9 @@ def load_base(exp: Experiment, data: TaskData, console=None) -> tuple[Any, Any, 
     """The base model (on the GPU when there is one) and tokenizer — a hub/local model, or a builtin one,
     pretrained and cached — the ids of the tokens the harness added to it, and facts about where it came from."""
     transformers.utils.logging.disable_progress_bar()  # our own bars are enough
-    if exp.model.hf:
+    if is_image_model(exp.model):
+        model, tokenizer, added, info = load_vision_base(exp, data, console)
+    elif exp.model.hf:
         model, tokenizer, added = load_hf(exp.model, return_added=True)
         info: dict[str, Any] = {"source": exp.model.hf}
     else:
@@ -95,15 +99,23 @@ class EncodedData:
 
 def encode_task_data(exp: Experiment, data: TaskData, tokenizer) -> EncodedData:
     """The training pools, tokenised with their label masks, and the fixed eval items of every task and split."""
-    train = {}
+    train, processor = {}, processor_for(tokenizer)
     for name, splits in data.splits.items():
-        train[name] = encode_examples(tokenizer, splits["train"])
+        if data.recipes[name].has_images:  # image tasks are evaluated by harness.vision_run.ImageEval
+            if processor is None:
+                raise DataError(f"tasks.{name}: its examples have images but the model is text-only "
+                                "(model.builtin: llava-tiny, or an image-text model.hf)")
+            train[name] = encode_image_examples(processor, splits["train"])
+        else:
+            train[name] = encode_examples(tokenizer, splits["train"])
         for index, (ex, enc) in enumerate(zip(splits["train"], train[name])):
             if enc.n_supervised <= 1:  # only the end-of-turn token: the answer tokenised to nothing
                 raise DataError(f"tasks.{name}: training example {index} has an answer that tokenises to nothing "
                                 f"(prompt {ex.prompt[:60]!r})")
     items = []
     for name, splits in data.splits.items():
+        if data.recipes[name].has_images:
+            continue
         for split in exp.eval.splits:
             if split == "train":
                 # A fixed random subsample of training items, so the memorisation gap is visible.
@@ -150,4 +162,6 @@ def plan_stage(exp: Experiment, stage: ResolvedStage, index: int, pools: dict[st
     for task, c in composition.items():
         c["share"] = c["examples"] / len(examples)
         c["dropped_too_long"] = dropped.get(task, 0)
+    if any(getattr(e, "pixel_values", None) is not None for e in examples):
+        return StagePlan(stage, [collate_mixed(b, pad_id, exp.debug.drop_images) for b in grouped], composition)
     return StagePlan(stage, [collate(b, pad_id) for b in grouped], composition)

@@ -36,6 +36,7 @@ from harness.prepare import StagePlan, build_task_data, encode_task_data, load_b
 from harness.store import Row, atomic_write_text
 from harness.tracking import Tracker
 from harness.train import LoopState, StageLoop, train_stage
+from harness.vision_run import image_eval, processor_for
 
 
 def new_run_id(exp: Experiment) -> str:
@@ -86,7 +87,7 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
     start = resume_start(point, stages, [len(p.batches) for p in plans]) if resume else Start()
     tracker = Tracker(exp, run_dir, run_id, exp.resolved_dict(), resume_filter=start.keep)
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
-                    on_evaluation, resume_filter=start.keep)
+                    on_evaluation, resume_filter=start.keep, image_eval=image_eval(exp, data, tokenizer))
     run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals,
                _init_states(model, stages, start.stage_index, run_dir))
     model = _restore(model, start, stages, added)
@@ -282,7 +283,7 @@ def _end_stage(run: _Run, model, index: int, step: int, save_resume_point_at) ->
     if stage.name in run.init.needed:
         run.init.states[stage.name] = merged_state_dict(model)
     if stage.train.checkpoint or stage.name in run.init.needed:
-        save_stage_checkpoint(model, run.tokenizer, run.run_dir / "checkpoints" / stage.name,
+        save_stage_checkpoint(model, processor_for(run.tokenizer) or run.tokenizer, run.run_dir / "checkpoints" / stage.name,
                               {"run_id": run.run_id, "stage": stage.name, "step": step, "experiment": run.exp.name})
     if stage.train.checkpoint_every:
         save_resume_point_at(step, LoopState(len(plan.batches)))

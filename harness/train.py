@@ -26,6 +26,7 @@ from harness.diagnostics import GroupStats
 from harness.guard import Injector, NonFiniteError, first_nonfinite_module, nonfinite_grads
 from harness.losses import first_answer_tokens, token_losses_and_ce, weighted_mean
 from harness.store import Row
+from harness.vision_data import vision_supervised_logits
 
 # Model types whose logits are exactly lm_head(last hidden state); for them the loss projects only supervised
 # positions. Others (logit soft-capping, scaling) go through the model's own forward.
@@ -95,7 +96,10 @@ def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, task
     """
     supervised = batch.supervised  # flat positions, found once at collation
     with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-autocast"):
-        logits = supervised_logits(unwrap(model), batch.input_ids, batch.attention_mask, supervised, compiled)
+        if getattr(batch, "pixel_values", None) is not None:  # an image-text batch (harness.vision_data)
+            logits = vision_supervised_logits(unwrap(model), batch, supervised)
+        else:
+            logits = supervised_logits(unwrap(model), batch.input_ids, batch.attention_mask, supervised, compiled)
     losses, ce = token_losses_and_ce(logits, batch.labels.flatten()[supervised], spec)
     task_of_token = task_ids[supervised // batch.labels.shape[1]]
     first = first_answer_tokens(batch.labels).flatten()[supervised] if spec.first_token_weight != 1.0 else None

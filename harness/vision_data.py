@@ -11,8 +11,9 @@ through the same processor with no image and encode exactly as :func:`harness.da
 Batches: :func:`collate_mixed` right-pads like :func:`harness.data.collate` and stacks ``pixel_values`` of the rows
 that have an image, in row order — LLaVA-style models scatter image features into the image-token positions in
 row-major order, so text-only rows simply have no image tokens and take no pixel values. ``drop_images=True``
-leaves ``pixel_values`` out while keeping the image tokens: the model then sees only the placeholder embedding,
-which reproduces the seed's "trained for days without its images" bug on purpose.
+replaces every image's pixels by zeros while keeping the image tokens: the vision tower and projector stay in the
+graph (a projector-only stage still trains) but every image looks the same, which reproduces the seed's "trained
+for days without its images" bug on purpose.
 """
 
 from __future__ import annotations
@@ -127,8 +128,10 @@ def collate_mixed(examples: Sequence[Encoded], pad_id: int, drop_images: bool = 
     base = collate(list(examples), pad_id)
     rows = tuple(i for i, e in enumerate(examples) if getattr(e, "pixel_values", None) is not None)
     pixels = None
-    if rows and not drop_images:
+    if rows:
         pixels = torch.from_numpy(np.stack([examples[i].pixel_values for i in rows]))
+        if drop_images:
+            pixels = torch.zeros_like(pixels)
     return VisionBatch(base.input_ids, base.attention_mask, base.labels, base.tasks, base.n_real_tokens,
                        base.n_padded_tokens, base.supervised, pixels, rows)
 

@@ -99,8 +99,10 @@ def blank_like(image):
 
 
 def image_use(model, processor, examples: Sequence[Any], recipes: dict[str, Any], split: str, *, seed: int = 0,
-              batch_size: int = 16, max_new_tokens: int = 24) -> list[ImageUseStats]:
+              batch_size: int = 16, max_new_tokens: int = 24, drop_images: bool = False) -> list[ImageUseStats]:
     """Run the probe on ``examples`` (one split; examples without an image are skipped), grouped by task.
+
+    ``drop_images`` (``debug.drop_images``) feeds all-zero pixels in every condition, as the run's training did: the seed's bug, which the probe must report as dependence 0.
 
     ``recipes`` maps each task to its recipe instance (for ``is_correct`` / ``normalise``). The model's train/eval
     mode is restored afterwards; gradients are off.
@@ -116,12 +118,13 @@ def image_use(model, processor, examples: Sequence[Any], recipes: dict[str, Any]
     try:
         with torch.no_grad():
             return [_probe_task(model, processor, task, items, recipes[task], split, seed, batch_size,
-                                max_new_tokens) for task, items in by_task.items()]
+                                max_new_tokens, drop_images) for task, items in by_task.items()]
     finally:
         model.train(was_training)
 
 
-def _probe_task(model, processor, task, examples, recipe, split, seed, batch_size, max_new_tokens) -> ImageUseStats:
+def _probe_task(model, processor, task, examples, recipe, split, seed, batch_size, max_new_tokens,
+                drop_images=False) -> ImageUseStats:
     from scipy.stats import ttest_rel
 
     n = len(examples)
@@ -133,8 +136,8 @@ def _probe_task(model, processor, task, examples, recipe, split, seed, batch_siz
     for condition in CONDITIONS:
         encoded = encode_image_examples(processor, examples, images[condition])
         preds[condition], pred_ids[condition] = greedy_with_images(model, processor, encoded, batch_size,
-                                                                   max_new_tokens)
-        lls[condition] = gold_loglik(model, processor, encoded, batch_size)
+                                                                   max_new_tokens, drop_images)
+        lls[condition] = gold_loglik(model, processor, encoded, batch_size, drop_images)
 
     def accuracy(condition: str) -> Proportion:
         return proportion(sum(recipe.is_correct(p, ex.answer) for p, ex in zip(preds[condition], examples)), n)
@@ -170,7 +173,7 @@ def _left_padded_prompts(encoded: Sequence[ImageEncoded], pad_id: int):
 
 
 def greedy_with_images(model, processor, encoded: Sequence[ImageEncoded], batch_size: int,
-                       max_new_tokens: int) -> tuple[list[str], list[tuple[int, ...]]]:
+                       max_new_tokens: int, drop_images: bool = False) -> tuple[list[str], list[tuple[int, ...]]]:
     """Greedy continuations of each item's prompt with its image: ``(texts, token ids)``, up to EOS, pad dropped."""
     import torch
 
@@ -182,7 +185,8 @@ def greedy_with_images(model, processor, encoded: Sequence[ImageEncoded], batch_
         ids, mask = _left_padded_prompts(chunk, tokenizer.pad_token_id)
         kwargs: dict[str, Any] = {}
         if all(e.has_image for e in chunk):
-            kwargs["pixel_values"] = torch.from_numpy(np.stack([e.pixel_values for e in chunk])).to(device, dtype)
+            pixels = torch.from_numpy(np.stack([e.pixel_values for e in chunk]))
+            kwargs["pixel_values"] = (torch.zeros_like(pixels) if drop_images else pixels).to(device, dtype)
         generated = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
                                    max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                                    eos_token_id=tokenizer.eos_token_id, **kwargs)
@@ -196,7 +200,8 @@ def greedy_with_images(model, processor, encoded: Sequence[ImageEncoded], batch_
     return texts, token_ids
 
 
-def gold_loglik(model, processor, encoded: Sequence[ImageEncoded], batch_size: int) -> list[float]:
+def gold_loglik(model, processor, encoded: Sequence[ImageEncoded], batch_size: int,
+                drop_images: bool = False) -> list[float]:
     """Summed log-probability of each item's last assistant turn (its supervised tokens after the prompt)."""
     import torch
 
@@ -204,7 +209,7 @@ def gold_loglik(model, processor, encoded: Sequence[ImageEncoded], batch_size: i
     out: list[float] = []
     for start in range(0, len(encoded), batch_size):
         chunk = list(encoded[start:start + batch_size])
-        batch = collate_mixed(chunk, processor.tokenizer.pad_token_id).to(device)
+        batch = collate_mixed(chunk, processor.tokenizer.pad_token_id, drop_images).to(device)
         pixels = None if batch.pixel_values is None else batch.pixel_values.to(next(model.parameters()).dtype)
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, pixel_values=pixels).logits
         logp = torch.log_softmax(logits.float(), dim=-1)
