@@ -19,6 +19,12 @@ from typing import Any, Mapping
 IMAGE_TOKEN = "<image>"
 VISION_PARTS: tuple[str, ...] = ("vision_tower", "projector", "language_model")
 
+# How much the processor amplifies pixel values (SigLIP's normalisation divided by this). Measured (README, "Images"):
+# at the default gain of 1 a from-scratch llava-tiny never reads its images — the scenes are mostly white, so the
+# patch embeddings differ little from image to image next to the position embeddings, and the language model
+# learns the answer prior and stops looking (img_dependence 0/64); at 20, with lr 1e-3, it reads them.
+PIXEL_GAIN = 20.0
+
 # A tiny SigLIP vision tower (siglip_vision_model): (32 / 8)² = 16 patches, each one image token.
 VISION_DEFAULTS: dict[str, Any] = dict(image_size=32, patch_size=8, hidden_size=64, intermediate_size=128,
                                        num_hidden_layers=2, num_attention_heads=2, attention_dropout=0.0)
@@ -100,13 +106,15 @@ def llava_tiny_config(tokenizer, text: str = "qwen2-tiny", text_overrides: Mappi
     )
 
 
-def build_processor(tokenizer, vision_config):
+def build_processor(tokenizer, vision_config, pixel_gain: float = PIXEL_GAIN):
     """A ``LlavaProcessor`` for a SigLIP-style tower: PIL resizing to the tower's size (no torchvision),
-    SigLIP's normalisation, one ``<image>`` per patch."""
+    SigLIP's normalisation with its spread divided by ``pixel_gain`` (see :data:`PIXEL_GAIN`; saved with the
+    processor, so a reloaded checkpoint sees the same pixels), one ``<image>`` per patch."""
     from transformers import LlavaProcessor, SiglipImageProcessorPil
 
     size = vision_config.image_size
-    image_processor = SiglipImageProcessorPil(size={"height": size, "width": size})
+    image_processor = SiglipImageProcessorPil(size={"height": size, "width": size}, image_mean=[0.5] * 3,
+                                              image_std=[0.5 / pixel_gain] * 3)
     return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=vision_config.patch_size,
                           vision_feature_select_strategy="full", chat_template=CHAT_TEMPLATE,
                           image_token=IMAGE_TOKEN, num_additional_image_tokens=0)
@@ -116,6 +124,9 @@ def build_llava_tiny(tokenizer, seed: int, text: str = "qwen2-tiny", text_overri
                      vision_overrides: Mapping[str, Any] | None = None):
     """``(model, processor)``: a freshly initialised llava-tiny (deterministic for ``seed``).
 
+    ``vision_overrides`` are fields of ``SiglipVisionConfig``, plus ``pixel_gain`` (the processor's, see
+    :data:`PIXEL_GAIN`).
+
     Adds ``<image>`` to ``tokenizer`` (in place) before sizing the vocabulary, so the tokenizer the processor
     holds is the one the model was built for.
     """
@@ -123,12 +134,14 @@ def build_llava_tiny(tokenizer, seed: int, text: str = "qwen2-tiny", text_overri
     from transformers import AutoModelForImageTextToText
 
     add_image_token(tokenizer)
+    vision_overrides = dict(vision_overrides or {})
+    pixel_gain = float(vision_overrides.pop("pixel_gain", PIXEL_GAIN))
     config = llava_tiny_config(tokenizer, text, text_overrides, vision_overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa")
     _set_generation_ids(model, tokenizer)
-    return model, build_processor(tokenizer, config.vision_config)
+    return model, build_processor(tokenizer, config.vision_config, pixel_gain)
 
 
 def load_image_text_model(path: str, dtype: str = "float32", revision: str | None = None,

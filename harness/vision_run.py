@@ -83,10 +83,13 @@ def check_vision_spec(spec) -> list[tuple[str, str]]:
         return [("model.text", f"must be a text architecture, not {VISION_BUILTIN}")]
     errors = [(key.replace("model.builtin", "model.text"), message)
               for key, message in check_model_spec(text_spec(spec))]
-    known = set(SiglipVisionConfig().to_dict())
+    known = set(SiglipVisionConfig().to_dict()) | {"pixel_gain"}
     errors += [(f"model.vision.{key}", "not a field of the siglip_vision_model config") for key in spec.vision
                if key not in known]
     vision = {**VISION_DEFAULTS, **spec.vision}
+    gain = vision.get("pixel_gain", 1.0)
+    if not errors and (not isinstance(gain, (int, float)) or gain <= 0):
+        errors.append(("model.vision.pixel_gain", "must be a positive number"))
     if not errors and vision["image_size"] % vision["patch_size"]:
         errors.append(("model.vision.patch_size", f"must divide image_size ({vision['image_size']})"))
     return errors
