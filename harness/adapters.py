@@ -192,7 +192,11 @@ def _mask_rows(param: torch.nn.Parameter, rows: list[int]) -> None:
 def _adapter_config(model, spec: TrainableSpec):
     from peft import HiraConfig, LoraConfig  # peft is imported only when a stage uses an adapter (import cost)
 
-    targets = resolve_target_modules(model, spec.target_modules)
+    targets: Any = resolve_target_modules(model, spec.target_modules)
+    if any(model_part(n) == "vision_tower" for n, _ in unwrap(model).named_parameters()):
+        # An image-text model: adapters go on the language model only (its tower has q/k/v projections too);
+        # peft reads a string as a full-match regex over module names.
+        targets = r".*language_model.*\.(" + "|".join(re.escape(t) for t in targets) + ")"
     fan_in_fan_out = getattr(unwrap(model).config, "model_type", "") == "gpt2"  # GPT-2's Conv1D stores W transposed
     if spec.mode == "lora":
         return LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=targets,

@@ -129,3 +129,14 @@ def test_unfreeze_by_part_name_covers_the_whole_part():
     frozen = {model_part(n) for n, p in model.named_parameters() if not p.requires_grad}
     assert trained == {"language_model"} and frozen == {"vision_tower", "projector"}
     assert model.lm_head.weight.requires_grad  # the head belongs to the language model
+
+
+def test_lora_on_an_image_text_model_adapts_the_language_model_only():
+    qa = dr.get_recipe("shapes_qa")().build("shapes_qa", 20, 2, 0)
+    texts = [m["content"] for ex in qa["train"] for m in ex.messages]
+    model, _ = build_llava_tiny(train_tokenizer(texts, 300), 0, text_overrides={**SMALL, "num_key_value_heads": 1},
+                                vision_overrides=SMALL)
+    model = prepare_stage_model(model, {"mode": "lora", "r": 2}, [])
+    adapted = {model_part(n.replace("base_model.model.", "")) for n, p in model.named_parameters() if "lora_" in n}
+    assert adapted == {"language_model"}
+    assert not any(p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
