@@ -2,7 +2,8 @@
 
 Importing the package registers every recipe; look one up with :func:`get_recipe` (``RECIPES.names()`` lists
 them). Knowledge recipes draw on a synthetic :class:`World` (:func:`build_world`), whose :func:`corpus` also
-pretrains the builtin base model.
+pretrains the builtin base model. Image recipes (``shapes_qa``, ``shapes_yesno``, ``count_shapes``, ``position``,
+``caption``: :mod:`data_recipes.shapes`) give examples that carry an ``image``.
 """
 
 from data_recipes._registry import RECIPES, get_recipe, register
@@ -17,6 +18,7 @@ from data_recipes import (  # noqa: E402,F401  isort: skip
     loaders,
     math_reversed,
     repeat,
+    shapes,
     short_qa,
     spell,
     yesno,

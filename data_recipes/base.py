@@ -36,11 +36,16 @@ class Example:
 
     Single-turn examples have two messages. In multi-turn examples every assistant turn is supervised in training;
     evaluation prompts with everything before the last assistant turn and compares against that turn.
+
+    ``image`` is ``None`` for text tasks. Image tasks (:attr:`Recipe.has_images`) carry one RGB ``PIL.Image``
+    shown with the first user turn (messages stay plain text; the encoder inserts the model's image placeholder),
+    and a stable ``meta["image_id"]`` that names it in logs and samples (``meta`` stays JSON-serialisable).
     """
 
     task: str
     messages: tuple[dict[str, str], ...]
     meta: dict[str, Any] = field(default_factory=dict)
+    image: Any = None
 
     @property
     def prompt(self) -> str:
@@ -72,6 +77,9 @@ class Recipe(ABC):
     name: ClassVar[str]
     Params: ClassVar[type[RecipeParams]] = RecipeParams
     needs_world: ClassVar[bool] = False
+    #: True for recipes whose examples carry an ``image`` (see :class:`Example`); their prompts may repeat across
+    #: splits, since the held-out novelty is in the image (see ``data_recipes/_shapes.py``).
+    has_images: ClassVar[bool] = False
 
     def __init__(self, params: RecipeParams | None = None, world: "World | None" = None):
         self.params = params if params is not None else self.Params()

@@ -46,6 +46,7 @@ import torch
 
 from harness.config import TrainableSpec
 from harness.losses import IGNORE_INDEX
+from harness.vision import IMAGE_TOKEN, VISION_PARTS, model_part
 
 ADAPTER_MODES = ("lora", "hira")
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "up_proj", "down_proj"]
@@ -191,7 +192,11 @@ def _mask_rows(param: torch.nn.Parameter, rows: list[int]) -> None:
 def _adapter_config(model, spec: TrainableSpec):
     from peft import HiraConfig, LoraConfig  # peft is imported only when a stage uses an adapter (import cost)
 
-    targets = resolve_target_modules(model, spec.target_modules)
+    targets: Any = resolve_target_modules(model, spec.target_modules)
+    if any(model_part(n) == "vision_tower" for n, _ in unwrap(model).named_parameters()):
+        # An image-text model: adapters go on the language model only (its tower has q/k/v projections too);
+        # peft reads a string as a full-match regex over module names.
+        targets = r".*language_model.*\.(" + "|".join(re.escape(t) for t in targets) + ")"
     fan_in_fan_out = getattr(unwrap(model).config, "model_type", "") == "gpt2"  # GPT-2's Conv1D stores W transposed
     if spec.mode == "lora":
         return LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=targets,
@@ -283,7 +288,8 @@ def _unfreeze(base, patterns: list[str]) -> None:
             rx = re.compile(pattern)
         except re.error as e:
             raise ValueError(f"trainable.unfreeze: {pattern!r} is not a valid regex ({e})") from None
-        matched = [p for n, p in named if rx.search(n)]
+        # An image-text model's part names (vision_tower, projector, language_model) select whole parts.
+        matched = [p for n, p in named if (model_part(n) == pattern if pattern in VISION_PARTS else rx.search(n))]
         if not matched:
             sample = ", ".join(sorted({re.sub(r"\.\d+\.", ".N.", n) for n, _ in named})[:12])
             raise ValueError(f"trainable.unfreeze: {pattern!r} matches no parameter; names look like: {sample}")
@@ -365,6 +371,8 @@ def stage_special_tokens(tokenizer, batches) -> dict[str, int]:
     for b in batches:
         found |= set(b.labels[b.labels != IGNORE_INDEX].unique().tolist()) & special
         found |= set(b.input_ids[b.attention_mask.bool()].unique().tolist()) & special
+    # The image placeholder's positions take image features: its embedding row never gets a gradient.
+    found.discard(tokenizer.convert_tokens_to_ids(IMAGE_TOKEN) if IMAGE_TOKEN in tokenizer.get_vocab() else None)
     return {tokenizer.convert_ids_to_tokens(i): i for i in sorted(found)}
 
 

@@ -158,13 +158,16 @@ def sanity(
     threshold: float = typer.Option(0.95, help="tf_exact the overfit check must reach."),
     max_steps: int = typer.Option(500, help="Step budget of the overfit check."),
     checkpoint: Optional[Path] = typer.Option(None, help="Run the inputs-matter check on this checkpoint."),
+    image_threshold: float = typer.Option(0.2, help="img_dependence the images-matter check needs (image tasks)."),
 ):
-    """Overfit n examples, then check that predictions depend on the prompt. Exit 0 only if both pass."""
+    """Overfit n examples, then check that predictions depend on the prompt (and, for image tasks, on the image).
+    Exit 0 only if every check passes."""
     from harness.console import Console
     from harness.sanity import run_sanity
 
     exp = _load(file, set_)
-    results = run_sanity(exp, n, threshold, max_steps, str(checkpoint) if checkpoint else None, Console())
+    results = run_sanity(exp, n, threshold, max_steps, str(checkpoint) if checkpoint else None, Console(),
+                         image_threshold)
     for result in results:
         typer.echo(result.line())
     raise typer.Exit(0 if all(r.passed for r in results) else 1)

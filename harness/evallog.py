@@ -37,6 +37,7 @@ class EvalLog:
     on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None
     resume_filter: Optional[Callable[[str, int, str], bool]] = None
     run_id: Optional[str] = None  # written first on every sample line
+    image_eval: Optional[Callable[[Any], tuple[list, list]]] = None  # harness.vision_run.ImageEval
     history: list[Row] = field(default_factory=list)  # every evaluation row, in order
     outcomes: list[dict] = field(default_factory=list)  # per-item outcome rows (evidence.outcome_rows), in order
     seconds: float = 0.0
@@ -52,13 +53,17 @@ class EvalLog:
     def run(self, model, stage: str, step: int) -> None:
         started = time.perf_counter()
         result = run_evaluation(model, self.tokenizer, self.items, self.recipes, self.exp.eval, self.hijack_ids)
+        metrics, samples = list(result.metrics), list(result.samples)
+        if self.image_eval is not None:  # image tasks: greedy with their images and the image_use probe
+            image_rows, image_samples = self.image_eval(model)
+            metrics, samples = metrics + image_rows, samples + image_samples
         rows = []
-        for task, split, metric, value in result.metrics:
+        for task, split, metric, value in metrics:
             text = json.dumps(result.top1.get((task, split), [])) if metric == "ft_top1" else None
             ci = result.interval(task, split, metric)
             rows.append(Row(stage, step, task, split, metric, value, text,
                             *((ci.n, ci.low, ci.high) if ci is not None else ())))
-        samples = [{"stage": stage, "step": step, **sample} for sample in result.samples]
+        samples = [{"stage": stage, "step": step, **sample} for sample in samples]
         # One write + flush + fsync per evaluation: a kill leaves at most an unfinished last line, which readers skip.
         append_jsonl(self.samples_path, samples, run_id=self.run_id)
         self.outcomes.extend(outcome_rows(samples))
@@ -128,7 +133,7 @@ class EvalLog:
 
 def _is_eval_row(row: Row) -> bool:
     """Rows written by evaluations (the others are training metrics, compositions and seesaw events)."""
-    return row.task is not None and row.metric in EVAL_METRICS
+    return row.task is not None and (row.metric in EVAL_METRICS or row.metric.startswith("img_"))
 
 
 def _relabelled(outcomes: list[dict], step: int, stage: str) -> list[dict]:

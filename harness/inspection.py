@@ -32,6 +32,8 @@ from harness.models import build_builtin, builtin_added_token_ids, load_hf
 from harness.prepare import build_task_data
 from harness.pretrain import tokenizer_texts
 from harness.tokenizer import train_tokenizer
+from harness.vision_data import collate_mixed, encode_image_examples
+from harness.vision_run import is_image_model, part_notes, processor_for, untrained_vision_base
 
 
 @dataclass
@@ -173,7 +175,9 @@ def inspect_experiment(path: Path, overrides: Optional[list[str]] = None, stage:
         chosen = by_name[stage]
     data = build_task_data(exp)
     notes = []
-    if exp.model.hf:
+    if is_image_model(exp.model):
+        model, tokenizer, added, source = untrained_vision_base(exp, data)
+    elif exp.model.hf:
         model, tokenizer, added = load_hf(exp.model, return_added=True)
         source = f"model.hf {exp.model.hf}"
     else:
@@ -192,9 +196,18 @@ def inspect_experiment(path: Path, overrides: Optional[list[str]] = None, stage:
     examples = [data.splits[t]["train"][0] for t in tasks[:2]]
     if len(examples) < 2:
         examples = data.splits[tasks[0]]["train"][:2]
-    batch = collate(encode_examples(tokenizer, examples), tokenizer.pad_token_id)
+    processor = processor_for(tokenizer)
+    if processor is not None:  # an image-text model: the sample goes through its processor, images included
+        batch = collate_mixed(encode_image_examples(processor, examples), tokenizer.pad_token_id)
+    else:
+        batch = collate(encode_examples(tokenizer, examples), tokenizer.pad_token_id)
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+    if getattr(batch, "pixel_values", None) is not None:
+        inputs["pixel_values"] = batch.pixel_values
     autocast = torch.bfloat16 if chosen.train.precision == "bf16-autocast" else None
-    rows = inspect_model(model, {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}, autocast)
+    rows = inspect_model(model, inputs, autocast)
+    if processor is not None:
+        notes += part_notes(model, rows, inputs)
     mode = chosen.train.trainable
     notes.append(f"stage {chosen.name}: trainable.mode {mode.mode}"
                  + (", new_token_rows" if mode.new_token_rows else "")

@@ -59,6 +59,10 @@ def _config_class(model_type: str):
 def check_model_spec(spec: "ModelSpec") -> list[tuple[str, str]]:
     """Errors in the ``model`` section that the schema cannot see (unknown builtin, unknown config fields)."""
     errors: list[tuple[str, str]] = []
+    if spec.builtin == "llava-tiny" or getattr(spec, "text", None) or getattr(spec, "vision", None):
+        from harness.vision_run import check_vision_spec  # cycle: vision_run checks its text model here
+
+        return check_vision_spec(spec)
     if spec.builtin is None:
         return errors
     if spec.builtin not in BUILTIN_MODELS:

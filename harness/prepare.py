@@ -21,6 +21,8 @@ from harness.evaluation.lengths import default_max_new_tokens, needed_new_tokens
 from harness.models import builtin_added_token_ids, load_hf
 from harness.pretrain import builtin_base
 from harness.special_text import apply_special_token_policy
+from harness.vision_data import collate_mixed, encode_image_examples
+from harness.vision_run import is_image_model, load_vision_base, processor_for
 
 
 class DataError(Exception):
@@ -69,7 +71,9 @@ def load_base(exp: Experiment, data: TaskData, console=None) -> tuple[Any, Any, 
     """The base model (on the GPU when there is one) and tokenizer — a hub/local model, or a builtin one,
     pretrained and cached — the ids of the tokens the harness added to it, and facts about where it came from."""
     transformers.utils.logging.disable_progress_bar()  # our own bars are enough
-    if exp.model.hf:
+    if is_image_model(exp.model):
+        model, tokenizer, added, info = load_vision_base(exp, data, console)
+    elif exp.model.hf:
         model, tokenizer, added = load_hf(exp.model, return_added=True)
         info: dict[str, Any] = {"source": exp.model.hf}
     else:
@@ -111,22 +115,31 @@ class EncodedData:
 
 
 def encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: Optional[int] = None) -> EncodedData:
-    """The training pools, tokenised with their label masks, and the fixed eval items of every task and split.
+    """The training pools, tokenised with their label masks (image tasks through the processor), and the fixed eval
+    items of every task and split.
 
     A split a task does not have (a user file has no ``heldout_template``) is skipped and listed in
     ``empty_splits``; eval items longer than ``min(train.max_length, max_positions)`` (prompt plus answer or
     ``max_new_tokens``) are dropped and counted in ``too_long``, or raise :class:`DataError` with
     ``data.too_long: error``."""
     _check_special_token_text(exp, data, tokenizer)
-    train = {}
+    train, processor = {}, processor_for(tokenizer)
     for name, splits in data.splits.items():
-        train[name] = encode_examples(tokenizer, splits["train"])
+        if data.recipes[name].has_images:  # image tasks are evaluated by harness.vision_run.ImageEval
+            if processor is None:
+                raise DataError(f"tasks.{name}: its examples have images but the model is text-only "
+                                "(model.builtin: llava-tiny, or an image-text model.hf)")
+            train[name] = encode_image_examples(processor, splits["train"])
+        else:
+            train[name] = encode_examples(tokenizer, splits["train"])
         for index, (ex, enc) in enumerate(zip(splits["train"], train[name])):
             if enc.n_supervised <= 1:  # only the end-of-turn token: the answer tokenised to nothing
                 raise DataError(f"tasks.{name}: training example {index} has an answer that tokenises to nothing "
                                 f"(prompt {ex.prompt[:60]!r})")
     items, empty = [], []
     for name, splits in data.splits.items():
+        if data.recipes[name].has_images:
+            continue
         for split in exp.eval.splits:
             if split != "train" and not splits.get(split):
                 empty.append((name, split))
@@ -205,4 +218,6 @@ def plan_stage(exp: Experiment, stage: ResolvedStage, index: int, pools: dict[st
     for task, c in composition.items():
         c["share"] = c["examples"] / len(examples)
         c["dropped_too_long"] = dropped.get(task, 0)
+    if any(getattr(e, "pixel_values", None) is not None for e in examples):
+        return StagePlan(stage, [collate_mixed(b, pad_id, exp.debug.drop_images) for b in grouped], composition)
     return StagePlan(stage, [collate(b, pad_id) for b in grouped], composition)

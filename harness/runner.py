@@ -39,6 +39,7 @@ from harness.rundir import claim_run_dir, clear_run_outputs, unique_run_name
 from harness.store import Row, atomic_write_text
 from harness.tracking import Tracker
 from harness.train import LoopState, StageLoop, train_stage
+from harness.vision_run import image_eval, processor_for
 
 
 def new_run_id(exp: Experiment) -> str:
@@ -109,7 +110,7 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     cache.replay(tracker, run_dir / "samples.jsonl", on_evaluation)
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
                     console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep,
-                    run_id=run_id)
+                    run_id=run_id, image_eval=image_eval(exp, data, tokenizer))
     run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals,
                _init_states(model, stages, start.stage_index, run_dir))
     run.baselines = _log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stages[0].name)
@@ -322,7 +323,7 @@ def _end_stage(run: _Run, model, index: int, step: int, save_resume_point_at) ->
     if stage.name in run.init.needed:
         run.init.states[stage.name] = merged_state_dict(model)
     if stage.train.checkpoint or stage.name in run.init.needed:
-        save_stage_checkpoint(model, run.tokenizer, run.run_dir / "checkpoints" / stage.name,
+        save_stage_checkpoint(model, processor_for(run.tokenizer) or run.tokenizer, run.run_dir / "checkpoints" / stage.name,
                               {"run_id": run.run_id, "stage": stage.name, "step": step, "experiment": run.exp.name})
     if stage.train.checkpoint_every:
         save_resume_point_at(step, LoopState(len(plan.batches)))

@@ -24,6 +24,8 @@ from harness.evaluation import run_evaluation
 from harness.losses import IGNORE_INDEX
 from harness.prepare import build_task_data, load_base
 from harness.train import StageLoop, train_stage
+from harness.vision_data import collate_mixed
+from harness.vision_sanity import encode_with_processor, images_matter_check, teacher_forced_exact
 
 
 @dataclass
@@ -63,7 +65,9 @@ def overfit_check(exp: Experiment, n: int = 128, threshold: float = 0.95, max_st
     data = build_task_data(exp)
     model, tokenizer, _, _ = load_base(exp, data, console)
     examples = _pick_examples(exp, data.splits, n, exp.seed)
-    encoded = encode_examples(tokenizer, examples)
+    image_encoded = encode_with_processor(tokenizer, examples)  # an image-text model: through its processor
+    encoded = image_encoded if image_encoded is not None else encode_examples(tokenizer, examples)
+    drop_images = exp.debug.drop_images
     if corrupt_labels:
         for e in encoded:
             keep = e.labels != IGNORE_INDEX
@@ -80,10 +84,13 @@ def overfit_check(exp: Experiment, n: int = 128, threshold: float = 0.95, max_st
         pass
 
     def evaluate(step: int) -> None:
-        result = run_evaluation(model, tokenizer, items, recipes, spec)
-        values = [v for _, _, m, v in result.metrics if m == "tf_exact"]
-        counts = [sum(1 for it in items if it.task == t) for t, _, m, _ in result.metrics if m == "tf_exact"]
-        score["tf_exact"] = float(np.average(values, weights=counts))
+        if image_encoded is not None:  # scored with the images, as trained
+            score["tf_exact"] = teacher_forced_exact(model, encoded, tokenizer.pad_token_id, drop_images)
+        else:
+            result = run_evaluation(model, tokenizer, items, recipes, spec)
+            values = [v for _, _, m, v in result.metrics if m == "tf_exact"]
+            counts = [sum(1 for it in items if it.task == t) for t, _, m, _ in result.metrics if m == "tf_exact"]
+            score["tf_exact"] = float(np.average(values, weights=counts))
         score["steps"] = step
         if console is not None:
             console.info(f"  overfit step {step}: tf_exact {score['tf_exact']:.3f}")
@@ -93,7 +100,9 @@ def overfit_check(exp: Experiment, n: int = 128, threshold: float = 0.95, max_st
     batches = []
     while len(batches) < max_steps:
         order = rng.permutation(len(encoded))
-        batches += [collate([encoded[j] for j in order[i:i + batch_size]], tokenizer.pad_token_id)
+        batches += [collate_mixed([encoded[j] for j in order[i:i + batch_size]], tokenizer.pad_token_id, drop_images)
+                    if image_encoded is not None else
+                    collate([encoded[j] for j in order[i:i + batch_size]], tokenizer.pad_token_id)
                     for i in range(0, len(order) - batch_size + 1, batch_size)]
     torch.manual_seed(exp.seed)
     try:
@@ -121,7 +130,8 @@ def inputs_matter_check(model, tokenizer, examples: list, recipes: dict[str, Any
     spec = EvalSpec(evaluators=["greedy"], probes=[], max_new_tokens=max_new_tokens)
     original = eval_items(tokenizer, examples, "train")
     swapped_examples = [
-        Example(ex.task, (*examples[partner[i]].messages[:-1], ex.messages[-1]), ex.meta) for i, ex in enumerate(examples)
+        Example(ex.task, (*examples[partner[i]].messages[:-1], ex.messages[-1]), ex.meta, image=ex.image)
+        for i, ex in enumerate(examples)
     ]
     swapped = eval_items(tokenizer, swapped_examples, "swapped")
     preds = {}
@@ -141,9 +151,17 @@ def load_checkpoint(path) -> tuple[Any, Any]:
 
 
 def run_sanity(exp: Experiment, n: int, threshold: float, max_steps: int, checkpoint: Optional[str],
-               console=None) -> list[CheckResult]:
-    """Both checks; *inputs matter* runs on ``checkpoint`` if given, else on the overfit-trained model."""
+               console=None, image_threshold: float = 0.2) -> list[CheckResult]:
+    """The checks; *inputs matter* runs on ``checkpoint`` if given, else on the overfit-trained model. With an
+    image-text model and image tasks, *images matter* (:mod:`harness.vision_sanity`) runs on the overfit-trained
+    model and fails when the share of predictions that change with the image stays below ``image_threshold``."""
     overfit, model, tokenizer, examples, recipes = overfit_check(exp, n, threshold, max_steps, console=console)
+    images = images_matter_check(model, tokenizer, examples, recipes, image_threshold, exp.debug.drop_images,
+                                 exp.seed)
     if checkpoint is not None:
         model, tokenizer = load_checkpoint(checkpoint)
-    return [overfit, inputs_matter_check(model, tokenizer, examples, recipes, seed=exp.seed)]
+    text_examples = [ex for ex in examples if getattr(ex, "image", None) is None]
+    checks = [overfit]
+    if text_examples or images is None:  # inputs_matter reads prompts; the image examples are images_matter's
+        checks.append(inputs_matter_check(model, tokenizer, text_examples or examples, recipes, seed=exp.seed))
+    return checks + ([images] if images is not None else [])

@@ -31,6 +31,7 @@ from harness.diagnostics import GroupStats
 from harness.guard import Injector, NonFiniteError, first_nonfinite_module, nonfinite_grads
 from harness.losses import first_answer_tokens, token_losses_and_ce, token_weights, weighted_mean
 from harness.store import Row
+from harness.vision_data import vision_supervised_logits
 
 # Model types whose logits are exactly lm_head(last hidden state); for them the loss projects only supervised
 # positions. Others (logit soft-capping, scaling) go through the model's own forward.
@@ -102,7 +103,9 @@ def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, task
     """
     supervised = batch.supervised  # flat positions, found once at collation
     with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-autocast"):
-        if parallel is None:
+        if getattr(batch, "pixel_values", None) is not None:  # an image-text batch (harness.vision_data)
+            logits = vision_supervised_logits(unwrap(model), batch, supervised)
+        elif parallel is None:
             logits = supervised_logits(unwrap(model), batch.input_ids, batch.attention_mask, supervised, compiled)
         else:
             logits = parallel.logits_module(model)(batch.input_ids, batch.attention_mask, supervised, compiled)

@@ -62,6 +62,9 @@ class ModelSpec(Strict):
     hf: Optional[str] = Field(None, description="Hub id or local path of a causal LM with its tokenizer.")
     revision: Optional[str] = None
     config: dict[str, Any] = Field(default_factory=dict, description="Overrides of the builtin config's fields.")
+    text: Optional[str] = Field(None, description="llava-tiny only: its text architecture (default qwen2-tiny).")
+    vision: dict[str, Any] = Field(default_factory=dict, description="llava-tiny only: overrides of its SigLIP "
+                                                                     "vision config (image_size, patch_size, …).")
     tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)
     pretrain: Optional[PretrainSpec] = Field(None, description="Pretrain the builtin base on the world corpus.")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -124,7 +127,8 @@ class TrainableSpec(Strict):
     new_token_rows: bool = Field(False, description="Train the embedding / output rows of the tokens the harness "
                                                     "added (chat-role tokens; EOS / pad when new).")
     unfreeze: list[str] = Field(default_factory=list, description="Regexes of parameter names trained on top of "
-                                                                  "the mode (e.g. lm_head, norm).")
+                                                                  "the mode (e.g. lm_head, norm), or an image-text "
+                                                                  "part: vision_tower, projector, language_model.")
     adapter: Literal["merge", "continue"] = Field(
         "merge", description="At the next stage: merge this stage's adapter into the weights, or keep training it.")
 
@@ -292,6 +296,8 @@ class DebugSpec(Strict):
     """Switches for seeing the safety nets work."""
 
     inject_nonfinite: Optional[InjectSpec] = Field(None, description="Make an output / gradient NaN at a step.")
+    drop_images: bool = Field(False, description="Feed every image as all-zero pixels (training and "
+                                                 "evaluation): the seed's blind-model bug, on purpose.")
 
 
 class Experiment(Strict):

@@ -1,0 +1,182 @@
+"""Image-text models: the builtin ``llava-tiny`` and loading any local image-text-to-text model.
+
+``llava-tiny`` is transformers' LLaVA (``LlavaConfig`` + ``LlavaForConditionalGeneration``): a tiny SigLIP vision
+tower (32 px images, 8 px patches → 16 image tokens, no CLS token, so every patch is an image token), LLaVA's
+two-layer MLP projector, and a builtin text model of :mod:`harness.models` (``qwen2-tiny`` by default,
+``qwen3_5-tiny`` for the seed's hybrid backbone) sized to the builtin tokenizer plus the ``<image>`` token. Its
+:class:`~transformers.LlavaProcessor` (a PIL image processor — no torchvision needed — the tokenizer and a ChatML
+template that renders ``{"type": "image"}`` parts as ``<image>``) saves with ``save_pretrained`` next to the
+model, and both reload with ``AutoModelForImageTextToText`` / ``AutoProcessor``.
+
+:func:`model_part` names the three parts ``trainable`` can address: ``vision_tower``, ``projector`` and
+``language_model`` (the LM head and the embeddings belong to the language model).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+IMAGE_TOKEN = "<image>"
+VISION_PARTS: tuple[str, ...] = ("vision_tower", "projector", "language_model")
+
+# How much the processor amplifies pixel values (SigLIP's normalisation divided by this). Measured (README, "Images"):
+# at the default gain of 1 a from-scratch llava-tiny never reads its images — the scenes are mostly white, so the
+# patch embeddings differ little from image to image next to the position embeddings, and the language model
+# learns the answer prior and stops looking (img_dependence 0/64); at 20, with lr 1e-3, it reads them.
+PIXEL_GAIN = 20.0
+
+# A tiny SigLIP vision tower (siglip_vision_model): (32 / 8)² = 16 patches, each one image token.
+VISION_DEFAULTS: dict[str, Any] = dict(image_size=32, patch_size=8, hidden_size=64, intermediate_size=128,
+                                       num_hidden_layers=2, num_attention_heads=2, attention_dropout=0.0)
+
+# ChatML, as harness.tokenizer.CHAT_TEMPLATE, but a message's content may also be a list of parts
+# ({"type": "text", "text": ...} / {"type": "image"}), the form processors' apply_chat_template use. Plain string
+# contents render exactly as the text template does, so text tasks tokenise the same with and without images.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '" + IMAGE_TOKEN + "' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Parameter-name prefixes of each part, across the image-text models transformers ships (LLaVA family:
+# vision_tower / multi_modal_projector; Qwen-VL: visual with its merger; Idefics/SmolVLM: vision_model +
+# connector). Projector prefixes are tried first: Qwen-VL's projector (visual.merger) sits inside its vision tower.
+_PART_PREFIXES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("projector", ("multi_modal_projector", "mm_projector", "visual.merger", "connector")),
+    ("vision_tower", ("vision_tower", "visual", "vision_model")),
+    ("language_model", ("language_model", "lm_head", "text_model")),
+)
+
+
+def model_part(parameter_name: str) -> str | None:
+    """Which of :data:`VISION_PARTS` a parameter belongs to (``None`` if the name matches none)."""
+    dotted = "." + parameter_name
+    for part, prefixes in _PART_PREFIXES:
+        if any(f".{prefix}." in dotted for prefix in prefixes):
+            return part
+    return None
+
+
+def parameters_by_part(model) -> dict[str, list[str]]:
+    """``{part: [parameter names]}`` for the parts present; names matching no part go to ``other``."""
+    out: dict[str, list[str]] = {}
+    for name, _ in model.named_parameters():
+        out.setdefault(model_part(name) or "other", []).append(name)
+    return out
+
+
+def add_image_token(tokenizer) -> int:
+    """Add ``<image>`` as a special token (once) and return its id; the chat template learns list contents."""
+    if IMAGE_TOKEN not in tokenizer.get_vocab():
+        tokenizer.add_tokens([IMAGE_TOKEN], special_tokens=True)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+
+
+def llava_tiny_config(tokenizer, text: str = "qwen2-tiny", text_overrides: Mapping[str, Any] | None = None,
+                      vision_overrides: Mapping[str, Any] | None = None):
+    """The ``LlavaConfig`` of llava-tiny for ``tokenizer`` (which must already hold ``<image>``).
+
+    ``text`` names a builtin text architecture of :mod:`harness.models`; its config comes from
+    :func:`harness.models.builtin_config` with ``text_overrides`` (the ``model.config`` of a text builtin).
+    """
+    from transformers import LlavaConfig, SiglipVisionConfig
+
+    from harness.config import ModelSpec
+    from harness.models import builtin_config
+
+    if IMAGE_TOKEN not in tokenizer.get_vocab():
+        raise ValueError("the tokenizer has no <image> token; call add_image_token first")
+    text_config = builtin_config(ModelSpec(builtin=text, config=dict(text_overrides or {})), tokenizer)
+    vision_config = SiglipVisionConfig(**{**VISION_DEFAULTS, **dict(vision_overrides or {})})
+    n_image_tokens = (vision_config.image_size // vision_config.patch_size) ** 2
+    return LlavaConfig(
+        vision_config=vision_config, text_config=text_config,
+        image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN), image_seq_length=n_image_tokens,
+        vision_feature_select_strategy="full",  # SigLIP has no CLS token to drop
+        vision_feature_layer=-1, projector_hidden_act="gelu",
+        tie_word_embeddings=text_config.tie_word_embeddings,
+    )
+
+
+def build_processor(tokenizer, vision_config, pixel_gain: float = PIXEL_GAIN):
+    """A ``LlavaProcessor`` for a SigLIP-style tower: PIL resizing to the tower's size (no torchvision),
+    SigLIP's normalisation with its spread divided by ``pixel_gain`` (see :data:`PIXEL_GAIN`; saved with the
+    processor, so a reloaded checkpoint sees the same pixels), one ``<image>`` per patch."""
+    from transformers import LlavaProcessor, SiglipImageProcessorPil
+
+    size = vision_config.image_size
+    image_processor = SiglipImageProcessorPil(size={"height": size, "width": size}, image_mean=[0.5] * 3,
+                                              image_std=[0.5 / pixel_gain] * 3)
+    return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=vision_config.patch_size,
+                          vision_feature_select_strategy="full", chat_template=CHAT_TEMPLATE,
+                          image_token=IMAGE_TOKEN, num_additional_image_tokens=0)
+
+
+def build_llava_tiny(tokenizer, seed: int, text: str = "qwen2-tiny", text_overrides: Mapping[str, Any] | None = None,
+                     vision_overrides: Mapping[str, Any] | None = None):
+    """``(model, processor)``: a freshly initialised llava-tiny (deterministic for ``seed``).
+
+    ``vision_overrides`` are fields of ``SiglipVisionConfig``, plus ``pixel_gain`` (the processor's, see
+    :data:`PIXEL_GAIN`).
+
+    Adds ``<image>`` to ``tokenizer`` (in place) before sizing the vocabulary, so the tokenizer the processor
+    holds is the one the model was built for.
+    """
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    add_image_token(tokenizer)
+    vision_overrides = dict(vision_overrides or {})
+    pixel_gain = float(vision_overrides.pop("pixel_gain", PIXEL_GAIN))
+    config = llava_tiny_config(tokenizer, text, text_overrides, vision_overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa")
+    _set_generation_ids(model, tokenizer)
+    return model, build_processor(tokenizer, config.vision_config, pixel_gain)
+
+
+def load_image_text_model(path: str, dtype: str = "float32", revision: str | None = None,
+                          trust_remote_code: bool = False):
+    """``(model, processor)`` of any image-text-to-text model transformers supports, by local path or hub id.
+
+    A tokenizer without a pad token pads with EOS (pad positions are always masked), as :func:`harness.models.load_hf`
+    does for text models.
+    """
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    model = AutoModelForImageTextToText.from_pretrained(path, revision=revision, dtype=getattr(torch, dtype),
+                                                        trust_remote_code=trust_remote_code)
+    tokenizer = processor.tokenizer
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if getattr(processor, "chat_template", None) is None:
+        raise ValueError(f"{path}: the processor has no chat template; image examples cannot be rendered")
+    _set_generation_ids(model, tokenizer)
+    return model, processor
+
+
+def image_token_id(model) -> int:
+    """The id whose positions receive image features (``config.image_token_id`` across LLaVA-style models)."""
+    config = model.config
+    for name in ("image_token_id", "image_token_index"):
+        value = getattr(config, name, None)
+        if value is not None:
+            return int(value)
+    raise ValueError(f"{type(model).__name__}: the config names no image token id")
+
+
+def _set_generation_ids(model, tokenizer) -> None:
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
