@@ -180,8 +180,9 @@ def _fit_eval(exp: Experiment, items: list, max_positions: Optional[int]) -> tup
     kept, dropped = fit_eval_items(items, limit, max_new_tokens)
     if dropped and exp.data.too_long == "error":
         (task, split), n = next(iter(dropped.items()))
-        raise DataError(f"tasks.{task}: {n} {split} evaluation items are longer than {limit} tokens with their answer "
-                        f"(min of train.max_length and the model's positions; data.too_long: error)")
+        bound = f"max_length={limit}" if limit == exp.train.max_length else f"the model's {limit} positions"
+        raise DataError(f"tasks.{task}: {n} {split} evaluation items (prompt plus answer) are longer than {bound} "
+                        "(data.too_long: error)")
     return kept, dropped
 
 

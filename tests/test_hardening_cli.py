@@ -191,7 +191,7 @@ def test_4000_word_eval_row_on_gpt2_tiny_is_dropped_and_counted_or_exit_2(tiny, 
     result = run_cli("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--out", str(tmp_path / "run"))
     if policy == "error":
         assert result.returncode == 2 and "Traceback" not in result.stderr
-        assert "tasks.mine: 1 heldout evaluation items are longer than 256 tokens" in result.stderr
+        assert "tasks.mine: 1 heldout evaluation items (prompt plus answer) are longer than max_length=256" in result.stderr
         return
     assert result.returncode == 0, result.stderr[-3000:]
     console = " ".join((result.stdout + result.stderr).split())  # the console wraps long lines
