@@ -107,13 +107,14 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     cache = StageCache.for_run(exp, stages, data, base_info, model, run_dir, run_id, console)
     start = resume_start(point, stages, [len(p.batches) for p in plans]) if resume else cache.start()
     tracker = Tracker(exp, run_dir, run_id, exp.resolved_dict(), resume_filter=start.keep)
-    cache.replay(tracker, run_dir / "samples.jsonl", on_evaluation)
+    baselines = _log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stages[0].name)
+    cache.replay(tracker, run_dir / "samples.jsonl", on_evaluation)  # after the baselines: the order of a whole run
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
                     console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep,
                     run_id=run_id, image_eval=image_eval(exp, data, tokenizer))
     run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals,
                _init_states(model, stages, start.stage_index, run_dir))
-    run.baselines = _log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stages[0].name)
+    run.baselines = baselines
     model = _restore(model, start, stages, added)
 
     injector = Injector(**exp.debug.inject_nonfinite.model_dump()) if exp.debug.inject_nonfinite else None

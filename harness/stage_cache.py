@@ -256,7 +256,7 @@ class StageCache:
                 tracker.log(group, step, cached_from=source)
             evaluations += [(key[0], key[1], group) for key, group in
                             _runs_of(rows, key=lambda r: (r.stage, r.step) if _is_eval(r) else None) if key]
-            _append_samples(entry / "samples.jsonl", samples_path, source)
+            _append_samples(entry / "samples.jsonl", samples_path, source, self.run_id)
             if CHECKPOINT in meta.get("parts", []):
                 target = self.run_dir / "checkpoints" / stage.name
                 shutil.rmtree(target, ignore_errors=True)
@@ -333,11 +333,15 @@ def _write_entry(tmp: Path, model, rows: list[Row], samples_path: Path, samples_
     return []
 
 
-def _append_samples(source: Path, target: Path, cached_from: str) -> None:
+def _append_samples(source: Path, target: Path, cached_from: str, run_id: str) -> None:
+    """The cached stage's sample lines, as this run's (its ``run_id``) and marked with the run that computed them."""
     with open(source, encoding="utf-8") as f, open(target, "a", encoding="utf-8") as out:
         for line in f:
             if line.strip():
-                out.write(json.dumps({**json.loads(line), "cached_from": cached_from}, ensure_ascii=False) + "\n")
+                sample = {**json.loads(line), "cached_from": cached_from}
+                if "run_id" in sample:
+                    sample["run_id"] = run_id
+                out.write(json.dumps(sample, ensure_ascii=False) + "\n")
 
 
 def _is_eval(row: Row) -> bool:

@@ -143,7 +143,9 @@ class ImageEval:
         from harness.prepare import task_seed  # cycle: prepare imports this module
 
         self.processor, self.recipes, self.drop_images = processor, data.recipes, exp.debug.drop_images
-        self.seed, self.batch_size, self.max_new_tokens = exp.seed, exp.eval.batch_size, exp.eval.max_new_tokens
+        # null max_new_tokens (auto): image answers are a word or two; 12 lets an overlong one be seen ending
+        self.seed, self.batch_size = exp.seed, exp.eval.batch_size
+        self.max_new_tokens = exp.eval.max_new_tokens or 12
         self.examples: dict[tuple[str, str], list] = {}
         for name in image_tasks(data):
             splits = data.splits[name]

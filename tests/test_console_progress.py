@@ -38,5 +38,5 @@ def test_a_run_with_stderr_redirected_prints_progress_lines(tiny, tmp_path):
     assert progress[-1] == "20" and len(progress) >= 5, result.stderr  # every 10 % of the stage (2 steps)
     evals = re.findall(r"^eval a@(\d+) heldout \(greedy\): (.*)$", result.stderr, re.M)
     assert [step for step, _ in evals] == ["0", "10", "20"]
-    assert all(re.fullmatch(r"repeat [01]\.\d{3} n=4 · yesno [01]\.\d{3} n=4 · math [01]\.\d{3} n=4", cells)
+    assert all(re.fullmatch(r"repeat [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4 · yesno [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4 · math [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4", cells)
                for _, cells in evals)

@@ -42,6 +42,9 @@ def test_storage_password_is_in_no_output_file_and_not_on_the_console(tmp_path, 
 
     monkeypatch.setattr(study_module, "make_storage", stand_in_storage)
     monkeypatch.setattr(worker_module, "make_storage", stand_in_storage)
+    # the trial budget's lock would open the PostgreSQL URL itself (an advisory lock): the sweep directory's flock
+    real_lock = study_module.budget_lock
+    monkeypatch.setattr(worker_module, "budget_lock", lambda sweep_dir, url, name: real_lock(sweep_dir, real_db, name))
     monkeypatch.delenv(STORAGE_ENV, raising=False)
     path = _sweep(tmp_path, "secret", study={"n_trials": 1, "storage": URL}, seed_trials=False)
     out = tmp_path / "out"

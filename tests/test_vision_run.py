@@ -32,7 +32,7 @@ MICRO_VISION = {
               "shapes_qa": {"recipe": "shapes_qa", "train": 40, "eval": 6},
               "repeat": {"recipe": "repeat", "train": 40, "eval": 4}},
     "train": {"batch_size": 4, "optim": {"lr": 3e-3, "warmup": 2}, "log_every": 2},
-    "eval": {"every": 4, "splits": ["heldout"], "max_new_tokens": 4},
+    "eval": {"every": 4, "splits": ["heldout"]},
     "stages": [{"name": "align", "steps": 3, "mixture": {"caption": 1.0},
                 "trainable": {"mode": "frozen", "unfreeze": ["projector"]}},
                {"name": "instruct", "steps": 4, "mixture": "natural"}],
