@@ -116,7 +116,7 @@ def run(
             codes = run_group(exp, run_dir, seed_list, jobs=jobs, command=command, echo=typer.echo)
             failed = {s: c for s, c in codes.items() if c}
             if failed:
-                _fail(f"replicates failed: {failed} (see {run_dir}/seed-<s>/console.log)", next(iter(failed.values())))
+                _fail(f"replicates failed: {failed} (see {run_dir}/seed-<s>.log)", next(iter(failed.values())))
         else:
             with session or contextlib.nullcontext((exp, run_dir)) as (exp, run_dir):
                 run_experiment(exp, run_dir, resume=resume is not None, force=force)

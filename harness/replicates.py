@@ -7,7 +7,7 @@ the same task pools and is scored on the same eval items: the spread across seed
 not a different test set. (To vary the task data too, give each run its own ``data_seed``.)
 
 Replicates run one after another in this process, or ``jobs`` at a time as ``harness run`` subprocesses, each
-writing its console output to ``<group>/seed-<s>/console.log``. ``group.json`` in the group directory marks it
+writing its console output to ``<group>/seed-<s>.log``. ``group.json`` in the group directory marks it
 (:data:`GROUP_FILE`) and records each replicate's status; :mod:`analysis.group` reads it.
 """
 
@@ -100,7 +100,7 @@ def run_group(exp: Experiment, group_dir: Path, seeds: Sequence[int], *, jobs: i
             seed = pending.pop(0)
             running[seed] = _start(command, exp, group_dir, seed)
             status[seed] = "running"
-            echo(f"replicate seed {seed} started (log: {replicate_dir(group_dir, seed) / 'console.log'})")
+            echo(f"replicate seed {seed} started (log: {replica_log(group_dir, seed)})")
         for seed, process in list(running.items()):
             if process.poll() is not None:
                 codes[seed] = process.returncode
@@ -112,10 +112,16 @@ def run_group(exp: Experiment, group_dir: Path, seeds: Sequence[int], *, jobs: i
     return codes
 
 
+def replica_log(group_dir: Path, seed: int) -> Path:
+    """Where a ``--jobs`` replicate's console output goes."""
+    return Path(group_dir) / f"seed-{seed}.log"
+
+
 def _start(command: list[str], exp: Experiment, group_dir: Path, seed: int) -> subprocess.Popen:
     out = replicate_dir(group_dir, seed)
     out.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "harness", *command, "--set", f"seed={seed}", "--set", "seeds=null",
             "--set", f"data_seed={pinned_data_seed(exp)}", "--out", str(out)]
-    with open(out / "console.log", "w", encoding="utf-8") as log:
+    # beside the replicate's directory, not in it: the run claims its directory only if it is empty
+    with open(replica_log(group_dir, seed), "w", encoding="utf-8") as log:
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)

@@ -106,7 +106,7 @@ def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str) -> list[
     resolved = exp.resolved_dict()
     common = {"cache": STAGE_CACHE_VERSION, "harness": harness.__version__, "torch": torch.__version__,
               "transformers": transformers.__version__, "device": device, "base": base, "seed": exp.seed,
-              "task_data": data_hash, **{k: resolved[k] for k in ("model", "world", "tasks", "data", "eval")}}
+              "task_data": data_hash, **{k: resolved[k] for k in ("model", "world", "tasks", "data", "eval", "debug")}}
     keys, previous = [], _hash(common)
     for index, stage in enumerate(resolved["stages"]):
         previous = _hash({"previous": previous, "index": index,

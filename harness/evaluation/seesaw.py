@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
