@@ -53,6 +53,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from harness.stats import wilson_interval  # noqa: E402  (after the repository root is on the path)
+
 TASK = "math"
 HARNESS_FLIPS = {"nogroup", "grouped", "plaininit", "floor0", "noclip", "wdall", "bare", "perex"}
 PLAIN_FLIPS = {"grouped", "chat", "tied", "floor"}
@@ -93,14 +95,12 @@ MICRO = dict(steps=30, eval_at=[15, 30], train_examples=600, heldout=40, digits=
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95 % Wilson score interval of k successes in n."""
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """The 95 % Wilson score interval of k successes in n (:func:`harness.stats.wilson_interval`)."""
     if n == 0:
         return 0.0, 1.0
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    ci = wilson_interval(k, n)
+    return ci.low, ci.high
 
 
 def experiment_dict(s: Setup, flips: set[str]) -> dict[str, Any]:

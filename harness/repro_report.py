@@ -4,8 +4,7 @@ Per arm and metric: the mean over seeds with its 95 % t-interval (Student t, n_s
 from one seed), and each run's rate with its 95 % Wilson interval and n. The published direction (``expect``)
 is tested as a paired difference across seeds (the arms of one seed share its data draw and initialisation).
 
-The interval helpers are small wrappers around scipy.stats; they should move to ``harness.stats`` (issue 13)
-when that module lands.
+The intervals and the McNemar test are :mod:`harness.stats`'s; the wrappers here keep this module's tuple shape.
 """
 
 from __future__ import annotations
@@ -18,32 +17,26 @@ from typing import Any, Optional
 import numpy as np
 from scipy import stats
 
+from harness import stats as stats_
 from harness.repro import Repro, RunOutcome
 
 CONFIDENCE = 0.95
 
 
 def wilson_interval(successes: int, n: int) -> tuple[float, float]:
-    """95 % Wilson score interval of ``successes`` in ``n`` (``(0, 1)`` when n is 0)."""
+    """95 % Wilson score interval of ``successes`` in ``n`` (:func:`harness.stats.wilson_interval`; ``(0, 1)``
+    when n is 0)."""
     if n <= 0:
         return 0.0, 1.0
-    ci = stats.binomtest(int(successes), int(n)).proportion_ci(confidence_level=CONFIDENCE, method="wilson")
-    return float(ci.low), float(ci.high)
+    ci = stats_.wilson_interval(int(successes), int(n), CONFIDENCE)
+    return ci.low, ci.high
 
 
 def t_interval(values: list[float]) -> tuple[float, float, float]:
-    """``(mean, low, high)``: the 95 % Student-t interval of the mean; low/high NaN with fewer than 2 values."""
-    clean = np.array([v for v in values if not math.isnan(v)], dtype=float)
-    if clean.size == 0:
-        return math.nan, math.nan, math.nan
-    mean = float(clean.mean())
-    if clean.size < 2:
-        return mean, math.nan, math.nan
-    sem = float(stats.sem(clean))
-    if sem == 0.0:
-        return mean, mean, mean
-    low, high = stats.t.interval(CONFIDENCE, clean.size - 1, loc=mean, scale=sem)
-    return mean, float(low), float(high)
+    """``(mean, low, high)``: the 95 % Student-t interval of the mean (:func:`harness.stats.t_interval`); low/high
+    NaN with fewer than 2 values."""
+    ci = stats_.t_interval(values, CONFIDENCE)
+    return ci.estimate, ci.low, ci.high
 
 
 def paired_difference(outcomes: list[RunOutcome], higher: str, lower: str, label: str) -> dict[str, Any]:
@@ -72,8 +65,7 @@ def paired_items(outcomes: list[RunOutcome], higher: str, lower: str, label: str
             continue
         only_higher = sum(a[i] and not b[i] for i in a)
         only_lower = sum(b[i] and not a[i] for i in a)
-        discordant = only_higher + only_lower
-        p = float(stats.binomtest(only_higher, discordant).pvalue) if discordant else 1.0
+        p = float(stats_.mcnemar_exact(only_higher, only_lower))
         out.append({"seed": seed, "n": len(a), "only_higher": only_higher, "only_lower": only_lower,
                     "p_mcnemar_exact": p})
     return out

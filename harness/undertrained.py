@@ -18,7 +18,7 @@ the output embedding when it is not tied) this module computes three indicators 
   whatever share of the vocabulary is unused).
 
 The statistics are hand-written on torch tensors (a median/MAD and cosines: no library computes these
-indicators); the confidence interval of rates comes from ``scipy.stats``.
+indicators); the confidence interval of rates comes from :mod:`harness.stats`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 from typing import Iterable, Optional, Sequence
+
+from harness.stats import wilson_interval
 
 NORM_Z = 3.0  # a robust z below -3 is far outside the trained rows (≈ 1 in 740 one-sided for a normal distribution)
 MEAN_COS_Z = 3.5
@@ -162,12 +164,6 @@ def detect_undertrained(model, tokenizer, token_ids: Optional[Sequence[int]] = N
 
 
 def rate_with_interval(flags: Sequence[bool]) -> tuple[float, int, tuple[float, float]]:
-    """(rate, n, Wilson 95 % interval) of a list of yes/no outcomes."""
-    from scipy.stats import binomtest
-
-    n = len(flags)
-    k = int(sum(bool(f) for f in flags))
-    if n == 0:
-        return float("nan"), 0, (float("nan"), float("nan"))
-    interval = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
-    return k / n, n, (float(interval.low), float(interval.high))
+    """(rate, n, Wilson 95 % interval) of a list of yes/no outcomes (:func:`harness.stats.wilson_interval`)."""
+    ci = wilson_interval(int(sum(bool(f) for f in flags)), len(flags))
+    return ci.estimate, ci.n, (ci.low, ci.high)

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from harness.data import IGNORE_INDEX
+from harness.stats import wilson_interval
 from harness.vision_data import ImageEncoded, collate_mixed, encode_image_examples
 
 CONDITIONS: tuple[str, ...] = ("real", "blank", "swapped")
@@ -44,13 +45,11 @@ class Proportion:
 
 
 def proportion(k: int, n: int) -> Proportion:
-    """``k / n`` with a 95 % Wilson interval (scipy.stats.binomtest)."""
-    from scipy.stats import binomtest
-
+    """``k / n`` with a 95 % Wilson interval (:func:`harness.stats.wilson_interval`)."""
     if n == 0:
         return Proportion(0, 0, float("nan"), float("nan"))
-    ci = binomtest(k, n).proportion_ci(0.95, method="wilson")
-    return Proportion(k, n, float(ci.low), float(ci.high))
+    ci = wilson_interval(k, n)
+    return Proportion(k, n, ci.low, ci.high)
 
 
 @dataclass
