@@ -33,12 +33,13 @@ from harness.evallog import EvalLog
 from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_baselines, run_seesaw, seesaw_rows
 from harness.guard import Injector, NonFiniteError, write_report
 from harness.models import count_parameters
-from harness.prepare import StagePlan, build_task_data, encode_task_data, load_base, plan_stage
+from harness.prepare import StagePlan, build_task_data, encode_task_data, load_base, plan_stage, undertrained_tokens
 from harness.stage_cache import StageCache
 from harness.rundir import claim_run_dir, clear_run_outputs, unique_run_name
 from harness.store import Row, atomic_write_text
 from harness.tracking import Tracker
 from harness.train import LoopState, StageLoop, train_stage
+from harness.undertrained import flagged_summary, warning_line
 from harness.vision_run import image_eval, processor_for
 
 
@@ -96,6 +97,7 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     model, tokenizer, added, base_info = load_base(exp, data, console)
     base_seconds = time.perf_counter() - t0
     console.info(f"model: {count_parameters(model)[0] / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
+    undertrained = _check_undertrained(exp, data, model, tokenizer, added, console)
     encoded = encode_task_data(exp, data, tokenizer, position_limit(model.config))
     for note in encoded.notes():
         console.info(note)
@@ -113,9 +115,9 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
                     console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep,
                     run_id=run_id, image_eval=image_eval(exp, data, tokenizer))
     run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals,
-               _init_states(model, stages, start.stage_index, run_dir))
+               _init_states(model, stages, start.stage_index, run_dir), undertrained=undertrained)
     run.baselines = baselines
-    model = _restore(model, start, stages, added)
+    model = _restore(model, start, stages, run)
 
     injector = Injector(**exp.debug.inject_nonfinite.model_dump()) if exp.debug.inject_nonfinite else None
     summary_stages = [_stage_summary(plans[i], evals, i, plans) for i in range(start.stage_index)]
@@ -185,6 +187,18 @@ def _reopen_run(exp: Experiment, run_dir: Path, console) -> tuple[str, Optional[
     return run_id, point
 
 
+def _check_undertrained(exp: Experiment, data, model, tokenizer, added: list[int], console) -> Optional[list[dict]]:
+    """The base model's flagged special tokens (:func:`harness.prepare.undertrained_tokens`), said in one console
+    line; ``None`` when not checked (a builtin without pretraining)."""
+    reports = undertrained_tokens(exp, data, model, tokenizer)
+    if reports is None:
+        return None
+    line = warning_line(reports, added)
+    if line:
+        console.info(line)
+    return flagged_summary(reports)
+
+
 def _log_baselines(tracker: Tracker, baselines: dict, stage: str) -> dict[str, Any]:
     """Log the eval pools' baselines (``baseline_<metric>`` rows at step 0, unless a resumed run's store already has
     them); returns them for ``summary.json``."""
@@ -210,6 +224,7 @@ def _close_run(run: _Run, step: int, stages: list[dict[str, Any]], base: dict[st
         "timing": {"total_s": total, "eval_s": run.evals.seconds, "base_s": base["seconds"],
                    "eval_share": run.evals.seconds / total if total else 0.0},
         "resumed_from": resumed_from,
+        "undertrained_tokens": run.undertrained,
     }
     run.tracker.summary({"final/" + k: v for k, v in summary["timing"].items()})
     run.tracker.close(0)
@@ -252,6 +267,11 @@ class _Run:
     evals: EvalLog
     init: _InitStates
     baselines: dict[str, Any] = field(default_factory=dict)  # summary.json's "baselines"
+    undertrained: Optional[list[dict]] = None  # the base model's flagged special tokens (summary.json); None: unchecked
+
+    @property
+    def undertrained_ids(self) -> list[int]:
+        return [t["id"] for t in self.undertrained or []]
 
 
 def _init_states(model, stages: list[ResolvedStage], finished: int, run_dir: Path) -> _InitStates:
@@ -271,13 +291,14 @@ def _inherited(stages: list[ResolvedStage], index: int) -> Optional[TrainableSpe
     return stages[index - 1].train.trainable if index > 0 and stages[index].init == "previous" else None
 
 
-def _restore(model, start: Start, stages: list[ResolvedStage], added: list[int]):
+def _restore(model, start: Start, stages: list[ResolvedStage], run: _Run):
     """The model of a resumed run as its resume point saved it: the structure (adapter or not) of the stage it was
     in, then its weights and the torch RNG state. A new run's base model is returned as it is."""
     if start.weights is None:
         return model
     index = start.weights.stage_index
-    model = prepare_stage_model(model, stages[index].train.trainable, added, _inherited(stages, index))
+    model = prepare_stage_model(model, stages[index].train.trainable, run.added, _inherited(stages, index),
+                                run.undertrained_ids)
     load_model(model, str(start.weights.file))
     torch.set_rng_state(start.weights.torch_rng)
     return model
@@ -289,7 +310,8 @@ def _begin_stage(run: _Run, model, index: int, step: int):
     if stage.init != "previous":
         model = drop_adapter(model)
         model.load_state_dict(run.init.states[stage.init])
-    model = prepare_stage_model(model, stage.train.trainable, run.added, _inherited(run.stages, index))
+    model = prepare_stage_model(model, stage.train.trainable, run.added, _inherited(run.stages, index),
+                                run.undertrained_ids)
     report = trainable_report(model)
     run.tracker.log([Row(stage.name, step, None, "train", "trainable_params", report["trainable"]),
                      Row(stage.name, step, None, "train", "trainable_share", report["share"])], step)
