@@ -59,8 +59,12 @@ class RunResult:
 
 def run_experiment(exp: Experiment, run_dir: Path, console=None,
                    on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None,
-                   resume: bool = False, force: bool = False) -> RunResult:
+                   resume: bool = False, force: bool = False,
+                   on_progress: Optional[Callable[[], None]] = None) -> RunResult:
     """Train and evaluate ``exp`` into ``run_dir``; returns the summary (also written to ``summary.json``).
+
+    ``on_progress()`` is called after every training step and every evaluation (a sweep trial's heartbeat: a run
+    that stops progressing, hung in a step, stops calling it).
 
     ``run_dir`` is claimed first (:func:`harness.rundir.claim_run_dir`): a directory in use by another run, or
     holding files without ``resume`` / ``force``, raises :class:`~harness.rundir.RunDirError`; ``force`` deletes
@@ -69,11 +73,24 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
     with claim_run_dir(run_dir, resume=resume, force=force):
         if force and not resume:
             clear_run_outputs(run_dir)
-        return _run_claimed(exp, run_dir, console, on_evaluation, resume)
+        return _run_claimed(exp, run_dir, console, _after(on_progress, on_evaluation), resume, on_progress)
+
+
+def _after(on_progress: Optional[Callable[[], None]], then: Optional[Callable[..., Any]]) -> Optional[Callable]:
+    """``then`` (an ``on_evaluation`` or a progress bar's ``advance``) preceded by ``on_progress()``."""
+    if on_progress is None:
+        return then
+
+    def call(*args: Any) -> Any:
+        on_progress()
+        return then(*args) if then is not None else None
+
+    return call
 
 
 def _run_claimed(exp: Experiment, run_dir: Path, console,
-                 on_evaluation: Optional[Callable[[str, int, list[Row]], None]], resume: bool) -> RunResult:
+                 on_evaluation: Optional[Callable[[str, int, list[Row]], None]], resume: bool,
+                 on_progress: Optional[Callable[[], None]] = None) -> RunResult:
     """The body of :func:`run_experiment`, in a directory this process holds.
 
     ``on_evaluation(stage, step, rows)`` is called after every evaluation (sweeps report to their pruner there);
@@ -136,7 +153,7 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
                     stage=stage.name, start_step=step - loop_state.batch_index, tasks=list(exp.tasks),
                     log=tracker.log, evaluate=lambda s, name=stage.name: evals.run(model, name, s), train=stage.train,
                     special_tokens=stage_special_tokens(tokenizer, plan.batches), eval_every=exp.eval.every,
-                    injector=injector, save_checkpoint=save_resume_point_at, progress=advance,
+                    injector=injector, save_checkpoint=save_resume_point_at, progress=_after(on_progress, advance),
                 ), resume=loop_state)
             _end_stage(run, model, index, step, save_resume_point_at)
             cache.stage_ended(index, model, step, tracker, run_dir / "samples.jsonl")

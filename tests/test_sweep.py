@@ -21,7 +21,8 @@ import yaml
 from harness.config import ConfigError
 from harness.sweep import journal_lock, load_resolved, load_sweep, simplex_weights
 from harness.sweep.results import status_text
-from harness.sweep.worker import HEARTBEAT_ATTR, fail_stale_trials, load_worker_study, run_sweep
+from harness.sweep.heartbeat import HEARTBEAT_ATTR, fail_stale_trials
+from harness.sweep.worker import load_worker_study, run_sweep
 from tests.conftest import ROOT, TINY, run_cli, write_yaml
 
 

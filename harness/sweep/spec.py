@@ -164,10 +164,13 @@ class ObjectiveSpec(Strict):
 
 
 class HeartbeatSpec(Strict):
-    """Workers mark their running trial alive every ``interval`` s; one silent for ``grace`` s is failed."""
+    """A running trial's heartbeat is written as it makes progress (a training step or an evaluation finished), at
+    most every ``interval`` s; one silent for ``grace`` s (killed, crashed, or hung in a step) is failed. ``grace``
+    must outlast the longest stretch without progress: loading the base model, one evaluation, one checkpoint."""
 
-    interval: float = Field(15.0, gt=0)
-    grace: float = Field(120.0, gt=0)
+    interval: float = Field(15.0, gt=0, description="Seconds between heartbeat writes at most.")
+    grace: float = Field(600.0, gt=0, description="Seconds without progress after which a running trial is failed "
+                                                  "(longer than loading the model, one evaluation, one checkpoint).")
 
     @model_validator(mode="after")
     def _ok(self) -> "HeartbeatSpec":
