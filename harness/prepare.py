@@ -131,6 +131,10 @@ class EncodedData:
                          + ", ".join(f"{t}/{s} {n}" for (t, s), n in sorted(self.too_long.items())))
         return lines
 
+    def too_long_counts(self) -> dict[str, int]:
+        """``{"task/split": items dropped}``, as ``summary.json``'s ``too_long`` records them."""
+        return {f"{t}/{s}": n for (t, s), n in sorted(self.too_long.items())}
+
 
 def encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: Optional[int] = None) -> EncodedData:
     """The training pools, tokenised with their label masks (image tasks through the processor), and the fixed eval

@@ -132,7 +132,8 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
                     console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep,
                     run_id=run_id, image_eval=image_eval(exp, data, tokenizer))
     run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals,
-               _init_states(model, stages, start.stage_index, run_dir), undertrained=undertrained)
+               _init_states(model, stages, start.stage_index, run_dir), undertrained=undertrained,
+               too_long=encoded.too_long_counts())
     run.baselines = baselines
     model = _restore(model, start, stages, run)
 
@@ -242,6 +243,7 @@ def _close_run(run: _Run, step: int, stages: list[dict[str, Any]], base: dict[st
                    "eval_share": run.evals.seconds / total if total else 0.0},
         "resumed_from": resumed_from,
         "undertrained_tokens": run.undertrained,
+        "too_long": run.too_long,  # evaluation items dropped as too long for the model, per "task/split"
     }
     run.tracker.summary({"final/" + k: v for k, v in summary["timing"].items()})
     run.tracker.close(0)
@@ -285,6 +287,7 @@ class _Run:
     init: _InitStates
     baselines: dict[str, Any] = field(default_factory=dict)  # summary.json's "baselines"
     undertrained: Optional[list[dict]] = None  # the base model's flagged special tokens (summary.json); None: unchecked
+    too_long: dict[str, int] = field(default_factory=dict)  # eval items dropped as too long, per "task/split"
 
     @property
     def undertrained_ids(self) -> list[int]:
@@ -424,6 +427,6 @@ def _evaluate_claimed(exp: Experiment, checkpoint: Path, run_dir: Path, console)
     summary = {"run_id": run_id, "experiment": exp.name, "run_dir": str(run_dir), "checkpoint": str(checkpoint),
                "stages": [{"name": stage, "start_step": step, "end_step": step,
                            "metrics": evals.stage_end_table(stage), "intervals": evals.stage_end_intervals(stage)}],
-               "baselines": baselines, "seesaw_events": [],
+               "baselines": baselines, "seesaw_events": [], "too_long": encoded.too_long_counts(),
                "timing": {"total_s": evals.seconds, "eval_s": evals.seconds, "eval_share": 1.0}}
     return _finish_run(exp, run_dir, summary, console)
