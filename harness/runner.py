@@ -113,16 +113,14 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     t0 = time.perf_counter()
     model, tokenizer, added, base_info = load_base(exp, data, console)
     base_seconds = time.perf_counter() - t0
-    console.info(f"model: {count_parameters(model)[0] / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
-    undertrained = _check_undertrained(exp, data, model, tokenizer, added, console)
+    undertrained = _describe_base(exp, data, model, tokenizer, added, console)
     encoded = encode_task_data(exp, data, tokenizer, position_limit(model.config))
     for note in encoded.notes():
         console.info(note)
     stages = exp.resolved_stages()
     plans = [plan_stage(exp, s, i, encoded.train, tokenizer.pad_token_id) for i, s in enumerate(stages)]
 
-    # -- where to start, decided once: a new run after the stages the stage cache holds, a resumed one where its
-    # resume point left off
+    # -- where to start, decided once: after the stages the stage cache holds, or where a resume point left off
     cache = StageCache.for_run(exp, stages, data, base_info, model, run_dir, run_id, console)
     start = resume_start(point, stages, [len(p.batches) for p in plans]) if resume else cache.start()
     tracker = Tracker(exp, run_dir, run_id, exp.resolved_dict(), resume_filter=start.keep)
@@ -131,10 +129,8 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
                     console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep,
                     run_id=run_id, image_eval=image_eval(exp, data, tokenizer))
-    run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals,
-               _init_states(model, stages, start.stage_index, run_dir), undertrained=undertrained,
-               too_long=encoded.too_long_counts())
-    run.baselines = baselines
+    run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals, _init_states(
+        model, stages, start.stage_index, run_dir), baselines, undertrained, encoded.too_long_counts())
     model = _restore(model, start, stages, run)
 
     injector = Injector(**exp.debug.inject_nonfinite.model_dump()) if exp.debug.inject_nonfinite else None
@@ -205,9 +201,10 @@ def _reopen_run(exp: Experiment, run_dir: Path, console) -> tuple[str, Optional[
     return run_id, point
 
 
-def _check_undertrained(exp: Experiment, data, model, tokenizer, added: list[int], console) -> Optional[list[dict]]:
-    """The base model's flagged special tokens (:func:`harness.prepare.undertrained_tokens`), said in one console
-    line; ``None`` when not checked (a builtin without pretraining)."""
+def _describe_base(exp: Experiment, data, model, tokenizer, added: list[int], console) -> Optional[list[dict]]:
+    """Say the base model's size; return its flagged special tokens (:func:`harness.prepare.undertrained_tokens`),
+    said in one console line — ``None`` when not checked (a builtin without pretraining)."""
+    console.info(f"model: {count_parameters(model)[0] / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
     reports = undertrained_tokens(exp, data, model, tokenizer)
     if reports is None:
         return None
