@@ -13,8 +13,9 @@ The loop's side, in order, for each stage (see the module functions for details)
 5. at the end: :func:`harness.checkpoint.save_stage_checkpoint` ``(model, tokenizer, directory, meta)``.
 
 **New-token rows.** ``new_token_rows: true`` makes the input embedding and the output head (one matrix when they
-are tied) trainable and registers a gradient hook on each that zeroes every row except the added tokens' — the
-seed's mechanism, with the rows given by id (``grad.masked_fill``), never by a ``grad[:N]`` range (the seed's
+are tied) trainable and registers a gradient hook on each that zeroes every row except the added tokens' (under
+``auto``, the default, also the rows :mod:`harness.undertrained` flags, where the mode leaves the matrix frozen) —
+the seed's mechanism, with the rows given by id (``grad.masked_fill``), never by a ``grad[:N]`` range (the seed's
 ``grad[:32000]`` / ``grad[:31999]`` off-by-one froze ``<|endoftext|>`` for three days). A zero gradient alone
 does not keep a row still under AdamW: decoupled weight decay shrinks every entry of a parameter
 (``p -= lr·wd·p``) whatever its gradient. So a row-masked matrix must get no weight decay: the loop puts every
@@ -170,12 +171,18 @@ def _remove_row_masks(model) -> None:
             delattr(p, _ROWS)
 
 
+def _frozen_rows(n_rows: int, rows: list[int], device) -> torch.Tensor:
+    """[n_rows] bool: True on every row except ``rows`` (by id, never by a range)."""
+    frozen = torch.ones(n_rows, dtype=torch.bool, device=device)
+    frozen[torch.tensor(rows, dtype=torch.long, device=device)] = False
+    return frozen
+
+
 def _mask_rows(param: torch.nn.Parameter, rows: list[int]) -> None:
     """Make ``param`` trainable on ``rows`` only: a gradient hook zeroes every other row (masked_fill, so even a
-    non-finite gradient becomes exactly 0 there)."""
-    frozen = torch.ones(param.shape[0], dtype=torch.bool, device=param.device)
-    frozen[torch.tensor(rows, dtype=torch.long, device=param.device)] = False
-    frozen = frozen.view(-1, *([1] * (param.ndim - 1)))
+    non-finite gradient becomes exactly 0 there). ``rows`` is recorded on the parameter as the rows meant to
+    train (what :func:`check_special_token_gradients` holds the hook to)."""
+    frozen = _frozen_rows(param.shape[0], rows, param.device).view(-1, *([1] * (param.ndim - 1)))
     cache = {frozen.device: frozen}
 
     def hook(grad: torch.Tensor) -> torch.Tensor:
@@ -216,12 +223,14 @@ def adapter_prefix(model) -> str:
 
 
 def prepare_stage_model(model, trainable: TrainableSpec, added_token_ids: Iterable[int],
-                        previous: Optional[TrainableSpec] = None):
+                        previous: Optional[TrainableSpec] = None, undertrained_ids: Iterable[int] = ()):
     """Set what trains in this stage; returns the model to train (a ``PeftModel`` in adapter modes).
 
     ``added_token_ids``: the rows ``new_token_rows`` trains (``load_hf(..., return_added=True)``'s ids, or
     :func:`harness.models.builtin_added_token_ids` for a builtin). ``previous``: the previous stage's trainable
-    spec when this stage continues from its weights (``init: previous``), else ``None``.
+    spec when this stage continues from its weights (``init: previous``), else ``None``. ``undertrained_ids``: the
+    base model's flagged special tokens (:func:`harness.prepare.undertrained_tokens`), which ``new_token_rows:
+    auto`` trains too.
 
     Order: a ``PeftModel`` from the previous stage is merged (``previous.adapter == "merge"``) or kept
     (``"continue"``); the mode sets ``requires_grad`` (full: all; frozen: none; lora / hira: the adapter only);
@@ -248,7 +257,8 @@ def prepare_stage_model(model, trainable: TrainableSpec, added_token_ids: Iterab
 
             model = get_peft_model(model, _adapter_config(model, trainable))
     _unfreeze(unwrap(model), trainable.unfreeze)
-    _train_new_token_rows(model, trainable, sorted({int(i) for i in added_token_ids}))
+    _train_new_token_rows(model, trainable, sorted({int(i) for i in added_token_ids}),
+                          sorted({int(i) for i in undertrained_ids}))
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(f"trainable.mode {trainable.mode!r} leaves nothing to train; add new_token_rows: true or "
                          "unfreeze: [regex, …]")
@@ -297,24 +307,27 @@ def _unfreeze(base, patterns: list[str]) -> None:
             p.requires_grad_(True)
 
 
-def _train_new_token_rows(model, trainable: TrainableSpec, added: list[int]) -> None:
-    """``new_token_rows``: the embedding / head rows of the ``added`` tokens train (row masks); without it, warn
-    when those rows stay frozen at their initial values."""
+def _train_new_token_rows(model, trainable: TrainableSpec, added: list[int], undertrained: list[int]) -> None:
+    """``new_token_rows``: the embedding / head rows of the ``added`` tokens train (row masks) — under ``auto``
+    also the ``undertrained`` ones, in any mode that leaves those matrices frozen (under ``full`` they train
+    anyway); with ``false``, warn when the added rows stay frozen at their initial values."""
     vocab = vocab_parameters(model)
-    if trainable.new_token_rows:
-        if not added:
-            raise ValueError("trainable.new_token_rows: no tokens were added to this model's vocabulary (its "
-                             "tokenizer already had a chat template and every special token), so there are no new "
-                             "rows to train")
+    setting = trainable.new_token_rows
+    if setting is True and not added:
+        raise ValueError("trainable.new_token_rows: no tokens were added to this model's vocabulary (its "
+                         "tokenizer already had a chat template and every special token), so there are no new "
+                         "rows to train")
+    rows = added if setting is True else sorted(set(added) | set(undertrained)) if setting == "auto" else []
+    if rows:
         for where, w, _ in vocab:
-            if max(added) >= w.shape[0]:
-                raise ValueError(f"new token id {max(added)} is outside {where} ({w.shape[0]} rows)")
+            if max(rows) >= w.shape[0]:
+                raise ValueError(f"token id {max(rows)} is outside {where} ({w.shape[0]} rows)")
             if not w.requires_grad:  # a matrix the mode / unfreeze already trains stays fully trainable
-                _mask_rows(w, added)
+                _mask_rows(w, rows)
     elif added and trainable.mode != "full" and not any(w.requires_grad for _, w, _ in vocab):
         warnings.warn(f"{len(added)} token(s) were added to the vocabulary but their embedding / output rows are "
                       f"frozen in this stage (trainable.mode {trainable.mode}); they keep their initial values — set "
-                      "trainable.new_token_rows: true to train them", stacklevel=3)
+                      "trainable.new_token_rows: auto or true to train them", stacklevel=3)
 
 
 def drop_adapter(model):
@@ -393,7 +406,9 @@ def check_special_token_gradients(model, token_ids: dict[str, int], batch=None) 
 
     The output head (or the tied matrix) is checked for every listed token: the vocabulary projection gives every
     row a gradient. An untied input embedding is checked for the tokens the batch reads before a supervised
-    position (all listed tokens when ``batch`` is None). Frozen matrices are not checked (nothing trains there).
+    position (all listed tokens when ``batch`` is None). Frozen matrices are not checked (nothing trains there), nor
+    the rows a row-masked matrix leaves frozen on purpose (``new_token_rows: auto`` trains only the flagged and
+    added rows; the check holds the hook to the rows it was meant to keep).
     Returns ``{"checked": [(token, id, matrix), …]}``.
     """
     read = _read_token_ids(batch) if batch is not None else None
@@ -403,7 +418,8 @@ def check_special_token_gradients(model, token_ids: dict[str, int], batch=None) 
     for where, w, is_output in vocab_parameters(model):
         if not w.requires_grad:
             continue
-        todo = [(t, i) for t, i in items if is_output or read is None or i in read]
+        meant = getattr(w, _ROWS, None)
+        todo = [(t, i) for t, i in items if (is_output or read is None or i in read) and (meant is None or i in meant)]
         if not todo:
             continue
         ids = torch.tensor([i for _, i in todo], dtype=torch.long)

@@ -330,19 +330,28 @@ def inspect_command(
     set_: Optional[list[str]] = SetOption,
     stage: Optional[str] = typer.Option(None, "--stage", help="Stage whose trainable set to apply (default: first)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of module rows instead of a table."),
+    tokens: bool = typer.Option(False, "--tokens", help="List the special-token rows instead: norms, under-trained "
+                                                        "or not, and why (the base model as the run loads it)."),
 ):
     """One row per module: name, type, parameters, trainable, output shape and dtype on a sample batch."""
     from harness.config import ConfigError
-    from harness.inspection import inspect_target, render
+    from harness.inspection import inspect_target, inspect_tokens, render, render_tokens
+    from harness.prepare import DataError
 
     if not target.exists():
         _fail(f"{target}: no such file or directory")
     try:
-        result = inspect_target(target, set_, stage)
+        result = inspect_tokens(target, set_) if tokens else inspect_target(target, set_, stage)
     except ConfigError as e:
         _fail(str(e))
-    except ValueError as e:
+    except (ValueError, DataError) as e:
         _fail(f"{target}: {e}")
+    if tokens:
+        if as_json:
+            typer.echo(json.dumps([r.as_dict() for r in result.reports], indent=1))
+        else:
+            render_tokens(result)
+        return
     if as_json:
         typer.echo(json.dumps(result.rows, indent=1))
     else:

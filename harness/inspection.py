@@ -11,6 +11,10 @@ and dtype on a sample batch (forward hooks) — for an experiment file or a chec
   stage's training examples through it (under bf16 autocast when the stage says ``precision: bf16-autocast``).
   A builtin base with ``pretrain`` is shown *untrained* (same architecture and shapes; pretraining is not run), and
   the report says so.
+
+``harness inspect FILE|CHECKPOINT --tokens [--json]`` lists the special / chat-template tokens instead, each with
+its input (and untied output) embedding row's norm, whether :mod:`harness.undertrained` flags it, and why — for an
+experiment, on the base model exactly as the run loads it (a builtin is pretrained, or taken from the cache).
 """
 
 from __future__ import annotations
@@ -210,11 +214,59 @@ def inspect_experiment(path: Path, overrides: Optional[list[str]] = None, stage:
         notes += part_notes(model, rows, inputs)
     mode = chosen.train.trainable
     notes.append(f"stage {chosen.name}: trainable.mode {mode.mode}"
-                 + (", new_token_rows" if mode.new_token_rows else "")
+                 + f", new_token_rows {str(mode.new_token_rows).lower()}"
                  + (f", unfreeze {mode.unfreeze}" if mode.unfreeze else "")
                  + f"; precision {chosen.train.precision}; sample: {len(examples)} training examples "
                    f"({', '.join(e.task for e in examples)}), {batch.input_ids.shape[1]} tokens")
     return Inspection(rows, source, notes, _summary(model, tokenizer))
+
+
+@dataclass
+class TokenInspection:
+    reports: list  # [harness.undertrained.TokenReport], one per special / chat-template token
+    source: str
+    notes: list[str] = field(default_factory=list)
+
+
+def inspect_tokens(target: Path, overrides: Optional[list[str]] = None) -> TokenInspection:
+    """The under-trained check of a checkpoint directory's or an experiment's base model (see the module docstring)."""
+    from harness.console import Console as HarnessConsole
+    from harness.prepare import load_base, undertrained_tokens
+    from harness.undertrained import detect_undertrained
+
+    target = Path(target)
+    if target.is_dir():
+        if not (target / "config.json").exists():
+            raise ValueError(f"{target}: not a checkpoint directory (no config.json)")
+        model = AutoModelForCausalLM.from_pretrained(target)
+        return TokenInspection(detect_undertrained(model, AutoTokenizer.from_pretrained(target)),
+                               f"checkpoint {target} ({type(model).__name__})")
+    exp = load_experiment(target, overrides)
+    data = build_task_data(exp)
+    model, tokenizer, _, info = load_base(exp, data, HarnessConsole(enabled=exp.tracking.console))
+    reports = undertrained_tokens(exp, data, model, tokenizer)
+    if reports is None:
+        return TokenInspection([], f"builtin {exp.model.builtin}", ["a builtin without model.pretrain has every row at "
+                                                                    "its initialisation: nothing to check"])
+    return TokenInspection(reports, f"base model {info['source']}")
+
+
+def render_tokens(inspection: TokenInspection, console=None) -> None:
+    """The token rows as a rich table (stdout): token, id, input / output row norm and robust z, flagged, why."""
+    console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    table = Table(title=f"special-token rows of {inspection.source}", title_justify="left")
+    for col in ("token", "id", "input norm (z)", "output norm (z)", "flagged", "why"):
+        table.add_column(col, justify="right" if col == "id" else "left", overflow="fold")
+    for r in inspection.reports:
+        output = "tied" if r.output is None else f"{r.output.norm:.3g} ({r.output.norm_z:+.1f})"
+        table.add_row(r.token, str(r.id), f"{r.input.norm:.3g} ({r.input.norm_z:+.1f})", output,
+                      "[red]yes[/]" if r.flagged else "no", r.why)
+    console.print(table)
+    flagged = [r.token for r in inspection.reports if r.flagged]
+    console.print(f"{len(flagged)} of {len(inspection.reports)} flagged" + (": " + ", ".join(flagged) if flagged
+                                                                             else ""), markup=False)
+    for note in inspection.notes:
+        console.print(f"note: {note}", markup=False)
 
 
 def inspect_target(target: Path, overrides: Optional[list[str]] = None, stage: Optional[str] = None) -> Inspection:

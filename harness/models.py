@@ -113,6 +113,19 @@ def builtin_added_token_ids(tokenizer) -> list[int]:
     return sorted({i for i in ids if i is not None and i != tokenizer.unk_token_id})
 
 
+def builtin_unused_token_ids(tokenizer, corpus: list[str]) -> list[int]:
+    """The ids a builtin's pretraining never saw — the under-trained check's known-unused reference rows
+    (:func:`harness.undertrained.detect_undertrained`): tokens absent from the world corpus (the tokenizer also
+    learned the task data, so its task-only tokens are here), except ``<|endoftext|>``, which pretraining puts
+    between documents."""
+    from harness.tokenizer import ENDOFTEXT
+
+    seen = {tokenizer.convert_tokens_to_ids(ENDOFTEXT)}
+    for ids in tokenizer(list(corpus), add_special_tokens=False)["input_ids"]:
+        seen.update(ids)
+    return [i for i in range(len(tokenizer)) if i not in seen]
+
+
 def build_builtin(spec: "ModelSpec", tokenizer, seed: int):
     """A freshly initialised builtin model (deterministic for ``seed``)."""
     import torch

@@ -91,6 +91,24 @@ def load_base(exp: Experiment, data: TaskData, console=None) -> tuple[Any, Any, 
     return model, tokenizer, added, info
 
 
+def undertrained_tokens(exp: Experiment, data: TaskData, model, tokenizer) -> Optional[list]:
+    """The under-trained check of the base model's special-token rows (:func:`harness.undertrained
+    .detect_undertrained`), one report per special / chat-template token; ``None`` for a builtin without
+    ``pretrain`` (every row is at its initialisation: nothing to tell apart). A builtin's known-unused reference
+    rows are the ids its pretraining corpus never contains; a hub / local model's are the rows past its vocabulary
+    and its reserved tokens."""
+    from harness.models import builtin_unused_token_ids
+    from harness.undertrained import detect_undertrained, reference_unused_ids
+
+    if not exp.model.hf and exp.model.pretrain is None:
+        return None
+    unused = None
+    if not exp.model.hf:
+        rows = model.get_input_embeddings().weight.shape[0]
+        unused = reference_unused_ids(tokenizer, rows, builtin_unused_token_ids(tokenizer, data.corpus))
+    return detect_undertrained(model, tokenizer, unused_ids=unused)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Encoding and stage plans
 # ----------------------------------------------------------------------------------------------------------------
@@ -112,6 +130,10 @@ class EncodedData:
             lines.append("evaluation dropped items too long for the model (data.too_long: drop): "
                          + ", ".join(f"{t}/{s} {n}" for (t, s), n in sorted(self.too_long.items())))
         return lines
+
+    def too_long_counts(self) -> dict[str, int]:
+        """``{"task/split": items dropped}``, as ``summary.json``'s ``too_long`` records them."""
+        return {f"{t}/{s}": n for (t, s), n in sorted(self.too_long.items())}
 
 
 def encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: Optional[int] = None) -> EncodedData:

@@ -33,12 +33,13 @@ from harness.evallog import EvalLog
 from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_baselines, run_seesaw, seesaw_rows
 from harness.guard import Injector, NonFiniteError, write_report
 from harness.models import count_parameters
-from harness.prepare import StagePlan, build_task_data, encode_task_data, load_base, plan_stage
+from harness.prepare import StagePlan, build_task_data, encode_task_data, load_base, plan_stage, undertrained_tokens
 from harness.stage_cache import StageCache
 from harness.rundir import claim_run_dir, clear_run_outputs, unique_run_name
 from harness.store import Row, atomic_write_text
 from harness.tracking import Tracker
 from harness.train import LoopState, StageLoop, train_stage
+from harness.undertrained import flagged_summary, warning_line
 from harness.vision_run import image_eval, processor_for
 
 
@@ -58,8 +59,12 @@ class RunResult:
 
 def run_experiment(exp: Experiment, run_dir: Path, console=None,
                    on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None,
-                   resume: bool = False, force: bool = False) -> RunResult:
+                   resume: bool = False, force: bool = False,
+                   on_progress: Optional[Callable[[], None]] = None) -> RunResult:
     """Train and evaluate ``exp`` into ``run_dir``; returns the summary (also written to ``summary.json``).
+
+    ``on_progress()`` is called after every training step and every evaluation (a sweep trial's heartbeat: a run
+    that stops progressing, hung in a step, stops calling it).
 
     ``run_dir`` is claimed first (:func:`harness.rundir.claim_run_dir`): a directory in use by another run, or
     holding files without ``resume`` / ``force``, raises :class:`~harness.rundir.RunDirError`; ``force`` deletes
@@ -68,11 +73,24 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
     with claim_run_dir(run_dir, resume=resume, force=force):
         if force and not resume:
             clear_run_outputs(run_dir)
-        return _run_claimed(exp, run_dir, console, on_evaluation, resume)
+        return _run_claimed(exp, run_dir, console, _after(on_progress, on_evaluation), resume, on_progress)
+
+
+def _after(on_progress: Optional[Callable[[], None]], then: Optional[Callable[..., Any]]) -> Optional[Callable]:
+    """``then`` (an ``on_evaluation`` or a progress bar's ``advance``) preceded by ``on_progress()``."""
+    if on_progress is None:
+        return then
+
+    def call(*args: Any) -> Any:
+        on_progress()
+        return then(*args) if then is not None else None
+
+    return call
 
 
 def _run_claimed(exp: Experiment, run_dir: Path, console,
-                 on_evaluation: Optional[Callable[[str, int, list[Row]], None]], resume: bool) -> RunResult:
+                 on_evaluation: Optional[Callable[[str, int, list[Row]], None]], resume: bool,
+                 on_progress: Optional[Callable[[], None]] = None) -> RunResult:
     """The body of :func:`run_experiment`, in a directory this process holds.
 
     ``on_evaluation(stage, step, rows)`` is called after every evaluation (sweeps report to their pruner there);
@@ -95,15 +113,14 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     t0 = time.perf_counter()
     model, tokenizer, added, base_info = load_base(exp, data, console)
     base_seconds = time.perf_counter() - t0
-    console.info(f"model: {count_parameters(model)[0] / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
+    undertrained = _describe_base(exp, data, model, tokenizer, added, console)
     encoded = encode_task_data(exp, data, tokenizer, position_limit(model.config))
     for note in encoded.notes():
         console.info(note)
     stages = exp.resolved_stages()
     plans = [plan_stage(exp, s, i, encoded.train, tokenizer.pad_token_id) for i, s in enumerate(stages)]
 
-    # -- where to start, decided once: a new run after the stages the stage cache holds, a resumed one where its
-    # resume point left off
+    # -- where to start, decided once: after the stages the stage cache holds, or where a resume point left off
     cache = StageCache.for_run(exp, stages, data, base_info, model, run_dir, run_id, console)
     start = resume_start(point, stages, [len(p.batches) for p in plans]) if resume else cache.start()
     tracker = Tracker(exp, run_dir, run_id, exp.resolved_dict(), resume_filter=start.keep)
@@ -112,10 +129,9 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
                     console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep,
                     run_id=run_id, image_eval=image_eval(exp, data, tokenizer))
-    run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals,
-               _init_states(model, stages, start.stage_index, run_dir))
-    run.baselines = baselines
-    model = _restore(model, start, stages, added)
+    run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals, _init_states(
+        model, stages, start.stage_index, run_dir), baselines, undertrained, encoded.too_long_counts())
+    model = _restore(model, start, stages, run)
 
     injector = Injector(**exp.debug.inject_nonfinite.model_dump()) if exp.debug.inject_nonfinite else None
     summary_stages = [_stage_summary(plans[i], evals, i, plans) for i in range(start.stage_index)]
@@ -134,7 +150,7 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
                     stage=stage.name, start_step=step - loop_state.batch_index, tasks=list(exp.tasks),
                     log=tracker.log, evaluate=lambda s, name=stage.name: evals.run(model, name, s), train=stage.train,
                     special_tokens=stage_special_tokens(tokenizer, plan.batches), eval_every=exp.eval.every,
-                    injector=injector, save_checkpoint=save_resume_point_at, progress=advance,
+                    injector=injector, save_checkpoint=save_resume_point_at, progress=_after(on_progress, advance),
                 ), resume=loop_state)
             _end_stage(run, model, index, step, save_resume_point_at)
             cache.stage_ended(index, model, step, tracker, run_dir / "samples.jsonl")
@@ -185,6 +201,19 @@ def _reopen_run(exp: Experiment, run_dir: Path, console) -> tuple[str, Optional[
     return run_id, point
 
 
+def _describe_base(exp: Experiment, data, model, tokenizer, added: list[int], console) -> Optional[list[dict]]:
+    """Say the base model's size; return its flagged special tokens (:func:`harness.prepare.undertrained_tokens`),
+    said in one console line — ``None`` when not checked (a builtin without pretraining)."""
+    console.info(f"model: {count_parameters(model)[0] / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
+    reports = undertrained_tokens(exp, data, model, tokenizer)
+    if reports is None:
+        return None
+    line = warning_line(reports, added)
+    if line:
+        console.info(line)
+    return flagged_summary(reports)
+
+
 def _log_baselines(tracker: Tracker, baselines: dict, stage: str) -> dict[str, Any]:
     """Log the eval pools' baselines (``baseline_<metric>`` rows at step 0, unless a resumed run's store already has
     them); returns them for ``summary.json``."""
@@ -210,6 +239,8 @@ def _close_run(run: _Run, step: int, stages: list[dict[str, Any]], base: dict[st
         "timing": {"total_s": total, "eval_s": run.evals.seconds, "base_s": base["seconds"],
                    "eval_share": run.evals.seconds / total if total else 0.0},
         "resumed_from": resumed_from,
+        "undertrained_tokens": run.undertrained,
+        "too_long": run.too_long,  # evaluation items dropped as too long for the model, per "task/split"
     }
     run.tracker.summary({"final/" + k: v for k, v in summary["timing"].items()})
     run.tracker.close(0)
@@ -252,6 +283,12 @@ class _Run:
     evals: EvalLog
     init: _InitStates
     baselines: dict[str, Any] = field(default_factory=dict)  # summary.json's "baselines"
+    undertrained: Optional[list[dict]] = None  # the base model's flagged special tokens (summary.json); None: unchecked
+    too_long: dict[str, int] = field(default_factory=dict)  # eval items dropped as too long, per "task/split"
+
+    @property
+    def undertrained_ids(self) -> list[int]:
+        return [t["id"] for t in self.undertrained or []]
 
 
 def _init_states(model, stages: list[ResolvedStage], finished: int, run_dir: Path) -> _InitStates:
@@ -271,13 +308,14 @@ def _inherited(stages: list[ResolvedStage], index: int) -> Optional[TrainableSpe
     return stages[index - 1].train.trainable if index > 0 and stages[index].init == "previous" else None
 
 
-def _restore(model, start: Start, stages: list[ResolvedStage], added: list[int]):
+def _restore(model, start: Start, stages: list[ResolvedStage], run: _Run):
     """The model of a resumed run as its resume point saved it: the structure (adapter or not) of the stage it was
     in, then its weights and the torch RNG state. A new run's base model is returned as it is."""
     if start.weights is None:
         return model
     index = start.weights.stage_index
-    model = prepare_stage_model(model, stages[index].train.trainable, added, _inherited(stages, index))
+    model = prepare_stage_model(model, stages[index].train.trainable, run.added, _inherited(stages, index),
+                                run.undertrained_ids)
     load_model(model, str(start.weights.file))
     torch.set_rng_state(start.weights.torch_rng)
     return model
@@ -289,7 +327,8 @@ def _begin_stage(run: _Run, model, index: int, step: int):
     if stage.init != "previous":
         model = drop_adapter(model)
         model.load_state_dict(run.init.states[stage.init])
-    model = prepare_stage_model(model, stage.train.trainable, run.added, _inherited(run.stages, index))
+    model = prepare_stage_model(model, stage.train.trainable, run.added, _inherited(run.stages, index),
+                                run.undertrained_ids)
     report = trainable_report(model)
     run.tracker.log([Row(stage.name, step, None, "train", "trainable_params", report["trainable"]),
                      Row(stage.name, step, None, "train", "trainable_share", report["share"])], step)
@@ -385,6 +424,6 @@ def _evaluate_claimed(exp: Experiment, checkpoint: Path, run_dir: Path, console)
     summary = {"run_id": run_id, "experiment": exp.name, "run_dir": str(run_dir), "checkpoint": str(checkpoint),
                "stages": [{"name": stage, "start_step": step, "end_step": step,
                            "metrics": evals.stage_end_table(stage), "intervals": evals.stage_end_intervals(stage)}],
-               "baselines": baselines, "seesaw_events": [],
+               "baselines": baselines, "seesaw_events": [], "too_long": encoded.too_long_counts(),
                "timing": {"total_s": evals.seconds, "eval_s": evals.seconds, "eval_share": 1.0}}
     return _finish_run(exp, run_dir, summary, console)

@@ -64,10 +64,13 @@ class TokenReport:
 def candidate_token_ids(tokenizer) -> list[int]:
     """The tokens whose rows matter for chat SFT: the special tokens and every added token. Chat-template markers
     (ChatML's ``<|im_start|>``/``<|im_end|>``, Llama-3's ``<|start_header_id|>``, Gemma's ``<start_of_turn>``) are
-    added tokens in every common template, so this covers them."""
-    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
-    ids |= set((getattr(tokenizer, "added_tokens_decoder", {}) or {}).keys())
-    return sorted(i for i in ids if i is not None and i >= 0)
+    added tokens in every common template, so this covers them. Tokens named ``reserved`` / ``unused`` (Llama-3's
+    250 ``<|reserved_special_token_N|>``) are left out: no template uses them, and they are the known-unused
+    reference rows instead (:func:`reference_unused_ids`)."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    ids = set(getattr(tokenizer, "all_special_ids", []) or []) | set(decoder)
+    reserved = {i for i, t in decoder.items() if _RESERVED.search(getattr(t, "content", str(t)))}
+    return sorted(i for i in ids if i is not None and i >= 0 and i not in reserved)
 
 
 def reference_unused_ids(tokenizer, n_rows: int, extra: Iterable[int] = ()) -> list[int]:
@@ -167,3 +170,25 @@ def rate_with_interval(flags: Sequence[bool]) -> tuple[float, int, tuple[float, 
     """(rate, n, Wilson 95 % interval) of a list of yes/no outcomes (:func:`harness.stats.wilson_interval`)."""
     ci = wilson_interval(int(sum(bool(f) for f in flags)), len(flags))
     return ci.estimate, ci.n, (ci.low, ci.high)
+
+
+def flagged_summary(reports: Sequence[TokenReport]) -> list[dict]:
+    """The flagged tokens as ``summary.json`` records them: token, id, row norms (output ``None`` when tied), why."""
+    return [{"token": r.token, "id": r.id, "input_norm": r.input.norm,
+             "output_norm": r.output.norm if r.output is not None else None, "why": r.why}
+            for r in reports if r.flagged]
+
+
+def warning_line(reports: Sequence[TokenReport], added: Iterable[int] = ()) -> Optional[str]:
+    """One console line naming the flagged tokens (``None`` when none is), and what becomes of their rows. A
+    ``warning`` when a flagged token is the base model's own (a chat template whose ``<|im_end|>`` never trained);
+    a ``note`` when every flagged token is one the harness added (new rows: untrained by construction)."""
+    flagged = [r for r in reports if r.flagged]
+    if not flagged:
+        return None
+    own = [r for r in flagged if r.id not in set(added)]
+    names = ", ".join(f"{r.token} (id {r.id})" for r in flagged[:12])
+    more = f" and {len(flagged) - 12} more" if len(flagged) > 12 else ""
+    return (f"{'warning' if own else 'note'}: {len(flagged)} special token(s) with under-trained embedding rows: "
+            f"{names}{more} — trainable.new_token_rows: auto (the default) trains their rows in lora / hira / "
+            "frozen stages, mode full trains them anyway; harness inspect --tokens says why")

@@ -99,7 +99,7 @@ def test_each_mode_trains_what_it_says(tok, batches, mode):
         "frozen_rows": TrainableSpec(mode="frozen", new_token_rows=True),
         "frozen_unfreeze": TrainableSpec(mode="frozen", unfreeze=[r"norm\.weight$"]),
     }[mode]
-    model = prepare_stage_model(model, spec, added if spec.new_token_rows else [])
+    model = prepare_stage_model(model, spec, added if spec.new_token_rows is True else [])
     report = trainable_report(model)
     losses = _train(model, batches)
     assert all(torch.isfinite(torch.tensor(losses)))
@@ -240,8 +240,25 @@ def test_unfreeze_regexes_and_errors(tok):
         prepare_stage_model(_model(tok), TrainableSpec(mode="frozen", new_token_rows=True), [])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        prepare_stage_model(_model(tok), TrainableSpec(mode="lora", r=2), builtin_added_token_ids(tok))
+        prepare_stage_model(_model(tok), TrainableSpec(mode="lora", r=2, new_token_rows=False),
+                            builtin_added_token_ids(tok))
     assert any("new_token_rows" in str(w.message) for w in caught)
+
+
+def test_new_token_rows_auto_trains_added_and_flagged_rows_when_the_mode_freezes_them(tok):
+    added, flagged = builtin_added_token_ids(tok), [7]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = prepare_stage_model(_model(tok), TrainableSpec(mode="lora", r=2), added, undertrained_ids=flagged)
+    assert not any("new_token_rows" in str(w.message) for w in caught)
+    emb = model.get_input_embeddings().weight
+    assert emb.requires_grad and sorted(getattr(emb, "_harness_trainable_rows")) == sorted(added + flagged)
+    # true keeps its meaning (the added rows only); full trains everything whatever the setting
+    model = prepare_stage_model(_model(tok), TrainableSpec(mode="lora", r=2, new_token_rows=True), added,
+                                undertrained_ids=flagged)
+    assert getattr(model.get_input_embeddings().weight, "_harness_trainable_rows") == added
+    model = prepare_stage_model(_model(tok), TrainableSpec(mode="full"), added, undertrained_ids=flagged)
+    assert not hasattr(model.get_input_embeddings().weight, "_harness_trainable_rows")
 
 
 def test_target_module_names_per_architecture(tok):

@@ -196,6 +196,11 @@ def test_4000_word_eval_row_on_gpt2_tiny_is_dropped_and_counted_or_exit_2(tiny, 
     assert result.returncode == 0, result.stderr[-3000:]
     console = " ".join((result.stdout + result.stderr).split())  # the console wraps long lines
     assert console.count("evaluation dropped items too long for the model (data.too_long: drop): mine/heldout 1") == 1
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["too_long"] == {"mine/heldout": 1}
+    report = run_cli("report", str(tmp_path / "run"))
+    assert report.returncode == 0, report.stderr[-2000:]
+    html = (tmp_path / "run" / "report" / "report.html").read_text()
+    assert "Evaluation dropped items too long for the model (data.too_long: drop): mine/heldout 1;" in html
 
 
 # -- 11. model config values and enum values --------------------------------------------------------------------

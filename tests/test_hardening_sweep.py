@@ -1,5 +1,5 @@
 """Issue 17's sweep faults created end to end: a storage password (never shown or saved), a cut journal line (the
-study stays usable), SIGTERM to the launcher (the workers stop too)."""
+study stays usable), SIGTERM to the launcher (the workers stop too), a trial hung in a step (it goes stale)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 
 from harness.redact import STORAGE_ENV
 from harness.sweep import load_resolved, load_sweep
@@ -115,3 +117,85 @@ def test_sigterm_to_the_launcher_stops_its_workers(tmp_path):
         os.kill(worker_pid, 0)  # the worker is gone (reaped by the launcher)
     (trial,) = [t for t in load_worker_study(load_resolved(out), out, 0).get_trials() if t.state.name != "WAITING"]
     assert trial.state.name == "FAIL"
+
+
+class _Storage:
+    """Records heartbeat writes (a stand-in for an optuna storage)."""
+
+    def __init__(self):
+        self.writes = []
+
+    def set_trial_system_attr(self, trial_id, key, value):
+        self.writes.append((trial_id, key))
+
+
+def test_heartbeat_pulses_are_rate_limited_to_one_write_per_interval():
+    from harness.sweep.heartbeat import HEARTBEAT_ATTR, Heartbeat
+
+    now = [100.0]
+    storage = _Storage()
+    with Heartbeat(storage, 7, interval=15, clock=lambda: now[0]) as heartbeat:
+        assert storage.writes == [(7, HEARTBEAT_ATTR)]  # the trial is alive from its start
+        for _ in range(50):  # 50 steps in 10 s: no write
+            now[0] += 0.2
+            heartbeat.pulse()
+        assert len(storage.writes) == 1
+        now[0] += 5.0  # 15 s since the last write
+        heartbeat.pulse()
+        heartbeat.pulse()
+        assert len(storage.writes) == 2
+
+
+@pytest.mark.parametrize("hangs", [True, False])
+def test_a_trial_hung_in_a_step_goes_stale_and_a_progressing_one_does_not(tmp_path, monkeypatch, hangs):
+    """The heartbeat comes from the run's progress: a step that never returns (monkeypatched) leaves the trial's
+    heartbeat to age past ``grace`` (a timer thread would keep it fresh); steps that keep finishing keep it fresh."""
+    import harness.train as train
+    from harness.sweep import prepare_study
+    from harness.sweep.heartbeat import fail_stale_trials
+    from harness.sweep.worker import run_trial
+
+    grace = 2.0
+    path = _sweep(tmp_path, "hang", steps=20, study={"n_trials": 1, "heartbeat": {"interval": 0.2, "grace": grace}})
+    experiment = yaml.safe_load((tmp_path / "tiny.yaml").read_text())
+    experiment["eval"]["every"] = 1000  # evaluations at the stage edges only
+    experiment["train"]["stage_cache"] = False  # every step trains (a cached stage would not call the patch)
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(experiment))
+    sweep = load_sweep(path)
+    study = prepare_study(sweep, tmp_path / "out")
+    trial = study.ask()
+    real, steps, reached, release = train.batch_loss, [0], threading.Event(), threading.Event()
+
+    def step(model, batch, *args, **kwargs):
+        if batch.tasks[0] != "pretrain":  # the tiny base may be pretrained here first
+            steps[0] += 1
+            if steps[0] == 5:
+                reached.set()
+                if hangs:
+                    release.wait(120)  # the hung step
+            time.sleep(0.1)  # ~4 s of steady progress over the 40 steps
+        return real(model, batch, *args, **kwargs)
+
+    monkeypatch.setattr(train, "batch_loss", step)
+    outcome = {}
+    worker = threading.Thread(target=lambda: outcome.update(state=run_trial(study, trial, sweep, tmp_path / "out")))
+    worker.start()
+    try:
+        assert reached.wait(300), "the trial never reached its fifth step"
+        hung_at, failed = time.time(), []
+        while worker.is_alive() and not failed and time.time() - hung_at < 60:
+            failed = fail_stale_trials(study, grace)
+            time.sleep(0.1)
+        if hangs:
+            assert failed == [trial.number] and time.time() - hung_at >= grace - 0.3
+        else:
+            assert failed == [] and steps[0] == 40
+    finally:
+        release.set()
+        worker.join(300)
+    final = study._storage.get_trial(trial._trial_id)
+    if hangs:
+        assert outcome["state"] == "FAIL" and final.state.name == "FAIL"
+        assert "no heartbeat" in final.user_attrs["fail_reason"] and "hung" in final.user_attrs["fail_reason"]
+    else:
+        assert outcome["state"] == final.state.name == "COMPLETE"

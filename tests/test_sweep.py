@@ -21,7 +21,8 @@ import yaml
 from harness.config import ConfigError
 from harness.sweep import journal_lock, load_resolved, load_sweep, simplex_weights
 from harness.sweep.results import status_text
-from harness.sweep.worker import HEARTBEAT_ATTR, fail_stale_trials, load_worker_study, run_sweep
+from harness.sweep.heartbeat import HEARTBEAT_ATTR, fail_stale_trials
+from harness.sweep.worker import load_worker_study, run_sweep
 from tests.conftest import ROOT, TINY, run_cli, write_yaml
 
 
@@ -99,6 +100,28 @@ def test_semantic_errors_name_paths_with_suggestions(tmp_path):
     assert "with 0" in errors["space.train.batch_size"]
     assert "did you mean 'greedy'" in errors["objective.metric"]
     assert "unknown stage 'c'" in errors["objective.stage"]
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_study_names_dot_and_dotdot_are_rejected(tmp_path, name):
+    """runs/sweeps/<name>: "." would be runs/sweeps itself, ".." would be runs/."""
+    path = _sweep(tmp_path, "dots")
+    raw = yaml.safe_load(path.read_text())
+    raw["study"]["name"] = name
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as e:
+        load_sweep(path)
+    assert dict(e.value.errors)["study.name"].startswith(f"study name {name!r} is not allowed")
+    del raw["study"]["name"]  # the default, the file's stem: "...yaml" has the stem ".."
+    stem = tmp_path / "...yaml"
+    stem.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as e:
+        load_sweep(stem)
+    assert "study name '..' is not allowed" in dict(e.value.errors)["study.name"]
+    assert "set study.name" in dict(e.value.errors)["study.name"]
+    raw["study"]["name"] = "v1.2..x"  # dots inside a name are fine
+    path.write_text(yaml.safe_dump(raw))
+    assert load_sweep(path).name == "v1.2..x"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -78,15 +78,15 @@ def test_gem_loss_runs_and_plain_ce_is_still_logged(tmp_path):
 
 
 def test_special_token_check_stops_a_stage_whose_new_rows_cannot_train(tmp_path, monkeypatch):
-    """The seed's off-by-one: a row mask that leaves the last added token (<|im_end|>, the EOS) frozen."""
+    """The seed's off-by-one: a row mask whose hook leaves the last added token (<|im_end|>, the EOS) frozen."""
     import harness.adapters as adapters
 
-    real = adapters._mask_rows
+    real = adapters._frozen_rows
 
-    def off_by_one(param, rows):
-        return real(param, sorted(rows)[:-1])
+    def off_by_one(n_rows, rows, device):
+        return real(n_rows, sorted(rows)[:-1], device)
 
-    monkeypatch.setattr(adapters, "_mask_rows", off_by_one)
+    monkeypatch.setattr(adapters, "_frozen_rows", off_by_one)
     with pytest.raises(adapters.SpecialTokenGradientError, match=r"<\|im_end\|>"):
         # stage_cache false: the patched code trains the stage, instead of replaying an entry the real code made
         micro_run(tmp_path, "train.trainable={mode: frozen, new_token_rows: true}", "train.stage_cache=false")

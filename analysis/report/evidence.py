@@ -1,6 +1,6 @@
 """The run report's statistical parts: each task's final score with its 95 % interval against its baseline (a
-finding and a table, one-sided exact binomial tests with Benjamini–Hochberg over the tasks), and the intervals
-the stage-end tables print under their values."""
+finding and a table, one-sided exact binomial tests with Benjamini–Hochberg over the tasks), the intervals
+the stage-end tables print under their values, and notes on evaluation data the run left out."""
 
 from __future__ import annotations
 
@@ -76,3 +76,13 @@ def interval_note(intervals: Optional[dict], stage: str, task: str) -> str:
     """The ``[low, high]`` line a stage-table cell prints under its value ('' without an interval)."""
     ci = (intervals or {}).get((stage, task))
     return f"<br><span class='ci'>[{ci[0]:.2f}, {ci[1]:.2f}]</span>" if ci else ""
+
+
+def data_notes(summary: dict) -> list[str]:
+    """Lines about evaluation data the run left out (``summary.json``'s ``too_long``), for the report's findings."""
+    too_long = summary.get("too_long") or {}
+    if not too_long:
+        return []
+    items = ", ".join(f"{key} {n}" for key, n in sorted(too_long.items()))
+    return [f"Evaluation dropped items too long for the model (data.too_long: drop): {items}; the scores of those "
+            "task/splits are over the remaining items."]

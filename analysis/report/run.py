@@ -17,7 +17,8 @@ import polars as pl
 from analysis import frames as F
 from analysis import plots as P
 from analysis.loading import AnalysisError, PathLike, load_run, load_samples, read_config, read_summary
-from analysis.report.evidence import baseline_findings, baseline_section, interval_note, stage_end_intervals
+from analysis.report.evidence import (baseline_findings, baseline_section, data_notes, interval_note,
+                                      stage_end_intervals)
 from analysis.report.page import Page, facts_table, fmt, fmt_rank, table
 
 # The stage-end tables shown folded under the main metric's (each when the run logged it).
@@ -311,6 +312,8 @@ def _summary_sections(page: Page, run: RunData) -> None:
     page.findings(_findings(run))
     if not run.summary:
         page.p("The run has not finished (no summary.json): this report shows what the store holds so far.", "note")
+    for note in data_notes(run.summary):
+        page.p(escape(note), "note")
 
     page.section("Curriculum", "curriculum")
     page.raw(table(_stage_rows(run.config, run.summary, run.bounds, run.frame)))

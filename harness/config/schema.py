@@ -124,8 +124,10 @@ class TrainableSpec(Strict):
     target_modules: Optional[list[str]] = Field(
         None, description="Modules that get adapters; default: q_proj, k_proj, v_proj, up_proj, down_proj "
                           "(the seed's HiRA choice: attention q/k/v and two MLP projections).")
-    new_token_rows: bool = Field(False, description="Train the embedding / output rows of the tokens the harness "
-                                                    "added (chat-role tokens; EOS / pad when new).")
+    new_token_rows: Union[Literal["auto"], bool] = Field(
+        "auto", description="Train the embedding / output rows of the tokens the harness added (chat-role tokens; "
+                            "EOS / pad when new): true | false | auto (default: in lora / hira / frozen stages, "
+                            "those rows and the rows of special tokens the under-trained check flags).")
     unfreeze: list[str] = Field(default_factory=list, description="Regexes of parameter names trained on top of "
                                                                   "the mode (e.g. lm_head, norm), or an image-text "
                                                                   "part: vision_tower, projector, language_model.")

@@ -27,6 +27,7 @@ from harness.config import (
     yaml_errors,
 )
 from harness.evaluation import EVALUATORS, PROBES
+from harness.names import check_safe_name
 from harness.registry import suggest
 from harness.store import LOWER_IS_BETTER
 from harness.sweep.space import Objective, Param, Sweep
@@ -244,6 +245,11 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
     name = spec.study.name or re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem if path.name != RESOLVED_NAME
                                      else path.parent.name)
     errors: Errors = []
+    try:  # a default from a file named "...yaml" (stem "..") must not name a directory either
+        check_safe_name(name, "study name")
+    except ValueError as e:
+        raise ConfigError(source, [("study.name", f"{e} (the default: the sweep file's stem; set study.name)")]
+                          ) from None
     params = _resolve_params(spec, base_raw, errors)
     objectives = _resolve_objectives(spec, base, errors)
     sweep = Sweep(spec, source, name, base_raw, base, params, objectives)

@@ -34,9 +34,10 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import Discriminator, Field, Tag, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from harness.config import Strict
+from harness.names import check_safe_name
 
 RESOLVED_NAME = "sweep.resolved.yaml"  # the sweep as workers read it, in the sweep directory
 BASE_EXPERIMENT_NAME = "experiment.yaml"  # the base experiment (overrides applied), next to it
@@ -164,10 +165,13 @@ class ObjectiveSpec(Strict):
 
 
 class HeartbeatSpec(Strict):
-    """Workers mark their running trial alive every ``interval`` s; one silent for ``grace`` s is failed."""
+    """A running trial's heartbeat is written as it makes progress (a training step or an evaluation finished), at
+    most every ``interval`` s; one silent for ``grace`` s (killed, crashed, or hung in a step) is failed. ``grace``
+    must outlast the longest stretch without progress: loading the base model, one evaluation, one checkpoint."""
 
-    interval: float = Field(15.0, gt=0)
-    grace: float = Field(120.0, gt=0)
+    interval: float = Field(15.0, gt=0, description="Seconds between heartbeat writes at most.")
+    grace: float = Field(600.0, gt=0, description="Seconds without progress after which a running trial is failed "
+                                                  "(longer than loading the model, one evaluation, one checkpoint).")
 
     @model_validator(mode="after")
     def _ok(self) -> "HeartbeatSpec":
@@ -193,6 +197,12 @@ class StudySpec(Strict):
     timeout: Optional[float] = Field(None, gt=0, description="Seconds after which a worker starts no new trial.")
     seed: int = Field(0, description="Sampler seed; worker i uses seed + i.")
     heartbeat: HeartbeatSpec = Field(default_factory=HeartbeatSpec)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: Optional[str]) -> Optional[str]:
+        # the pattern lets "." and ".." through: runs/sweeps/<name> would be runs/sweeps itself, or runs/
+        return name if name is None else check_safe_name(name, "study name")
 
 
 class SweepSpec(Strict):

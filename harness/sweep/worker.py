@@ -12,11 +12,10 @@ objective to the pruner at every evaluation (step = global step) and ends as
 The budget (``study.n_trials``) counts trials COMPLETE, PRUNED, FAIL or RUNNING; workers on one machine check it
 and ask for a trial under a file lock, so the study ends with exactly ``n_trials`` trials.
 
-A worker killed mid-trial cannot say so itself. While a trial runs, a thread writes a heartbeat (the trial system
-attribute ``harness:heartbeat``) every ``study.heartbeat.interval`` seconds; any worker (and the launching
-process, which polls) marks a RUNNING trial whose heartbeat is older than ``study.heartbeat.grace`` as FAIL. The
-launching process also fails at once the running trials of its own workers that died. This works on every optuna
-storage (journal file, SQLite, PostgreSQL, MySQL): optuna 5's own heartbeat exists for RDB storages only.
+A worker killed mid-trial cannot say so itself, nor one hung in a step: the trial's heartbeat is written from the
+run's progress (:mod:`harness.sweep.heartbeat`), and any worker (and the launching process, which polls) marks a
+RUNNING trial silent for ``study.heartbeat.grace`` seconds as FAIL. The launching process also fails at once the
+running trials of its own workers that died.
 """
 
 from __future__ import annotations
@@ -26,10 +25,8 @@ import contextlib
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -42,95 +39,13 @@ from optuna.trial import TrialState
 
 from harness.config import validate_data
 from harness.redact import STORAGE_ENV
+from harness.sweep.heartbeat import WORKER_ATTR, Heartbeat, fail_stale_trials, fail_trials_of, worker_id
 from harness.sweep.load import load_resolved
 from harness.sweep.results import describe_trial, write_trials
 from harness.sweep.space import Sweep, sample_values
 from harness.sweep.study import budget_lock, make_pruner, make_sampler, make_storage, prepare_study, quiet_optuna
 
-HEARTBEAT_ATTR = "harness:heartbeat"
-WORKER_ATTR = "worker"
 COUNTED_STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING")
-
-
-def worker_id(pid: Optional[int] = None) -> str:
-    """``host:pid``: who runs a trial (user attribute ``worker``), so a dead worker's trials can be found."""
-    return f"{socket.gethostname()}:{pid or os.getpid()}"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Heartbeat and stale trials
-# ----------------------------------------------------------------------------------------------------------------
-
-
-class Heartbeat:
-    """Writes ``harness:heartbeat = time.time()`` on a trial every ``interval`` seconds from a daemon thread."""
-
-    def __init__(self, storage, trial_id: int, interval: float):
-        self.storage, self.trial_id, self.interval = storage, trial_id, interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{trial_id}", daemon=True)
-
-    def beat(self) -> bool:
-        """Write one heartbeat; False once the trial has finished (the thread then stops)."""
-        try:
-            self.storage.set_trial_system_attr(self.trial_id, HEARTBEAT_ATTR, time.time())
-            return True
-        except UpdateFinishedTrialError:
-            return False
-        except Exception as e:  # a storage hiccup: try again next time
-            print(f"heartbeat of trial id {self.trial_id} failed: {e}", file=sys.stderr, flush=True)
-            return True
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            if not self.beat():
-                return
-
-    def __enter__(self) -> "Heartbeat":
-        self.beat()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
-def fail_trial(study, trial, reason: str) -> bool:
-    """Mark a RUNNING trial FAIL with ``fail_reason``; False if it had finished meanwhile."""
-    storage = study._storage
-    try:
-        storage.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
-        return bool(storage.set_trial_state_values(trial._trial_id, TrialState.FAIL))
-    except UpdateFinishedTrialError:
-        return False
-
-
-def fail_stale_trials(study, grace: float, now: Optional[float] = None) -> list[int]:
-    """Fail RUNNING trials whose heartbeat (or start, before the first beat) is older than ``grace`` seconds;
-    returns their numbers."""
-    now = time.time() if now is None else now
-    failed = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        last = t.system_attrs.get(HEARTBEAT_ATTR)
-        if last is None and t.datetime_start is not None:
-            last = t.datetime_start.timestamp()
-        if last is not None and now - last > grace:
-            who = t.user_attrs.get(WORKER_ATTR, "unknown worker")
-            if fail_trial(study, t, f"worker lost: no heartbeat for {now - last:.0f} s (worker {who} killed or "
-                                    "crashed)"):
-                failed.append(t.number)
-    return failed
-
-
-def fail_trials_of(study, workers: dict[str, str]) -> list[int]:
-    """Fail the RUNNING trials of dead workers (``{worker id: why}``); returns their numbers."""
-    failed = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        why = workers.get(t.user_attrs.get(WORKER_ATTR))
-        if why and fail_trial(study, t, f"worker lost: {why}"):
-            failed.append(t.number)
-    return failed
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -212,8 +127,9 @@ def run_trial(study, trial, sweep: Sweep, sweep_dir: Path,
         values = sample_values(trial, sweep)
         exp = validate_data(sweep.experiment_raw(values, trial.number), f"trial {trial.number}")
         trial.set_user_attr("total_steps", sum(s.steps for s in exp.resolved_stages()))
-        with Heartbeat(study._storage, trial._trial_id, sweep.spec.study.heartbeat.interval):
-            result = run(exp, trial_dir, on_evaluation=reporter)
+        with Heartbeat(study._storage, trial._trial_id, sweep.spec.study.heartbeat.interval) as heartbeat:
+            # a beat per step or evaluation finished (rate-limited): a hung step lets the trial go stale
+            result = run(exp, trial_dir, on_evaluation=reporter, on_progress=heartbeat.pulse)
         stages = {s["name"]: s.get("metrics") or {} for s in result.summary.get("stages", [])}
         trial.set_user_attr("cached_steps", sum(s["end_step"] - s["start_step"] for s in result.summary["stages"]
                                                 if s.get("cached_from")))  # replayed from the stage cache
