@@ -1,7 +1,7 @@
 """The stage cache (harness.stage_cache): a run that starts from cached stages gives bit-identical store values,
-samples and checkpoints to the same run computed whole (a LoRA adapter continued across the cache boundary and an
-``init: <stage>`` included, and a run interrupted after a replayed stage and resumed); a field that shapes a stage misses; corrupt entries are rebuilt; concurrent writers
-are safe; housekeeping lists, sizes and prunes."""
+samples and checkpoints to the same run computed whole (a LoRA adapter continued across the cache boundary, an
+``init: <stage>``, and a run interrupted after a replayed stage and resumed included); a field that shapes a stage
+misses; corrupt entries are rebuilt; concurrent writers are safe; housekeeping lists, sizes and prunes."""
 
 from __future__ import annotations
 
