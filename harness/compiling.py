@@ -1,0 +1,154 @@
+"""``train.compile``: whether a stage's training forward goes through ``torch.compile``, and the wrapper that does it.
+
+``auto`` (the default) compiles a stage of at least :data:`AUTO_COMPILE_MIN_STEPS` steps when this process can
+compile for the device (TorchDynamo supports this Python, and Inductor's toolchain is there: a C++ compiler on a
+CPU, Triton on a GPU); ``true`` always compiles, ``false`` never. The decision is a function of the stage's spec and
+the machine only, never of timing, so a run and its ``--resume`` (and a stage-cache key,
+:func:`harness.stage_cache.stage_keys`) agree on it: compiled kernels reorder float sums, so a compiled stage's
+numbers differ from an eager one's in the last bits.
+
+The threshold comes from ``bench/compile_cost.py`` (the builtin qwen2-tiny at the default training settings on 2
+contended CPU cores): compiling costs a one-off ~30-70 s (a warm / cold Inductor cache) and saves ~0.1-0.3 s per
+step, so a stage pays for it from a few hundred steps on.
+
+When compiling fails at the wrap or at the first call (no working C++ compiler, an operator Inductor does not
+support), ``auto`` trains on eagerly after one warning line — the same numbers as ``false``, since a failed compile
+runs nothing — while ``true`` stops with :class:`CompileFailed`. Evaluation and the non-finite diagnosis keep calling
+the plain module: hooks must fire there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import shutil
+import weakref
+from typing import Iterator, Optional, Union
+
+import torch
+
+AUTO_COMPILE_MIN_STEPS = 300
+log = logging.getLogger(__name__)
+# Fallbacks so far in this process (the stage cache keeps no stage trained after one: its key says compiled).
+fallbacks = 0
+
+
+class CompileFailed(RuntimeError):
+    """``train.compile: true`` and ``torch.compile`` failed."""
+
+
+@functools.lru_cache(maxsize=None)
+def can_compile(device_type: str) -> bool:
+    """Whether ``torch.compile``'s default backend has what it needs here (checked once, without compiling)."""
+    try:
+        import torch._dynamo
+
+        if not torch._dynamo.is_dynamo_supported():
+            return False
+        if device_type == "cuda":
+            from torch.utils._triton import has_triton
+
+            return has_triton()
+        from torch._inductor import config
+
+        names = [os.environ.get("CXX")] + list(config.cpp.cxx)
+        return any(name and shutil.which(name) for name in names)
+    except Exception:  # noqa: BLE001 — a torch without these internals: let auto stay eager
+        return False
+
+
+def compile_decision(setting: Union[bool, str], steps: int, device_type: str) -> bool:
+    """Whether a stage of ``steps`` steps with ``train.compile: setting`` compiles its training forward."""
+    if setting == "auto":
+        return steps >= AUTO_COMPILE_MIN_STEPS and can_compile(device_type)
+    return bool(setting)
+
+
+# While a compiled stage runs: the deterministic-algorithms setting it found (restored after it, or on a fallback).
+_before_stage: Optional[tuple[bool, bool, bool]] = None
+
+
+@contextlib.contextmanager
+def compiled_stage(compiled: bool) -> Iterator[None]:
+    """Around a stage whose forward is compiled: deterministic algorithms on (``warn_only``: an op without a
+    deterministic kernel warns instead of failing). Inductor lowers a scatter-add — the embedding's backward — to
+    atomic adds unless they are on, and two compiled runs of one stage then differ in the last bits (measured: the
+    loss of the second logging window of two identical CPU runs); with them it calls ATen's kernel, and a compiled
+    stage is as reproducible as an eager one (a resume, a stage-cache replay)."""
+    global _before_stage
+    if not compiled:
+        yield
+        return
+    _before_stage = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled(),
+                     torch.utils.deterministic.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False  # filling costs time; correct code never reads it
+    try:
+        yield
+    finally:
+        _leave_compiled_stage()
+
+
+def _leave_compiled_stage() -> None:
+    global _before_stage
+    if _before_stage is not None:
+        enabled, warn_only, fill = _before_stage
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+        _before_stage = None
+
+
+class _Compiled:
+    """``torch.compile(module, dynamic=True)`` for the training forward (batch length varies per step, so shapes
+    are symbolic from the start instead of recompiling at the second length). A failure at the wrap or the first
+    call falls back to eager (``strict``: raises :class:`CompileFailed`); later errors propagate."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module, self.compiled, self.called, self.error, self.warned = module, None, False, None, False
+        try:
+            self.compiled = torch.compile(module, dynamic=True)
+        except Exception as error:  # noqa: BLE001 — e.g. a Python that TorchDynamo does not support
+            self.error = error
+
+    def __call__(self, *args, strict: bool = False, **kwargs):
+        if self.error is None and not self.called:
+            try:  # a compile that fails has run nothing yet: the eager call below is the step's only forward
+                out = self.compiled(*args, **kwargs)
+                self.called = True
+                return out
+            except Exception as error:  # noqa: BLE001 — any compiler failure
+                self.error = error
+        if self.error is None:
+            return self.compiled(*args, **kwargs)
+        if strict:
+            raise CompileFailed(f"train.compile: true, but torch.compile failed ({_describe(self.error)}); set "
+                                "train.compile to auto (falls back to eager) or false") from self.error
+        _leave_compiled_stage()  # eager exactly as a stage that never compiled
+        if not self.warned:  # say why once, then eager without retrying
+            global fallbacks
+            self.warned, fallbacks = True, fallbacks + 1
+            log.warning("train.compile: torch.compile failed (%s); training without it", _describe(self.error))
+        return self.module(*args, **kwargs)
+
+
+def _describe(error: Exception) -> str:
+    first = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {first}"
+
+
+# One compiled wrapper per module, reused by every stage (a weak map, not an attribute: an attribute would register
+# the wrapper as a submodule and put it in state dicts and checkpoints).
+_COMPILED: "weakref.WeakKeyDictionary[torch.nn.Module, _Compiled]" = weakref.WeakKeyDictionary()
+
+
+def forward_of(module: torch.nn.Module, compiled: Union[bool, str]):
+    """``module``'s training forward: itself (``compiled`` false), or its compiled wrapper, which falls back to
+    eager on a compile failure under ``"auto"`` and raises :class:`CompileFailed` under ``True``."""
+    if not compiled:
+        return module
+    if module not in _COMPILED:
+        _COMPILED[module] = _Compiled(module)
+    return functools.partial(_COMPILED[module], strict=compiled is True)
