@@ -44,15 +44,21 @@ def experiment(steps: int, compile_mode) -> dict:
     }
 
 
-def child(steps: int, compile_mode: bool) -> dict:
-    """Train the stage in this process; per-step end times and the logged losses."""
+def child(steps: int, compile_mode: bool, nondeterministic: bool = False) -> dict:
+    """Train the stage in this process; per-step end times and the logged losses. ``nondeterministic``: compile
+    without :func:`harness.compiling.compiled_stage` (what deterministic algorithms cost)."""
+    import contextlib
     import warnings
 
     warnings.filterwarnings("ignore")
     from harness.adapters import stage_special_tokens
     from harness.config import validate_data
     from harness.prepare import build_task_data, encode_task_data, load_base, plan_stage
+    from harness import train as train_module
     from harness.train import StageLoop, train_stage
+
+    if nondeterministic:
+        train_module.compiled_stage = lambda compiled: contextlib.nullcontext()
 
     exp = validate_data(experiment(steps, compile_mode))
     data = build_task_data(exp)
@@ -73,27 +79,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--settle", type=int, default=20, help="steps excluded from the steady s/step")
-    parser.add_argument("--child", choices=["eager", "compiled"], help=argparse.SUPPRESS)
+    parser.add_argument("--modes", default="eager,compiled,compiled",
+                        help="runs in order: eager | compiled | compiled-nondet (the same Inductor cache for all: "
+                             "the first compiled run of a kind is cold, later ones warm)")
+    parser.add_argument("--child", choices=["eager", "compiled", "compiled-nondet"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.steps, args.child == "compiled")))
+        print(json.dumps(child(args.steps, args.child != "eager", args.child == "compiled-nondet")))
         return
     inductor = tempfile.mkdtemp(prefix="compile-cost-inductor-")
     results = {}
-    for name, mode in [("eager", "eager"), ("compiled, cold", "compiled"), ("compiled, warm", "compiled")]:
+    seen: dict[str, int] = {}
+    for mode in args.modes.split(","):
+        seen[mode] = seen.get(mode, 0) + 1
+        name = mode if mode == "eager" else f"{mode}, {'cold' if seen[mode] == 1 else 'warm'}"
+        name += f" #{seen[mode]}" if mode == "eager" and seen[mode] > 1 else ""
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor}
         out = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--child", mode], env=env,
                              capture_output=True, text=True, check=True, cwd=ROOT)
-        results[name] = json.loads(out.stdout.strip().splitlines()[-1])
-    eager = statistics.median(results["eager"]["step_s"][args.settle:])
+        results[name if name not in results else f"{name} #{seen[mode]}"] = json.loads(
+            out.stdout.strip().splitlines()[-1])
+    eager = statistics.median([t for name, r in results.items() if name.startswith("eager")
+                               for t in r["step_s"][args.settle:]])
     for name, r in results.items():
         steady = statistics.median(r["step_s"][args.settle:])
         total = sum(r["step_s"])
-        print(f"{name:15s} steady {steady * 1000:7.1f} ms/step  total {total:6.1f} s  overhead "
+        print(f"{name:26s} steady {steady * 1000:7.1f} ms/step  total {total:6.1f} s  overhead "
               f"{total - steady * len(r['step_s']):5.1f} s  first step {r['step_s'][0]:5.1f} s  "
               f"speed-up {eager / steady:4.2f}x")
         slow = [(i, round(t, 1)) for i, t in enumerate(r["step_s"]) if t > 3 * steady]
-        print(f"{'':15s} slow steps (index, s): {slow}; first losses {r['losses'][:3]}")
+        print(f"{'':26s} slow steps (index, s): {slow}; first losses {r['losses'][:3]}")
 
 
 if __name__ == "__main__":

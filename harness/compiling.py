@@ -7,9 +7,12 @@ the machine only, never of timing, so a run and its ``--resume`` (and a stage-ca
 :func:`harness.stage_cache.stage_keys`) agree on it: compiled kernels reorder float sums, so a compiled stage's
 numbers differ from an eager one's in the last bits.
 
-The threshold comes from ``bench/compile_cost.py`` (the builtin qwen2-tiny at the default training settings on 2
-contended CPU cores): compiling costs a one-off ~30-70 s (a warm / cold Inductor cache) and saves ~0.1-0.3 s per
-step, so a stage pays for it from a few hundred steps on.
+The threshold comes from ``bench/compile_cost.py`` (the builtin qwen2-tiny at the default training settings, 2 CPU
+cores shared with other jobs, load ~6; 2026-12-01): the compiled first step takes 40-75 s with a cold Inductor cache
+and ~20 s with a warm one (eager: 1-5 s), then a step takes ~250 ms instead of ~445 ms (1.4-1.8x). On an idle
+machine ``bench/train_speed.py`` measured 0.058 instead of 0.077 s/step (1.33x) after a 30 s cold / 12-15 s warm
+compile. Break-even is then 100-400 steps on the busy machine and 700-1,600 on the idle one; from 1,000 steps
+compiling pays in both with a warm cache, and on a busy machine with a cold one.
 
 When compiling fails at the wrap or at the first call (no working C++ compiler, an operator Inductor does not
 support), ``auto`` trains on eagerly after one warning line — the same numbers as ``false``, since a failed compile
@@ -29,7 +32,7 @@ from typing import Iterator, Optional, Union
 
 import torch
 
-AUTO_COMPILE_MIN_STEPS = 300
+AUTO_COMPILE_MIN_STEPS = 1000
 log = logging.getLogger(__name__)
 # Fallbacks so far in this process (the stage cache keeps no stage trained after one: its key says compiled).
 fallbacks = 0
@@ -66,39 +69,47 @@ def compile_decision(setting: Union[bool, str], steps: int, device_type: str) ->
     return bool(setting)
 
 
-# While a compiled stage runs: the deterministic-algorithms setting it found (restored after it, or on a fallback).
-_before_stage: Optional[tuple[bool, bool, bool]] = None
+# Inside a compiled stage (``compiled_stage``), and the deterministic-algorithms settings found before turning
+# them on (restored at the stage's end, or on a fallback).
+_in_compiled_stage = False
+_before: Optional[tuple[bool, bool, bool]] = None
 
 
 @contextlib.contextmanager
 def compiled_stage(compiled: bool) -> Iterator[None]:
-    """Around a stage whose forward is compiled: deterministic algorithms on (``warn_only``: an op without a
-    deterministic kernel warns instead of failing). Inductor lowers a scatter-add — the embedding's backward — to
-    atomic adds unless they are on, and two compiled runs of one stage then differ in the last bits (measured: the
-    loss of the second logging window of two identical CPU runs); with them it calls ATen's kernel, and a compiled
-    stage is as reproducible as an eager one (a resume, a stage-cache replay)."""
-    global _before_stage
-    if not compiled:
-        yield
-        return
-    _before_stage = (torch.are_deterministic_algorithms_enabled(),
-                     torch.is_deterministic_algorithms_warn_only_enabled(),
-                     torch.utils.deterministic.fill_uninitialized_memory)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.utils.deterministic.fill_uninitialized_memory = False  # filling costs time; correct code never reads it
+    """Around a stage whose forward is compiled: from its first compiled call, deterministic algorithms are on
+    (``warn_only``: an op without a deterministic kernel warns instead of failing), until the stage ends. Inductor
+    lowers a scatter-add — the embedding's backward — to atomic adds unless they are on, and two compiled runs of
+    one stage then differ in the last bits (measured: three runs of bench/compile_cost.py gave three different
+    losses at step 20; with them on, one); with them on it calls ATen's kernel, and a compiled stage is as
+    reproducible as an eager one (a resume, a stage-cache replay). A stage that never calls the compiled forward
+    (image batches) runs as it would without."""
+    global _in_compiled_stage
+    _in_compiled_stage = compiled
     try:
         yield
     finally:
-        _leave_compiled_stage()
+        _in_compiled_stage = False
+        _leave_deterministic()
 
 
-def _leave_compiled_stage() -> None:
-    global _before_stage
-    if _before_stage is not None:
-        enabled, warn_only, fill = _before_stage
+def _enter_deterministic() -> None:
+    global _before
+    if _in_compiled_stage and _before is None:
+        _before = (torch.are_deterministic_algorithms_enabled(),
+                   torch.is_deterministic_algorithms_warn_only_enabled(),
+                   torch.utils.deterministic.fill_uninitialized_memory)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = False  # costs time; correct code never reads it
+
+
+def _leave_deterministic() -> None:
+    global _before
+    if _before is not None:
+        enabled, warn_only, fill = _before
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
         torch.utils.deterministic.fill_uninitialized_memory = fill
-        _before_stage = None
+        _before = None
 
 
 class _Compiled:
@@ -114,6 +125,8 @@ class _Compiled:
             self.error = error
 
     def __call__(self, *args, strict: bool = False, **kwargs):
+        if self.error is None:
+            _enter_deterministic()  # before the first call: the backward is lowered (lazily) under it too
         if self.error is None and not self.called:
             try:  # a compile that fails has run nothing yet: the eager call below is the step's only forward
                 out = self.compiled(*args, **kwargs)
@@ -126,7 +139,7 @@ class _Compiled:
         if strict:
             raise CompileFailed(f"train.compile: true, but torch.compile failed ({_describe(self.error)}); set "
                                 "train.compile to auto (falls back to eager) or false") from self.error
-        _leave_compiled_stage()  # eager exactly as a stage that never compiled
+        _leave_deterministic()  # eager exactly as a stage that never compiled
         if not self.warned:  # say why once, then eager without retrying
             global fallbacks
             self.warned, fallbacks = True, fallbacks + 1

@@ -17,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from harness import compiling
 from harness.cache_housekeeping import list_entries, prune
 from harness.config import Experiment
 from harness.prepare import build_task_data
@@ -287,3 +288,45 @@ def test_a_run_from_a_cached_stage_interrupted_and_resumed_is_bit_identical(tiny
         ref, got = (_weights(d / "checkpoints" / stage) for d in (reference.run_dir, killed))
         assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref), stage
     assert reference.summary["seesaw_events"] == resumed.summary["seesaw_events"]
+
+
+@pytest.fixture
+def auto_compiles(monkeypatch):
+    """``train.compile: auto`` compiles every stage here (short ones too, whatever compiler this machine has)."""
+    monkeypatch.setattr(compiling, "AUTO_COMPILE_MIN_STEPS", 1)
+    monkeypatch.setattr(compiling, "can_compile", lambda device_type: True)
+
+
+def test_the_key_holds_the_compile_decision_not_the_setting(tiny, monkeypatch):
+    exp = _four_stages(tiny)
+    keys = {}
+    for setting in ("auto", False, True):
+        exp["train"]["compile"] = setting
+        keys[setting] = _keys(exp)
+    assert keys["auto"] == keys[False], "short stages: auto stays eager"
+    assert all(a != b for a, b in zip(keys[True], keys[False])), "compiled numbers differ in the last bits"
+    monkeypatch.setattr(compiling, "AUTO_COMPILE_MIN_STEPS", 1)
+    monkeypatch.setattr(compiling, "can_compile", lambda device_type: True)
+    exp["train"]["compile"] = "auto"
+    assert _keys(exp) == keys[True]
+
+
+def test_a_run_whose_compile_fell_back_gives_eager_numbers_and_stores_nothing(tiny, tmp_path, cache, monkeypatch,
+                                                                            auto_compiles, caplog):
+    def broken_compile(module, **kwargs):
+        def call(*args, **kw):
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+        return call
+
+    exp = copy.deepcopy(tiny)
+    exp["train"]["compile"] = False
+    eager = _run(exp, tmp_path / "eager", stage_cache=False)
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    exp["train"]["compile"] = "auto"
+    with caplog.at_level("WARNING", logger="harness.compiling"):
+        fell_back = _run(exp, tmp_path / "fell_back")
+    assert caplog.text.count("torch.compile failed (RuntimeError: InvalidCxxCompiler") == 1
+    assert _values(eager.run_dir).equals(_values(fell_back.run_dir))
+    assert _samples(eager.run_dir) == _samples(fell_back.run_dir)
+    assert not cache.exists() or not [p for p in cache.iterdir() if not p.name.startswith(".")], \
+        "its stages ran eagerly under keys that say compiled"
