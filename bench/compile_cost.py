@@ -2,13 +2,17 @@
 
 The builtin qwen2-tiny (default shape, pretrained for one step: weights do not change the speed) trains one stage
 at the harness's default training settings (batch 16, no length grouping, fp32) on a natural mixture of five
-recipes, eagerly and through ``torch.compile``, each in a fresh process; compiled runs use a fresh Inductor cache
-(``cold``) and then that cache again (``warm``, what a second run on the machine sees). Reported per mode: the
-median s/step after ``--settle`` steps, the total, and the compile overhead (the compiled run's total minus
-``steps ×`` its own steady s/step: the extra time of its first steps), which fixes the stage length at which
-``train.compile: auto`` turns compilation on (:data:`harness.train.AUTO_COMPILE_MIN_STEPS`).
+recipes, each run in a fresh process, in the order ``--modes`` gives: ``eager``; ``compiled`` (as ``harness run``
+compiles: :func:`harness.compiling.compiled_stage`, deterministic algorithms on); ``compiled-nondet`` (without
+them: what they cost, and the last-bit differences between identical runs they remove). All runs share one fresh
+Inductor cache, so the first compiled run of a kind is cold and later ones warm. Reported per run: the median
+s/step after ``--settle`` steps, the total, the overhead (the total minus ``steps ×`` its own steady s/step: the
+extra time of its first steps), the speed-up over the eager runs' median, the slow steps, and the first logged
+losses (equal across the ``compiled`` runs; ``compiled-nondet`` ones differ). These numbers chose
+:data:`harness.compiling.AUTO_COMPILE_MIN_STEPS`.
 
-    python bench/compile_cost.py --steps 80          # about 3 minutes on 2 CPU cores
+    python bench/compile_cost.py --steps 60 --settle 10 \
+        --modes compiled,compiled-nondet,eager,compiled,compiled-nondet,eager   # ~15 min on 2 busy CPU cores
 """
 
 from __future__ import annotations
