@@ -5,7 +5,10 @@
 - batches are collated once, in the plan, with the supervised positions found there (no dataloader or label-mask
   search on the hot path);
 - AdamW is the fused kernel (one call per parameter, not a loop of small ops);
-- the per-module-group health metrics run at logging steps only.
+- the per-module-group health metrics run at logging steps only;
+- ``train.compile``: compiled training matches eager within float tolerance and is reproducible; ``auto`` compiles
+  only long stages with a compiler, falls back to the eager numbers when compiling fails; ``true`` then stops;
+- bench/sweep_speed.py's ``--micro`` overrides stay valid and micro.
 """
 
 from __future__ import annotations
@@ -262,3 +265,20 @@ def test_auto_compiles_only_long_stages_with_a_compiler(tiny_model, monkeypatch)
     assert len(calls) == 1, "a stage of AUTO_COMPILE_MIN_STEPS steps compiles"
 
 
+
+
+def test_sweep_speed_micro_overrides_stay_a_valid_micro_sweep():
+    """``bench/sweep_speed.py --micro`` (not run here: ~5 min) passes its overrides to ``harness sweep``: they must
+    keep validating against the quickstart and the sweep, and keep it micro."""
+    import importlib.util
+
+    from harness.sweep import load_sweep
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("sweep_speed", ROOT / "bench" / "sweep_speed.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sweep = load_sweep(ROOT / "experiments" / "sweeps" / "yesno_vs_qa.yaml", bench.MICRO)
+    assert [s.steps for s in sweep.base.resolved_stages()] == [4, 4, 4]
+    assert sweep.base.model.pretrain.steps == 4 and sweep.base.eval.splits == ["heldout"]
+    assert all(t.train <= 40 and t.eval <= 4 for t in sweep.base.tasks.values())
