@@ -13,6 +13,11 @@ Run from the repository root::
     python bench/sweep_speed.py --trials 3 --workers 1 \\
         --set overrides.stages.repeat_only.steps=20 --set overrides.stages.short.steps=20 \\
         --set overrides.stages.assistant.steps=20 --set overrides.eval.every=10   # a quick look
+    python bench/sweep_speed.py --micro --trials 2 --workers 1   # that the bench runs: ~5 min on 2 busy cores
+
+``--micro`` (the :data:`MICRO` overrides of ``yesno_vs_qa``: 4-step pretraining and stages, pools of 40 / 4 items,
+one eval split) checks the machinery — the second trial replays the first's two shared stages, the objective values
+agree — not the speed.
 """
 
 from __future__ import annotations
@@ -28,6 +33,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# --micro: the default sweep at a size that only checks the bench runs (its numbers say nothing about speed).
+MICRO = ["overrides.model.pretrain.steps=4", "overrides.eval.every=2", "overrides.eval.splits=[heldout]",
+         *(f"overrides.stages.{stage}.steps=4" for stage in ("repeat_only", "short", "assistant")),
+         *(f"overrides.tasks.{task}.{pool}={size}"
+           for task in ("repeat", "identity", "yesno", "short_qa", "assistant_qa", "math")
+           for pool, size in (("train", 40), ("eval", 4)))]
 
 
 def run_side(sweep_file: Path, out: Path, cache: Path, stage_cache: bool, args) -> dict:
@@ -73,7 +84,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--set", action="append", help="Passed to harness sweep --set (e.g. shorter stages).")
     parser.add_argument("--out", type=Path, default=None, help="Where both sweeps go (default: a temp dir).")
+    parser.add_argument("--micro", action="store_true",
+                        help="The default sweep at micro size (MICRO overrides, before any --set): checks the bench "
+                             "runs, measures nothing.")
     args = parser.parse_args()
+    if args.micro:
+        args.set = MICRO + (args.set or [])
     out = args.out or Path(tempfile.mkdtemp(prefix="sweep-speed-"))
     warm = out / "cache-warm"
     _warm_base(args.sweep, warm, args)  # untimed

@@ -9,7 +9,8 @@ adapter included, in the stage's structure), the RNG states at its end (``rng.pt
 with its size and SHA-256; an entry that does not match it is ignored with a warning and rebuilt.
 
 The key chains: stage k's key hashes stage k-1's key with stage k's resolved spec (every train field except those
-that only say what to keep on disk: ``checkpoint``, ``checkpoint_every``, ``keep_checkpoints``, ``stage_cache``),
+that only say what to keep on disk: ``checkpoint``, ``checkpoint_every``, ``keep_checkpoints``, ``stage_cache``;
+``compile`` as decided, :func:`harness.compiling.compile_decision`, so ``auto`` and ``true`` share a compiled stage),
 and stage 0's hashes what every stage depends on: the base model's key, the model / world / tasks / data / eval
 specs, the seed, the content of the task data, and the harness, torch and transformers versions and the device
 (numerics differ across them). A run replays cached stages in order and stops at the first miss.
@@ -39,7 +40,9 @@ import transformers
 from safetensors.torch import save_model
 
 import harness
+from harness import compiling
 from harness.checkpoint import SavedWeights, Start
+from harness.compiling import compile_decision
 from harness.config import Experiment, ResolvedStage
 from harness.evaluation import EVAL_METRICS
 from harness.pretrain import cache_root
@@ -109,8 +112,10 @@ def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str) -> list[
               "task_data": data_hash, **{k: resolved[k] for k in ("model", "world", "tasks", "data", "eval", "debug")}}
     keys, previous = [], _hash(common)
     for index, stage in enumerate(resolved["stages"]):
-        previous = _hash({"previous": previous, "index": index,
-                          "stage": {k: v for k, v in stage.items() if k not in _NOT_SHAPING}})
+        shaping = {k: v for k, v in stage.items() if k not in _NOT_SHAPING}
+        # What runs, not the setting: compiled kernels change the last bits, and auto decides per stage and machine
+        shaping["compile"] = compile_decision(stage["compile"], stage["steps"], device)
+        previous = _hash({"previous": previous, "index": index, "stage": shaping})
         keys.append(previous[:32])
     return keys
 
@@ -211,6 +216,8 @@ class StageCache:
     root: Path = field(default_factory=stages_root)
     hits: list[dict[str, Any]] = field(default_factory=list)  # metas of the stages replayed, in order
     began: dict[int, _Began] = field(default_factory=dict)
+    # A compile that fell back trained a stage eagerly under a key that says compiled: from then on, write nothing.
+    fallbacks: int = field(default_factory=lambda: compiling.fallbacks)
 
     @classmethod
     def for_run(cls, exp: Experiment, stages: list[ResolvedStage], data, base_info: dict[str, Any], model,
@@ -286,6 +293,10 @@ class StageCache:
     def stage_ended(self, index: int, model, step: int, tracker, samples_path: Path) -> None:
         """Store stage ``index``'s outcome (call after everything the stage does, before the next one begins)."""
         if self._mode(index) is not True or index not in self.began:
+            return
+        if compiling.fallbacks != self.fallbacks:
+            self.console.info(f"stage {self.stages[index].name}: not stored in the stage cache (torch.compile fell "
+                              "back to eager in this run; the key says compiled)")
             return
         began, stage = self.began.pop(index), self.stages[index]
         self.root.mkdir(parents=True, exist_ok=True)

@@ -14,17 +14,16 @@ count, and the window sums and the non-finite flag are all-reduced.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
-import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 
 from harness import distributed
 from harness.adapters import check_special_token_gradients, param_groups, unwrap
+from harness.compiling import compile_decision, compiled_stage, forward_of
 from harness.config import LossSpec, OptimSpec, TrainSpec
 from harness.data import Batch
 from harness.diagnostics import GroupStats
@@ -36,64 +35,25 @@ from harness.vision_data import vision_supervised_logits
 # Model types whose logits are exactly lm_head(last hidden state); for them the loss projects only supervised
 # positions. Others (logit soft-capping, scaling) go through the model's own forward.
 _HEAD_ONLY_TYPES = {"qwen2", "qwen3", "llama", "mistral", "gpt2", "qwen3_5", "qwen3_5_text", "olmo2", "phi3"}
-log = logging.getLogger(__name__)
-
-
-class _Compiled:
-    """``torch.compile(module, dynamic=True)`` for the training forward (batch length varies per step, so shapes
-    are symbolic from the start instead of recompiling at the second length). If compiling fails at the first call
-    (no C++ compiler, an unsupported operator) training goes on eagerly after one warning; later errors propagate.
-    Evaluation and the non-finite diagnosis keep calling the plain module: hooks must fire there."""
-
-    def __init__(self, module: torch.nn.Module):
-        self.module, self.compiled, self.called = module, torch.compile(module, dynamic=True), False
-
-    def __call__(self, *args, **kwargs):
-        if self.compiled is None:
-            return self.module(*args, **kwargs)
-        if self.called:
-            return self.compiled(*args, **kwargs)
-        try:
-            out = self.compiled(*args, **kwargs)
-        except Exception as error:  # noqa: BLE001 — any compiler failure: fall back, say why once
-            log.warning("train.compile: torch.compile failed (%s: %s); training without it",
-                        type(error).__name__, str(error).splitlines()[0] if str(error) else "")
-            self.compiled = None
-            return self.module(*args, **kwargs)
-        self.called = True
-        return out
-
-
-# One compiled wrapper per module, reused by every stage (a weak map, not an attribute: an attribute would register
-# the wrapper as a submodule and put it in state dicts and checkpoints).
-_COMPILED: "weakref.WeakKeyDictionary[torch.nn.Module, _Compiled]" = weakref.WeakKeyDictionary()
-
-
-def _forward_of(module: torch.nn.Module, compiled: bool):
-    if not compiled:
-        return module
-    if module not in _COMPILED:
-        _COMPILED[module] = _Compiled(module)
-    return _COMPILED[module]
 
 
 def supervised_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      selected: torch.Tensor, compiled: bool = False) -> torch.Tensor:
+                      selected: torch.Tensor, compiled: Union[bool, str] = False) -> torch.Tensor:
     """Logits ``[N, V]`` at the ``selected`` flat positions (row × T + t, as :attr:`harness.data.Batch.supervised`)
     only; they gather without a host sync. ``compiled``: run the forward through ``torch.compile``
-    (``train.compile``)."""
+    (:func:`harness.compiling.forward_of`: ``"auto"`` falls back to eager if compiling fails, ``True`` raises)."""
     def pick(x: torch.Tensor) -> torch.Tensor:  # [B, T, …] → [N, …]
         return x.flatten(0, 1).index_select(0, selected)
 
     if getattr(model.config, "model_type", None) in _HEAD_ONLY_TYPES and model.get_output_embeddings() is not None:
-        body = _forward_of(model.base_model, compiled)
+        body = forward_of(model.base_model, compiled)
         hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return model.get_output_embeddings()(pick(hidden))
-    return pick(_forward_of(model, compiled)(input_ids=input_ids, attention_mask=attention_mask).logits)
+    return pick(forward_of(model, compiled)(input_ids=input_ids, attention_mask=attention_mask).logits)
 
 
 def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, tasks: list[str],
-               precision: str = "fp32", compiled: bool = False,
+               precision: str = "fp32", compiled: Union[bool, str] = False,
                parallel: Optional[distributed.DataParallel] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss to back-propagate, plain CE per supervised token, task index per supervised token)``.
 
@@ -222,8 +182,8 @@ class StageLoop:
     ``train`` is the stage's :class:`~harness.config.TrainSpec`; the loop reads ``optim``, ``loss``, ``precision``,
     ``log_every``, ``nonfinite``, ``diagnostics``, ``compile`` (not while a fault is injected) and
     ``checkpoint_every`` from it. Loops that are not an experiment's stage (pretraining, the sanity check, tests)
-    give those settings as keywords instead, over the defaults: ``StageLoop(..., optim=OptimSpec(lr=1e-3),
-    log_every=5)``.
+    give those settings as keywords instead, over the defaults (``compile`` false there): ``StageLoop(...,
+    optim=OptimSpec(lr=1e-3), log_every=5)``.
     """
 
     stage: str
@@ -247,7 +207,9 @@ class StageLoop:
         if unknown:
             raise TypeError(f"StageLoop: unknown train setting(s) {', '.join(unknown)}")
         self.stage, self.start_step, self.tasks, self.log, self.evaluate = stage, start_step, tasks, log, evaluate
-        self.train = (train if train is not None else TrainSpec()).model_copy(update=train_settings)
+        # Loops that are not a stage stay eager unless told: pretraining's numbers are cached by a key without it.
+        base = train if train is not None else TrainSpec(compile=False)
+        self.train = base.model_copy(update=train_settings)
         self.eval_every, self.special_tokens, self.injector = eval_every, special_tokens or {}, injector
         self.save_checkpoint, self.progress = save_checkpoint, progress
 
@@ -292,7 +254,18 @@ def _window_rows(loop: StageLoop, step: int, window: Window, lr: float, groups: 
 
 def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[LoopState] = None) -> int:
     """Train ``model`` on ``batches`` (one optimiser step each), from ``resume`` if given; returns the global
-    step at the end. Raises :class:`~harness.guard.NonFiniteError` when the guard stops the run."""
+    step at the end. Raises :class:`~harness.guard.NonFiniteError` when the guard stops the run, and
+    :class:`~harness.compiling.CompileFailed` when ``train.compile: true`` cannot compile."""
+    device = next(model.parameters()).device
+    # Decided from the stage's length (not what is left of it: a resumed stage decides as its first run did).
+    # Injected faults are forward hooks: they need eager modules.
+    compile_it = compile_decision(loop.train.compile, len(batches), device.type) and loop.injector is None
+    with compiled_stage(compile_it):
+        return _train_stage(model, batches, loop, resume, loop.train.compile if compile_it else False)
+
+
+def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[LoopState],
+                 compiled: Union[bool, str]) -> int:
     train, task_index = loop.train, {t: i for i, t in enumerate(loop.tasks)}
     parallel = distributed.current()  # None in a single process
     if parallel is not None:
@@ -307,7 +280,6 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
     window = Window.from_state(len(loop.tasks), state.window) if state.window else Window(len(loop.tasks))
     max_norm = train.optim.grad_clip if train.optim.grad_clip is not None else float("inf")
     guard = train.nonfinite.action != "off"
-    compiled = train.compile and loop.injector is None  # injected faults are forward hooks: they need eager modules
     device = next(model.parameters()).device
     model.train()
     upcoming = batches[state.batch_index].to(device) if state.batch_index < len(batches) else None

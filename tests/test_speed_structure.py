@@ -5,7 +5,10 @@
 - batches are collated once, in the plan, with the supervised positions found there (no dataloader or label-mask
   search on the hot path);
 - AdamW is the fused kernel (one call per parameter, not a loop of small ops);
-- the per-module-group health metrics run at logging steps only.
+- the per-module-group health metrics run at logging steps only;
+- ``train.compile``: compiled training matches eager within float tolerance and is reproducible; ``auto`` compiles
+  only long stages with a compiler, falls back to the eager numbers when compiling fails; ``true`` then stops;
+- bench/sweep_speed.py's ``--micro`` overrides stay valid and micro.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.config import LossSpec, OptimSpec, validate_data
+from harness import compiling
+from harness.config import LossSpec, OptimSpec, TrainSpec, validate_data
 from harness.data import IGNORE_INDEX, Batch, Encoded, collate
 from harness.prepare import plan_stage
 from harness.train import StageLoop, batch_loss, make_optimizer, train_stage
@@ -181,13 +185,14 @@ def _train_copy(model, batches, tasks, **loop):
 def test_compiled_training_matches_eager_and_keeps_plain_state_dicts(tiny_model):
     """``train.compile``: the same updates as eager (fused kernels reorder float sums: tolerance, not equality),
     the compiled forward really used, and no compile wrapper in the model's state dict (checkpoints unchanged)."""
-    import harness.train as train_module
-
     pools, batches = _batches(16, steps=4)
     eager, eager_rows = _train_copy(tiny_model, batches, list(pools))
     compiled, compiled_rows = _train_copy(tiny_model, batches, list(pools), compile=True)
-    wrapper = train_module._COMPILED.get(compiled.base_model)
-    assert wrapper is not None and wrapper.called and wrapper.compiled is not None, "compiled forward not used"
+    wrapper = compiling._COMPILED.get(compiled.base_model)
+    assert wrapper is not None and wrapper.called and wrapper.error is None, "compiled forward not used"
+    assert not torch.are_deterministic_algorithms_enabled(), "deterministic algorithms only while compiled"
+    again, _ = _train_copy(tiny_model, batches, list(pools), compile=True)
+    assert all(torch.equal(a, b) for a, b in zip(compiled.parameters(), again.parameters())), "reproducible"
     assert list(compiled.state_dict()) == list(eager.state_dict())
     for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), name
@@ -196,20 +201,84 @@ def test_compiled_training_matches_eager_and_keeps_plain_state_dicts(tiny_model)
     assert len(eager_losses) >= 4 and compiled_losses == pytest.approx(eager_losses, rel=1e-4)
 
 
-def test_compile_failure_falls_back_to_eager_with_a_warning(tiny_model, monkeypatch, caplog):
-    import harness.train as train_module
-
+def _failing_compile(at: str):
+    """A ``torch.compile`` that fails as a missing C++ compiler does: at the wrap, or at the first call."""
     def broken_compile(module, **kwargs):
         def call(*args, **kw):
             raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+        if at == "wrap":
+            call()
         return call
+    return broken_compile
 
-    monkeypatch.setattr(train_module.torch, "compile", broken_compile)
+
+@pytest.fixture
+def auto_compiles(monkeypatch):
+    """``auto`` compiles every stage here (a short one, and whatever compiler this machine has)."""
+    monkeypatch.setattr(compiling, "AUTO_COMPILE_MIN_STEPS", 1)
+    monkeypatch.setattr(compiling, "can_compile", lambda device_type: True)
+
+
+@pytest.mark.parametrize("at", ["wrap", "first call"])
+def test_a_failed_compile_under_auto_falls_back_to_the_eager_numbers(tiny_model, monkeypatch, caplog, auto_compiles,
+                                                                     at):
+    monkeypatch.setattr(torch, "compile", _failing_compile(at))
     pools, batches = _batches(8, steps=3)
-    eager, _ = _train_copy(tiny_model, batches, list(pools))
-    with caplog.at_level("WARNING", logger="harness.train"):
-        fallback, _ = _train_copy(tiny_model, batches, list(pools), compile=True)
+    eager, eager_rows = _train_copy(tiny_model, batches, list(pools), compile=False)
+    before = compiling.fallbacks
+    with caplog.at_level("WARNING", logger="harness.compiling"):
+        fallback, fallback_rows = _train_copy(tiny_model, batches, list(pools), compile="auto")
     assert "torch.compile failed (RuntimeError: InvalidCxxCompiler" in caplog.text
     assert caplog.text.count("torch.compile failed") == 1, "warned once, then eager without retrying"
+    assert compiling.fallbacks == before + 1, "counted (the stage cache stops writing)"
+    assert not torch.are_deterministic_algorithms_enabled()
     for a, b in zip(eager.parameters(), fallback.parameters()):
         assert torch.equal(a, b)
+    losses = [[(r.step, r.task, r.value) for r in rows if r.metric == "loss"] for rows in (eager_rows, fallback_rows)]
+    assert losses[0] and losses[0] == losses[1]
+
+
+def test_a_failed_compile_under_true_is_a_clear_error(tiny_model, monkeypatch):
+    monkeypatch.setattr(torch, "compile", _failing_compile("first call"))
+    pools, batches = _batches(8, steps=2)
+    with pytest.raises(compiling.CompileFailed, match=r"train.compile: true, but torch.compile failed "
+                                                      r"\(RuntimeError: InvalidCxxCompiler.*set train.compile to auto"):
+        _train_copy(tiny_model, batches, list(pools), compile=True)
+
+
+def test_auto_compiles_only_long_stages_with_a_compiler(tiny_model, monkeypatch):
+    assert TrainSpec().compile == "auto", "the default"
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: calls.append(module) or module)
+    pools, batches = _batches(8, steps=3)
+    _train_copy(tiny_model, batches, list(pools), compile="auto")
+    assert calls == [], "a short stage stays eager"
+    long_enough = compiling.AUTO_COMPILE_MIN_STEPS
+    assert compiling.compile_decision("auto", long_enough, "cpu") == compiling.can_compile("cpu")
+    assert not compiling.compile_decision("auto", long_enough - 1, "cpu")
+    monkeypatch.setattr(compiling, "can_compile", lambda device_type: False)
+    assert not compiling.compile_decision("auto", 10 * long_enough, "cpu"), "no compiler: eager"
+    assert compiling.compile_decision(True, 1, "cpu") and not compiling.compile_decision(False, 10**6, "cpu")
+    monkeypatch.setattr(compiling, "AUTO_COMPILE_MIN_STEPS", 3)
+    monkeypatch.setattr(compiling, "can_compile", lambda device_type: True)
+    _train_copy(tiny_model, batches, list(pools), compile="auto")
+    assert len(calls) == 1, "a stage of AUTO_COMPILE_MIN_STEPS steps compiles"
+
+
+
+
+def test_sweep_speed_micro_overrides_stay_a_valid_micro_sweep():
+    """``bench/sweep_speed.py --micro`` (not run here: ~5 min) passes its overrides to ``harness sweep``: they must
+    keep validating against the quickstart and the sweep, and keep it micro."""
+    import importlib.util
+
+    from harness.sweep import load_sweep
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("sweep_speed", ROOT / "bench" / "sweep_speed.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sweep = load_sweep(ROOT / "experiments" / "sweeps" / "yesno_vs_qa.yaml", bench.MICRO)
+    assert [s.steps for s in sweep.base.resolved_stages()] == [4, 4, 4]
+    assert sweep.base.model.pretrain.steps == 4 and sweep.base.eval.splits == ["heldout"]
+    assert all(t.train <= 40 and t.eval <= 4 for t in sweep.base.tasks.values())

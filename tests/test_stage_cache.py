@@ -1,7 +1,7 @@
 """The stage cache (harness.stage_cache): a run that starts from cached stages gives bit-identical store values,
-samples and checkpoints to the same run computed whole (a LoRA adapter continued across the cache boundary and an
-``init: <stage>`` included); a field that shapes a stage misses; corrupt entries are rebuilt; concurrent writers
-are safe; housekeeping lists, sizes and prunes."""
+samples and checkpoints to the same run computed whole (a LoRA adapter continued across the cache boundary, an
+``init: <stage>``, and a run interrupted after a replayed stage and resumed included); a field that shapes a stage
+misses; corrupt entries are rebuilt; concurrent writers are safe; housekeeping lists, sizes and prunes."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from harness import compiling
 from harness.cache_housekeeping import list_entries, prune
 from harness.config import Experiment
 from harness.prepare import build_task_data
@@ -243,3 +244,89 @@ def test_cache_cli_lists_sizes_and_rejects_bad_values(tmp_path):
     assert bad.returncode == 2 and "--older-than '7 days'" in bad.stderr
     assert run_cli("cache", "prune", "--max-size", "1KB", env=env).stdout.startswith("removed 1 entries")
     assert not (root / "stages" / "k1").exists()
+
+
+class _Interrupt(Exception):
+    """Stands for a kill: raised from the evaluation hook, it ends the run with the store flushed."""
+
+
+def test_a_run_from_a_cached_stage_interrupted_and_resumed_is_bit_identical(tiny, tmp_path, cache):
+    exp = copy.deepcopy(tiny)
+    exp["stages"] = [
+        {"name": "a", "steps": 4, "mixture": {"repeat": 1.0}},
+        # LoRA: the adapter is drawn from the RNG the cached stage restored, and rebuilt from the resume point
+        {"name": "b", "steps": 7, "mixture": {"repeat": 0.5, "yesno": 0.5},
+         "trainable": {"mode": "lora", "r": 4}},
+    ]
+    exp["train"].update(log_every=3, checkpoint_every=2)  # the loop's window resumes mid-way
+    exp["eval"]["every"] = 3
+    reference = _run(exp, tmp_path / "reference", stage_cache=False)
+    first = copy.deepcopy(exp)
+    first["stages"] = first["stages"][:1]
+    _run(first, tmp_path / "first")  # caches a
+
+    def interrupt(stage: str, step: int, rows) -> None:
+        if stage == "b" and step >= 9:  # after the resume point at step 8, with rows logged past it
+            raise _Interrupt
+
+    killed = tmp_path / "killed"
+    spec = copy.deepcopy(exp)
+    spec["train"]["stage_cache"] = True
+    with pytest.raises(_Interrupt):
+        run_experiment(Experiment.model_validate(spec), killed, on_evaluation=interrupt)
+    assert (killed / "checkpoints" / "a").is_dir() and not (killed / "summary.json").exists()
+    trained = read_metrics(killed).filter((pl.col("stage") == "a") & (pl.col("step") > 0))  # not the baselines
+    assert trained.height and trained["cached_from"].is_not_null().all(), "a replayed from the cache"
+    assert sorted(p.name for p in (killed / "checkpoints" / "resume").iterdir()) == ["step-00000006",
+                                                                                      "step-00000008"]
+
+    resumed = run_experiment(Experiment.model_validate(spec), killed, resume=True)
+    assert resumed.summary["resumed_from"] == "step-00000008"
+    assert _values(reference.run_dir).equals(_values(killed))
+    assert _samples(reference.run_dir) == _samples(killed)
+    for stage in "ab":
+        ref, got = (_weights(d / "checkpoints" / stage) for d in (reference.run_dir, killed))
+        assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref), stage
+    assert reference.summary["seesaw_events"] == resumed.summary["seesaw_events"]
+
+
+@pytest.fixture
+def auto_compiles(monkeypatch):
+    """``train.compile: auto`` compiles every stage here (short ones too, whatever compiler this machine has)."""
+    monkeypatch.setattr(compiling, "AUTO_COMPILE_MIN_STEPS", 1)
+    monkeypatch.setattr(compiling, "can_compile", lambda device_type: True)
+
+
+def test_the_key_holds_the_compile_decision_not_the_setting(tiny, monkeypatch):
+    exp = _four_stages(tiny)
+    keys = {}
+    for setting in ("auto", False, True):
+        exp["train"]["compile"] = setting
+        keys[setting] = _keys(exp)
+    assert keys["auto"] == keys[False], "short stages: auto stays eager"
+    assert all(a != b for a, b in zip(keys[True], keys[False])), "compiled numbers differ in the last bits"
+    monkeypatch.setattr(compiling, "AUTO_COMPILE_MIN_STEPS", 1)
+    monkeypatch.setattr(compiling, "can_compile", lambda device_type: True)
+    exp["train"]["compile"] = "auto"
+    assert _keys(exp) == keys[True]
+
+
+def test_a_run_whose_compile_fell_back_gives_eager_numbers_and_stores_nothing(tiny, tmp_path, cache, monkeypatch,
+                                                                            auto_compiles, caplog):
+    def broken_compile(module, **kwargs):
+        def call(*args, **kw):
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+        return call
+
+    exp = copy.deepcopy(tiny)
+    exp["train"]["compile"] = False
+    eager = _run(exp, tmp_path / "eager", stage_cache=False)
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    exp["train"]["compile"] = "auto"
+    with caplog.at_level("WARNING", logger="harness.compiling"):
+        fell_back = _run(exp, tmp_path / "fell_back")
+    assert caplog.text.count("torch.compile failed (RuntimeError: InvalidCxxCompiler") == 1
+    assert _values(eager.run_dir).equals(_values(fell_back.run_dir))
+    assert _samples(eager.run_dir) == _samples(fell_back.run_dir)
+    assert not cache.exists() or not [p for p in cache.iterdir() if not p.name.startswith(".")], \
+        "its stages ran eagerly under keys that say compiled"

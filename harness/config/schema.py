@@ -185,9 +185,12 @@ class TrainSpec(Strict):
     keep_checkpoints: int = Field(2, ge=1, description="Periodic checkpoints kept (the newest).")
     nonfinite: NonFiniteSpec = Field(default_factory=NonFiniteSpec)
     diagnostics: bool = Field(True, description="Per-module-group grad norms and update ratios (diag/...).")
-    compile: bool = Field(False, description="torch.compile the model's forward for training (dynamic shapes): "
-                                             "fused norms/RoPE/SiLU, 20-30 % faster steps on the tiny CPU model, "
-                                             "after a one-off compile of 10-30 s; pays off on long stages.")
+    compile: Union[bool, Literal["auto"]] = Field(
+        "auto", description="torch.compile the model's training forward (dynamic shapes; fused norms/RoPE/SiLU): "
+                            "true | false | auto (the default: compile stages of at least 1,000 steps when a "
+                            "compiler is there, else eager; a failed compile falls back to eager with one warning "
+                            "line). On the tiny CPU model: 1.33-1.8x faster steps after a one-off 20-75 s compile "
+                            "(bench/compile_cost.py).")
     stage_cache: Union[bool, Literal["read_only"]] = Field(
         True, description="Keep the stage's outcome under $HARNESS_CACHE/stages and start from it when a later run "
                           "shares every stage up to it (true); only read it (read_only); neither (false).")
