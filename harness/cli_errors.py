@@ -2,7 +2,7 @@
 for a user's mistake (``--debug``, anywhere on the command line, shows the traceback instead).
 
 Exit codes: 0 success; 2 invalid input (experiment / sweep file, ``--set`` value, task data, a run directory that
-is not empty or is in use, a corrupt samples file); 3 stopped by the non-finite guard; 4 a special token's row
+is not empty or is in use, a corrupt samples file, ``train.compile: true`` where compiling fails); 3 stopped by the non-finite guard; 4 a special token's row
 would not train; 5 the file system refused (permission denied, disk full, read-only); 1 anything else (a bug:
 the traceback is printed).
 """
@@ -29,10 +29,11 @@ DEBUG_ENV = "HARNESS_DEBUG"
 def _user_error_types() -> tuple[type[BaseException], ...]:
     """The exceptions that are the user's input, not a bug. Imported here, not at module top: ``harness.prepare``
     pulls in torch and transformers, and ``harness --help`` should stay quick."""
+    from harness.compiling import CompileFailed  # train.compile: true where this machine cannot compile
     from harness.config import ConfigError
     from harness.prepare import DataError
 
-    return ConfigError, DataError, RunDirError, JsonlError, yaml.YAMLError
+    return ConfigError, DataError, RunDirError, JsonlError, yaml.YAMLError, CompileFailed
 
 
 def _one_line(error: BaseException) -> str:

@@ -144,6 +144,14 @@ def test_full_disk_is_one_line_exit_5():
     assert "No space left on device" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_compile_true_without_a_working_compiler_is_one_line_exit_2(tiny, tmp_path):
+    tiny["train"]["compile"] = True
+    result = run_cli("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--out", str(tmp_path / "run"),
+                     env={"CXX": "/nonexistent/cc"})  # Inductor's C++ compiler, as on a machine without one
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "train.compile: true, but torch.compile failed" in result.stderr and "Traceback" not in result.stderr
+
+
 # -- 5. names that are paths ------------------------------------------------------------------------------------
 
 
