@@ -87,12 +87,16 @@ def main() -> None:
     parser.add_argument("--micro", action="store_true",
                         help="The default sweep at micro size (MICRO overrides, before any --set): checks the bench "
                              "runs, measures nothing.")
+    parser.add_argument("--base-from", type=Path, default=None,
+                        help="A HARNESS_CACHE whose base/ already holds the sweep's pretrained base (skips the "
+                             "untimed warm-up trial; a wrong base is simply pretrained again inside both sides).")
     args = parser.parse_args()
     if args.micro:
         args.set = MICRO + (args.set or [])
     out = args.out or Path(tempfile.mkdtemp(prefix="sweep-speed-"))
-    warm = out / "cache-warm"
-    _warm_base(args.sweep, warm, args)  # untimed
+    warm = args.base_from or out / "cache-warm"
+    if args.base_from is None:
+        _warm_base(args.sweep, warm, args)  # untimed
     sides = {}
     for stage_cache in (False, True):
         cache = out / f"cache-{'on' if stage_cache else 'off'}"
