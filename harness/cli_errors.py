@@ -2,14 +2,17 @@
 for a user's mistake (``--debug``, anywhere on the command line, shows the traceback instead).
 
 Exit codes: 0 success; 2 invalid input (experiment / sweep file, ``--set`` value, task data, a run directory that
-is not empty or is in use, a corrupt samples file, ``train.compile: true`` where compiling fails); 3 stopped by the non-finite guard; 4 a special token's row
-would not train; 5 the file system refused (permission denied, disk full, read-only); 1 anything else (a bug:
-the traceback is printed).
+is not empty or is in use, a corrupt samples file, ``train.compile: true`` where compiling fails); 3 stopped by
+the non-finite guard; 4 a special token's row would not train; 5 the file system refused (permission denied, disk
+full, read-only — also when a library such as safetensors or polars reports it in its own exception type); 1
+anything else (a bug: the traceback is printed).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import sys
 import warnings
 from typing import Callable
@@ -36,7 +39,26 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     return ConfigError, DataError, RunDirError, JsonlError, yaml.YAMLError, CompileFailed
 
 
+# A file-system refusal raised by a library as its own type (safetensors and polars write through Rust I/O and
+# raise SafetensorError / ComputeError, torch.save a RuntimeError, not OSError), recognised by their words.
+_FILESYSTEM_WORDS = re.compile(r"No space left on device|Disk quota exceeded|Read-only file system|"
+                               r"\bos error (?:28|30)\b|PytorchStreamWriter failed writing file")
+
+
+def _filesystem_error(error: BaseException) -> bool:
+    """An OSError, or a library's error quoting the OS's full-disk / read-only words."""
+    return isinstance(error, OSError) or bool(_FILESYSTEM_WORDS.search(str(error)))
+
+
 def _one_line(error: BaseException) -> str:
+    if isinstance(error, shutil.Error) and error.args and isinstance(error.args[0], list) and error.args[0]:
+        # copytree gathers one (source, destination, why) per failed file: the first says it, the count the rest
+        failures = error.args[0]
+        source, destination, why = failures[0]
+        more = f"; {len(failures) - 1} more file(s) failed" if len(failures) > 1 else ""
+        return mask_urls_in_text(f"copying {source} to {destination}: {why}{more}")
+    if not isinstance(error, OSError) and _FILESYSTEM_WORDS.search(str(error)):
+        return mask_urls_in_text(f"{type(error).__name__}: {str(error).strip().splitlines()[-1]}")
     if isinstance(error, OSError) and error.filename is not None:
         text = f"{error.filename}: {error.strerror or error}"
     else:
@@ -66,8 +88,8 @@ def run_cli(app: Callable[[], None]) -> None:
             raise
         sys.stderr.write(f"harness: {_one_line(e)}\n")
         sys.exit(EXIT_INVALID)
-    except OSError as e:
-        if debug:
+    except Exception as e:
+        if debug or not _filesystem_error(e):
             raise
         sys.stderr.write(f"harness: {_one_line(e)} (rerun with --debug for the traceback)\n")
         sys.exit(EXIT_FILESYSTEM)

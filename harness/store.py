@@ -63,13 +63,24 @@ def with_schema_columns(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.with_columns(missing) if missing else frame
 
 
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)  # a full disk must not leave half a file behind
+        raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -132,8 +143,12 @@ class MetricsStore:
         if not self._dirty and self.path.exists():
             return
         tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
-        self.frame().write_parquet(tmp)
-        os.replace(tmp, self.path)
+        try:
+            self.frame().write_parquet(tmp)
+            os.replace(tmp, self.path)
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
         self._dirty = False
         self._last_flush = time.monotonic()
 
