@@ -33,7 +33,7 @@ from harness.adapters import prepare_stage_model, trainable_report, unwrap, weig
 from harness.config import load_experiment
 from harness.data import collate, encode_examples
 from harness.models import build_builtin, builtin_added_token_ids, load_hf
-from harness.prepare import build_task_data
+from harness.prepare import build_task_data, undertrained_tokens
 from harness.pretrain import tokenizer_texts
 from harness.tokenizer import train_tokenizer
 from harness.vision_data import collate_mixed, encode_image_examples
@@ -195,7 +195,10 @@ def inspect_experiment(path: Path, overrides: Optional[list[str]] = None, stage:
             source += " (untrained: the architecture as pretraining would start it; pretraining not run)"
             notes.append("weights are freshly initialised, not pretrained: shapes, dtypes, counts and trainable "
                          "flags are those of the run")
-    model = prepare_stage_model(model, chosen.train.trainable, added, None)
+    flagged: list[int] = []
+    if exp.model.hf and not is_image_model(exp.model):  # the run's under-trained rows, which auto trains too
+        flagged = [r.id for r in undertrained_tokens(exp, data, model, tokenizer) or [] if r.flagged]
+    model = prepare_stage_model(model, chosen.train.trainable, added, None, flagged)
     tasks = [t for t in chosen.mixture.tasks if data.splits[t]["train"]] or list(data.splits)
     examples = [data.splits[t]["train"][0] for t in tasks[:2]]
     if len(examples) < 2:
@@ -231,7 +234,7 @@ class TokenInspection:
 def inspect_tokens(target: Path, overrides: Optional[list[str]] = None) -> TokenInspection:
     """The under-trained check of a checkpoint directory's or an experiment's base model (see the module docstring)."""
     from harness.console import Console as HarnessConsole
-    from harness.prepare import load_base, undertrained_tokens
+    from harness.prepare import load_base
     from harness.undertrained import detect_undertrained
 
     target = Path(target)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from harness.stats import wilson_interval
 
@@ -179,10 +179,11 @@ def flagged_summary(reports: Sequence[TokenReport]) -> list[dict]:
             for r in reports if r.flagged]
 
 
-def warning_line(reports: Sequence[TokenReport], added: Iterable[int] = ()) -> Optional[str]:
-    """One console line naming the flagged tokens (``None`` when none is), and what becomes of their rows. A
-    ``warning`` when a flagged token is the base model's own (a chat template whose ``<|im_end|>`` never trained);
-    a ``note`` when every flagged token is one the harness added (new rows: untrained by construction)."""
+def warning_line(reports: Sequence[TokenReport], added: Iterable[int], fate: str) -> Optional[str]:
+    """One console line naming the flagged tokens (``None`` when none is), and ``fate``: what this run does with
+    their rows (:func:`row_fate`). A ``warning`` when a flagged token is the base model's own (a chat template whose
+    ``<|im_end|>`` never trained); a ``note`` when every flagged token is one the harness added (new rows: untrained
+    by construction)."""
     flagged = [r for r in reports if r.flagged]
     if not flagged:
         return None
@@ -190,5 +191,26 @@ def warning_line(reports: Sequence[TokenReport], added: Iterable[int] = ()) -> O
     names = ", ".join(f"{r.token} (id {r.id})" for r in flagged[:12])
     more = f" and {len(flagged) - 12} more" if len(flagged) > 12 else ""
     return (f"{'warning' if own else 'note'}: {len(flagged)} special token(s) with under-trained embedding rows: "
-            f"{names}{more} — trainable.new_token_rows: auto (the default) trains their rows in lora / hira / "
-            "frozen stages, mode full trains them anyway; harness inspect --tokens says why")
+            f"{names}{more} — {fate}; harness inspect --tokens says why")
+
+
+_VOCAB_MATRICES = ("model.embed_tokens.weight", "lm_head.weight")  # what an unfreeze regex must hit to train rows
+
+
+def row_fate(stages: Sequence[tuple[str, Any]], flagged_ids: Iterable[int], added: Iterable[int]) -> str:
+    """What a run does with the flagged rows, from its stages' ``(name, trainable spec)``: a stage trains them
+    when its mode is ``full``, an ``unfreeze`` regex hits the embedding or head, ``new_token_rows`` is ``auto``, or
+    it is ``true`` and every flagged token is one the harness added (``true`` trains added rows only)."""
+    own = set(flagged_ids) - set(added)
+    frozen = []
+    for name, trainable in stages:
+        rows = trainable.new_token_rows
+        unfrozen = any(re.search(p, m) for p in trainable.unfreeze for m in _VOCAB_MATRICES)
+        if trainable.mode == "full" or unfrozen or rows == "auto" or (rows is True and not own):
+            continue
+        frozen.append(f"{name} (new_token_rows: {str(rows).lower()})")
+    if frozen:
+        return f"their rows stay frozen in stage(s) {', '.join(frozen)}; new_token_rows: auto would train them"
+    if all(trainable.mode == "full" for _, trainable in stages):
+        return "every stage trains the whole model, their rows included"
+    return "every stage trains their rows (full mode, unfreeze or trainable.new_token_rows)"

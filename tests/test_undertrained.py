@@ -138,3 +138,23 @@ def test_untied_output_row_checked_separately():
     assert {t for t, r in reports.items() if r.flagged} == {"<|im_end|>", "<|pad|>"}
     assert reports["<|pad|>"].why.startswith("input: norm")
     assert reference_unused_ids(tokenizer, len(tokenizer) + 3) == [len(tokenizer) + k for k in range(3)]
+
+
+def test_row_fate_says_what_each_setting_does_with_the_flagged_rows():
+    from harness.config.schema import TrainableSpec
+    from harness.undertrained import row_fate
+
+    def lora(**fields):
+        return TrainableSpec(mode="lora", **fields)
+
+    own, added = [3], [5]  # id 3: the base model's own token; id 5: one the harness added
+    assert "stay frozen in stage(s) s (new_token_rows: true)" in row_fate([("s", lora(new_token_rows=True))], own,
+                                                                         added), "true trains added rows only"
+    assert row_fate([("s", lora(new_token_rows=True))], added, added).startswith("every stage trains their rows")
+    assert "stay frozen in stage(s) s (new_token_rows: false)" in row_fate([("s", lora(new_token_rows=False))], own,
+                                                                          added)
+    unfrozen = lora(new_token_rows=False, unfreeze=["embed_tokens"])
+    assert row_fate([("s", unfrozen)], own, added).startswith("every stage trains their rows")
+    assert row_fate([("s", lora())], own, added).startswith("every stage trains their rows")  # auto
+    assert row_fate([("a", TrainableSpec(mode="full"))], own, added) == ("every stage trains the whole model, their "
+                                                                         "rows included")

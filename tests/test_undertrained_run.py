@@ -73,8 +73,10 @@ def test_run_warns_records_and_auto_trains_the_flagged_row(planted, tiny, tmp_pa
     assert torch.equal(after_all[others], base_all[others])  # only the flagged row may move
     if new_token_rows == "auto":
         assert not torch.equal(after_all[im_end], before) and after_all[im_end].abs().sum() > 0
+        assert "every stage trains their rows" in warning[0]
     else:
         assert torch.equal(after_all[im_end], before)
+        assert "their rows stay frozen in stage(s) a (new_token_rows: false)" in warning[0]  # says what happens
 
 
 def test_inspect_tokens_lists_the_flagged_row(planted, tiny, tmp_path):
