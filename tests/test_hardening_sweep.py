@@ -83,8 +83,32 @@ def test_cut_journal_line_leaves_the_study_usable(tmp_path):
         run_sweep(grown, out, in_process=True, echo=lambda m: None)
     study = load_worker_study(load_resolved(out), out, 0)
     assert [t.state.name for t in study.get_trials()] == ["COMPLETE"] * 3
+    # the continued launch samples afresh: its sampler does not replay the first launch's seeded proposals
+    params = [t.params for t in study.get_trials()]
+    assert params[2] not in params[:2]
     status = run_cli("sweep-status", str(out))
     assert status.returncode == 0, status.stderr[-2000:]
+
+
+def test_pretraining_its_own_base_keeps_a_trial_alive(tiny, tmp_path, monkeypatch):
+    from harness.config import load_experiment
+    from harness.prepare import build_task_data, load_base
+    from tests.conftest import write_yaml
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))  # a cold base: it pretrains here
+    exp = load_experiment(write_yaml(tmp_path / "x.yaml", tiny), [])
+    pulses = []
+    load_base(exp, build_task_data(exp), None, on_progress=lambda: pulses.append(1))
+    assert len(pulses) == tiny["model"]["pretrain"]["steps"], "one heartbeat chance per pretraining step"
+
+
+def test_sampler_seeds_of_a_new_and_a_continued_launch():
+    from harness.sweep.study import sampler_seed
+
+    assert [sampler_seed(7, i) for i in range(3)] == [7, 8, 9]  # a new sweep: as documented, reproducible
+    continued = {sampler_seed(7, i, launch) for i in range(3) for launch in (1, 2, 5)}
+    assert len(continued) == 9 and not continued & {7, 8, 9}
+    assert sampler_seed(7, 0, 2) == sampler_seed(7, 0, 2)
 
 
 def test_sigterm_to_the_launcher_stops_its_workers(tmp_path):
@@ -155,7 +179,7 @@ def test_a_trial_hung_in_a_step_goes_stale_and_a_progressing_one_does_not(tmp_pa
     from harness.sweep.heartbeat import fail_stale_trials
     from harness.sweep.worker import run_trial
 
-    grace = 2.0
+    grace = 6.0  # longer than a tiny stage-edge evaluation on a loaded machine; shorter than the progressing part
     path = _sweep(tmp_path, "hang", steps=20, study={"n_trials": 1, "heartbeat": {"interval": 0.2, "grace": grace}})
     experiment = yaml.safe_load((tmp_path / "tiny.yaml").read_text())
     experiment["eval"]["every"] = 1000  # evaluations at the stage edges only
@@ -173,7 +197,7 @@ def test_a_trial_hung_in_a_step_goes_stale_and_a_progressing_one_does_not(tmp_pa
                 reached.set()
                 if hangs:
                     release.wait(120)  # the hung step
-            time.sleep(0.1)  # ~4 s of steady progress over the 40 steps
+            time.sleep(0.25)  # ~9 s of steady progress after the fifth step: longer than grace
         return real(model, batch, *args, **kwargs)
 
     monkeypatch.setattr(train, "batch_loss", step)

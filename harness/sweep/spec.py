@@ -195,7 +195,7 @@ class StudySpec(Strict):
     pruner_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the pruner.")
     n_trials: int = Field(20, ge=1, description="Global budget: trials started (any state) over every worker.")
     timeout: Optional[float] = Field(None, gt=0, description="Seconds after which a worker starts no new trial.")
-    seed: int = Field(0, description="Sampler seed; worker i uses seed + i.")
+    seed: int = Field(0, description="Sampler seed; worker i uses seed + i (a continued sweep: fresh seeds).")
     heartbeat: HeartbeatSpec = Field(default_factory=HeartbeatSpec)
 
     @field_validator("name")

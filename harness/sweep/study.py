@@ -124,10 +124,21 @@ def budget_lock(sweep_dir: Path, url: str, study_name: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def make_sampler(sweep: Sweep, worker_index: int):
-    """The study's sampler for worker ``worker_index`` (seeded ``study.seed + worker_index``)."""
+def sampler_seed(study_seed: int, worker_index: int, launch: int = 0) -> int:
+    """``study_seed + worker_index`` for a new sweep. A sweep continued by a later launch (``launch``: the trials
+    started before it — COMPLETE, PRUNED, FAIL or RUNNING — counted once by its launcher) gets seeds of its own: the
+    same seeds would replay the first launch's random start-up proposals, so its first new trial would repeat trial
+    0's parameters."""
+    if launch == 0:
+        return study_seed + worker_index
+    digest = hashlib.sha256(f"{study_seed}:{worker_index}:{launch}".encode()).hexdigest()
+    return int(digest[:8], 16)
+
+
+def make_sampler(sweep: Sweep, worker_index: int, launch: int = 0):
+    """The study's sampler for worker ``worker_index`` (seeded by :func:`sampler_seed`)."""
     s = sweep.spec.study
-    seed = s.seed + worker_index
+    seed = sampler_seed(s.seed, worker_index, launch)
     args = dict(s.sampler_args)
     if s.sampler == "tpe":
         args.setdefault("constant_liar", True)  # parallel workers: running trials count as bad guesses

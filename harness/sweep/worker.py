@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional
 from unittest import mock
 
 import optuna
+import polars as pl
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
@@ -98,6 +99,16 @@ class Reporter:
                 for stage, table in self.tables.items()}
 
 
+def cached_steps(trial_dir: Path) -> int:
+    """Steps a trial replayed from the stage cache (a prefix of its stages: the last step of its rows marked
+    ``cached_from``), read from its store, so a pruned or failed trial counts them too."""
+    store = trial_dir / "metrics.parquet"
+    if not store.is_file():
+        return 0
+    rows = pl.read_parquet(store, columns=["step", "cached_from"]).filter(pl.col("cached_from").is_not_null())
+    return int(rows["step"].max() or 0) if rows.height else 0
+
+
 def run_trial(study, trial, sweep: Sweep, sweep_dir: Path,
               run: Optional[Callable[..., Any]] = None) -> str:
     """Run one asked trial to its end and tell the study; returns the final state's name."""
@@ -113,7 +124,7 @@ def run_trial(study, trial, sweep: Sweep, sweep_dir: Path,
 
     def finish(state, values=None, **attrs) -> str:
         attrs.update(duration_s=time.perf_counter() - started, steps=reporter.step,
-                     stage_metrics=reporter.stage_metrics())
+                     stage_metrics=reporter.stage_metrics(), cached_steps=cached_steps(trial_dir))
         try:
             for key, value in attrs.items():
                 trial.set_user_attr(key, value)
@@ -131,8 +142,6 @@ def run_trial(study, trial, sweep: Sweep, sweep_dir: Path,
             # a beat per step or evaluation finished (rate-limited): a hung step lets the trial go stale
             result = run(exp, trial_dir, on_evaluation=reporter, on_progress=heartbeat.pulse)
         stages = {s["name"]: s.get("metrics") or {} for s in result.summary.get("stages", [])}
-        trial.set_user_attr("cached_steps", sum(s["end_step"] - s["start_step"] for s in result.summary["stages"]
-                                                if s.get("cached_from")))  # replayed from the stage cache
         objective_values = [o.value(stages.get(o.stage) or reporter.tables.get(o.stage, {}))
                             for o in sweep.objectives]
         bad = [i for i, v in enumerate(objective_values) if not math.isfinite(v)]
@@ -166,22 +175,23 @@ def counted_trials(study) -> int:
     return len(study.get_trials(deepcopy=False, states=tuple(TrialState[s] for s in COUNTED_STATES)))
 
 
-def load_worker_study(sweep: Sweep, sweep_dir: Path, worker_index: int):
-    """The prepared study, with worker ``worker_index``'s sampler (seed ``study.seed + worker_index``) and the
-    pruner."""
+def load_worker_study(sweep: Sweep, sweep_dir: Path, worker_index: int, launch: int = 0):
+    """The prepared study, with worker ``worker_index``'s sampler (seeded by
+    :func:`harness.sweep.study.sampler_seed`; ``launch``: trials started before this launch) and the pruner."""
     quiet_optuna()
     storage = make_storage(sweep.storage_url(sweep_dir))
-    return optuna.load_study(study_name=sweep.name, storage=storage, sampler=make_sampler(sweep, worker_index),
-                             pruner=make_pruner(sweep))
+    return optuna.load_study(study_name=sweep.name, storage=storage,
+                             sampler=make_sampler(sweep, worker_index, launch), pruner=make_pruner(sweep))
 
 
 def run_worker(sweep_dir: Path, worker_index: int = 0, export: bool = False,
-               run: Optional[Callable[..., Any]] = None, log: Callable[[str], None] = print) -> int:
+               run: Optional[Callable[..., Any]] = None, log: Callable[[str], None] = print, launch: int = 0) -> int:
     """Run trials from the sweep in ``sweep_dir`` until the budget (or the timeout) is used; returns how many this
-    worker ran. ``export`` rewrites ``trials.parquet`` after each trial (the launcher does it otherwise)."""
+    worker ran. ``export`` rewrites ``trials.parquet`` after each trial (the launcher does it otherwise);
+    ``launch``: the trials started before this launch (it seeds the sampler)."""
     sweep_dir = Path(sweep_dir)
     sweep = load_resolved(sweep_dir)
-    study = load_worker_study(sweep, sweep_dir, worker_index)
+    study = load_worker_study(sweep, sweep_dir, worker_index, launch)
     spec = sweep.spec.study
     deadline = time.monotonic() + spec.timeout if spec.timeout else None
     ran = 0
@@ -242,11 +252,13 @@ def launch_workers(sweep: Sweep, sweep_dir: Path, workers: int, worker_offset: i
     if "OMP_NUM_THREADS" not in env:  # workers share the cores instead of each taking all of them
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
     devices = device_groups(gpus or [], workers)
+    launch = counted_trials(load_worker_study(sweep, sweep_dir, worker_offset))  # once, before any worker starts
     for k, i in enumerate(range(worker_offset, worker_offset + workers)):
         worker_env = {**env, "CUDA_VISIBLE_DEVICES": devices[k]} if devices else env
         with open(log_dir / f"{i}.log", "ab") as out:
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "harness.sweep.worker", str(sweep_dir), "--index", str(i)],
+                [sys.executable, "-m", "harness.sweep.worker", str(sweep_dir), "--index", str(i),
+                 "--launch", str(launch)],
                 stdout=out, stderr=subprocess.STDOUT, env=worker_env))
     echo(f"{workers} worker{'s' if workers != 1 else ''} started (pids {', '.join(str(p.pid) for p in procs)}); "
          f"logs in {log_dir}")
@@ -316,7 +328,8 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, workers: int = 1, worker_offset: in
     warm_base_model(sweep, echo)
     if in_process:  # the URL reaches the worker as it reaches worker processes: through $HARNESS_STORAGE
         with mock.patch.dict(os.environ, {STORAGE_ENV: sweep.storage_url(sweep_dir)}):
-            run_worker(sweep_dir, worker_offset, export=True, run=run, log=echo)
+            launch = counted_trials(load_worker_study(sweep, sweep_dir, worker_offset))
+            run_worker(sweep_dir, worker_offset, export=True, run=run, log=echo, launch=launch)
         study = load_worker_study(sweep, sweep_dir, worker_offset)
         write_trials(study, sweep, sweep_dir)
         return {"budget_done": counted_trials(study) >= sweep.spec.study.n_trials, "exits": {}}
@@ -354,12 +367,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     """``python -m harness.sweep.worker SWEEP_DIR --index I``: one worker process, as the launcher starts it."""
     parser = argparse.ArgumentParser(prog="python -m harness.sweep.worker", description="One sweep worker.")
     parser.add_argument("sweep_dir", type=Path)
-    parser.add_argument("--index", type=int, default=0, help="Worker index (sampler seed = study.seed + index).")
+    parser.add_argument("--index", type=int, default=0,
+                        help="Worker index (sampler seed = study.seed + index in a new sweep).")
+    parser.add_argument("--launch", type=int, default=0,
+                        help="Trials started before this launch (a continued sweep's workers get fresh seeds).")
     args = parser.parse_args(argv)
     stop_on_sigterm()
     os.environ.setdefault("WANDB_SILENT", "true")
     try:
-        run_worker(args.sweep_dir, args.index, log=lambda m: print(m, flush=True))
+        run_worker(args.sweep_dir, args.index, log=lambda m: print(m, flush=True), launch=args.launch)
     except KeyboardInterrupt:
         return 130
     return 0
