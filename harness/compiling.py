@@ -1,8 +1,10 @@
 """``train.compile``: whether a stage's training forward goes through ``torch.compile``, and the wrapper that does it.
 
-``auto`` (the default) compiles a stage of at least :data:`AUTO_COMPILE_MIN_STEPS` steps when this process can
-compile for the device (TorchDynamo supports this Python, and Inductor's toolchain is there: a C++ compiler on a
-CPU, Triton on a GPU); ``true`` always compiles, ``false`` never. The decision is a function of the stage's spec and
+``auto`` (the default) compiles a CPU stage of at least :data:`AUTO_COMPILE_MIN_STEPS` steps when this process can
+compile (TorchDynamo supports this Python, and Inductor's C++ compiler is there); GPU stages stay eager under
+``auto`` — the threshold and the cost of deterministic kernels were measured on CPUs only (set ``true`` on a GPU).
+``true`` always compiles (and stops at once, before training, when no toolchain is found: a C++ compiler on a CPU,
+Triton on a GPU), ``false`` never. The decision is a function of the stage's spec and
 the machine only, never of timing, so a run and its ``--resume`` (and a stage-cache key,
 :func:`harness.stage_cache.stage_keys`) agree on it: compiled kernels reorder float sums, so a compiled stage's
 numbers differ from an eager one's in the last bits.
@@ -15,9 +17,10 @@ compile. Break-even is then 100-400 steps on the busy machine and 700-1,600 on t
 compiling pays in both with a warm cache, and on a busy machine with a cold one.
 
 When compiling fails at the wrap or at the first call (no working C++ compiler, an operator Inductor does not
-support), ``auto`` trains on eagerly after one warning line — the same numbers as ``false``, since a failed compile
-runs nothing — while ``true`` stops with :class:`CompileFailed`. Evaluation and the non-finite diagnosis keep calling
-the plain module: hooks must fire there.
+support), ``auto`` trains on eagerly after one warning line — the same numbers as ``false``: the random-number state
+is put back to where it was before the failed call, in case Dynamo ran part of the forward first — while ``true``
+stops with :class:`CompileFailed`. Evaluation and the non-finite diagnosis keep calling the plain module: hooks must
+fire there.
 """
 
 from __future__ import annotations
@@ -63,9 +66,15 @@ def can_compile(device_type: str) -> bool:
 
 
 def compile_decision(setting: Union[bool, str], steps: int, device_type: str) -> bool:
-    """Whether a stage of ``steps`` steps with ``train.compile: setting`` compiles its training forward."""
+    """Whether a stage of ``steps`` steps with ``train.compile: setting`` compiles its training forward; raises
+    :class:`CompileFailed` for ``true`` where no toolchain is found (before any training, not at the first step of
+    a stage hours in)."""
     if setting == "auto":
-        return steps >= AUTO_COMPILE_MIN_STEPS and can_compile(device_type)
+        return device_type == "cpu" and steps >= AUTO_COMPILE_MIN_STEPS and can_compile(device_type)
+    if setting is True and not can_compile(device_type):
+        raise CompileFailed(f"train.compile: true, but torch.compile cannot run on {device_type} here (no "
+                            f"{'Triton' if device_type == 'cuda' else 'working C++ compiler'} found, or a Python "
+                            "TorchDynamo does not support); set train.compile to auto (falls back to eager) or false")
     return bool(setting)
 
 
@@ -128,12 +137,14 @@ class _Compiled:
         if self.error is None:
             _enter_deterministic()  # before the first call: the backward is lowered (lazily) under it too
         if self.error is None and not self.called:
-            try:  # a compile that fails has run nothing yet: the eager call below is the step's only forward
+            rng = _rng_state()
+            try:
                 out = self.compiled(*args, **kwargs)
                 self.called = True
                 return out
             except Exception as error:  # noqa: BLE001 — any compiler failure
                 self.error = error
+                _restore_rng(rng)  # Dynamo may have run a graph before the failing one: draw nothing twice
         if self.error is None:
             return self.compiled(*args, **kwargs)
         if strict:
@@ -145,6 +156,18 @@ class _Compiled:
             self.warned, fallbacks = True, fallbacks + 1
             log.warning("train.compile: torch.compile failed (%s); training without it", _describe(self.error))
         return self.module(*args, **kwargs)
+
+
+def _rng_state() -> tuple:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.random.get_rng_state(), cuda
+
+
+def _restore_rng(state: tuple) -> None:
+    cpu, cuda = state
+    torch.random.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def _describe(error: Exception) -> str:

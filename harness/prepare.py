@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -67,9 +67,25 @@ def build_task_data(exp: Experiment) -> TaskData:
                                             permute=exp.world.permute))
 
 
-def load_base(exp: Experiment, data: TaskData, console=None) -> tuple[Any, Any, list[int], dict[str, Any]]:
+def _pulsing(factory, on_progress: Callable[[], None]):
+    """A progress factory whose bars also call ``on_progress()`` at every advance (a sweep trial's heartbeat, so a
+    trial that pretrains its own base does not look hung)."""
+    def make(name: str, total: int):
+        advance = factory(name, total) if factory is not None else None
+
+        def step(n: int = 1) -> None:
+            on_progress()
+            if advance is not None:
+                advance(n)
+        return step
+    return make
+
+
+def load_base(exp: Experiment, data: TaskData, console=None,
+              on_progress: Optional[Callable[[], None]] = None) -> tuple[Any, Any, list[int], dict[str, Any]]:
     """The base model (on the GPU when there is one) and tokenizer — a hub/local model, or a builtin one,
-    pretrained and cached — the ids of the tokens the harness added to it, and facts about where it came from."""
+    pretrained and cached — the ids of the tokens the harness added to it, and facts about where it came from.
+    ``on_progress()`` is called after every pretraining step."""
     transformers.utils.logging.disable_progress_bar()  # our own bars are enough
     if is_image_model(exp.model):
         model, tokenizer, added, info = load_vision_base(exp, data, console)
@@ -79,6 +95,8 @@ def load_base(exp: Experiment, data: TaskData, console=None) -> tuple[Any, Any, 
     else:
         all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
         progress = console.progress_factory() if console is not None else None
+        if on_progress is not None:
+            progress = _pulsing(progress, on_progress)
         model, tokenizer, base = builtin_base(exp.model, data.corpus, all_train, exp.seed, progress)
         added = builtin_added_token_ids(tokenizer)
         if exp.model.pretrain is not None and console is not None:

@@ -33,13 +33,14 @@ from harness.evallog import EvalLog
 from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_baselines, run_seesaw, seesaw_rows
 from harness.guard import Injector, NonFiniteError, write_report
 from harness.models import count_parameters
-from harness.prepare import StagePlan, build_task_data, encode_task_data, load_base, plan_stage, undertrained_tokens
+from harness.prepare import (DataError, StagePlan, build_task_data, encode_task_data, load_base, plan_stage,
+                             undertrained_tokens)
 from harness.stage_cache import StageCache
 from harness.rundir import claim_run_dir, clear_run_outputs, unique_run_name
 from harness.store import Row, atomic_write_text
 from harness.tracking import Tracker
 from harness.train import LoopState, StageLoop, train_stage
-from harness.undertrained import flagged_summary, warning_line
+from harness.undertrained import flagged_summary, row_fate, warning_line
 from harness.vision_run import image_eval, processor_for
 
 
@@ -73,7 +74,14 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
     with claim_run_dir(run_dir, resume=resume, force=force):
         if force and not resume:
             clear_run_outputs(run_dir)
-        return _run_claimed(exp, run_dir, console, _after(on_progress, on_evaluation), resume, on_progress)
+        try:
+            return _run_claimed(exp, run_dir, console, _after(on_progress, on_evaluation), resume, on_progress)
+        except DataError:
+            # Task data is checked before any training: a new run that stops there has written only its config
+            # and run.json, which would make the corrected rerun on the same --out refuse a "used" directory.
+            if not resume:
+                clear_run_outputs(run_dir)
+            raise
 
 
 def _after(on_progress: Optional[Callable[[], None]], then: Optional[Callable[..., Any]]) -> Optional[Callable]:
@@ -111,7 +119,7 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     # -- data and base model (all data errors surface here, before any training) -------------------------------
     data = build_task_data(exp)
     t0 = time.perf_counter()
-    model, tokenizer, added, base_info = load_base(exp, data, console)
+    model, tokenizer, added, base_info = load_base(exp, data, console, on_progress)
     base_seconds = time.perf_counter() - t0
     undertrained = _describe_base(exp, data, model, tokenizer, added, console)
     encoded = encode_task_data(exp, data, tokenizer, position_limit(model.config))
@@ -208,7 +216,9 @@ def _describe_base(exp: Experiment, data, model, tokenizer, added: list[int], co
     reports = undertrained_tokens(exp, data, model, tokenizer)
     if reports is None:
         return None
-    line = warning_line(reports, added)
+    fate = row_fate([(s.name, s.train.trainable) for s in exp.resolved_stages()],
+                    [r.id for r in reports if r.flagged], added)
+    line = warning_line(reports, added, fate)
     if line:
         console.info(line)
     return flagged_summary(reports)

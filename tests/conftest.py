@@ -61,6 +61,15 @@ def tiny() -> dict:
     return copy.deepcopy(TINY)
 
 
+@pytest.fixture
+def auto_compiles(monkeypatch):
+    """``train.compile: auto`` compiles every stage here (short ones too, whatever compiler this machine has)."""
+    from harness import compiling
+
+    monkeypatch.setattr(compiling, "AUTO_COMPILE_MIN_STEPS", 1)
+    monkeypatch.setattr(compiling, "can_compile", lambda device_type: True)
+
+
 def write_yaml(path: Path, data: dict) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

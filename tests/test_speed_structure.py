@@ -212,13 +212,6 @@ def _failing_compile(at: str):
     return broken_compile
 
 
-@pytest.fixture
-def auto_compiles(monkeypatch):
-    """``auto`` compiles every stage here (a short one, and whatever compiler this machine has)."""
-    monkeypatch.setattr(compiling, "AUTO_COMPILE_MIN_STEPS", 1)
-    monkeypatch.setattr(compiling, "can_compile", lambda device_type: True)
-
-
 @pytest.mark.parametrize("at", ["wrap", "first call"])
 def test_a_failed_compile_under_auto_falls_back_to_the_eager_numbers(tiny_model, monkeypatch, caplog, auto_compiles,
                                                                      at):
@@ -236,6 +229,22 @@ def test_a_failed_compile_under_auto_falls_back_to_the_eager_numbers(tiny_model,
         assert torch.equal(a, b)
     losses = [[(r.step, r.task, r.value) for r in rows if r.metric == "loss"] for rows in (eager_rows, fallback_rows)]
     assert losses[0] and losses[0] == losses[1]
+
+
+def test_a_failed_first_call_leaves_the_random_state_as_it_was(monkeypatch):
+    def compile_that_draws(module, **kwargs):
+        def call(*args, **kw):
+            torch.rand(3)  # Dynamo ran one graph (drawing random numbers), then the next one failed to compile
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+        return call
+
+    monkeypatch.setattr(torch, "compile", compile_that_draws)
+    module, x = torch.nn.Linear(2, 2), torch.ones(1, 2)
+    torch.manual_seed(0)
+    expected = (module(x), torch.rand(1))
+    torch.manual_seed(0)
+    out = compiling.forward_of(module, "auto")(x)
+    assert torch.equal(out, expected[0]) and torch.equal(torch.rand(1), expected[1])
 
 
 def test_a_failed_compile_under_true_is_a_clear_error(tiny_model, monkeypatch):
@@ -256,15 +265,17 @@ def test_auto_compiles_only_long_stages_with_a_compiler(tiny_model, monkeypatch)
     long_enough = compiling.AUTO_COMPILE_MIN_STEPS
     assert compiling.compile_decision("auto", long_enough, "cpu") == compiling.can_compile("cpu")
     assert not compiling.compile_decision("auto", long_enough - 1, "cpu")
+    assert not compiling.compile_decision("auto", 10 * long_enough, "cuda"), "GPU stages: not measured, eager"
+    monkeypatch.setattr(compiling, "can_compile", lambda device_type: True)
+    assert compiling.compile_decision(True, 1, "cpu") and not compiling.compile_decision(False, 10**6, "cpu")
     monkeypatch.setattr(compiling, "can_compile", lambda device_type: False)
     assert not compiling.compile_decision("auto", 10 * long_enough, "cpu"), "no compiler: eager"
-    assert compiling.compile_decision(True, 1, "cpu") and not compiling.compile_decision(False, 10**6, "cpu")
+    with pytest.raises(compiling.CompileFailed, match="cannot run on cpu here"):
+        compiling.compile_decision(True, 5, "cpu")  # before any training
     monkeypatch.setattr(compiling, "AUTO_COMPILE_MIN_STEPS", 3)
     monkeypatch.setattr(compiling, "can_compile", lambda device_type: True)
     _train_copy(tiny_model, batches, list(pools), compile="auto")
     assert len(calls) == 1, "a stage of AUTO_COMPILE_MIN_STEPS steps compiles"
-
-
 
 
 def test_sweep_speed_micro_overrides_stay_a_valid_micro_sweep():

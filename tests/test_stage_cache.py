@@ -290,13 +290,6 @@ def test_a_run_from_a_cached_stage_interrupted_and_resumed_is_bit_identical(tiny
     assert reference.summary["seesaw_events"] == resumed.summary["seesaw_events"]
 
 
-@pytest.fixture
-def auto_compiles(monkeypatch):
-    """``train.compile: auto`` compiles every stage here (short ones too, whatever compiler this machine has)."""
-    monkeypatch.setattr(compiling, "AUTO_COMPILE_MIN_STEPS", 1)
-    monkeypatch.setattr(compiling, "can_compile", lambda device_type: True)
-
-
 def test_the_key_holds_the_compile_decision_not_the_setting(tiny, monkeypatch):
     exp = _four_stages(tiny)
     keys = {}
@@ -330,3 +323,18 @@ def test_a_run_whose_compile_fell_back_gives_eager_numbers_and_stores_nothing(ti
     assert _samples(eager.run_dir) == _samples(fell_back.run_dir)
     assert not cache.exists() or not [p for p in cache.iterdir() if not p.name.startswith(".")], \
         "its stages ran eagerly under keys that say compiled"
+
+
+def test_a_pruned_trial_counts_the_steps_it_replayed(tmp_path):
+    """``cached_steps`` comes from the trial's store, so a trial pruned (no summary) still reports its replay."""
+    import polars as pl
+
+    from harness.store import SCHEMA
+    from harness.sweep.worker import cached_steps
+
+    assert cached_steps(tmp_path) == 0  # no store yet
+    rows = [{"step": step, "metric": "loss", "value": 1.0, "cached_from": source}
+            for step, source in ((0, None), (300, "run-a"), (800, "run-a"), (900, None))]
+    frame = pl.DataFrame([{name: r.get(name) for name in SCHEMA} for r in rows], schema=SCHEMA)
+    frame.write_parquet(tmp_path / "metrics.parquet")
+    assert cached_steps(tmp_path) == 800

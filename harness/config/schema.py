@@ -187,10 +187,10 @@ class TrainSpec(Strict):
     diagnostics: bool = Field(True, description="Per-module-group grad norms and update ratios (diag/...).")
     compile: Union[bool, Literal["auto"]] = Field(
         "auto", description="torch.compile the model's training forward (dynamic shapes; fused norms/RoPE/SiLU): "
-                            "true | false | auto (the default: compile stages of at least 1,000 steps when a "
-                            "compiler is there, else eager; a failed compile falls back to eager with one warning "
-                            "line). On the tiny CPU model: 1.33-1.8x faster steps after a one-off 20-75 s compile "
-                            "(bench/compile_cost.py).")
+                            "true | false | auto (the default: compile CPU stages of at least 1,000 steps when a "
+                            "C++ compiler is there, else eager — GPU stages too, unmeasured there; a failed "
+                            "compile falls back to eager with one warning line). On the tiny CPU model: 1.33-1.8x "
+                            "faster steps after a one-off 20-75 s compile (bench/compile_cost.py).")
     stage_cache: Union[bool, Literal["read_only"]] = Field(
         True, description="Keep the stage's outcome under $HARNESS_CACHE/stages and start from it when a later run "
                           "shares every stage up to it (true); only read it (read_only); neither (false).")
