@@ -13,11 +13,12 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import polars as pl
 
-from analysis.evidence import EVENT_SCHEMA, stored_seesaw_events
+from analysis.evidence import EVENT_SCHEMA, above_baseline, baselines, stored_seesaw_events
 from analysis.loading import AnalysisError, PathLike, as_frame, load_run, load_samples, read_config
 from harness.store import LOWER_IS_BETTER as STORE_LOWER_IS_BETTER
 
 # Metrics where a smaller value is better (everything else: larger is better): the store's, and two trial columns.
+ALPHA = 0.05  # false-discovery rate of "above its baseline" over one run's tasks (Benjamini–Hochberg)
 LOWER_IS_BETTER = STORE_LOWER_IS_BETTER | {"duration_s", "pruned_step"}
 # Per-task evaluation metrics of the contract, in display order.
 EVAL_METRICS = ("greedy", "answer_ok", "mode_ok", "tf_first", "tf_exact", "eval_loss", "ft_rank_mean", "ft_rank_median",
@@ -368,3 +369,13 @@ def hijack_tasks(run_dir: PathLike) -> set[str]:
 def load_one(run: Union[PathLike, pl.DataFrame]) -> pl.DataFrame:
     """A frame for one run from a run directory (or a frame, returned as is)."""
     return run if isinstance(run, pl.DataFrame) else load_run(Path(run))
+
+
+def final_against_baselines(frame: pl.DataFrame, metric: str, split: str) -> pl.DataFrame:
+    """:func:`analysis.evidence.above_baseline` for the run's last evaluation of ``metric`` on ``split``."""
+    rows = eval_rows(frame, [metric], split)
+    if rows.is_empty():
+        return pl.DataFrame()
+    final = rows.filter(pl.col("step") == rows["step"].max()).unique("task", keep="last", maintain_order=True)
+    base = baselines(frame).filter(pl.col("metric") == metric, pl.col("split") == split)
+    return above_baseline(final.select("task", "value", "n", "ci_low", "ci_high"), base, ALPHA).sort("task")

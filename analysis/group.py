@@ -2,8 +2,11 @@
 
 - :func:`final_scores`: for every task × split, each seed's final score (the last stage's last evaluation), their
   mean with a Student-t 95 % interval across seeds (``t_low`` / ``t_high``: how much the score moves between
-  trainings), next to the 95 % Wilson interval one run of ``n`` items would give at that mean (``within_low`` /
-  ``within_high``: how much it moves between eval pools of that size);
+  trainings; clipped to [0, 1] for a rate), next to the 95 % Wilson interval one run of ``n`` items would give at
+  that mean (``within_low`` / ``within_high``: how much it moves between eval pools of that size), the eval pool's
+  baseline (best constant answer, majority first token or chance: the items are the same in every seed) and
+  ``above_in`` = ``k/N``, the replicates whose final score is significantly above it (each run's one-sided exact
+  binomial test, Benjamini–Hochberg over its tasks at α = 0.05, as the run report decides it);
 - :func:`recurring_events`: seesaw events matched across seeds on (split, rose task, fell task, stage transition),
   with ``recurs_in`` = ``k/N`` — the number of replicates in which the event happened.
 """
@@ -16,7 +19,9 @@ from typing import Any
 
 import polars as pl
 
-from analysis.loading import AnalysisError, PathLike, load_samples, read_summary
+from analysis.frames import final_against_baselines
+from analysis.loading import AnalysisError, PathLike, load_run, load_samples, read_summary
+from harness.evaluation.components import PROPORTION_METRICS
 from harness.replicates import GROUP_FILE
 from harness.stats import t_interval, wilson_interval
 
@@ -50,12 +55,25 @@ def _item_counts(run_dir: Path) -> dict[tuple[str, str], int]:
     return {(r["task"], r["split"]): r["len"] for r in counts.iter_rows(named=True)}
 
 
+def _above_baseline(run_dir: Path, metric: str, splits: set[str]) -> dict[tuple[str, str], tuple[float, bool]]:
+    """``{(split, task): (baseline, significantly above)}`` of one replicate's final ``metric``."""
+    frame, out = load_run(run_dir), {}
+    for split in sorted(splits):
+        tested = final_against_baselines(frame, metric, split)
+        for r in tested.iter_rows(named=True):
+            out[(split, r["task"])] = (r["baseline"], bool(r["above"]))
+    return out
+
+
 def final_scores(group_dir: PathLike, metric: str = "greedy") -> pl.DataFrame:
     """One row per split × task: ``seeds`` (replicates with a value), ``mean``, ``t_low``/``t_high`` (across
-    seeds), ``n`` (items per run), ``within_low``/``within_high`` (one run's Wilson interval at the mean) and
+    seeds), ``n`` (items per run), ``within_low``/``within_high`` (one run's Wilson interval at the mean),
+    ``baseline`` and ``above_in`` (``k/N``: of the N seeds that logged baselines, k are significantly above it;
+    both null without a baseline) and
     ``values`` (per seed)."""
     per_seed: dict[tuple[str, str], dict[int, float]] = {}
     counts: dict[tuple[str, str], int] = {}
+    tested: dict[tuple[str, str], dict[int, tuple[float, bool]]] = {}
     for seed, run_dir in replicate_runs(group_dir).items():
         final = read_summary(run_dir)["stages"][-1]["metrics"]
         for split, tasks in final.items():
@@ -63,14 +81,22 @@ def final_scores(group_dir: PathLike, metric: str = "greedy") -> pl.DataFrame:
                 if metric in values:
                     per_seed.setdefault((split, task), {})[seed] = float(values[metric])
         counts.update({(s, t): n for (t, s), n in _item_counts(run_dir).items()})
+        for key, result in _above_baseline(run_dir, metric, set(final)).items():
+            tested.setdefault(key, {})[seed] = result
     rows = []
     for (split, task), values in sorted(per_seed.items()):
         across = t_interval(list(values.values()))
         n = counts.get((split, task))
         within = wilson_interval(round(across.estimate * n), n) if n else None
+        base = tested.get((split, task), {})
+        low, high = across.low, across.high
+        if metric in PROPORTION_METRICS and low is not None:  # a rate's interval ends at 0 and 1
+            low, high = max(0.0, low), min(1.0, high)
         rows.append({"split": split, "task": task, "seeds": len(values), "mean": across.estimate,
-                     "t_low": across.low, "t_high": across.high, "n": n,
+                     "t_low": low, "t_high": high, "n": n,
                      "within_low": within.low if within else None, "within_high": within.high if within else None,
+                     "baseline": max(b for b, _ in base.values()) if base else None,
+                     "above_in": f"{sum(a for _, a in base.values())}/{len(base)}" if base else None,
                      "values": ", ".join(f"{s}: {v:.3f}" for s, v in values.items())})
     return pl.DataFrame(rows)
 

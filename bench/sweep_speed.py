@@ -111,11 +111,33 @@ def main() -> None:
               f" {sum(t['steps'] for t in trials) - cached:>10} {cached:>13}")
     print(f"speed-up (trials per hour, on / off): {sides[False]['wall_s'] / sides[True]['wall_s']:.2f}x "
           f"(n = {args.trials} trials per side, one run each: no interval)")
-    off = {t["params"]: t["values"] for t in sides[False]["trials"]}
-    on = {t["params"]: t["values"] for t in sides[True]["trials"]}
+    off = {t["params"]: t for t in sides[False]["trials"]}
+    on = {t["params"]: t for t in sides[True]["trials"]}
     shared = sorted(set(off) & set(on))
-    same = sum(off[p] == on[p] for p in shared)
-    print(f"identical objective values: {same} of {len(shared)} trials with the same parameters on both sides")
+    same = sum(off[p]["values"] == on[p]["values"] for p in shared)
+    print(f"identical objective values: {same} of {len(shared)} trials with the same parameters on both sides "
+          "(with two workers, pruning depends on which trials finished first: a trial pruned on one side may "
+          "complete on the other)")
+    compared = [_same_store_values(out / "sweep-off" / "trials" / str(off[p]["number"]),
+                                   out / "sweep-on" / "trials" / str(on[p]["number"])) for p in shared]
+    print(f"identical store values at the steps both twins reached: {sum(a == b for a, b in compared)} of "
+          f"{len(compared)} twins ({sum(a for a, _ in compared)} of {sum(b for _, b in compared)} values)")
+
+
+def _same_store_values(trial_a: Path, trial_b: Path) -> tuple[int, int]:
+    """``(identical, compared)``: evaluation values of two trials' stores at the (step, task, split, metric) keys
+    both have, wall-clock metrics left out."""
+    import polars as pl
+
+    def values(trial: Path) -> dict:
+        frame = pl.read_parquet(trial / "metrics.parquet").filter(
+            pl.col("split").is_not_null(), pl.col("value").is_not_null(),
+            ~pl.col("metric").is_in(["tokens_per_s", "duration_s"]))
+        return {(r["step"], r["task"], r["split"], r["metric"]): r["value"] for r in frame.iter_rows(named=True)}
+
+    a, b = values(trial_a), values(trial_b)
+    common = set(a) & set(b)
+    return sum(a[k] == b[k] for k in common), len(common)
 
 
 if __name__ == "__main__":

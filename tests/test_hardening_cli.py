@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -97,6 +99,21 @@ def test_user_jsonl_task_with_default_eval_splits_runs(tiny, tmp_path):
     assert "heldout_template" not in set(metrics["split"].drop_nulls().unique())
 
 
+def test_a_task_data_error_leaves_the_directory_free_for_the_corrected_rerun(tiny, tmp_path):
+    (tmp_path / "mine.jsonl").write_text("")
+    tiny["tasks"] = {"mine": {"recipe": "jsonl", "train": 8, "eval": 4,
+                              "params": {"path": "mine.jsonl", "prompt": "q", "answer": "a"}}}
+    tiny["eval"]["splits"] = ["heldout"]
+    tiny["stages"] = [{"name": "a", "steps": 2, "mixture": {"mine": 1.0}}]
+    exp_file, out = write_yaml(tmp_path / "x.yaml", tiny), tmp_path / "run"
+    failed = run_cli("run", str(exp_file), "--out", str(out))
+    assert failed.returncode == 2 and "no rows (the file is empty)" in failed.stderr
+    assert not [p.name for p in out.iterdir() if p.name != ".lock"], "a run that trained nothing leaves nothing"
+    (tmp_path / "mine.jsonl").write_text("".join(json.dumps({"q": f"q{i}", "a": f"a{i}"}) + "\n" for i in range(12)))
+    fixed = run_cli("run", str(exp_file), "--out", str(out))
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+
+
 # -- 8. one-line errors with documented exit codes --------------------------------------------------------------
 
 
@@ -149,7 +166,58 @@ def test_compile_true_without_a_working_compiler_is_one_line_exit_2(tiny, tmp_pa
     result = run_cli("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--out", str(tmp_path / "run"),
                      env={"CXX": "/nonexistent/cc"})  # Inductor's C++ compiler, as on a machine without one
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "train.compile: true, but torch.compile failed" in result.stderr and "Traceback" not in result.stderr
+    assert "train.compile: true, but torch.compile cannot run on cpu here" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "run" / "checkpoints").exists(), "before training"
+
+
+class _RustIOError(Exception):
+    """What safetensors / polars raise for a full disk: their own type, the OS's words in the message."""
+
+
+@pytest.mark.parametrize("error, expected", [
+    (_RustIOError("Error while serializing: I/O error: No space left on device (os error 28)"),
+     "harness: _RustIOError: Error while serializing: I/O error: No space left on device (os error 28)"),
+    (shutil.Error([("/c/a.bin", "/r/a.bin", "[Errno 28] No space left on device"),
+                   ("/c/b.bin", "/r/b.bin", "[Errno 28] No space left on device")]),
+     "harness: copying /c/a.bin to /r/a.bin: [Errno 28] No space left on device; 1 more file(s) failed"),
+])
+def test_full_disk_in_a_library_or_a_copy_is_one_line_exit_5(error, expected, capsys, monkeypatch):
+    from harness.cli_errors import run_cli as run_with_policy
+
+    def app():
+        raise error
+
+    monkeypatch.setattr(sys, "argv", ["harness", "run"])
+    with pytest.raises(SystemExit) as ended:
+        run_with_policy(app)
+    assert ended.value.code == 5
+    assert capsys.readouterr().err == expected + " (rerun with --debug for the traceback)\n"
+
+
+def test_a_bug_is_not_mistaken_for_a_full_disk(monkeypatch):
+    from harness.cli_errors import run_cli as run_with_policy
+
+    def app():
+        raise KeyError("model")
+
+    monkeypatch.setattr(sys, "argv", ["harness", "run"])
+    with pytest.raises(KeyError):
+        run_with_policy(app)
+
+
+def test_a_failed_metrics_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from harness.store import MetricsStore
+
+    store = MetricsStore(tmp_path, "run")
+
+    def full_disk(self, path, *a, **k):
+        Path(path).write_bytes(b"PAR1 half")
+        raise pl.exceptions.ComputeError("parquet: underlying IO error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(pl.DataFrame, "write_parquet", full_disk)
+    with pytest.raises(pl.exceptions.ComputeError):
+        store.flush()
+    assert list(tmp_path.iterdir()) == []
 
 
 # -- 5. names that are paths ------------------------------------------------------------------------------------

@@ -77,9 +77,19 @@ def test_two_seed_group_runs_and_reports_across_seed_intervals(tiny, tmp_path):
         a, b = (float(v.split(": ")[1]) for v in r["values"].split(", "))
         assert r["mean"] == pytest.approx((a + b) / 2, abs=1e-3)
         assert a == b or (r["t_low"] < r["mean"] < r["t_high"] and not math.isnan(r["t_low"]))
+        assert 0.0 <= r["t_low"] and r["t_high"] <= 1.0, "a rate's interval is clipped to [0, 1]"
         assert r["within_low"] <= r["mean"] <= r["within_high"]
+    # each score next to its eval pool's baseline, and the seeds significantly above it counted
+    summary = json.loads((group / "seed-1" / "summary.json").read_text())
+    for r in scores.iter_rows(named=True):
+        stored = [b["value"] for b in summary["baselines"][r["split"]][r["task"]] if b["metric"] == "tf_first"]
+        assert r["baseline"] == pytest.approx(max(stored))
+        k, total = map(int, r["above_in"].split("/"))
+        values = [float(v.split(": ")[1]) for v in r["values"].split(", ")]
+        assert total == 2 and k <= sum(v > r["baseline"] for v in values)
     html = write_report(group, metric="tf_first").read_text()
     assert "95% across seeds (t)" in html and "95% one run (Wilson)" in html and "recurs_in" in html
+    assert "above baseline in" in html
 
 
 def _fake_group(tmp_path, events_per_seed):

@@ -10,10 +10,9 @@ from typing import Any, Optional
 import polars as pl
 
 from analysis import frames as F
-from analysis.evidence import above_baseline, baselines
+from analysis.frames import ALPHA, final_against_baselines
 from analysis.report.page import Page, fmt, table
 
-ALPHA = 0.05
 KIND_WORDS = {"constant_answer": "best constant answer", "majority_first_token": "majority first token",
               "chance": "chance"}
 
@@ -26,16 +25,6 @@ def stage_end_intervals(frame: pl.DataFrame, metric: str, split: str) -> dict[tu
     ends = rows.group_by("stage").agg(pl.col("step").max().alias("_end"))
     last = rows.join(ends, on="stage").filter(pl.col("step") == pl.col("_end"))
     return {(r["stage"], r["task"]): (r["ci_low"], r["ci_high"]) for r in last.iter_rows(named=True)}
-
-
-def final_against_baselines(frame: pl.DataFrame, metric: str, split: str) -> pl.DataFrame:
-    """:func:`analysis.evidence.above_baseline` for the run's last evaluation of ``metric`` on ``split``."""
-    rows = F.eval_rows(frame, [metric], split)
-    if rows.is_empty():
-        return pl.DataFrame()
-    final = rows.filter(pl.col("step") == rows["step"].max()).unique("task", keep="last", maintain_order=True)
-    base = baselines(frame).filter(pl.col("metric") == metric, pl.col("split") == split)
-    return above_baseline(final.select("task", "value", "n", "ci_low", "ci_high"), base, ALPHA).sort("task")
 
 
 def _score(r: dict[str, Any]) -> str:

@@ -23,7 +23,8 @@ def score_table(scores: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame([{
         "task": r["task"], "seeds": r["seeds"], "mean": r["mean"],
         "95% across seeds (t)": _interval(r["t_low"], r["t_high"]), "n items": r["n"],
-        "95% one run (Wilson)": _interval(r["within_low"], r["within_high"]), "per seed": r["values"],
+        "95% one run (Wilson)": _interval(r["within_low"], r["within_high"]),
+        "baseline": r.get("baseline"), "above baseline in": r.get("above_in") or "–", "per seed": r["values"],
     } for r in scores.iter_rows(named=True)])
 
 
@@ -40,7 +41,9 @@ def group_report(group_dir: PathLike, out: Optional[PathLike] = None, *, metric:
     page.p(f"{html.escape(metric)} at the end of the last stage. The t-interval across seeds measures how much the "
            "score moves between trainings; the Wilson interval is what one run of n items would report at that "
            "mean (eval-pool noise). Every replicate is scored on the same items (data_seed "
-           f"{group['data_seed']}).", "note")
+           f"{group['data_seed']}). The baseline is the pool's best constant answer, majority first token or "
+           "chance; 'above baseline in' counts the seeds whose final score is significantly above it (one-sided "
+           "exact binomial, Benjamini–Hochberg over the run's tasks, α = 0.05).", "note")
     scores = final_scores(group_dir, metric)
     for split in scores["split"].unique(maintain_order=True).to_list() if not scores.is_empty() else []:
         page.h3(split)
