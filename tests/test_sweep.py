@@ -330,28 +330,3 @@ def test_fraction_and_named_stage_paths_apply_to_the_experiment(tmp_path):
     from harness.config import validate_data
 
     assert validate_data(raw).resolved_stages()[1].steps == 7  # (8 + 20) / batch 4
-
-
-def test_a_sweep_computes_its_shared_stages_once_and_every_trial_replays_them(tmp_path):
-    """Stage a is the same in every trial (only b's mixture is swept): the launcher computes it once into the stage
-    cache, both trials replay it, and a replayed trial equals the same experiment run without the cache."""
-    from harness.config import load_experiment
-    from harness.runner import run_experiment
-    from harness.sweep.worker import cached_steps
-
-    out, console = tmp_path / "out", []
-    run_sweep(load_sweep(_sweep(tmp_path, "shared", steps=4)), out, in_process=True, echo=console.append)
-    assert any(line.startswith("shared stages a: computed once into the stage cache") for line in console), console
-    trials = _study(out).get_trials()
-    assert [cached_steps(Path(t.user_attrs["trial_dir"])) for t in trials] == [4, 4]
-
-    trial_dir = Path(trials[0].user_attrs["trial_dir"])
-    plain = run_experiment(load_experiment(trial_dir / "config.resolved.yaml", ["train.stage_cache=false"]),
-                           tmp_path / "plain").run_dir
-
-    def values(run_dir: Path) -> list:
-        frame = pl.read_parquet(run_dir / "metrics.parquet").filter(
-            ~pl.col("metric").is_in(["tokens_per_s", "duration_s"]))
-        return sorted(frame.select("stage", "step", "task", "split", "metric", "value").rows(), key=str)
-
-    assert values(trial_dir) == values(plain)

@@ -326,7 +326,6 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, workers: int = 1, worker_offset: in
     for note in sweep.notes:
         echo(f"note: {note}")
     warm_base_model(sweep, echo)
-    warm_shared_stages(sweep, sweep_dir, echo)
     if in_process:  # the URL reaches the worker as it reaches worker processes: through $HARNESS_STORAGE
         with mock.patch.dict(os.environ, {STORAGE_ENV: sweep.storage_url(sweep_dir)}):
             launch = counted_trials(load_worker_study(sweep, sweep_dir, worker_offset))
@@ -355,29 +354,6 @@ def warm_base_model(sweep: Sweep, echo: Callable[[str], None] = print) -> None:
     _, _, info = builtin_base(exp.model, data.corpus, all_train, exp.seed, None)
     if not info.cache_hit:
         echo(f"base model pretrained once for every worker ({time.perf_counter() - started:.0f} s, {info.cache_dir})")
-
-
-def warm_shared_stages(sweep: Sweep, sweep_dir: Path, echo: Callable[[str], None] = print) -> None:
-    """Compute the stages every trial shares (those before :attr:`Sweep.first_swept_stage`) once, into the stage
-    cache, before any worker starts — otherwise the first trial of each worker computes them side by side. Their
-    keys are the trials' own (a stage's key covers it and the stages before it, not the ones after), so every trial
-    replays them. Skipped when no stage is shared or the stage cache is not writable for them."""
-    shared = sweep.first_swept_stage
-    if shared == 0:
-        return
-    raw = sweep.experiment_raw({})  # the trials' own settings
-    raw["stages"] = raw["stages"][:shared]
-    exp = validate_data(raw, "the sweep's shared stages")
-    if any(s.train.stage_cache is not True for s in exp.resolved_stages()):
-        return
-    from harness.runner import run_experiment  # torch and transformers: only when there is something to compute
-
-    started = time.perf_counter()
-    result = run_experiment(exp, Path(sweep_dir) / "shared-stages", force=True)
-    names = ", ".join(s.name for s in exp.resolved_stages())
-    replayed = all(s.get("cached_from") for s in result.summary["stages"])
-    echo(f"shared stages {names}: {'found in' if replayed else 'computed once into'} the stage cache for every "
-         f"trial ({time.perf_counter() - started:.0f} s)")
 
 
 def stop_on_sigterm() -> None:
