@@ -12,8 +12,8 @@ The key chains: stage k's key hashes stage k-1's key with stage k's resolved spe
 that only say what to keep on disk: ``checkpoint``, ``checkpoint_every``, ``keep_checkpoints``, ``stage_cache``;
 ``compile`` as decided, :func:`harness.compiling.compile_decision`, so ``auto`` and ``true`` share a compiled stage),
 and stage 0's hashes what every stage depends on: the base model's key, the model / world / tasks / data / eval
-specs, the seed, the content of the task data, and the harness, torch and transformers versions and the device
-(numerics differ across them). A run replays cached stages in order and stops at the first miss.
+specs, the seed, the content of the task data, and the harness, torch and transformers versions and the device (on a CPU,
+with its torch thread count) (numerics differ across them). A run replays cached stages in order and stops at the first miss.
 
 Entries are written into a temporary sibling and renamed into place: a reader sees none or a whole one; when two
 workers finish the same stage at once the second rename fails and that worker discards its copy.
@@ -109,6 +109,9 @@ def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str) -> list[
     resolved = exp.resolved_dict()
     common = {"cache": STAGE_CACHE_VERSION, "harness": harness.__version__, "torch": torch.__version__,
               "transformers": transformers.__version__, "device": device, "base": base, "seed": exp.seed,
+              # on a CPU the intra-op thread count changes the order of float sums: a stage computed with 2 threads
+              # is not bit-identical to the same stage computed by a 1-thread sweep worker
+              "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
               "task_data": data_hash, **{k: resolved[k] for k in ("model", "world", "tasks", "data", "eval", "debug")}}
     keys, previous = [], _hash(common)
     for index, stage in enumerate(resolved["stages"]):

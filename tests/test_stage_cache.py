@@ -140,6 +140,22 @@ def test_a_field_that_shapes_a_stage_misses_from_that_stage_on(tiny, change, fir
     assert all(b != a for b, a in zip(before[first_missed:], after[first_missed:]))
 
 
+def test_a_cpu_stage_computed_with_another_thread_count_misses(tiny):
+    """Float sums follow the intra-op thread count: a 1-thread sweep worker must not replay a 2-thread run's stage
+    (measured: trials replaying shared stages a 2-thread process had computed matched trials computing them in 1
+    thread in 6,330 of 31,116 store values)."""
+    exp = _four_stages(tiny)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _keys(exp)
+        torch.set_num_threads(2)
+        two = _keys(exp)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(a != b for a, b in zip(one, two))
+
+
 def test_fields_that_only_say_what_to_keep_share_the_entries(tiny):
     exp = _four_stages(tiny)
     before = _keys(exp)
