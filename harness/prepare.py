@@ -67,18 +67,18 @@ def build_task_data(exp: Experiment) -> TaskData:
                                             permute=exp.world.permute))
 
 
-def _pulsing(factory, on_progress: Callable[[], None]):
-    """A progress factory whose bars also call ``on_progress()`` at every advance (a sweep trial's heartbeat, so a
-    trial that pretrains its own base does not look hung)."""
-    def make(name: str, total: int):
-        advance = factory(name, total) if factory is not None else None
+def after_progress(on_progress: Optional[Callable[[], None]],
+                   then: Optional[Callable[..., Any]]) -> Optional[Callable]:
+    """``then`` (an ``on_evaluation`` or a progress bar's ``advance``) preceded by ``on_progress()`` (a sweep
+    trial's heartbeat); ``then`` itself when there is no ``on_progress``."""
+    if on_progress is None:
+        return then
 
-        def step(n: int = 1) -> None:
-            on_progress()
-            if advance is not None:
-                advance(n)
-        return step
-    return make
+    def call(*args: Any) -> Any:
+        on_progress()
+        return then(*args) if then is not None else None
+
+    return call
 
 
 def load_base(exp: Experiment, data: TaskData, console=None,
@@ -94,9 +94,12 @@ def load_base(exp: Experiment, data: TaskData, console=None,
         info: dict[str, Any] = {"source": exp.model.hf}
     else:
         all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
-        progress = console.progress_factory() if console is not None else None
-        if on_progress is not None:
-            progress = _pulsing(progress, on_progress)
+        factory = console.progress_factory() if console is not None else None
+
+        def pulsing(name: str, total: int):  # a trial pretraining its own base must not look hung
+            return after_progress(on_progress, factory(name, total) if factory is not None else None)
+
+        progress = pulsing if on_progress is not None else factory
         model, tokenizer, base = builtin_base(exp.model, data.corpus, all_train, exp.seed, progress)
         added = builtin_added_token_ids(tokenizer)
         if exp.model.pretrain is not None and console is not None:

@@ -33,8 +33,8 @@ from harness.evallog import EvalLog
 from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_baselines, run_seesaw, seesaw_rows
 from harness.guard import Injector, NonFiniteError, write_report
 from harness.models import count_parameters
-from harness.prepare import (DataError, StagePlan, build_task_data, encode_task_data, load_base, plan_stage,
-                             undertrained_tokens)
+from harness.prepare import (DataError, StagePlan, after_progress, build_task_data, encode_task_data, load_base,
+                             plan_stage, undertrained_tokens)
 from harness.stage_cache import StageCache
 from harness.rundir import claim_run_dir, clear_run_outputs, unique_run_name
 from harness.store import Row, atomic_write_text
@@ -75,25 +75,14 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
         if force and not resume:
             clear_run_outputs(run_dir)
         try:
-            return _run_claimed(exp, run_dir, console, _after(on_progress, on_evaluation), resume, on_progress)
+            return _run_claimed(exp, run_dir, console, after_progress(on_progress, on_evaluation), resume,
+                                on_progress)
         except DataError:
             # Task data is checked before any training: a new run that stops there has written only its config
             # and run.json, which would make the corrected rerun on the same --out refuse a "used" directory.
             if not resume:
                 clear_run_outputs(run_dir)
             raise
-
-
-def _after(on_progress: Optional[Callable[[], None]], then: Optional[Callable[..., Any]]) -> Optional[Callable]:
-    """``then`` (an ``on_evaluation`` or a progress bar's ``advance``) preceded by ``on_progress()``."""
-    if on_progress is None:
-        return then
-
-    def call(*args: Any) -> Any:
-        on_progress()
-        return then(*args) if then is not None else None
-
-    return call
 
 
 def _run_claimed(exp: Experiment, run_dir: Path, console,
@@ -158,7 +147,8 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
                     stage=stage.name, start_step=step - loop_state.batch_index, tasks=list(exp.tasks),
                     log=tracker.log, evaluate=lambda s, name=stage.name: evals.run(model, name, s), train=stage.train,
                     special_tokens=stage_special_tokens(tokenizer, plan.batches), eval_every=exp.eval.every,
-                    injector=injector, save_checkpoint=save_resume_point_at, progress=_after(on_progress, advance),
+                    injector=injector, save_checkpoint=save_resume_point_at,
+                    progress=after_progress(on_progress, advance),
                 ), resume=loop_state)
             _end_stage(run, model, index, step, save_resume_point_at)
             cache.stage_ended(index, model, step, tracker, run_dir / "samples.jsonl")
