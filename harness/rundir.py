@@ -51,6 +51,17 @@ def _holder_pid(lock_path: Path) -> Optional[int]:
     return int(text) if text.isdigit() else None
 
 
+def _wait_for_holder_pid(lock_path: Path, patience_s: float = 0.5) -> Optional[int]:
+    """The lock holder's pid; it writes it just after taking the lock, so a run refused in that instant waits a
+    moment for it (and says "another run" if it never comes)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        pid = _holder_pid(lock_path)
+        if pid or time.monotonic() >= deadline:
+            return pid
+        time.sleep(0.02)
+
+
 class RunDirClaim:
     """An exclusive claim on a run directory; release with :meth:`release` or by leaving the ``with`` block."""
 
@@ -79,14 +90,18 @@ class RunDirClaim:
             os.close(fd)
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise RunDirError(f"run directory {self.path}: cannot lock it ({e.strerror or e})") from None
-            pid = _holder_pid(self.path / LOCK_FILE)
-            raise RunDirError(f"run directory {self.path} is in use by pid {pid if pid else '?'}") from None
+            pid = _wait_for_holder_pid(self.path / LOCK_FILE)
+            holder = f"pid {pid}" if pid else "another run"
+            raise RunDirError(f"run directory {self.path} is in use by {holder}") from None
         self._fd = fd
         try:
-            self._check_contents()
             # The holder's pid goes in the lock file only for the message above; the lock itself is the flock.
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            # Written at once (before the contents check), overwriting in place and truncating after, so a run
+            # refused a moment later finds a whole pid rather than an empty file.
+            record = f"{os.getpid()}\n".encode()
+            os.pwrite(fd, record, 0)
+            os.ftruncate(fd, len(record))
+            self._check_contents()
         except BaseException:
             self.release()
             raise
