@@ -35,7 +35,7 @@ quickstart: $(STAMP)
 	$(VENV)/bin/harness run experiments/quickstart.yaml
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ""
