@@ -13,8 +13,9 @@ environment). Each rank then runs the whole experiment:
   world`` (the denominator all-reduced), so the gradient equals one process's on the whole batch — not the mean
   of per-rank means, which weighs a rank with few supervised tokens like one with many;
 - the non-finite flag is all-reduced, so a NaN on one rank stops every rank at that step (the report names it);
-- evaluation runs on every rank on the identical model (not sharded: see README), and only rank 0 writes: every
-  other rank runs into a scratch directory it deletes, with wandb off and no console.
+- evaluation is sharded: each rank runs its share of the eval batches on the identical model and the per-item
+  results are gathered (:mod:`harness.evaluation.sharding`), so every rank holds the one-process result; only
+  rank 0 writes: every other rank runs into a scratch directory it deletes, with wandb off and no console.
 
 Collectives time out after ``HARNESS_DIST_TIMEOUT`` seconds (default 1800), so a rank that dies cannot leave
 the others waiting forever. The backend is nccl on GPUs, gloo on CPU.
@@ -127,6 +128,12 @@ class DataParallel:
         dist.all_reduce(flags)
         values = flags.tolist()
         return [r for r, f in enumerate(values) if f >= 2] or [r for r, f in enumerate(values) if f]
+
+    def all_gather(self, obj):
+        """``obj`` of every rank, in rank order (sharded evaluation's per-item results)."""
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
 
     def report_of(self, rank: int, report: dict) -> dict:
         """``rank``'s non-finite report on every rank (it names the module and parameters as that rank saw them)."""

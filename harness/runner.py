@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from harness import distributed
 from harness.adapters import (drop_adapter, format_trainable_report, merged_state_dict, prepare_stage_model,
                               stage_special_tokens, trainable_report)
 from harness.checkpoint import (Start, latest_resume_point, load_state_dict, resume_start, save_resume_point,
@@ -125,7 +126,7 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     cache.replay(tracker, run_dir / "samples.jsonl", on_evaluation)  # after the baselines: the order of a whole run
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
                     console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep,
-                    run_id=run_id, image_eval=image_eval(exp, data, tokenizer))
+                    run_id=run_id, image_eval=image_eval(exp, data, tokenizer), shard=distributed.current())
     run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals, _init_states(
         model, stages, start.stage_index, run_dir), baselines, undertrained, encoded.too_long_counts())
     model = _restore(model, start, stages, run)
