@@ -8,7 +8,14 @@ import torch
 
 from harness.config import EvalSpec
 from harness.evaluation import run_evaluation
-from tests.test_evaluation import ExactRecipe, item, tiny_model, tok  # noqa: F401  (tok: the module's fixture)
+from harness.tokenizer import train_tokenizer
+from tests.test_evaluation import ExactRecipe, item, tiny_model
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer([f"is the cat {c}? yes it is. no it is not. the sun of {c} is {i}"
+                            for i in range(50) for c in ("red", "hot", "cold")], vocab_size=320, min_frequency=1)
 
 
 class _Rank:
@@ -36,7 +43,7 @@ def _items(tok, n=23):
 
 @pytest.mark.parametrize("evaluators", [["greedy", "mode_ok", "teacher_forced"], ["greedy"], []])
 @pytest.mark.parametrize("world", [2, 3])
-def test_gathered_shards_equal_one_process(tok, evaluators, world):  # noqa: F811
+def test_gathered_shards_equal_one_process(tok, evaluators, world):
     model, items = tiny_model(tok, seed=4), _items(tok)
     recipes = {"r": ExactRecipe(), "s": ExactRecipe()}
     spec = EvalSpec(evaluators=evaluators, probes=["first_token"], batch_size=4, max_new_tokens=5)
