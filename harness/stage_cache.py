@@ -117,7 +117,9 @@ def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str) -> list[
               # on a CPU the intra-op thread count changes the order of float sums: a stage computed with 2 threads
               # is not bit-identical to the same stage computed by a 1-thread sweep worker
               "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
-              "task_data": data_hash, **{k: resolved[k] for k in ("model", "world", "tasks", "data", "eval", "debug")},
+              "task_data": data_hash, **{k: resolved[k] for k in ("model", "world", "tasks", "data", "eval")},
+              # debug.kill_rank only stops a run (a stage it stopped is never stored): not part of the key
+              "debug": {k: v for k, v in resolved["debug"].items() if k != "kill_rank"},
               # data-parallel ranks add the same gradient terms in another order: not one process's stage either
               **({"ranks": _ranks()} if _ranks() > 1 else {})}
     keys, previous = [], _hash(common)

@@ -5,10 +5,13 @@ the only writer and a non-finite step on one rank stopping both."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import polars as pl
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from harness.distributed import torchrun_command
 from harness.store import read_metrics
@@ -103,11 +106,50 @@ def test_sharded_evaluation_equals_one_process_on_the_same_weights(one_and_two, 
     assert a.height > 0 and a.equals(b)
 
 
+def _store(run_dir):
+    return (read_metrics(run_dir).filter(pl.col("metric") != "tokens_per_s")
+            .select("stage", "step", "task", "split", "metric", "value", "text")
+            .sort("step", "stage", "task", "split", "metric", nulls_last=True))
+
+
+def test_a_killed_rank_stops_the_run_and_it_resumes_to_the_uninterrupted_values(one_and_two, tmp_path):
+    """Rank 1 SIGKILLs itself before step 52 (debug.kill_rank): the run exits at once with one line naming it and
+    its newest resume point (step 45, written by rank 0 with both ranks' states) is whole; resumed with 2 ranks
+    (and refused with any other number), it ends with exactly the store and samples of the uninterrupted run."""
+    out, checkpoints = tmp_path / "killed", ["--set", "train.checkpoint_every=15"]
+    started = time.monotonic()
+    killed = run_cli("run", str(MICRO), "--out", str(out), *SETTINGS, *checkpoints, "--nproc", "2",
+                     "--set", "debug.kill_rank={rank: 1, step: 52}", env={**ENV, "HARNESS_DIST_TIMEOUT": "60"})
+    seconds = time.monotonic() - started
+    assert killed.returncode == 128 + 9, killed.stderr[-3000:]
+    assert killed.stderr.strip().splitlines()[-1] == ("error: rank 1 of 2 was killed by SIGKILL (the first rank to "
+                                                      "fail; torchrun stopped any other still running)")
+    assert seconds < 150, f"the run took {seconds:.0f} s to stop"
+    point = out / "checkpoints" / "resume" / "step-00000045"
+    assert sorted(p.name for p in point.parent.iterdir()) == ["step-00000040", "step-00000045"]
+    assert load_file(point / "model.safetensors") and json.loads((point / "state.json").read_text())["world"] == 2
+    assert len(torch.load(point / "optimizer.pt", weights_only=True)["ranks"]) == 2
+    assert not (out / "summary.json").exists()
+
+    for ranks in ([], ["--nproc", "3"]):  # another number of ranks: refused before anything runs
+        refused = run_cli("run", str(MICRO), "--resume", str(out), *SETTINGS, *checkpoints, *ranks, env=ENV)
+        assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
+            f"--resume: {point} was written by 2 data-parallel ranks, this run has "
+            f"{'3 data-parallel ranks' if ranks else 'one process'}; resume it with --nproc 2")
+    resumed = run_cli("run", str(MICRO), "--resume", str(out), *SETTINGS, *checkpoints, "--nproc", "2", env=ENV)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["resumed_from"] == "step-00000045"
+    two = one_and_two[1]
+    assert _store(out).equals(_store(two))
+    assert _samples(out / "samples.jsonl") == _samples(two / "samples.jsonl")
+
+
 def test_nan_on_one_rank_stops_both_and_names_it(tiny, tmp_path):
     tiny["debug"] = {"inject_nonfinite": {"step": 3, "where": "forward", "module": r"layers\.0\.mlp$", "rank": 1}}
     out = tmp_path / "run"
     result = run_cli("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--out", str(out), "--nproc", "2", env=ENV)
-    assert result.returncode != 0
+    assert result.returncode == 3, "the guard's exit code, through torchrun"
+    assert "of 2 exited with code 3 (the first rank to fail" in result.stderr.strip().splitlines()[-1]
     report = json.loads((out / "nonfinite.json").read_text())
     assert report["rank"] == 1 and report["step"] == 3 and report["what"] == "loss"
     assert report["first_module"] == "model.layers.0.mlp", "the module as rank 1 saw it"
