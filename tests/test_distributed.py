@@ -153,3 +153,43 @@ def test_nan_on_one_rank_stops_both_and_names_it(tiny, tmp_path):
     report = json.loads((out / "nonfinite.json").read_text())
     assert report["rank"] == 1 and report["step"] == 3 and report["what"] == "loss"
     assert report["first_module"] == "model.layers.0.mlp", "the module as rank 1 saw it"
+
+
+def test_bf16_autocast_exchanges_fp32_gradients(tmp_path):
+    """Under ``train.precision: bf16-autocast`` the parameters stay fp32 (autocast only computes in bf16), so DDP's
+    gradient buckets — what the all-reduce sends — are fp32. In process: one gloo rank, a comm hook that records
+    each bucket's dtype."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from harness.config import LossSpec
+    from harness.data import Batch
+    from harness.distributed import DataParallel
+    from harness.train import batch_loss
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    ids = torch.randint(0, 64, (2, 6))
+    labels = torch.full_like(ids, -100)
+    labels[:, 3:] = ids[:, 3:]
+    batch = Batch(ids, torch.ones_like(ids), labels, ["t", "t"], 12, 12)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        parallel, buckets, head = DataParallel(), [], []
+
+        def record(state, bucket):
+            buckets.append(bucket.buffer().dtype)
+            return allreduce_hook(state, bucket)
+
+        parallel.logits_module(model).register_comm_hook(None, record)
+        model.lm_head.register_forward_hook(lambda module, args, out: head.append(out.dtype))
+        loss, _, _ = batch_loss(model, batch, LossSpec(), torch.zeros(2, dtype=torch.long), ["t"],
+                                precision="bf16-autocast", parallel=parallel)
+        loss.backward()
+    finally:
+        dist.destroy_process_group()
+    assert head == [torch.bfloat16], "the forward ran under bf16 autocast"
+    assert buckets and set(buckets) == {torch.float32}, f"all-reduced bucket dtypes: {buckets}"
+    assert {p.grad.dtype for p in model.parameters() if p.grad is not None} == {torch.float32}
