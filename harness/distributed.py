@@ -1,9 +1,10 @@
 """Data-parallel training over torch.distributed: the process group, the launch through torchrun, and the few
 hooks the training loop calls when there is more than one rank.
 
-``harness run FILE --nproc N`` re-runs the same command under ``python -m torch.distributed.run --standalone
---nproc-per-node N`` (any torchrun invocation, multi-node included, works the same: the ranks read torchrun's
-environment). Each rank then runs the whole experiment:
+``harness run FILE --nproc N`` re-runs the same command as N ranks through torchrun's own launcher, called in this
+process (:func:`launch`: it returns the exit code of the first rank that failed, which the ``torchrun`` command
+turns into 1); any torchrun invocation, multi-node included, works the same: the ranks read torchrun's
+environment. Each rank then runs the whole experiment:
 
 - the data pipeline and the seeded mixture sampler are global and identical on every rank; each rank trains on
   its contiguous slice of the rows of every global batch (:meth:`DataParallel.shard`), so ``batch_size`` is the
@@ -15,7 +16,9 @@ environment). Each rank then runs the whole experiment:
 - the non-finite flag is all-reduced, so a NaN on one rank stops every rank at that step (the report names it);
 - evaluation is sharded: each rank runs its share of the eval batches on the identical model and the per-item
   results are gathered (:mod:`harness.evaluation.sharding`), so every rank holds the one-process result; only
-  rank 0 writes: every other rank runs into a scratch directory it deletes, with wandb off and no console.
+  rank 0 writes: every other rank runs into a scratch directory it deletes, with wandb off and no console;
+- resume points gather every rank's RNG state and metrics window to rank 0 (:mod:`harness.checkpoint`); a resumed
+  rank other than 0 starts from a scratch copy of rank 0's run directory (:func:`rank_session`).
 
 Collectives time out after ``HARNESS_DIST_TIMEOUT`` seconds (default 1800), so a rank that dies cannot leave
 the others waiting forever. The backend is nccl on GPUs, gloo on CPU.
