@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import save_model
 from transformers import AutoModelForCausalLM
 
+from harness import distributed
 from harness.adapters import adapter_prefix, is_peft_model, merged_copy, trainable_report, vocab_parameters
 from harness.config import ResolvedStage
 from harness.train import LoopState
@@ -124,14 +125,25 @@ def save_stage_checkpoint(model, tokenizer, directory, meta: dict) -> dict:
 def save_resume_point(run_dir: Path, model, stage_index: int, stage: str, step: int, loop_state: LoopState,
                       keep: int) -> None:
     """Model, optimiser, scheduler, RNG states, the data position and the loop's window, written atomically;
-    only the newest ``keep`` are kept."""
+    only the newest ``keep`` are kept.
+
+    With several data-parallel ranks every rank calls this: the model, optimiser and scheduler are the same on all
+    of them, but each has its own torch RNG state and its own part of the metrics window (summed over ranks only
+    when logged), so those are gathered to rank 0, which alone writes (``ranks`` in ``optimizer.pt``, ``world`` in
+    ``state.json``)."""
+    parallel = distributed.current()
+    own = {"torch_rng": torch.get_rng_state(), "window": loop_state.window}
+    ranks = parallel.gather(own) if parallel is not None else None
+    if parallel is not None and parallel.rank != 0:
+        return
     root = run_dir / "checkpoints" / RESUME_DIR
     with atomic_directory(root / f"step-{step:08d}") as tmp:
         save_model(model, str(tmp / "model.safetensors"))
         torch.save({"optimizer": loop_state.optimizer, "scheduler": loop_state.scheduler,
-                    "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
+                    "torch_rng": own["torch_rng"], **({"ranks": ranks} if ranks else {})}, tmp / "optimizer.pt")
         state = {"stage_index": stage_index, "stage": stage, "step": step, "batch_index": loop_state.batch_index,
-                 "consecutive_skips": loop_state.consecutive_skips, "window": loop_state.window}
+                 "consecutive_skips": loop_state.consecutive_skips, "window": loop_state.window,
+                 "world": parallel.world if parallel is not None else 1}
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
     for old in sorted(root.glob("step-*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
@@ -140,6 +152,31 @@ def save_resume_point(run_dir: Path, model, stage_index: int, stage: str, step: 
 def latest_resume_point(run_dir: Path) -> Optional[Path]:
     points = sorted((run_dir / "checkpoints" / RESUME_DIR).glob("step-*"))
     return points[-1] if points else None
+
+
+class WorldSizeError(ValueError):
+    """A resume with another number of data-parallel ranks than the run had (its RNG states and metrics windows
+    are per rank, and the ranks' sums are not one process's: not the same run)."""
+
+
+def check_resume_world(run_dir: Path, world: int) -> None:
+    """Raise :class:`WorldSizeError` (one line) when the newest resume point in ``run_dir`` was written by another
+    number of ranks than ``world`` (1: one process)."""
+    point = latest_resume_point(run_dir)
+    if point is not None:
+        _check_world(point, world)
+
+
+def _ranks_said(n: int) -> str:
+    return "one process" if n == 1 else f"{n} data-parallel ranks"
+
+
+def _check_world(point: Path, world: int) -> None:
+    saved = json.loads((point / "state.json").read_text()).get("world", 1)
+    if saved != world:
+        hint = "without --nproc" if saved == 1 else f"with --nproc {saved}"
+        raise WorldSizeError(f"--resume: {point} was written by {_ranks_said(saved)}, this run has "
+                             f"{_ranks_said(world)}; resume it {hint}")
 
 
 @dataclass
@@ -173,6 +210,11 @@ def resume_start(point: Optional[Path], stages: Sequence[ResolvedStage], stage_l
         return Start(keep=lambda stage, step, metric: False)
     state = json.loads((point / "state.json").read_text())
     bundle = torch.load(point / "optimizer.pt", weights_only=True)
+    parallel = distributed.current()
+    _check_world(point, parallel.world if parallel is not None else 1)
+    if "ranks" in bundle:  # a data-parallel run: this rank's own RNG state and window
+        state["window"] = bundle["ranks"][parallel.rank]["window"]
+        bundle["torch_rng"] = bundle["ranks"][parallel.rank]["torch_rng"]
     index, step = state["stage_index"], state["step"]
     weights = SavedWeights(point / "model.safetensors", index, bundle["torch_rng"])
     keep = _rows_before({s.name: i for i, s in enumerate(stages)}, index, step)

@@ -78,10 +78,10 @@ def run(
 ):
     """Train and evaluate an experiment (exit 3 when the non-finite guard stops it)."""
     import os
-    import subprocess
 
     from harness import distributed
     from harness.adapters import SpecialTokenGradientError
+    from harness.checkpoint import WorldSizeError, check_resume_world
     from harness.config import ConfigError
     from harness.guard import NonFiniteError
     from harness.prepare import DataError
@@ -93,8 +93,11 @@ def run(
         _fail("--resume names the run directory; drop --out or give the same directory")
     if resume and force:
         _fail("--resume continues the run in the directory, --force starts over in it: give one")
-    if resume and (nproc > 1 or distributed.launched_by_torchrun()):
-        _fail("--resume of a data-parallel run is not supported yet; resume it in one process")
+    if resume:
+        try:  # the ranks check again (a torchrun by hand); here it fails before any rank starts
+            check_resume_world(resume, int(os.environ["WORLD_SIZE"]) if distributed.launched_by_torchrun() else nproc)
+        except WorldSizeError as e:
+            _fail(str(e))
     try:
         seed_list = parse_seeds(seeds) if seeds is not None else exp.seeds
     except SeedsError as e:
@@ -108,8 +111,9 @@ def run(
     run_dir = resume or out or default_run_dir(exp)
     if nproc > 1 and not distributed.launched_by_torchrun():
         argv = [a for a in sys.argv[1:]] + ([] if out or resume else ["--out", str(run_dir)])  # one dir for all
-        raise typer.Exit(subprocess.run(distributed.torchrun_command(nproc, argv), env=os.environ).returncode)
-    session = distributed.rank_session(exp, run_dir) if distributed.launched_by_torchrun() else None
+        raise typer.Exit(distributed.launch(nproc, argv))
+    session = distributed.rank_session(exp, run_dir, resume=resume is not None) \
+        if distributed.launched_by_torchrun() else None
     try:
         if seed_list:
             command = ["run", str(file), *(arg for value in set_ or [] for arg in ("--set", value))]
@@ -122,6 +126,8 @@ def run(
                 run_experiment(exp, run_dir, resume=resume is not None, force=force)
     except (DataError, ConfigError) as e:
         _fail(f"{file}: {e}")
+    except WorldSizeError as e:
+        _fail(str(e))
     except NonFiniteError as e:
         _fail(f"training stopped: {e}\nreport: {run_dir / 'nonfinite.json'}", code=3)
     except SpecialTokenGradientError as e:

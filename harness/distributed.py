@@ -1,9 +1,10 @@
 """Data-parallel training over torch.distributed: the process group, the launch through torchrun, and the few
 hooks the training loop calls when there is more than one rank.
 
-``harness run FILE --nproc N`` re-runs the same command under ``python -m torch.distributed.run --standalone
---nproc-per-node N`` (any torchrun invocation, multi-node included, works the same: the ranks read torchrun's
-environment). Each rank then runs the whole experiment:
+``harness run FILE --nproc N`` re-runs the same command as N ranks through torchrun's own launcher, called in this
+process (:func:`launch`: it returns the exit code of the first rank that failed, which the ``torchrun`` command
+turns into 1); any torchrun invocation, multi-node included, works the same: the ranks read torchrun's
+environment. Each rank then runs the whole experiment:
 
 - the data pipeline and the seeded mixture sampler are global and identical on every rank; each rank trains on
   its contiguous slice of the rows of every global batch (:meth:`DataParallel.shard`), so ``batch_size`` is the
@@ -13,8 +14,11 @@ environment). Each rank then runs the whole experiment:
   world`` (the denominator all-reduced), so the gradient equals one process's on the whole batch — not the mean
   of per-rank means, which weighs a rank with few supervised tokens like one with many;
 - the non-finite flag is all-reduced, so a NaN on one rank stops every rank at that step (the report names it);
-- evaluation runs on every rank on the identical model (not sharded: see README), and only rank 0 writes: every
-  other rank runs into a scratch directory it deletes, with wandb off and no console.
+- evaluation is sharded: each rank runs its share of the eval batches on the identical model and the per-item
+  results are gathered (:mod:`harness.evaluation.sharding`), so every rank holds the one-process result; only
+  rank 0 writes: every other rank runs into a scratch directory it deletes, with wandb off and no console;
+- resume points gather every rank's RNG state and metrics window to rank 0 (:mod:`harness.checkpoint`); a resumed
+  rank other than 0 starts from a scratch copy of rank 0's run directory (:func:`rank_session`).
 
 Collectives time out after ``HARNESS_DIST_TIMEOUT`` seconds (default 1800), so a rank that dies cannot leave
 the others waiting forever. The backend is nccl on GPUs, gloo on CPU.
@@ -26,6 +30,7 @@ import contextlib
 import datetime
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import weakref
@@ -36,9 +41,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from harness.config import dump_yaml
 from harness.data import Batch
 
 TIMEOUT_ENV = "HARNESS_DIST_TIMEOUT"
+SCRATCH_ENV = "HARNESS_RANK_SCRATCH"  # where ranks other than 0 make their scratch run directories
 
 
 def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
@@ -128,6 +135,18 @@ class DataParallel:
         values = flags.tolist()
         return [r for r, f in enumerate(values) if f >= 2] or [r for r, f in enumerate(values) if f]
 
+    def gather(self, obj) -> Optional[list]:
+        """``obj`` of every rank, in rank order, on rank 0 (None on the others): resume points' per-rank state."""
+        out = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0)
+        return out
+
+    def all_gather(self, obj):
+        """``obj`` of every rank, in rank order (sharded evaluation's per-item results)."""
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
     def report_of(self, rank: int, report: dict) -> dict:
         """``rank``'s non-finite report on every rank (it names the module and parameters as that rank saw them)."""
         box = [report]
@@ -143,6 +162,51 @@ def current() -> Optional[DataParallel]:
     return _CURRENT
 
 
+def kill_step(spec) -> Optional[int]:
+    """``debug.kill_rank``'s step when it names this process's rank (0 in a single process), else None."""
+    here = current()
+    return spec.step if spec is not None and spec.rank == (here.rank if here is not None else 0) else None
+
+
+def launch(nproc: int, argv: list[str]) -> int:
+    """Run ``harness ARGV`` as ``nproc`` ranks (torchrun's own code, in this process) and return the exit code of
+    the rank that failed first (a NaN stop's 3 stays 3; torchrun itself would say 1), or 128 + the signal that
+    killed it; when a rank fails, torchrun stops the others, and one line says which rank and how."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    # The ranks' scratch directories go under one the launcher deletes: a killed rank cannot delete its own.
+    scratch = tempfile.mkdtemp(prefix="harness-ranks-")
+    os.environ[SCRATCH_ENV] = scratch
+    try:
+        run(parse_args(torchrun_command(nproc, argv)[3:]))
+        return 0
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        code = failure.exitcode
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        print(f"error: rank {rank} of {nproc} {how} (the first rank to fail; torchrun stopped any other still "
+              "running)", file=sys.stderr, flush=True)
+        return 128 - code if code < 0 else code
+    finally:
+        del os.environ[SCRATCH_ENV]
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _scratch_for_resume(run_dir: Path, scratch: Path) -> None:
+    """A rank other than 0 resuming: its scratch run directory starts as a copy of rank 0's ``run_dir`` (store,
+    samples, config), with symbolic links to the checkpoints it reads. What it writes goes into the scratch copy:
+    checkpoint writes replace the links (:func:`harness.checkpoint.atomic_directory`), never their targets."""
+    shutil.copytree(run_dir, scratch, ignore=shutil.ignore_patterns("checkpoints", "wandb", ".*"))
+    for sub in ("", "resume"):
+        source = run_dir / "checkpoints" / sub
+        if source.is_dir():
+            (scratch / "checkpoints" / sub).mkdir(parents=True, exist_ok=True)
+            for entry in source.iterdir():
+                if entry.name != "resume" and not entry.name.startswith("."):
+                    (scratch / "checkpoints" / sub / entry.name).symlink_to(entry.resolve())
+
+
 def _warm_base_model(exp) -> None:
     """Rank 0 pretrains (or finds) the cached builtin base model before the others read the cache."""
     if exp.model.hf or exp.model.pretrain is None:
@@ -156,9 +220,11 @@ def _warm_base_model(exp) -> None:
 
 
 @contextlib.contextmanager
-def rank_session(exp, run_dir: Path) -> Iterator[tuple[object, Path]]:
+def rank_session(exp, run_dir: Path, resume: bool = False) -> Iterator[tuple[object, Path]]:
     """Join the process group torchrun set up and yield ``(experiment, run directory)`` for this rank: rank 0's
-    are the given ones; the others get a scratch directory (deleted afterwards) and no wandb or console."""
+    are the given ones; the others get a scratch directory (deleted afterwards) and no wandb or console. With
+    ``resume`` the scratch directory starts as rank 0's run (every rank must be able to read it: one machine, or a
+    shared filesystem)."""
     global _CURRENT
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
@@ -169,13 +235,17 @@ def rank_session(exp, run_dir: Path) -> Iterator[tuple[object, Path]]:
     try:
         if dist.get_rank() == 0:
             _warm_base_model(exp)
-        dist.barrier()
-        _CURRENT = DataParallel()
-        if _CURRENT.rank != 0:
-            scratch = Path(tempfile.mkdtemp(prefix=f"harness-rank{_CURRENT.rank}-"))
+        else:
+            scratch = Path(tempfile.mkdtemp(prefix=f"harness-rank{dist.get_rank()}-", dir=os.environ.get(SCRATCH_ENV)))
             exp = exp.model_copy(update={"tracking": exp.tracking.model_copy(update={
                 "console": False, "wandb": exp.tracking.wandb.model_copy(update={"mode": "disabled"})})})
+            if resume:  # before the barrier: rank 0 starts rewriting its store and samples after it
+                _scratch_for_resume(run_dir, scratch / "run")
+                # this rank's experiment differs in tracking only: the resume's same-experiment check compares it
+                (scratch / "run" / "config.resolved.yaml").write_text(dump_yaml(exp.resolved_dict()))
             run_dir = scratch / "run"
+        dist.barrier()
+        _CURRENT = DataParallel()
         yield exp, run_dir
     finally:
         _CURRENT = None

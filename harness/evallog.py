@@ -38,6 +38,7 @@ class EvalLog:
     resume_filter: Optional[Callable[[str, int, str], bool]] = None
     run_id: Optional[str] = None  # written first on every sample line
     image_eval: Optional[Callable[[Any], tuple[list, list]]] = None  # harness.vision_run.ImageEval
+    shard: Any = None  # data-parallel ranks share out the eval batches (harness.evaluation.sharding.Shard)
     history: list[Row] = field(default_factory=list)  # every evaluation row, in order
     outcomes: list[dict] = field(default_factory=list)  # per-item outcome rows (evidence.outcome_rows), in order
     seconds: float = 0.0
@@ -52,7 +53,8 @@ class EvalLog:
 
     def run(self, model, stage: str, step: int) -> None:
         started = time.perf_counter()
-        result = run_evaluation(model, self.tokenizer, self.items, self.recipes, self.exp.eval, self.hijack_ids)
+        result = run_evaluation(model, self.tokenizer, self.items, self.recipes, self.exp.eval, self.hijack_ids,
+                                shard=self.shard)
         metrics, samples = list(result.metrics), list(result.samples)
         if self.image_eval is not None:  # image tasks: greedy with their images and the image_use probe
             image_rows, image_samples = self.image_eval(model)

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from harness import distributed
 from harness.adapters import (drop_adapter, format_trainable_report, merged_state_dict, prepare_stage_model,
                               stage_special_tokens, trainable_report)
 from harness.checkpoint import (Start, latest_resume_point, load_state_dict, resume_start, save_resume_point,
@@ -125,7 +126,7 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     cache.replay(tracker, run_dir / "samples.jsonl", on_evaluation)  # after the baselines: the order of a whole run
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
                     console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep,
-                    run_id=run_id, image_eval=image_eval(exp, data, tokenizer))
+                    run_id=run_id, image_eval=image_eval(exp, data, tokenizer), shard=distributed.current())
     run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals, _init_states(
         model, stages, start.stage_index, run_dir), baselines, undertrained, encoded.too_long_counts())
     model = _restore(model, start, stages, run)
@@ -148,7 +149,7 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
                     log=tracker.log, evaluate=lambda s, name=stage.name: evals.run(model, name, s), train=stage.train,
                     special_tokens=stage_special_tokens(tokenizer, plan.batches), eval_every=exp.eval.every,
                     injector=injector, save_checkpoint=save_resume_point_at,
-                    progress=after_progress(on_progress, advance),
+                    progress=after_progress(on_progress, advance), kill_at=distributed.kill_step(exp.debug.kill_rank),
                 ), resume=loop_state)
             _end_stage(run, model, index, step, save_resume_point_at)
             cache.stage_ended(index, model, step, tracker, run_dir / "samples.jsonl")
@@ -188,8 +189,9 @@ def _reopen_run(exp: Experiment, run_dir: Path, console) -> tuple[str, Optional[
     resolved = run_dir / "config.resolved.yaml"
     if not resolved.exists():
         raise ConfigError(str(run_dir), [("", "not a run directory (no config.resolved.yaml)")])
-    before = safe_load(resolved.read_text())
-    now = json.loads(json.dumps(exp.resolved_dict()))
+    # debug.kill_rank says how the run was stopped, not what it computes: the resume leaves it out
+    before = _without_kill(safe_load(resolved.read_text()))
+    now = _without_kill(json.loads(json.dumps(exp.resolved_dict())))
     changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
     if changed:
         raise ConfigError(str(run_dir), [(k, "differs from the run being resumed") for k in changed])
@@ -197,6 +199,11 @@ def _reopen_run(exp: Experiment, run_dir: Path, console) -> tuple[str, Optional[
     point = latest_resume_point(run_dir)
     console.info(f"resuming {run_id} from {point.name if point else 'the start (no resumable checkpoint)'}")
     return run_id, point
+
+
+def _without_kill(resolved: dict) -> dict:
+    debug = {k: v for k, v in (resolved.get("debug") or {}).items() if k != "kill_rank"}
+    return {**resolved, "debug": debug}
 
 
 def _describe_base(exp: Experiment, data, model, tokenizer, added: list[int], console) -> Optional[list[dict]]:

@@ -13,7 +13,8 @@ that only say what to keep on disk: ``checkpoint``, ``checkpoint_every``, ``keep
 ``compile`` as decided, :func:`harness.compiling.compile_decision`, so ``auto`` and ``true`` share a compiled stage),
 and stage 0's hashes what every stage depends on: the base model's key, the model / world / tasks / data / eval
 specs, the seed, the content of the task data, and the harness, torch and transformers versions and the device (on a CPU,
-with its torch thread count) (numerics differ across them). A run replays cached stages in order and stops at the first miss.
+with its torch thread count; with several data-parallel ranks, their number) (numerics differ across them). A run
+replays cached stages in order and stops at the first miss.
 
 Entries are written into a temporary sibling and renamed into place: a reader sees none or a whole one; when two
 workers finish the same stage at once the second rename fails and that worker discards its copy.
@@ -104,6 +105,10 @@ def base_key(base_info: dict[str, Any], model) -> Any:
     return {"source": source, "commit": getattr(model.config, "_commit_hash", None), "files": files}
 
 
+def _ranks() -> int:
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+
 def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str) -> list[str]:
     """One key per stage, each covering its stage and every earlier one (see the module docstring)."""
     resolved = exp.resolved_dict()
@@ -112,7 +117,11 @@ def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str) -> list[
               # on a CPU the intra-op thread count changes the order of float sums: a stage computed with 2 threads
               # is not bit-identical to the same stage computed by a 1-thread sweep worker
               "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
-              "task_data": data_hash, **{k: resolved[k] for k in ("model", "world", "tasks", "data", "eval", "debug")}}
+              "task_data": data_hash, **{k: resolved[k] for k in ("model", "world", "tasks", "data", "eval")},
+              # debug.kill_rank only stops a run (a stage it stopped is never stored): not part of the key
+              "debug": {k: v for k, v in resolved["debug"].items() if k != "kill_rank"},
+              # data-parallel ranks add the same gradient terms in another order: not one process's stage either
+              **({"ranks": _ranks()} if _ranks() > 1 else {})}
     keys, previous = [], _hash(common)
     for index, stage in enumerate(resolved["stages"]):
         shaping = {k: v for k, v in stage.items() if k not in _NOT_SHAPING}

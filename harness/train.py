@@ -15,6 +15,8 @@ count, and the window sums and the non-finite flag are all-reduced.
 from __future__ import annotations
 
 import math
+import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
@@ -197,12 +199,14 @@ class StageLoop:
     injector: Optional[Injector]
     save_checkpoint: Optional[Callable[[int, LoopState], None]]
     progress: Optional[Callable[[int], None]]
+    kill_at: Optional[int]  # debug.kill_rank: the global step at which this process SIGKILLs itself
 
     def __init__(self, stage: str, start_step: int, tasks: list[str], log: Callable[[list[Row], int], None],
                  evaluate: Callable[[int], None], train: Optional[TrainSpec] = None, *, eval_every: int = 10**9,
                  special_tokens: Optional[dict[str, int]] = None, injector: Optional[Injector] = None,
                  save_checkpoint: Optional[Callable[[int, LoopState], None]] = None,
-                 progress: Optional[Callable[[int], None]] = None, **train_settings: Any):
+                 progress: Optional[Callable[[int], None]] = None, kill_at: Optional[int] = None,
+                 **train_settings: Any):
         unknown = sorted(set(train_settings) - set(TrainSpec.model_fields))
         if unknown:
             raise TypeError(f"StageLoop: unknown train setting(s) {', '.join(unknown)}")
@@ -211,7 +215,7 @@ class StageLoop:
         base = train if train is not None else TrainSpec(compile=False)
         self.train = base.model_copy(update=train_settings)
         self.eval_every, self.special_tokens, self.injector = eval_every, special_tokens or {}, injector
-        self.save_checkpoint, self.progress = save_checkpoint, progress
+        self.save_checkpoint, self.progress, self.kill_at = save_checkpoint, progress, kill_at
 
 
 def _diagnose(model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step: int, what: str) -> dict[str, Any]:
@@ -290,6 +294,8 @@ def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[
         is_log_step = (i + 1) % train.log_every == 0 or i + 1 == len(batches)
         started, before = time.perf_counter(), None
 
+        if step == loop.kill_at:  # no cleanup, no exit code: what a crashed or OOM-killed rank leaves behind
+            os.kill(os.getpid(), signal.SIGKILL)
         if loop.injector is not None:
             loop.injector.before_forward(model, step)
         loss, ce, task_of_token = batch_loss(model, batch, train.loss, task_ids, loop.tasks, train.precision, compiled,

@@ -297,10 +297,17 @@ class InjectSpec(Strict):
     rank: Optional[int] = Field(None, ge=0, description="Data-parallel runs: inject on this rank only (default all).")
 
 
+class KillSpec(Strict):
+    rank: int = Field(0, ge=0, description="The rank that dies (0 in a single process).")
+    step: int = Field(..., ge=1, description="Global step before whose forward it dies.")
+
+
 class DebugSpec(Strict):
     """Switches for seeing the safety nets work."""
 
     inject_nonfinite: Optional[InjectSpec] = Field(None, description="Make an output / gradient NaN at a step.")
+    kill_rank: Optional[KillSpec] = Field(None, description="SIGKILL one rank (or the single process) at a step, as "
+                                          "a crash or the OOM killer would. Left out of --resume's same-experiment check.")
     drop_images: bool = Field(False, description="Feed every image as all-zero pixels (training and "
                                                  "evaluation): the seed's blind-model bug, on purpose.")
 

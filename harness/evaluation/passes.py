@@ -38,6 +38,7 @@ from harness.evaluation.hijack import hijack_token_ids
 from harness.evaluation.ranks import first_token_facts
 from harness.evaluation.lengths import default_max_new_tokens, stop_token_ids
 from harness.evaluation.result import EvalResult
+from harness.evaluation.sharding import Shard, computed_fields, merge_computed
 from harness.losses import IGNORE_INDEX
 
 
@@ -159,9 +160,14 @@ def greedy_decode(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: in
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _batches(order: list[int], size: int) -> Iterable[list[int]]:
-    for start in range(0, len(order), size):
-        yield order[start:start + size]
+def _batches(order: list[int], size: int, part: tuple[int, int] = (0, 1)) -> Iterable[list[int]]:
+    """The batches of ``order`` in chunks of ``size``; with ``part = (rank, world)`` only every world-th batch from
+    the rank-th. Whole batches are shared out, never items: a batch's padded width and rows shape every row's
+    floats (and so a near-tied argmax), so a rank computes each of its batches exactly as one process would."""
+    rank, world = part
+    for k, start in enumerate(range(0, len(order), size)):
+        if k % world == rank:
+            yield order[start:start + size]
 
 
 class _TokenNames:
@@ -196,14 +202,15 @@ def _fill_first(records: list[ItemRecord], logits: torch.Tensor, names: _TokenNa
         rec.top5 = [{"token": names(i), "id": i, "prob": p} for i, p in zip(ids, probs)]
 
 
-def _greedy_pass(model, io, records, tokenizer, spec, want_first: bool, names: _TokenNames) -> None:
+def _greedy_pass(model, io, records, tokenizer, spec, want_first: bool, names: _TokenNames,
+                 part: tuple[int, int]) -> None:
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     stops = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
     # null: what the longest gold answer needs plus a margin (harness.prepare rejects an explicit value below it).
     max_new = spec.max_new_tokens or default_max_new_tokens(r.item for r in records)
     order = sorted(range(len(records)), key=lambda i: len(records[i].item.prompt_ids))
-    for chunk in _batches(order, spec.batch_size):
+    for chunk in _batches(order, spec.batch_size, part):
         batch = [records[i] for i in chunk]
         generated, first = greedy_decode(model, [r.item.prompt_ids for r in batch], max_new_tokens=max_new,
                                          eos_token_id=stops, pad_token_id=pad, io=io, return_first_logits=want_first)
@@ -214,10 +221,11 @@ def _greedy_pass(model, io, records, tokenizer, spec, want_first: bool, names: _
             _fill_first(batch, first, names)
 
 
-def _teacher_forced_pass(model, io, records, tokenizer, spec, want_first: bool, names: _TokenNames) -> None:
+def _teacher_forced_pass(model, io, records, tokenizer, spec, want_first: bool, names: _TokenNames,
+                         part: tuple[int, int]) -> None:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     order = sorted(range(len(records)), key=lambda i: len(records[i].item.prompt_ids) + len(records[i].item.gold_ids))
-    for chunk in _batches(order, spec.batch_size):
+    for chunk in _batches(order, spec.batch_size, part):
         batch = [records[i] for i in chunk]
         golds = [list(r.item.gold_ids) for r in batch]
         ids, mask, position_ids = left_pad([list(r.item.prompt_ids) + g for r, g in zip(batch, golds)], pad, io.device)
@@ -245,10 +253,10 @@ def _teacher_forced_pass(model, io, records, tokenizer, spec, want_first: bool, 
             _fill_first(batch, logits[rows, longest - lengths], names)
 
 
-def _prompt_pass(model, io, records, tokenizer, spec, names: _TokenNames) -> None:
+def _prompt_pass(model, io, records, tokenizer, spec, names: _TokenNames, part: tuple[int, int]) -> None:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     order = sorted(range(len(records)), key=lambda i: len(records[i].item.prompt_ids))
-    for chunk in _batches(order, spec.batch_size):
+    for chunk in _batches(order, spec.batch_size, part):
         batch = [records[i] for i in chunk]
         ids, mask, position_ids = left_pad([r.item.prompt_ids for r in batch], pad, io.device)
         logits, _ = io(model, ids, mask, position_ids, keep=1)
@@ -271,12 +279,16 @@ def _components(spec) -> list[Component]:
 
 
 def run_evaluation(model, tokenizer, items: list, recipes: dict[str, Any], spec,
-                   hijack_ids: set[int] | None = None) -> EvalResult:
+                   hijack_ids: set[int] | None = None, shard: Shard | None = None) -> EvalResult:
     """Evaluate ``model`` on ``items`` (:class:`harness.data.EvalItem`) with the evaluators and probes of ``spec``.
 
     ``recipes`` maps each task to its recipe (normaliser, ``is_correct``, ``mode_ok``). ``hijack_ids`` defaults to
     :func:`hijack_token_ids` of ``spec.hijack_words``. Only the passes the components need are run (see the module
     docstring); metrics come one per task × split × metric, in order of first appearance of task × split.
+
+    ``shard`` (one of several ranks holding the same model; every rank calls this together): each rank runs its
+    share of every pass's batches, the per-item results are gathered, and every rank returns the result one
+    process would (:mod:`harness.evaluation.sharding`).
     """
     components = _components(spec)
     needs = set().union(*(c.needs for c in components)) if components else set()
@@ -288,6 +300,7 @@ def run_evaluation(model, tokenizer, items: list, recipes: dict[str, Any], spec,
     ctx = EvalContext(tokenizer, frozenset(hijack_ids), spec)
     records = [ItemRecord(item) for item in items]
     names = _TokenNames(tokenizer)
+    part = (shard.rank, shard.world) if shard is not None else (0, 1)
 
     if records and needs:
         io = ModelIO(model)
@@ -298,14 +311,16 @@ def run_evaluation(model, tokenizer, items: list, recipes: dict[str, Any], spec,
                 want_first = NEED_FIRST_LOGITS in needs
                 if NEED_GREEDY in needs:
                     _greedy_pass(model, io, records, tokenizer, spec,
-                                 want_first and NEED_TEACHER_FORCED not in needs, names)
+                                 want_first and NEED_TEACHER_FORCED not in needs, names, part)
                 if NEED_TEACHER_FORCED in needs:
-                    _teacher_forced_pass(model, io, records, tokenizer, spec, want_first, names)
+                    _teacher_forced_pass(model, io, records, tokenizer, spec, want_first, names, part)
                 elif want_first and NEED_GREEDY not in needs:
-                    _prompt_pass(model, io, records, tokenizer, spec, names)
+                    _prompt_pass(model, io, records, tokenizer, spec, names, part)
         finally:
             for module, training in modes:  # restore each module's own mode (some may be frozen in eval)
                 module.training = training
+    if shard is not None and shard.world > 1:
+        merge_computed(records, shard.all_gather(computed_fields(records)))
 
     for rec in records:
         if rec.pred_ids is not None:
