@@ -46,6 +46,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from harness.config import TrainableSpec
+from harness.diagnostics import gathered
 from harness.losses import IGNORE_INDEX
 from harness.vision import IMAGE_TOKEN, VISION_PARTS, model_part
 
@@ -129,6 +130,17 @@ def weight_decay_exempt(param: torch.Tensor) -> bool:
     """True for a row-masked matrix (``new_token_rows``): it must sit in the optimiser's ``weight_decay: 0`` group,
     or AdamW's decoupled decay would move the rows the mask keeps frozen."""
     return hasattr(param, _ROWS)
+
+
+def masked_rows(param: torch.Tensor) -> Optional[list[int]]:
+    """The rows a row-masked matrix trains (``new_token_rows``), or None for any other parameter."""
+    return getattr(param, _ROWS, None)
+
+
+def mark_masked_rows(param: torch.Tensor, rows: list[int]) -> None:
+    """Record ``rows`` as the rows ``param`` trains, for a mask applied elsewhere (FSDP's sharded matrices,
+    :mod:`harness.fsdp`): the optimiser's no-decay group and the special-token check read it."""
+    setattr(param, _ROWS, list(rows))
 
 
 def param_groups(model, weight_decay: float) -> list[dict[str, Any]]:
@@ -426,7 +438,8 @@ def check_special_token_gradients(model, token_ids: dict[str, int], batch=None) 
         if w.grad is None:
             moving = [False] * len(todo)
         else:
-            moving = w.grad.detach()[ids.to(w.grad.device)].ne(0).flatten(1).any(1).tolist()
+            grad = gathered(w.grad.detach())  # a sharded (FSDP) gradient: the whole matrix, on every rank
+            moving = grad[ids.to(grad.device)].ne(0).flatten(1).any(1).tolist()
         for (tok, tid), ok in zip(todo, moving):
             checked.append((tok, tid, where))
             if not ok:

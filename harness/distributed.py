@@ -78,9 +78,22 @@ class _SupervisedLogits(torch.nn.Module):
 class DataParallel:
     """This rank's view of the process group, with the hooks :func:`harness.train.train_stage` calls."""
 
+    sharded = False  # harness.fsdp's subclass: the trained module's weights exist in full only inside its forward
+
     def __init__(self):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self._wrapped: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+    def trained_module(self, model: torch.nn.Module, precision: str) -> torch.nn.Module:
+        """The module whose parameters the stage's optimiser trains: ``model`` itself (FSDP: a sharded replica)."""
+        return model
+
+    def sync(self, model: torch.nn.Module) -> None:
+        """Bring ``model`` up to date with the trained module before it is evaluated or saved (DDP: it is that)."""
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """The optimiser's state for a resumable checkpoint (the one-process format)."""
+        return optimizer.state_dict()
 
     def shard(self, batch: Batch) -> Batch:
         """This rank's contiguous slice of the rows of a global batch (same padded width as the whole batch)."""
@@ -138,9 +151,14 @@ class DataParallel:
 _CURRENT: Optional[DataParallel] = None
 
 
-def current() -> Optional[DataParallel]:
-    """The data-parallel hooks when this process is one of several ranks, else None."""
-    return _CURRENT
+def current(parallel: str = "ddp") -> Optional[DataParallel]:
+    """The data-parallel hooks when this process is one of several ranks, else None; ``parallel="fsdp"`` (a
+    stage's ``train.parallel``): new hooks for one FSDP stage (:mod:`harness.fsdp`)."""
+    if _CURRENT is None or parallel == "ddp":
+        return _CURRENT
+    from harness.fsdp import FullyShardedDataParallel  # imports this module: a cycle at import time
+
+    return FullyShardedDataParallel()
 
 
 def _warm_base_model(exp) -> None:
