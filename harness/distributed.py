@@ -16,6 +16,8 @@ environment). Each rank then runs the whole experiment:
 - evaluation runs on every rank on the identical model (not sharded: see README), and only rank 0 writes: every
   other rank runs into a scratch directory it deletes, with wandb off and no console.
 
+A stage with ``train.parallel: fsdp`` trains a sharded replica through the same hooks (:mod:`harness.fsdp`).
+
 Collectives time out after ``HARNESS_DIST_TIMEOUT`` seconds (default 1800), so a rank that dies cannot leave
 the others waiting forever. The backend is nccl on GPUs, gloo on CPU.
 """

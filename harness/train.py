@@ -9,7 +9,9 @@ steps a resumable checkpoint is written. Metrics are accumulated on-device and r
 
 With several ranks (:mod:`harness.distributed`) the loop calls four hooks of ``DataParallel``: each rank takes its
 slice of every global batch, the forward goes through DDP, the loss is normalised by the global supervised-token
-count, and the window sums and the non-finite flag are all-reduced.
+count, and the window sums and the non-finite flag are all-reduced. Under ``train.parallel: fsdp``
+(:mod:`harness.fsdp`) the optimiser trains a sharded replica of the model (``trained``), whose weights ``sync``
+copies into ``model`` before every evaluation and checkpoint.
 """
 
 from __future__ import annotations

@@ -170,8 +170,9 @@ class TrainSpec(Strict):
     batch_size: int = Field(16, ge=1, description="Examples per optimiser step.")
     parallel: Literal["ddp", "fsdp"] = Field(
         "ddp", description="With several ranks (--nproc / torchrun): ddp (DistributedDataParallel: every rank holds "
-                           "the whole model and optimiser state) | fsdp (FSDP2 fully_shard per transformer block: "
-                           "parameters, gradients and optimiser state sharded over ranks). Ignored in one process.")
+                           "the whole model and optimiser state) | fsdp (FSDP2 fully_shard per transformer block: the "
+                           "trained weights, gradients and optimiser state sharded over ranks, one full copy kept "
+                           "for evaluation; harness/fsdp.py). Ignored in one process.")
     max_length: int = Field(256, ge=8, description="Longer examples are dropped (counted per task).")
     optim: OptimSpec = Field(default_factory=OptimSpec)
     log_every: int = Field(10, ge=1, description="Steps per training-metrics window.")
