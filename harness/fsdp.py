@@ -66,6 +66,9 @@ class FullyShardedDataParallel(DataParallel):
 
     def trained_module(self, model: torch.nn.Module, precision: str) -> torch.nn.Module:
         """A copy of ``model`` sharded over the ranks (blocks, then the root); what the loop's optimiser trains."""
+        if getattr(unwrap(model).config, "vision_config", None) is not None:
+            # the image-text loss calls the model's parts directly (harness.vision_data), outside a sharded root
+            raise ValueError("train.parallel: fsdp does not support image-text models yet; use ddp")
         replica = copy.deepcopy(model)
         rows = {name: masked_rows(p) for name, p in model.named_parameters() if masked_rows(p) is not None}
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
