@@ -13,7 +13,8 @@ that only say what to keep on disk: ``checkpoint``, ``checkpoint_every``, ``keep
 ``compile`` as decided, :func:`harness.compiling.compile_decision`, so ``auto`` and ``true`` share a compiled stage),
 and stage 0's hashes what every stage depends on: the base model's key, the model / world / tasks / data / eval
 specs, the seed, the content of the task data, and the harness, torch and transformers versions and the device (on a CPU,
-with its torch thread count) (numerics differ across them). A run replays cached stages in order and stops at the first miss.
+with its torch thread count; with several ranks, their number) (numerics differ across them). A run replays cached
+stages in order and stops at the first miss.
 
 Entries are written into a temporary sibling and renamed into place: a reader sees none or a whole one; when two
 workers finish the same stage at once the second rename fails and that worker discards its copy.
@@ -113,6 +114,9 @@ def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str) -> list[
               # is not bit-identical to the same stage computed by a 1-thread sweep worker
               "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
               "task_data": data_hash, **{k: resolved[k] for k in ("model", "world", "tasks", "data", "eval", "debug")}}
+    ranks = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    if ranks > 1:  # data-parallel sums differ in the last bits from one process's (one-process keys unchanged)
+        common["ranks"] = ranks
     keys, previous = [], _hash(common)
     for index, stage in enumerate(resolved["stages"]):
         shaping = {k: v for k, v in stage.items() if k not in _NOT_SHAPING}
