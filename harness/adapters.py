@@ -138,8 +138,7 @@ def masked_rows(param: torch.Tensor) -> Optional[list[int]]:
 
 
 def mark_masked_rows(param: torch.Tensor, rows: list[int]) -> None:
-    """Record ``rows`` as the rows ``param`` trains, for a mask applied elsewhere (FSDP's sharded matrices,
-    :mod:`harness.fsdp`): the optimiser's no-decay group and the special-token check read it."""
+    """Record ``rows`` as the rows ``param`` trains, under a mask applied elsewhere (:mod:`harness.fsdp`)."""
     setattr(param, _ROWS, list(rows))
 
 
@@ -430,15 +429,16 @@ def check_special_token_gradients(model, token_ids: dict[str, int], batch=None) 
     for where, w, is_output in vocab_parameters(model):
         if not w.requires_grad:
             continue
+        # A sharded (FSDP) gradient, gathered whole before ``todo`` (this rank's slice): every rank joins.
+        grad = gathered(w.grad.detach()) if w.grad is not None else None
         meant = getattr(w, _ROWS, None)
         todo = [(t, i) for t, i in items if (is_output or read is None or i in read) and (meant is None or i in meant)]
         if not todo:
             continue
         ids = torch.tensor([i for _, i in todo], dtype=torch.long)
-        if w.grad is None:
+        if grad is None:
             moving = [False] * len(todo)
         else:
-            grad = gathered(w.grad.detach())  # a sharded (FSDP) gradient: the whole matrix, on every rank
             moving = grad[ids.to(grad.device)].ne(0).flatten(1).any(1).tolist()
         for (tok, tid), ok in zip(todo, moving):
             checked.append((tok, tid, where))

@@ -17,13 +17,17 @@ from harness.store import read_metrics
 from tests.conftest import MICRO, TINY, run_cli, write_yaml
 
 # As tests/test_distributed.py: both sides single-threaded, so only the data-parallel arithmetic differs.
-ENV = {"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+# A collective one rank skips would hang the other: fail after 2 minutes instead of the default 30.
+ENV = {"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HARNESS_DIST_TIMEOUT": "120"}
 SETTINGS = ["--set", "train.log_every=1", "--set", "tracking.wandb.mode=disabled"]
 FSDP = ["--nproc", "2", "--set", "train.parallel=fsdp"]
 DISCRETE = {"greedy", "mode_ok", "tf_first", "tf_exact", "ft_top1", "ft_hijack"}
-# The LoRA runs also write resume points (every 2 steps, all kept) and skip the stage cache (they must train).
-LORA = {**TINY, "train": {**TINY["train"], "trainable": {"mode": "lora", "r": 4}, "log_every": 1,
-                          "checkpoint_every": 2, "keep_checkpoints": 10, "stage_cache": False}}
+# LoRA with the added tokens' rows trained through row masks on an untied embedding and head (the special-token
+# check then reads each rank's slice of the batch for the embedding); the runs also write resume points (every 2
+# steps, all kept) and skip the stage cache (they must train).
+LORA = {**TINY, "model": {**TINY["model"], "config": {**TINY["model"]["config"], "tie_word_embeddings": False}},
+        "train": {**TINY["train"], "trainable": {"mode": "lora", "r": 4}, "log_every": 1,
+                  "checkpoint_every": 2, "keep_checkpoints": 10, "stage_cache": False}}
 
 
 @pytest.fixture(scope="module")
@@ -106,13 +110,14 @@ def test_fsdp_lora_with_row_masks_and_its_checkpoint(lora_pair):
     assert _relative(_train_metric(a, "loss"), _train_metric(b, "loss")).max() < 1e-6
     report = json.loads((two / "checkpoints" / "b" / "meta.json").read_text())["trainable"]
     assert report["trainable"] > report["adapter"] > 0, "the run trained masked embedding rows besides the adapter"
-    # The merged checkpoints: every embedding row outside the trained rows is bitwise the one-process run's (the
-    # mask, applied to each rank's shard of the gradient, kept them still); the trained rows moved alike.
+    # The merged checkpoints: every embedding and head row outside the trained rows is bitwise the one-process
+    # run's (the mask, applied to each rank's shard of the gradient, kept them still); the trained rows moved alike.
     w1, w2 = (load_file(d / "checkpoints" / "b" / "model.safetensors") for d in (one, two))
     assert w1.keys() == w2.keys()
-    emb = "model.embed_tokens.weight"
-    moved = (w1[emb] - w2[emb]).abs().amax(1).nonzero().flatten().tolist()
-    assert len(moved) <= (report["trainable"] - report["adapter"]) // w1[emb].shape[1]
+    rows = (report["trainable"] - report["adapter"]) // (2 * w1["lm_head.weight"].shape[1])  # per matrix
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        moved = (w1[name] - w2[name]).abs().amax(1).nonzero().flatten().tolist()
+        assert len(moved) <= rows, f"{name}: rows outside the mask differ: {moved}"
     assert all(float((w1[k] - w2[k]).abs().max()) < 1e-6 for k in w1)
     assert (two / "checkpoints" / "b" / "adapter" / "adapter_model.safetensors").exists()
     ev = run_cli("eval", str(two / "checkpoints" / "b"), "--experiment", str(lora_pair[0]), "--out",
