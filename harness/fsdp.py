@@ -113,8 +113,8 @@ def _mask_sharded_rows(param: torch.nn.Parameter, rows: list[int]) -> None:
     gradient other than ``rows`` (the mask is sharded the way the matrix is, so each rank masks its own rows)."""
     frozen = torch.ones(param.shape[0], dtype=torch.bool, device=param.device)
     frozen[torch.tensor(rows, dtype=torch.long, device=param.device)] = False
-    local = distribute_tensor(frozen.view(-1, *([1] * (param.ndim - 1))), param.device_mesh,
-                              param.placements).to_local()
+    local = distribute_tensor(frozen.view(-1, *([1] * (param.ndim - 1))), param.device_mesh, param.placements,
+                              src_data_rank=None).to_local()  # every rank built the same mask: no scatter
     if local.shape[0] != param.to_local().shape[0]:
         raise RuntimeError(f"row mask shard has {local.shape[0]} rows, the parameter's {param.to_local().shape[0]}")
     mark_masked_rows(param, rows)  # the optimiser puts it in the no-decay group (harness.adapters.param_groups)

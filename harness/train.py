@@ -302,8 +302,8 @@ def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[
 
         if loop.injector is not None:
             loop.injector.before_forward(trained, step)
-        loss, ce, task_of_token = batch_loss(trained, batch, train.loss, task_ids, loop.tasks, train.precision, compiled,
-                                             parallel)
+        loss, ce, task_of_token = batch_loss(trained, batch, train.loss, task_ids, loop.tasks, train.precision,
+                                             compiled, parallel)
         loss.backward()
         if i + 1 < len(batches):  # on a GPU the next batch's copy overlaps this step's work
             upcoming = batches[i + 1].to(device)

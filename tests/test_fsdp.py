@@ -77,7 +77,8 @@ def test_fsdp_trains_like_one_process(micro_pair):
     assert np.median(rel) < 1e-4
 
     key = ["stage", "step", "task", "split", "metric"]
-    evals = [df.filter(pl.col("split") != "train", pl.col("text").is_null()).select(key + ["value"]) for df in (one, two)]
+    evals = [df.filter(pl.col("split") != "train", pl.col("text").is_null()).select(key + ["value"])
+             for df in (one, two)]
     joined = evals[0].join(evals[1], on=key, how="full", suffix="_2", nulls_equal=True)
     assert joined.height == evals[0].height == evals[1].height  # the same evaluations, at the same steps
     loss = joined.filter(pl.col("metric") == "eval_loss")
