@@ -150,6 +150,7 @@ def test_fsdp_resume_point_resumes_in_one_process(lora_pair, tmp_path):
     assert rel.size == 8 and rel.max() < 1e-6
 
 
+@pytest.mark.slow  # ~45 s for a smoke test of the policy (make test-all); its numbers matter on a GPU
 def test_fsdp_bf16_autocast_runs_mixed_precision(tiny, tmp_path):
     """precision: bf16-autocast → MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32): the blocks
     compute from bf16 copies of the weights (norm weights included, unlike autocast alone), so the losses agree with
