@@ -46,6 +46,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from harness.config import TrainableSpec
+from harness.diagnostics import gathered
 from harness.losses import IGNORE_INDEX
 from harness.vision import IMAGE_TOKEN, VISION_PARTS, model_part
 
@@ -129,6 +130,16 @@ def weight_decay_exempt(param: torch.Tensor) -> bool:
     """True for a row-masked matrix (``new_token_rows``): it must sit in the optimiser's ``weight_decay: 0`` group,
     or AdamW's decoupled decay would move the rows the mask keeps frozen."""
     return hasattr(param, _ROWS)
+
+
+def masked_rows(param: torch.Tensor) -> Optional[list[int]]:
+    """The rows a row-masked matrix trains (``new_token_rows``), or None for any other parameter."""
+    return getattr(param, _ROWS, None)
+
+
+def mark_masked_rows(param: torch.Tensor, rows: list[int]) -> None:
+    """Record ``rows`` as the rows ``param`` trains, under a mask applied elsewhere (:mod:`harness.fsdp`)."""
+    setattr(param, _ROWS, list(rows))
 
 
 def param_groups(model, weight_decay: float) -> list[dict[str, Any]]:
@@ -418,15 +429,17 @@ def check_special_token_gradients(model, token_ids: dict[str, int], batch=None) 
     for where, w, is_output in vocab_parameters(model):
         if not w.requires_grad:
             continue
+        # A sharded (FSDP) gradient, gathered whole before ``todo`` (this rank's slice): every rank joins.
+        grad = gathered(w.grad.detach()) if w.grad is not None else None
         meant = getattr(w, _ROWS, None)
         todo = [(t, i) for t, i in items if (is_output or read is None or i in read) and (meant is None or i in meant)]
         if not todo:
             continue
         ids = torch.tensor([i for _, i in todo], dtype=torch.long)
-        if w.grad is None:
+        if grad is None:
             moving = [False] * len(todo)
         else:
-            moving = w.grad.detach()[ids.to(w.grad.device)].ne(0).flatten(1).any(1).tolist()
+            moving = grad[ids.to(grad.device)].ne(0).flatten(1).any(1).tolist()
         for (tok, tid), ok in zip(todo, moving):
             checked.append((tok, tid, where))
             if not ok:

@@ -17,6 +17,12 @@ _ATTN = re.compile(r"attn|attention|linear_attn")
 _MLP = re.compile(r"mlp|feed_forward|ffn")
 
 
+def gathered(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a plain tensor: a DTensor (FSDP's sharded parameters and gradients, and reductions of them, which
+    hold this rank's part) becomes its global value — a collective every rank must call in the same order."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def module_group(name: str) -> str:
     """The health group of a parameter name."""
     layer = _LAYER.search(name)
@@ -53,7 +59,7 @@ class GroupStats:
     def grad_norms(self) -> dict[str, float]:
         out = {}
         for group, params in self.groups.items():
-            grads = [p.grad.detach().float().norm() for _, p in params if p.grad is not None]
+            grads = [gathered(p.grad.detach().float().norm()) for _, p in params if p.grad is not None]
             if grads:
                 out[group] = float(torch.stack(grads).norm())
         return out
@@ -65,8 +71,8 @@ class GroupStats:
         """‖Δθ‖/‖θ‖ per group, and ``all`` over every trainable parameter."""
         out, delta_total, norm_total = {}, 0.0, 0.0
         for group, params in self.groups.items():
-            delta = sum(float(((p.detach() - b) ** 2).sum()) for (_, p), b in zip(params, before[group]))
-            norm = sum(float((p.detach() ** 2).sum()) for _, p in params)
+            delta = sum(float(gathered(((p.detach() - b) ** 2).sum())) for (_, p), b in zip(params, before[group]))
+            norm = sum(float(gathered((p.detach() ** 2).sum())) for _, p in params)
             out[group] = (delta / norm) ** 0.5 if norm > 0 else 0.0
             delta_total += delta
             norm_total += norm

@@ -20,6 +20,8 @@ environment. Each rank then runs the whole experiment:
 - resume points gather every rank's RNG state and metrics window to rank 0 (:mod:`harness.checkpoint`); a resumed
   rank other than 0 starts from a scratch copy of rank 0's run directory (:func:`rank_session`).
 
+A stage with ``train.parallel: fsdp`` trains a sharded replica through the same hooks (:mod:`harness.fsdp`).
+
 Collectives time out after ``HARNESS_DIST_TIMEOUT`` seconds (default 1800), so a rank that dies cannot leave
 the others waiting forever. The backend is nccl on GPUs, gloo on CPU.
 """
@@ -85,9 +87,26 @@ class _SupervisedLogits(torch.nn.Module):
 class DataParallel:
     """This rank's view of the process group, with the hooks :func:`harness.train.train_stage` calls."""
 
+    sharded = False  # harness.fsdp's subclass: the trained module's weights exist in full only inside its forward
+
     def __init__(self):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self._wrapped: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+    def trained_module(self, model: torch.nn.Module, precision: str) -> torch.nn.Module:
+        """The module whose parameters the stage's optimiser trains: ``model`` itself (FSDP: a sharded replica)."""
+        return model
+
+    def sync(self, model: torch.nn.Module) -> None:
+        """Bring ``model`` up to date with the trained module before it is evaluated or saved (DDP: it is that)."""
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """The optimiser's state for a resumable checkpoint (the one-process format)."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Load a resume point's optimiser state (the one-process format) into this rank's optimiser."""
+        optimizer.load_state_dict(state)
 
     def shard(self, batch: Batch) -> Batch:
         """This rank's contiguous slice of the rows of a global batch (same padded width as the whole batch)."""
@@ -157,9 +176,14 @@ class DataParallel:
 _CURRENT: Optional[DataParallel] = None
 
 
-def current() -> Optional[DataParallel]:
-    """The data-parallel hooks when this process is one of several ranks, else None."""
-    return _CURRENT
+def current(parallel: str = "ddp") -> Optional[DataParallel]:
+    """The data-parallel hooks when this process is one of several ranks, else None; ``parallel="fsdp"`` (a
+    stage's ``train.parallel``): new hooks for one FSDP stage (:mod:`harness.fsdp`)."""
+    if _CURRENT is None or parallel == "ddp":
+        return _CURRENT
+    from harness.fsdp import FullyShardedDataParallel  # imports this module: a cycle at import time
+
+    return FullyShardedDataParallel()
 
 
 def kill_step(spec) -> Optional[int]:

@@ -20,6 +20,7 @@ from typing import Any, Optional
 import torch
 
 from harness import distributed
+from harness.diagnostics import gathered
 
 
 class NonFiniteError(RuntimeError):
@@ -71,8 +72,9 @@ def first_nonfinite_module(model, run_forward) -> Optional[str]:
 
 
 def nonfinite_grads(model) -> list[str]:
+    # A sharded (FSDP) gradient counts its non-finite entries on every rank's shard (a sum every rank computes).
     return [name for name, p in model.named_parameters()
-            if p.grad is not None and not torch.isfinite(p.grad).all()]
+            if p.grad is not None and int(gathered((~torch.isfinite(p.grad)).sum())) > 0]
 
 
 @dataclass

@@ -9,7 +9,9 @@ steps a resumable checkpoint is written. Metrics are accumulated on-device and r
 
 With several ranks (:mod:`harness.distributed`) the loop calls four hooks of ``DataParallel``: each rank takes its
 slice of every global batch, the forward goes through DDP, the loss is normalised by the global supervised-token
-count, and the window sums and the non-finite flag are all-reduced.
+count, and the window sums and the non-finite flag are all-reduced. Under ``train.parallel: fsdp``
+(:mod:`harness.fsdp`) the optimiser trains a sharded replica of the model (``trained``), whose weights ``sync``
+copies into ``model`` before every evaluation and checkpoint.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from harness.adapters import check_special_token_gradients, param_groups, unwrap
 from harness.compiling import compile_decision, compiled_stage, forward_of
 from harness.config import LossSpec, OptimSpec, TrainSpec
 from harness.data import Batch
-from harness.diagnostics import GroupStats
+from harness.diagnostics import GroupStats, gathered
 from harness.guard import Injector, NonFiniteError, first_nonfinite_module, nonfinite_grads
 from harness.losses import first_answer_tokens, token_losses_and_ce, token_weights, weighted_mean
 from harness.store import Row
@@ -218,15 +220,20 @@ class StageLoop:
         self.save_checkpoint, self.progress, self.kill_at = save_checkpoint, progress, kill_at
 
 
-def _diagnose(model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step: int, what: str) -> dict[str, Any]:
-    """Name the first module with a non-finite output (re-running the batch with hooks) and the bad grads."""
+def _diagnose(model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step: int, what: str,
+              parallel=None) -> dict[str, Any]:
+    """Name the first module with a non-finite output (re-running the batch with hooks) and the bad grads. A
+    sharded (FSDP) model re-runs through its sharded forward, on every rank (the all-gathers must match); a DDP
+    model re-runs outside DDP (a second DDP forward before the optimiser step would confuse its reducer)."""
+    through = parallel if parallel is not None and parallel.sharded else None
     tasks: dict[str, int] = {}
     for t in batch.tasks:
         tasks[t] = tasks.get(t, 0) + 1
     return {
         "step": step, "stage": loop.stage, "what": what,
         "first_module": first_nonfinite_module(
-            model, lambda: batch_loss(model, batch, loop.train.loss, task_ids, loop.tasks, loop.train.precision)),
+            model, lambda: batch_loss(model, batch, loop.train.loss, task_ids, loop.tasks, loop.train.precision,
+                                      parallel=through)),
         "nonfinite_grads": nonfinite_grads(model),
         "tasks": tasks,
     }
@@ -240,7 +247,7 @@ def _nonfinite_report(model, batch: Batch, loop: StageLoop, task_ids: torch.Tens
     bad_ranks = parallel.bad_ranks(loss_bad, grad_bad) if parallel is not None else []  # one host sync per step
     if not (loss_bad or grad_bad or bad_ranks):
         return None
-    report = _diagnose(model, batch, loop, task_ids, step, "loss" if loss_bad else "gradient")
+    report = _diagnose(model, batch, loop, task_ids, step, "loss" if loss_bad else "gradient", parallel)
     return parallel.report_of(bad_ranks[0], report) if bad_ranks else report
 
 
@@ -271,21 +278,27 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
 def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[LoopState],
                  compiled: Union[bool, str]) -> int:
     train, task_index = loop.train, {t: i for i, t in enumerate(loop.tasks)}
-    parallel = distributed.current()  # None in a single process
+    parallel = distributed.current(train.parallel)  # None in a single process
     if parallel is not None:
         batches = [parallel.shard(b) for b in batches]
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = GroupStats(model) if train.diagnostics else None
-    optimizer, scheduler = make_optimizer(model, train.optim, len(batches))
+    # What the optimiser trains: ``model`` itself, or under FSDP a sharded replica whose weights are synced back
+    # into ``model`` before every evaluation and checkpoint (harness.fsdp).
+    trained = parallel.trained_module(model, train.precision) if parallel is not None else model
+    params = [p for p in trained.parameters() if p.requires_grad]
+    groups = GroupStats(trained) if train.diagnostics else None
+    optimizer, scheduler = make_optimizer(trained, train.optim, len(batches))
     state = resume or LoopState()
     if state.optimizer is not None:
-        optimizer.load_state_dict(state.optimizer)
+        if parallel is not None:  # FSDP shards the saved (one-process format) state onto its ranks
+            parallel.load_optimizer_state(optimizer, state.optimizer)
+        else:
+            optimizer.load_state_dict(state.optimizer)
         scheduler.load_state_dict(state.scheduler)
     window = Window.from_state(len(loop.tasks), state.window) if state.window else Window(len(loop.tasks))
     max_norm = train.optim.grad_clip if train.optim.grad_clip is not None else float("inf")
     guard = train.nonfinite.action != "off"
     device = next(model.parameters()).device
-    model.train()
+    trained.train()
     upcoming = batches[state.batch_index].to(device) if state.batch_index < len(batches) else None
 
     for i in range(state.batch_index, len(batches)):
@@ -297,21 +310,21 @@ def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[
         if step == loop.kill_at:  # no cleanup, no exit code: what a crashed or OOM-killed rank leaves behind
             os.kill(os.getpid(), signal.SIGKILL)
         if loop.injector is not None:
-            loop.injector.before_forward(model, step)
-        loss, ce, task_of_token = batch_loss(model, batch, train.loss, task_ids, loop.tasks, train.precision, compiled,
-                                             parallel)
+            loop.injector.before_forward(trained, step)
+        loss, ce, task_of_token = batch_loss(trained, batch, train.loss, task_ids, loop.tasks, train.precision,
+                                             compiled, parallel)
         loss.backward()
         if i + 1 < len(batches):  # on a GPU the next batch's copy overlaps this step's work
             upcoming = batches[i + 1].to(device)
         if loop.injector is not None:
-            loop.injector.after_backward(model, step)
+            loop.injector.after_backward(trained, step)
         if i == 0 and loop.special_tokens:
             # Before the stage's first update: every special token the stage uses must reach its trainable row.
-            check_special_token_gradients(model, loop.special_tokens, batch=batch)
+            check_special_token_gradients(trained, loop.special_tokens, batch=batch)
         group_grads = groups.grad_norms() if groups is not None and is_log_step else None
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        grad_norm = gathered(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
 
-        report = _nonfinite_report(model, batch, loop, task_ids, step, loss, grad_norm, parallel) if guard else None
+        report = _nonfinite_report(trained, batch, loop, task_ids, step, loss, grad_norm, parallel) if guard else None
         if report is not None:
             state.consecutive_skips += 1
             if train.nonfinite.action == "stop" or state.consecutive_skips >= train.nonfinite.max_consecutive:
@@ -345,10 +358,15 @@ def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[
         if loop.progress is not None:
             loop.progress(1)
         if step % loop.eval_every == 0 or i + 1 == len(batches):
+            if parallel is not None:
+                parallel.sync(model)
             loop.evaluate(step)
-            model.train()
+            trained.train()
         if loop.save_checkpoint is not None and train.checkpoint_every and step % train.checkpoint_every == 0 \
                 and i + 1 < len(batches):
+            if parallel is not None:
+                parallel.sync(model)
             loop.save_checkpoint(step, LoopState(i + 1, state.consecutive_skips, window.state(),
-                                                 optimizer.state_dict(), scheduler.state_dict()))
+                                                 parallel.optimizer_state(optimizer) if parallel is not None
+                                                 else optimizer.state_dict(), scheduler.state_dict()))
     return loop.start_step + len(batches)

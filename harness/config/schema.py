@@ -168,6 +168,11 @@ class TrainSpec(Strict):
         "fp32", description="bf16-autocast keeps fp32 master weights and optimiser state.")
 
     batch_size: int = Field(16, ge=1, description="Examples per optimiser step.")
+    parallel: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="With several ranks (--nproc / torchrun): ddp (DistributedDataParallel: every rank holds "
+                           "the whole model and optimiser state) | fsdp (FSDP2 fully_shard per transformer block: the "
+                           "trained weights, gradients and optimiser state sharded over ranks, one full copy kept "
+                           "for evaluation; harness/fsdp.py). Ignored in one process.")
     max_length: int = Field(256, ge=8, description="Longer examples are dropped (counted per task).")
     optim: OptimSpec = Field(default_factory=OptimSpec)
     log_every: int = Field(10, ge=1, description="Steps per training-metrics window.")

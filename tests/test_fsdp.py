@@ -1,0 +1,178 @@
+"""FSDP2 training (``train.parallel: fsdp``, harness/fsdp.py): two gloo ranks under torchrun against one process —
+the micro experiment (full fine-tuning: per-step training loss and grad norm, evaluations, greedy predictions), the
+tiny experiment with a LoRA adapter and new-token row masks (losses, masked rows untouched, the checkpoint rank 0
+writes loading in one process), and an fsdp run's resume point resumed by 2 ranks (one process refused)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import polars as pl
+import pytest
+from safetensors.torch import load_file
+
+from harness.store import read_metrics
+from tests.conftest import MICRO, TINY, run_cli, write_yaml
+
+# As tests/test_distributed.py: both sides single-threaded, so only the data-parallel arithmetic differs.
+# A collective one rank skips would hang the other: fail after 2 minutes instead of the default 30.
+ENV = {"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HARNESS_DIST_TIMEOUT": "120"}
+SETTINGS = ["--set", "train.log_every=1", "--set", "tracking.wandb.mode=disabled"]
+FSDP = ["--nproc", "2", "--set", "train.parallel=fsdp"]
+DISCRETE = {"greedy", "mode_ok", "tf_first", "tf_exact", "ft_top1", "ft_hijack"}
+# LoRA with the added tokens' rows trained through row masks on an untied embedding and head (the special-token
+# check then reads each rank's slice of the batch for the embedding); the runs also write resume points (every 2
+# steps, all kept) and skip the stage cache (they must train).
+LORA = {**TINY, "model": {**TINY["model"], "config": {**TINY["model"]["config"], "tie_word_embeddings": False}},
+        "train": {**TINY["train"], "trainable": {"mode": "lora", "r": 4}, "log_every": 1,
+                  "checkpoint_every": 2, "keep_checkpoints": 10, "stage_cache": False}}
+
+
+@pytest.fixture(scope="module")
+def micro_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fsdp")
+    for name, extra in (("one", []), ("fsdp", FSDP)):
+        result = run_cli("run", str(MICRO), "--out", str(root / name), *SETTINGS, *extra, env=ENV)
+        assert result.returncode == 0, result.stderr[-4000:]
+    return root / "one", root / "fsdp"
+
+
+@pytest.fixture(scope="module")
+def lora_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fsdp_lora")
+    exp_file = write_yaml(root / "lora.yaml", LORA)
+    for name, extra in (("one", []), ("fsdp", FSDP)):
+        result = run_cli("run", str(exp_file), "--out", str(root / name), *extra, env=ENV)
+        assert result.returncode == 0, result.stderr[-4000:]
+    return exp_file, root / "one", root / "fsdp"
+
+
+def _train_metric(df: pl.DataFrame, metric: str) -> np.ndarray:
+    rows = df.filter(pl.col("split") == "train", pl.col("metric") == metric, pl.col("task").is_null()).sort("step")
+    assert rows["step"].to_list() == list(range(1, rows.height + 1))  # every step logged, none lost
+    return rows["value"].to_numpy()
+
+
+def _relative(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    assert a.shape == b.shape
+    return np.abs(a - b) / np.abs(a)
+
+
+def test_fsdp_trains_like_one_process(micro_pair):
+    one, two = (read_metrics(d) for d in micro_pair)
+    rel = _relative(_train_metric(one, "loss"), _train_metric(two, "loss"))
+    assert rel.size == 140
+    # Stage 1 (40 steps) agrees to rounding (measured 4.1e-7). The gradients FSDP reduce-scatters equal one
+    # process's: the first step's grad norm (same weights, one gradient; the norm of the shards all-reduced) to
+    # 2.9e-7 — a wrong averaging factor over ranks would be off by 2x — and stage 1's to 1.2e-5.
+    # From stage 2 on (gradients 10x larger, clipped, through Adam) the ulps of another summation order (two
+    # half-batches reduce-scattered, norms of shards) grow chaotically, as under DDP: measured ≤ 1.9e-4 relative
+    # (DDP: 2.5e-5), median 1.3e-5.
+    assert rel[:40].max() < 1e-6, f"stage 1: per-step loss differs by up to {rel[:40].max():.2e} (relative)"
+    grad_rel = _relative(_train_metric(one, "grad_norm"), _train_metric(two, "grad_norm"))
+    assert grad_rel[0] < 1e-6 and grad_rel[:40].max() < 1e-4
+    assert rel.max() < 1e-3, f"per-step loss differs by up to {rel.max():.2e} (relative)"
+    assert np.median(rel) < 1e-4
+
+    key = ["stage", "step", "task", "split", "metric"]
+    evals = [df.filter(pl.col("split") != "train", pl.col("text").is_null()).select(key + ["value"])
+             for df in (one, two)]
+    joined = evals[0].join(evals[1], on=key, how="full", suffix="_2", nulls_equal=True)
+    assert joined.height == evals[0].height == evals[1].height  # the same evaluations, at the same steps
+    loss = joined.filter(pl.col("metric") == "eval_loss")
+    assert ((loss["value"] - loss["value_2"]).abs() <= 1e-3 * loss["value"].abs()).all()
+    discrete = joined.filter(pl.col("metric").is_in(DISCRETE))
+    # Measured: 1 of 864 cells differs — an ft_hijack where "Yes" and "<|im_end|>" are tied to 3e-4 (below).
+    assert discrete.height > 0 and (discrete["value"] != discrete["value_2"]).sum() <= 0.01 * discrete.height
+
+
+def test_fsdp_predictions_differ_only_at_near_ties(micro_pair):
+    rows = [[json.loads(line) for line in open(d / "samples.jsonl")] for d in micro_pair]
+    assert len(rows[0]) == len(rows[1]) > 0
+    differing = 0
+    for a, b in zip(*rows):
+        assert (a["step"], a["task"], a["split"], a["index"]) == (b["step"], b["task"], b["split"], b["index"])
+        if (a["pred"], a["correct"], a["tf_first"], a["outcomes"]) != (b["pred"], b["correct"], b["tf_first"],
+                                                                       b["outcomes"]):
+            differing += 1
+            p1, p2 = a["top5"][0]["prob"], a["top5"][1]["prob"]
+            assert p1 - p2 < 1e-3 * p1, f"a decided first token differs at {a['step']} {a['task']} {a['index']}"
+    assert differing <= 0.01 * len(rows[0])
+    one, two = micro_pair
+    assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())  # rank 0 alone writes
+
+
+def test_fsdp_lora_with_row_masks_and_its_checkpoint(lora_pair):
+    _, one, two = lora_pair
+    a, b = read_metrics(one), read_metrics(two)
+    # LoRA on the sharded blocks, the embedding row-masked (the added tokens' rows train): measured ≤ 7.1e-8.
+    assert _relative(_train_metric(a, "loss"), _train_metric(b, "loss")).max() < 1e-6
+    report = json.loads((two / "checkpoints" / "b" / "meta.json").read_text())["trainable"]
+    assert report["trainable"] > report["adapter"] > 0, "the run trained masked embedding rows besides the adapter"
+    # The merged checkpoints: every embedding and head row outside the trained rows is bitwise the one-process
+    # run's (the mask, applied to each rank's shard of the gradient, kept them still); the trained rows moved alike.
+    w1, w2 = (load_file(d / "checkpoints" / "b" / "model.safetensors") for d in (one, two))
+    assert w1.keys() == w2.keys()
+    rows = (report["trainable"] - report["adapter"]) // (2 * w1["lm_head.weight"].shape[1])  # per matrix
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        moved = (w1[name] - w2[name]).abs().amax(1).nonzero().flatten().tolist()
+        assert len(moved) <= rows, f"{name}: rows outside the mask differ: {moved}"
+    assert all(float((w1[k] - w2[k]).abs().max()) < 1e-6 for k in w1)
+    assert (two / "checkpoints" / "b" / "adapter" / "adapter_model.safetensors").exists()
+    ev = run_cli("eval", str(two / "checkpoints" / "b"), "--experiment", str(lora_pair[0]), "--out",
+                 str(two.parent / "eval"), env=ENV)  # the checkpoint rank 0 wrote, evaluated in one process
+    assert ev.returncode == 0, ev.stderr[-3000:]
+
+
+def test_fsdp_resume_point_resumes_with_the_same_ranks(lora_pair, tmp_path):
+    exp_file, one, two = lora_pair
+    # The fsdp run's optimiser state is saved gathered, in the one-process format, like the one-process run's.
+    import torch
+
+    saved = [torch.load(d / "checkpoints" / "resume" / "step-00000006" / "optimizer.pt", weights_only=True)
+             ["optimizer"] for d in (one, two)]
+    assert [g["params"] for g in saved[0]["param_groups"]] == [g["params"] for g in saved[1]["param_groups"]]
+    assert saved[0]["state"].keys() == saved[1]["state"].keys()
+    for i, state in saved[0]["state"].items():
+        assert torch.allclose(state["exp_avg"], saved[1]["state"][i]["exp_avg"], rtol=1e-4, atol=1e-9)
+    # "Kill" the fsdp run after step 6: one process may not resume it (another run's sums); 2 fsdp ranks shard the
+    # saved state back and end where the uninterrupted fsdp run did.
+    killed = tmp_path / "killed"
+    shutil.copytree(two, killed)
+    shutil.rmtree(killed / "checkpoints" / "resume" / "step-00000008")
+    (killed / "summary.json").unlink()
+    refused = run_cli("run", str(exp_file), "--resume", str(killed), *FSDP[2:], env=ENV)
+    assert refused.returncode == 2 and "resume it with --nproc 2" in refused.stderr, refused.stderr[-2000:]
+    result = run_cli("run", str(exp_file), "--resume", str(killed), *FSDP, env=ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((killed / "summary.json").read_text())["resumed_from"] == "step-00000006"
+    rel = _relative(_train_metric(read_metrics(two), "loss"), _train_metric(read_metrics(killed), "loss"))
+    assert rel.size == 8 and rel.max() < 1e-6
+
+
+@pytest.mark.slow  # ~45 s for a smoke test of the policy (make test-all); its numbers matter on a GPU
+def test_fsdp_bf16_autocast_runs_mixed_precision(tiny, tmp_path):
+    """precision: bf16-autocast → MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32): the blocks
+    compute from bf16 copies of the weights (norm weights included, unlike autocast alone), so the losses agree with
+    one process's autocast to bf16 precision only (measured ≤ 1.7e-4 relative over the tiny run's 8 steps)."""
+    tiny["train"].update(precision="bf16-autocast", log_every=1)
+    exp_file = write_yaml(tmp_path / "bf16.yaml", tiny)
+    for name, extra in (("one", []), ("fsdp", FSDP)):
+        result = run_cli("run", str(exp_file), "--out", str(tmp_path / name), *extra, env=ENV)
+        assert result.returncode == 0, result.stderr[-4000:]
+    rel = _relative(*(_train_metric(read_metrics(tmp_path / n), "loss") for n in ("one", "fsdp")))
+    assert rel.size == 8 and 0 < rel.max() < 2e-3
+
+
+def test_fsdp_nan_on_one_rank_stops_both_and_names_it(tiny, tmp_path):
+    tiny["debug"] = {"inject_nonfinite": {"step": 3, "where": "forward", "module": r"layers\.0\.mlp$", "rank": 1}}
+    out = tmp_path / "run"
+    result = run_cli("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--out", str(out), *FSDP, env=ENV)
+    assert result.returncode != 0
+    report = json.loads((out / "nonfinite.json").read_text())
+    assert report["rank"] == 1 and report["step"] == 3 and report["what"] == "loss"
+    # the module as rank 1 saw it in the sharded replica's re-run; the gradients named from every rank's shards
+    assert report["first_module"] == "model.layers.0.mlp"
+    assert "model.layers.0.mlp.down_proj.weight" in report["nonfinite_grads"]
