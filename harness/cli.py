@@ -124,7 +124,7 @@ def run(
         else:
             with session or contextlib.nullcontext((exp, run_dir)) as (exp, run_dir):
                 run_experiment(exp, run_dir, resume=resume is not None, force=force)
-    except (DataError, ConfigError) as e:
+    except (DataError, ConfigError, distributed.ParallelError) as e:
         _fail(f"{file}: {e}")
     except WorldSizeError as e:
         _fail(str(e))

@@ -46,6 +46,10 @@ from torch.nn.parallel import DistributedDataParallel
 from harness.config import dump_yaml
 from harness.data import Batch
 
+class ParallelError(ValueError):
+    """A run that cannot train the way ``train.parallel`` asks (an unsupported model); the CLI's one-line exit 2."""
+
+
 TIMEOUT_ENV = "HARNESS_DIST_TIMEOUT"
 SCRATCH_ENV = "HARNESS_RANK_SCRATCH"  # where ranks other than 0 make their scratch run directories
 
@@ -196,6 +200,7 @@ def launch(nproc: int, argv: list[str]) -> int:
     """Run ``harness ARGV`` as ``nproc`` ranks (torchrun's own code, in this process) and return the exit code of
     the rank that failed first (a NaN stop's 3 stays 3; torchrun itself would say 1), or 128 + the signal that
     killed it; when a rank fails, torchrun stops the others, and one line says which rank and how."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -205,9 +210,12 @@ def launch(nproc: int, argv: list[str]) -> int:
     try:
         run(parse_args(torchrun_command(nproc, argv)[3:]))
         return 0
+    except SignalException as e:  # Ctrl-C / SIGTERM to the launcher: torchrun has stopped the ranks
+        print(f"error: stopped by {signal.Signals(e.sigval).name} (torchrun stopped the {nproc} ranks)",
+              file=sys.stderr, flush=True)
+        return 128 + int(e.sigval)
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
-        code = failure.exitcode
+        rank, code = _first_failure(e.failures)
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         print(f"error: rank {rank} of {nproc} {how} (the first rank to fail; torchrun stopped any other still "
               "running)", file=sys.stderr, flush=True)
@@ -215,6 +223,17 @@ def launch(nproc: int, argv: list[str]) -> int:
     finally:
         del os.environ[SCRATCH_ENV]
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _first_failure(failures: dict) -> tuple[int, int]:
+    """The rank that failed first and its exit code. torchrun's timestamps are whole seconds, so ranks that died in
+    the same second tie: a rank killed by a signal, or one that exited with its own code, caused the others' gloo
+    errors (exit 1), so it goes first."""
+    def order(item):
+        rank, failure = item
+        return failure.timestamp, failure.exitcode == 1, rank
+    rank, failure = min(failures.items(), key=order)
+    return rank, failure.exitcode
 
 
 def _scratch_for_resume(run_dir: Path, scratch: Path) -> None:

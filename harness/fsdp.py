@@ -43,7 +43,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import distribute_tensor
 
 from harness.adapters import mark_masked_rows, masked_rows, unwrap
-from harness.distributed import DataParallel, _SupervisedLogits
+from harness.distributed import DataParallel, ParallelError, _SupervisedLogits
 
 _ROOT_PREFIX = "model."  # the root module's name for the replica (_SupervisedLogits.model)
 
@@ -52,7 +52,7 @@ def _block_classes(model) -> set[str]:
     """Transformer block class names: transformers lists them as the modules it never splits across devices."""
     names = set(getattr(unwrap(model), "_no_split_modules", None) or [])
     if not names:
-        raise ValueError(f"train.parallel: fsdp needs a model whose transformer blocks are known "
+        raise ParallelError(f"train.parallel: fsdp needs a model whose transformer blocks are known "
                          f"(_no_split_modules); {type(unwrap(model)).__name__} lists none")
     return names
 
@@ -71,7 +71,7 @@ class FullyShardedDataParallel(DataParallel):
         """A copy of ``model`` sharded over the ranks (blocks, then the root); what the loop's optimiser trains."""
         if getattr(unwrap(model).config, "vision_config", None) is not None:
             # the image-text loss calls the model's parts directly (harness.vision_data), outside a sharded root
-            raise ValueError("train.parallel: fsdp does not support image-text models yet; use ddp")
+            raise ParallelError("train.parallel: fsdp does not support image-text models yet; use ddp")
         replica = copy.deepcopy(model)
         rows = {name: masked_rows(p) for name, p in model.named_parameters() if masked_rows(p) is not None}
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \

@@ -41,7 +41,7 @@ import transformers
 from safetensors.torch import save_model
 
 import harness
-from harness import compiling
+from harness import compiling, distributed
 from harness.checkpoint import SavedWeights, Start
 from harness.compiling import compile_decision
 from harness.config import Experiment, ResolvedStage
@@ -311,6 +311,8 @@ class StageCache:
                               "back to eager in this run; the key says compiled)")
             return
         began, stage = self.began.pop(index), self.stages[index]
+        if not self._rank_zero_stores(stage.name):
+            return
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{self.keys[index]}.", dir=self.root))
         try:
@@ -326,6 +328,19 @@ class StageCache:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+    def _rank_zero_stores(self, stage: str) -> bool:
+        """Whether this process writes the entry: in a data-parallel run only rank 0 (the run the summary and
+        ``cached_from`` name), and only when every rank's torch RNG state is the same — an entry holds one, which a
+        replay gives every rank (they differ when dropout draws for unequal slices of a batch)."""
+        parallel = distributed.current()
+        if parallel is None:
+            return True
+        states = parallel.all_gather(torch.get_rng_state())  # every rank decides alike
+        same = all(torch.equal(states[0], other) for other in states[1:])
+        if not same and parallel.rank == 0:
+            self.console.info(f"stage {stage}: not stored in the stage cache (the ranks' RNG states differ)")
+        return same and parallel.rank == 0
 
     def annotate(self, summary_stages: list[dict[str, Any]]) -> None:
         """Mark the summary's cached stages with the run that computed them."""

@@ -195,3 +195,18 @@ def test_bf16_autocast_exchanges_fp32_gradients(tmp_path):
     assert head == [torch.bfloat16], "the forward ran under bf16 autocast"
     assert buckets and set(buckets) == {torch.float32}, f"all-reduced bucket dtypes: {buckets}"
     assert {p.grad.dtype for p in model.parameters() if p.grad is not None} == {torch.float32}
+
+
+def test_the_first_failure_is_the_rank_that_caused_the_others():
+    """torchrun's failure timestamps are whole seconds: of two ranks failing in one second, the one killed by a
+    signal (or exiting with its own code) is named, not the survivor whose collective then failed (exit 1)."""
+    from types import SimpleNamespace
+
+    from harness.distributed import _first_failure
+
+    same_second = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=-9)}
+    assert _first_failure(same_second) == (1, -9)
+    earlier = {0: SimpleNamespace(timestamp=99, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=3)}
+    assert _first_failure(earlier) == (0, 1)
+    assert _first_failure({0: SimpleNamespace(timestamp=5, exitcode=3), 1: SimpleNamespace(timestamp=5, exitcode=3)}) \
+        == (0, 3)

@@ -176,3 +176,21 @@ def test_fsdp_nan_on_one_rank_stops_both_and_names_it(tiny, tmp_path):
     # the module as rank 1 saw it in the sharded replica's re-run; the gradients named from every rank's shards
     assert report["first_module"] == "model.layers.0.mlp"
     assert "model.layers.0.mlp.down_proj.weight" in report["nonfinite_grads"]
+
+
+def test_rank_0_alone_stores_the_data_parallel_stages(micro_pair):
+    """Every rank ends each stage, but only rank 0 (the run the directory holds) writes the stage-cache entry: a
+    rank-1 entry would name a scratch run that no longer exists as its source."""
+    from harness.stage_cache import META, stages_root
+
+    _, two = micro_pair
+    run_id = json.loads((two / "run.json").read_text())["run_id"]
+    stored = [json.loads(p.read_text()) for p in stages_root().glob(f"*/{META}")]
+    ours = sorted(m["stage"] for m in stored if m["source_run_id"] == run_id)
+    assert ours == ["assistant", "repeat_only", "short"], [m["source_run_id"] for m in stored]
+
+
+def test_fsdp_with_an_image_text_builtin_is_refused_when_the_file_is_checked():
+    result = run_cli("validate", "experiments/vision.yaml", "--set", "train.parallel=fsdp", env=ENV)
+    assert result.returncode == 2
+    assert "train.parallel: fsdp does not support image-text models yet; use ddp" in result.stderr

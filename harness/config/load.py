@@ -103,9 +103,22 @@ def _stage_errors(exp: Experiment) -> Errors:
     return errors
 
 
+def _parallel_errors(exp: Experiment) -> Errors:
+    """FSDP shards the training forward of a text model; an image-text model's loss calls its parts outside it."""
+    if not (exp.model.builtin == "llava-tiny" or exp.model.vision):
+        return []
+    paths = []
+    for i, stage in enumerate(exp.stages):
+        own = stage.model_dump(exclude_unset=True).get("parallel")
+        if (own or exp.train.parallel) == "fsdp":
+            paths.append(f"stages[{i}].parallel" if own else "train.parallel")
+    return [(path, "fsdp does not support image-text models yet; use ddp") for path in dict.fromkeys(paths)]
+
+
 def semantic_errors(exp: Experiment) -> Errors:
     """The second pass: checks that need the whole file and the registries, in the file's order of sections."""
-    return _recipe_errors(exp) + check_model_spec(exp.model) + _component_errors(exp) + _stage_errors(exp)
+    return (_recipe_errors(exp) + check_model_spec(exp.model) + _component_errors(exp) + _stage_errors(exp)
+            + _parallel_errors(exp))
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
