@@ -275,6 +275,18 @@ def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[L
         return _train_stage(model, batches, loop, resume, loop.train.compile if compile_it else False)
 
 
+def _optimizer_for(trained, spec: OptimSpec, steps: int, state: LoopState, parallel):
+    """The stage's optimiser and schedule, continuing a resumed stage's saved state."""
+    optimizer, scheduler = make_optimizer(trained, spec, steps)
+    if state.optimizer is not None:
+        if parallel is not None:  # FSDP shards the saved (one-process format) state onto its ranks
+            parallel.load_optimizer_state(optimizer, state.optimizer)
+        else:
+            optimizer.load_state_dict(state.optimizer)
+        scheduler.load_state_dict(state.scheduler)
+    return optimizer, scheduler
+
+
 def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[LoopState],
                  compiled: Union[bool, str]) -> int:
     train, task_index = loop.train, {t: i for i, t in enumerate(loop.tasks)}
@@ -286,14 +298,8 @@ def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[
     trained = parallel.trained_module(model, train.precision) if parallel is not None else model
     params = [p for p in trained.parameters() if p.requires_grad]
     groups = GroupStats(trained) if train.diagnostics else None
-    optimizer, scheduler = make_optimizer(trained, train.optim, len(batches))
     state = resume or LoopState()
-    if state.optimizer is not None:
-        if parallel is not None:  # FSDP shards the saved (one-process format) state onto its ranks
-            parallel.load_optimizer_state(optimizer, state.optimizer)
-        else:
-            optimizer.load_state_dict(state.optimizer)
-        scheduler.load_state_dict(state.scheduler)
+    optimizer, scheduler = _optimizer_for(trained, train.optim, len(batches), state, parallel)
     window = Window.from_state(len(loop.tasks), state.window) if state.window else Window(len(loop.tasks))
     max_norm = train.optim.grad_clip if train.optim.grad_clip is not None else float("inf")
     guard = train.nonfinite.action != "off"
