@@ -95,10 +95,12 @@ def _encode(tokenizer, examples: Sequence[Any]) -> tuple[list[Encoded], list[dic
     out = []
     for ex, (_, spans), ids, offsets in zip(examples, rendered, batch["input_ids"], batch["offset_mapping"]):
         ids = np.asarray(ids, dtype=np.int64)
-        labels = np.full_like(ids, IGNORE_INDEX)
-        for t, (s, e) in enumerate(offsets):
-            if e > s and any(s < span_end and e > span_start for span_start, span_end in spans):
-                labels[t] = ids[t]
+        starts, ends = np.asarray(offsets, dtype=np.int64).reshape(-1, 2).T
+        # A token is supervised when it covers characters and overlaps an assistant span.
+        supervised = np.zeros(len(ids), dtype=bool)
+        for span_start, span_end in spans:
+            supervised |= (starts < span_end) & (ends > span_start)
+        labels = np.where(supervised & (ends > starts), ids, IGNORE_INDEX)
         # Position t predicts token t+1: shift here once so the loop needs no per-step shifting.
         out.append(Encoded(ex.task, ids, np.concatenate([labels[1:], [IGNORE_INDEX]])))
     return out, prompts
