@@ -125,15 +125,16 @@ def main() -> None:
 
 
 def _same_store_values(trial_a: Path, trial_b: Path) -> tuple[int, int]:
-    """``(identical, compared)``: evaluation values of two trials' stores at the (step, task, split, metric) keys
-    both have, wall-clock metrics left out."""
+    """``(identical, compared)``: evaluation values of two trials' stores (with their n and Wilson interval) at the
+    (step, task, split, metric) keys both have, wall-clock metrics left out."""
     import polars as pl
 
     def values(trial: Path) -> dict:
         frame = pl.read_parquet(trial / "metrics.parquet").filter(
             pl.col("split").is_not_null(), pl.col("value").is_not_null(),
             ~pl.col("metric").is_in(["tokens_per_s", "duration_s"]))
-        return {(r["step"], r["task"], r["split"], r["metric"]): r["value"] for r in frame.iter_rows(named=True)}
+        return {(r["step"], r["task"], r["split"], r["metric"]): (r["value"], r["n"], r["ci_low"], r["ci_high"])
+                for r in frame.iter_rows(named=True)}
 
     a, b = values(trial_a), values(trial_b)
     common = set(a) & set(b)

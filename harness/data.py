@@ -53,16 +53,26 @@ def _render(tokenizer, messages: Sequence[dict[str, str]], generation_prompt: bo
     return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
 
 
-def assistant_spans(tokenizer, messages: Sequence[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered conversation and the character span of every assistant turn (content + end token)."""
+def assistant_spans(tokenizer, messages: Sequence[dict[str, str]],
+                    prompts: Optional[dict[int, str]] = None) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character span of every assistant turn (content + end token).
+
+    ``prompts``, when given, receives the render of ``messages[:i]`` with the generation prompt for every
+    assistant turn ``i`` (:func:`eval_items` takes the last one as its prompt instead of rendering it again)."""
+    # Each distinct render once: the template engine dominates encoding (a whole turn's render equals the prefix
+    # ending there, and the last prefix is the conversation itself).
     text = _render(tokenizer, messages)
     spans = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        start = len(_render(tokenizer, messages[:i], generation_prompt=True))
-        end = len(_render(tokenizer, messages[: i + 1]))
-        if text[:end] != _render(tokenizer, messages[: i + 1]):
+        prompt = _render(tokenizer, messages[:i], generation_prompt=True)
+        if prompts is not None:
+            prompts[i] = prompt
+        start = len(prompt)
+        upto = text if i + 1 == len(messages) else _render(tokenizer, messages[: i + 1])
+        end = len(upto)
+        if text[:end] != upto:
             raise ValueError("the chat template does not render prefixes consistently; cannot mask labels")
         # The separator after the end-of-turn token (ChatML's newline) is not the model's to predict.
         end = start + len(text[start:end].rstrip())
@@ -72,30 +82,41 @@ def assistant_spans(tokenizer, messages: Sequence[dict[str, str]]) -> tuple[str,
 
 def encode_examples(tokenizer, examples: Sequence[Any]) -> list[Encoded]:
     """Tokenise examples (``data_recipes.Example``) with completion-only labels, in one batched tokenizer call."""
+    return _encode(tokenizer, examples)[0]
+
+
+def _encode(tokenizer, examples: Sequence[Any]) -> tuple[list[Encoded], list[dict[int, str]]]:
+    """:func:`encode_examples`, and per example the generation-prompt renders :func:`assistant_spans` made."""
     if not examples:  # an empty split (a user file has no heldout_template): nothing to tokenise
-        return []
-    rendered = [assistant_spans(tokenizer, ex.messages) for ex in examples]
+        return [], []
+    prompts: list[dict[int, str]] = [{} for _ in examples]
+    rendered = [assistant_spans(tokenizer, ex.messages, p) for ex, p in zip(examples, prompts)]
     batch = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
     out = []
     for ex, (_, spans), ids, offsets in zip(examples, rendered, batch["input_ids"], batch["offset_mapping"]):
         ids = np.asarray(ids, dtype=np.int64)
-        labels = np.full_like(ids, IGNORE_INDEX)
-        for t, (s, e) in enumerate(offsets):
-            if e > s and any(s < span_end and e > span_start for span_start, span_end in spans):
-                labels[t] = ids[t]
+        starts, ends = np.asarray(offsets, dtype=np.int64).reshape(-1, 2).T
+        # A token is supervised when it covers characters and overlaps an assistant span.
+        supervised = np.zeros(len(ids), dtype=bool)
+        for span_start, span_end in spans:
+            supervised |= (starts < span_end) & (ends > span_start)
+        labels = np.where(supervised & (ends > starts), ids, IGNORE_INDEX)
         # Position t predicts token t+1: shift here once so the loop needs no per-step shifting.
         out.append(Encoded(ex.task, ids, np.concatenate([labels[1:], [IGNORE_INDEX]])))
-    return out
+    return out, prompts
 
 
 def eval_items(tokenizer, examples: Sequence[Any], split: str) -> list[EvalItem]:
     """Evaluation prompts: everything before the last assistant turn, with the generation prompt appended.
     An empty split gives no items (the caller skips it and says so)."""
+    encoded, prompts = _encode(tokenizer, examples)
+    last = [len(ex.messages) - 1 for ex in examples]
+    prompt_texts = [p[i] if i in p else _render(tokenizer, ex.messages[:-1], generation_prompt=True)
+                    for ex, p, i in zip(examples, prompts, last)]
+    # One batched call: a fast tokenizer gives each text the ids it gives it alone.
+    all_prompt_ids = tokenizer(prompt_texts, add_special_tokens=False)["input_ids"] if examples else []
     items = []
-    encoded = encode_examples(tokenizer, examples)
-    for index, (ex, enc) in enumerate(zip(examples, encoded)):
-        prompt_text = _render(tokenizer, ex.messages[:-1], generation_prompt=True)
-        prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    for index, (ex, enc, prompt_text, prompt_ids) in enumerate(zip(examples, encoded, prompt_texts, all_prompt_ids)):
         n = len(prompt_ids)
         if list(enc.input_ids[:n]) != list(prompt_ids):
             raise ValueError(f"task {ex.task!r}: the prompt tokenises differently alone and in the conversation")

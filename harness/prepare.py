@@ -7,7 +7,8 @@ training.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -157,6 +158,11 @@ class EncodedData:
         return {f"{t}/{s}": n for (t, s), n in sorted(self.too_long.items())}
 
 
+# The last text encoding, by a hash of everything it reads (:func:`_encoding_key`): a sweep worker runs trial after
+# trial on the same task data and tokenizer, and encoding the quickstart's pools costs ~2 CPU s each time. One entry.
+_last_encoding: dict[str, tuple[dict[str, dict[str, list]], EncodedData]] = {}
+
+
 def encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: Optional[int] = None) -> EncodedData:
     """The training pools, tokenised with their label masks (image tasks through the processor), and the fixed eval
     items of every task and split.
@@ -164,7 +170,57 @@ def encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: 
     A split a task does not have (a user file has no ``heldout_template``) is skipped and listed in
     ``empty_splits``; eval items longer than ``min(train.max_length, max_positions)`` (prompt plus answer or
     ``max_new_tokens``) are dropped and counted in ``too_long``, or raise :class:`DataError` with
-    ``data.too_long: error``."""
+    ``data.too_long: error``.
+
+    The same encoding asked again in this process (same task data, tokenizer and settings) is the previous one,
+    its arrays read-only; ``data.splits`` is left as encoding leaves it (``data.special_tokens_in_text``)."""
+    key = _encoding_key(exp, data, tokenizer, max_positions)
+    if key is not None and key in _last_encoding:
+        splits, encoded = _last_encoding[key]
+        for name, task_splits in splits.items():
+            data.splits[name].update({split: list(examples) for split, examples in task_splits.items()})
+        return _fresh_lists(encoded)
+    _last_encoding.clear()
+    encoded = _encode_task_data(exp, data, tokenizer, max_positions)
+    if key is None:
+        return encoded
+    for pool in encoded.train.values():
+        for enc in pool:  # shared with later runs: writing into them would change those runs' data
+            enc.input_ids.setflags(write=False)
+            enc.labels.setflags(write=False)
+    _last_encoding[key] = ({name: {split: list(examples) for split, examples in task_splits.items()}
+                            for name, task_splits in data.splits.items()}, encoded)
+    return _fresh_lists(encoded)
+
+
+def _fresh_lists(encoded: EncodedData) -> EncodedData:
+    """``encoded`` with containers of its own (the items and arrays inside are shared, and not to be changed)."""
+    return replace(encoded, train={task: list(pool) for task, pool in encoded.train.items()},
+                   eval_items=list(encoded.eval_items), empty_splits=list(encoded.empty_splits),
+                   too_long=dict(encoded.too_long))
+
+
+def _encoding_key(exp: Experiment, data: TaskData, tokenizer, max_positions: Optional[int]) -> Optional[str]:
+    """A hash of everything :func:`_encode_task_data` reads: the task data's content, the tokenizer (its whole
+    serialised state, chat template and special tokens), the experiment's data / eval / tasks sections, seeds,
+    ``train.max_length`` and ``max_positions``. None — never reused — for a slow tokenizer or image tasks."""
+    from harness.stage_cache import task_data_hash
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or any(recipe.has_images for recipe in data.recipes.values()):
+        return None
+    resolved = exp.resolved_dict()
+    facts = {"data": task_data_hash(data.splits, data.corpus),
+             "recipes": {name: type(recipe).__qualname__ for name, recipe in data.recipes.items()},
+             "tokenizer": [type(tokenizer).__qualname__, backend.to_str(), tokenizer.chat_template,
+                           tokenizer.special_tokens_map, len(tokenizer)],
+             "settings": {k: resolved[k] for k in ("data", "eval", "tasks")}, "seed": exp.seed,
+             "data_seed": exp.data_seed, "max_length": exp.train.max_length, "max_positions": max_positions}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: Optional[int]) -> EncodedData:
+    """:func:`encode_task_data`, computed."""
     _check_special_token_text(exp, data, tokenizer)
     train, processor = {}, processor_for(tokenizer)
     for name, splits in data.splits.items():

@@ -49,13 +49,16 @@ from harness.evaluation import EVAL_METRICS
 from harness.pretrain import cache_root
 from harness.store import Row
 
-# Bump when an entry's layout or what a key covers changes (2: samples carry per-item outcomes for the paired seesaw)
-STAGE_CACHE_VERSION = "2"
+# Bump when an entry's layout or what a key covers changes (2: samples carry per-item outcomes for the paired seesaw;
+# 3: rows keep their n and Wilson interval, which entries of 2 dropped)
+STAGE_CACHE_VERSION = "3"
 META = "meta.json"
 CHECKPOINT = "checkpoint"
 # Train fields that decide what a run keeps on disk, not what a stage computes.
 _NOT_SHAPING = frozenset({"checkpoint", "checkpoint_every", "keep_checkpoints", "stage_cache"})
-_ROW_COLUMNS = ("stage", "step", "task", "split", "metric", "value", "text")
+# Every field of a Row: a replayed row must equal the computed one (n and the interval included)
+_ROW_SCHEMA = {"stage": pl.Utf8, "step": pl.Int64, "task": pl.Utf8, "split": pl.Utf8, "metric": pl.Utf8,
+               "value": pl.Float64, "text": pl.Utf8, "n": pl.Int64, "ci_low": pl.Float64, "ci_high": pl.Float64}
 log = logging.getLogger(__name__)
 
 
@@ -355,9 +358,7 @@ def _write_entry(tmp: Path, model, rows: list[Row], samples_path: Path, samples_
     tensors, states = _rng_states()
     torch.save(tensors, tmp / "rng.pt")
     (tmp / "rng.json").write_text(json.dumps(states))
-    frame = pl.DataFrame({c: [getattr(r, c) for r in rows] for c in _ROW_COLUMNS},
-                         schema={"stage": pl.Utf8, "step": pl.Int64, "task": pl.Utf8, "split": pl.Utf8,
-                                 "metric": pl.Utf8, "value": pl.Float64, "text": pl.Utf8})
+    frame = pl.DataFrame({c: [getattr(r, c) for r in rows] for c in _ROW_SCHEMA}, schema=_ROW_SCHEMA)
     frame.write_parquet(tmp / "rows.parquet")
     with open(tmp / "samples.jsonl", "wb") as out:
         if samples_path.exists():

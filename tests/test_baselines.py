@@ -8,8 +8,8 @@ import pytest
 
 import data_recipes as dr
 from data_recipes import get_recipe
-from harness.evaluation.baselines import (CHANCE, CONSTANT, MAJORITY_FIRST_TOKEN, majority_first_token_baseline,
-                                          strongest_baselines, task_baselines)
+from harness.evaluation.baselines import (CHANCE, CONSTANT, MAJORITY_FIRST_TOKEN, constant_answer_baseline,
+                                          majority_first_token_baseline, strongest_baselines, task_baselines)
 
 N_EVAL = 40
 
@@ -75,3 +75,17 @@ def test_majority_first_token_ties_and_missing_gold():
     assert (b.answer, b.value, b.n) == (3, 0.4, 5)  # a tie between 3 and 5 goes to the smaller id
     assert majority_first_token_baseline([None, None]) == []
     assert task_baselines([], [], get_recipe("identity")()) == []
+
+
+@pytest.mark.parametrize("name, params", [("repeat", {}), ("identity", {}), ("yesno", {}), ("short_qa", {}),
+                                          ("assistant_qa", {}), ("math_reversed", {}), ("spell", {}),
+                                          ("count", {})])
+def test_constant_answer_scores_equal_every_candidate_judged_against_every_gold(world, name, params):
+    # counted per distinct gold or normal form, the scores must be the brute-force ones (ties broken alike)
+    recipe, golds = pool(name, world, **params)
+    golds = golds + golds[:7] + [g.upper() + "." for g in golds[:3]]  # repeats and other spellings of one answer
+    candidates = list(dict.fromkeys([*recipe.answer_classes(), *golds]))
+    scored = [(sum(bool(recipe.is_correct(c, g)) for g in golds) / len(golds), c) for c in candidates]
+    best = max(score for score, _ in scored)
+    greedy = constant_answer_baseline(golds, recipe)[0]
+    assert (greedy.value, greedy.answer) == (best, next(c for score, c in scored if score == best))

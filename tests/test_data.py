@@ -68,6 +68,20 @@ def test_eval_item_prompt_is_the_conversation_prefix(tokenizer):
     assert item.gold_text == "no"
 
 
+def test_eval_items_of_a_batch_equal_each_item_rendered_and_tokenised_alone(tokenizer):
+    # eval_items reuses encode's renders and tokenises the prompts in one call: each item must still be exactly the
+    # template's render of the conversation before its last turn, tokenised alone
+    examples = [Example.single("repeat", "Repeat after me: " + "habayp " * k, "habayp " * k) for k in (1, 4, 2)]
+    examples.insert(1, Example("qa", (
+        {"role": "user", "content": "Where was Mara born?"}, {"role": "assistant", "content": "Osvik"},
+        {"role": "user", "content": "And when?"}, {"role": "assistant", "content": "1972"})))
+    for ex, item in zip(examples, eval_items(tokenizer, examples, "heldout"), strict=True):
+        alone = tokenizer.apply_chat_template(list(ex.messages[:-1]), tokenize=False, add_generation_prompt=True)
+        assert item.prompt_text == alone
+        assert item.prompt_ids == tokenizer(alone, add_special_tokens=False)["input_ids"]
+        assert tokenizer.decode(item.gold_ids) == ex.messages[-1]["content"] + "<|im_end|>"
+
+
 def _shares(draws, tasks):
     counts = {t: 0 for t in tasks}
     for t, _ in draws:

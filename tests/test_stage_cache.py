@@ -60,7 +60,7 @@ def _run(spec: dict, out: Path, stage_cache=True):
 
 def _values(run_dir: Path) -> pl.DataFrame:
     return (read_metrics(run_dir).filter(~pl.col("metric").is_in(WALL_CLOCK))
-            .select("stage", "step", "task", "split", "metric", "value", "text"))
+            .select("stage", "step", "task", "split", "metric", "value", "text", "n", "ci_low", "ci_high"))
 
 
 def _samples(run_dir: Path) -> list[dict]:
@@ -97,6 +97,8 @@ def test_a_run_from_cached_stages_is_bit_identical_to_the_whole_run(tiny, tmp_pa
     stages = cached.summary["stages"]
     source_a, source_b = (json.loads((tmp_path / d / "run.json").read_text())["run_id"] for d in ("first", "prefix"))
     assert [s.get("cached_from") for s in stages] == [source_a, source_b, None, None]
+    assert [s["intervals"] for s in stages] == [s["intervals"] for s in reference.summary["stages"]]
+    assert stages[0]["intervals"], "a replayed stage keeps its proportions' n and Wilson intervals"
 
     assert _values(reference.run_dir).equals(_values(cached.run_dir))  # order and every bit of every value
     assert _samples(reference.run_dir) == _samples(cached.run_dir)

@@ -50,7 +50,7 @@ def constant_answer_baseline(golds: Sequence[str], recipe: Any) -> list[Baseline
         return []
     candidates = list(dict.fromkeys([*recipe.answer_classes(), *golds]))
     n = len(golds)
-    scored = [(sum(bool(recipe.is_correct(c, g)) for g in golds) / n, c) for c in candidates]
+    scored = [(hits / n, c) for hits, c in zip(_hits(candidates, golds, recipe), candidates)]
     best_score = max(score for score, _ in scored)
     best = next(c for score, c in scored if score == best_score)
     out = [Baseline("greedy", CONSTANT, best_score, n, best),
@@ -61,6 +61,21 @@ def constant_answer_baseline(golds: Sequence[str], recipe: Any) -> list[Baseline
             extra[metric] = extra.get(metric, 0) + bool(ok)
     out += [Baseline(metric, CONSTANT, hits / n, n, best) for metric, hits in extra.items()]
     return out
+
+
+def _hits(candidates: Sequence[str], golds: Sequence[str], recipe: Any) -> list[int]:
+    """For each candidate, how many golds ``recipe.is_correct`` accepts it for — counted per distinct gold (or per
+    normal form, when the recipe keeps the default ``is_correct``: equal normal forms), not candidate × item: the
+    same integers, without the quadratic number of calls (every eval pool of every run)."""
+    from data_recipes.base import Recipe
+
+    counts = Counter(golds)
+    if type(recipe).is_correct is Recipe.is_correct:
+        normal: Counter = Counter()
+        for gold, k in counts.items():
+            normal[recipe.normalise(gold)] += k
+        return [normal[recipe.normalise(c)] for c in candidates]
+    return [sum(k for gold, k in counts.items() if recipe.is_correct(c, gold)) for c in candidates]
 
 
 def majority_first_token_baseline(gold_first_ids: Sequence[Optional[int]]) -> list[Baseline]:
