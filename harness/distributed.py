@@ -227,11 +227,13 @@ def launch(nproc: int, argv: list[str]) -> int:
 
 def _first_failure(failures: dict) -> tuple[int, int]:
     """The rank that failed first and its exit code. torchrun's timestamps are whole seconds, so ranks that died in
-    the same second tie: a rank killed by a signal, or one that exited with its own code, caused the others' gloo
-    errors (exit 1), so it goes first."""
+    the same second tie; the survivors' deaths are effects — a gloo error (exit 1) or torchrun's own SIGTERM when it
+    stops them — so a rank killed otherwise, or one that exited with its own code, goes first."""
+    effects = (1, -signal.SIGTERM)
+
     def order(item):
         rank, failure = item
-        return failure.timestamp, failure.exitcode == 1, rank
+        return failure.timestamp, failure.exitcode in effects, rank
     rank, failure = min(failures.items(), key=order)
     return rank, failure.exitcode
 

@@ -199,13 +199,16 @@ def test_bf16_autocast_exchanges_fp32_gradients(tmp_path):
 
 def test_the_first_failure_is_the_rank_that_caused_the_others():
     """torchrun's failure timestamps are whole seconds: of two ranks failing in one second, the one killed by a
-    signal (or exiting with its own code) is named, not the survivor whose collective then failed (exit 1)."""
+    signal (or exiting with its own code) is named, not a survivor whose collective then failed (exit 1) or that
+    torchrun stopped (SIGTERM)."""
     from types import SimpleNamespace
 
     from harness.distributed import _first_failure
 
     same_second = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=-9)}
     assert _first_failure(same_second) == (1, -9)
+    stopped_by_torchrun = {0: SimpleNamespace(timestamp=7, exitcode=-15), 1: SimpleNamespace(timestamp=7, exitcode=-9)}
+    assert _first_failure(stopped_by_torchrun) == (1, -9)
     earlier = {0: SimpleNamespace(timestamp=99, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=3)}
     assert _first_failure(earlier) == (0, 1)
     assert _first_failure({0: SimpleNamespace(timestamp=5, exitcode=3), 1: SimpleNamespace(timestamp=5, exitcode=3)}) \
