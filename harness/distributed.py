@@ -45,6 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from harness.config import dump_yaml
 from harness.data import Batch
+from harness.rundir import RunDirError  # one line, exit 2 (harness.cli_errors)
 
 class ParallelError(ValueError):
     """A run that cannot train the way ``train.parallel`` asks (an unsupported model); the CLI's one-line exit 2."""
@@ -242,6 +243,9 @@ def _scratch_for_resume(run_dir: Path, scratch: Path) -> None:
     """A rank other than 0 resuming: its scratch run directory starts as a copy of rank 0's ``run_dir`` (store,
     samples, config), with symbolic links to the checkpoints it reads. What it writes goes into the scratch copy:
     checkpoint writes replace the links (:func:`harness.checkpoint.atomic_directory`), never their targets."""
+    if not (run_dir / "checkpoints").is_dir():
+        raise RunDirError(f"--resume: this rank cannot see {run_dir}/checkpoints (ranks on several machines need the "
+                          "run directory on a shared filesystem, or a copy of it on every node)")
     shutil.copytree(run_dir, scratch, ignore=shutil.ignore_patterns("checkpoints", "wandb", ".*"))
     for sub in ("", "resume"):
         source = run_dir / "checkpoints" / sub

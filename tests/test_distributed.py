@@ -213,3 +213,13 @@ def test_the_first_failure_is_the_rank_that_caused_the_others():
     assert _first_failure(earlier) == (0, 1)
     assert _first_failure({0: SimpleNamespace(timestamp=5, exitcode=3), 1: SimpleNamespace(timestamp=5, exitcode=3)}) \
         == (0, 3)
+
+
+def test_a_rank_that_cannot_see_the_run_directory_says_so_in_one_line(tmp_path):
+    from harness.distributed import _scratch_for_resume
+    from harness.rundir import RunDirError
+
+    with pytest.raises(RunDirError) as info:
+        _scratch_for_resume(tmp_path / "elsewhere", tmp_path / "scratch" / "run")
+    assert "\n" not in str(info.value) and "elsewhere/checkpoints" in str(info.value)
+    assert not (tmp_path / "scratch").exists()
