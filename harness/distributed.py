@@ -47,6 +47,7 @@ from harness.config import dump_yaml
 from harness.data import Batch
 from harness.rundir import RunDirError  # one line, exit 2 (harness.cli_errors)
 
+
 class ParallelError(ValueError):
     """A run that cannot train the way ``train.parallel`` asks (an unsupported model); the CLI's one-line exit 2."""
 

@@ -53,7 +53,7 @@ def _block_classes(model) -> set[str]:
     names = set(getattr(unwrap(model), "_no_split_modules", None) or [])
     if not names:
         raise ParallelError(f"train.parallel: fsdp needs a model whose transformer blocks are known "
-                         f"(_no_split_modules); {type(unwrap(model)).__name__} lists none")
+                            f"(_no_split_modules); {type(unwrap(model)).__name__} lists none")
     return names
 
 

@@ -7,7 +7,6 @@ training.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
@@ -20,7 +19,7 @@ from harness.config import Experiment, ResolvedStage
 from harness.data import collate, encode_examples, eval_items, fit_eval_items, length_grouped_batches, mixture_stream
 from harness.evaluation.lengths import default_max_new_tokens, needed_new_tokens, too_short_errors
 from harness.models import builtin_added_token_ids, load_hf
-from harness.pretrain import builtin_base
+from harness.pretrain import builtin_base, content_hash
 from harness.special_text import apply_special_token_policy
 from harness.vision_data import collate_mixed, encode_image_examples
 from harness.vision_run import is_image_model, load_vision_base, processor_for
@@ -216,7 +215,7 @@ def _encoding_key(exp: Experiment, data: TaskData, tokenizer, max_positions: Opt
                            tokenizer.special_tokens_map, len(tokenizer)],
              "settings": {k: resolved[k] for k in ("data", "eval", "tasks")}, "seed": exp.seed,
              "data_seed": exp.data_seed, "max_length": exp.train.max_length, "max_positions": max_positions}
-    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+    return content_hash(facts)
 
 
 def _encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: Optional[int]) -> EncodedData:

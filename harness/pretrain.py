@@ -45,7 +45,9 @@ def tokenizer_texts(corpus: list[str], train_examples: list) -> list[str]:
     return texts
 
 
-def _hash(obj) -> str:
+def content_hash(obj) -> str:
+    """The cache key of a JSON-able description (keys sorted; other values by ``str``): the pretrained base's, a
+    stage's (:mod:`harness.stage_cache`), a reused encoding's (:mod:`harness.prepare`)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -88,7 +90,7 @@ def builtin_base(spec: ModelSpec, corpus: list[str], train_examples: list, seed:
     if spec.pretrain is None:
         return build_builtin(spec, tokenizer, seed), tokenizer, BaseModelInfo(None, False, None)
 
-    key = _hash({
+    key = content_hash({
         "version": CACHE_VERSION,
         "tokenizer": tokenizer.backend_tokenizer.to_str(),
         "config": builtin_config(spec, tokenizer).to_dict(),

@@ -27,7 +27,8 @@ from harness.adapters import (drop_adapter, format_trainable_report, merged_stat
                               stage_special_tokens, trainable_report)
 from harness.checkpoint import (Start, latest_resume_point, load_state_dict, resume_start, save_resume_point,
                                 save_stage_checkpoint)
-from harness.config import ConfigError, Experiment, ResolvedStage, TrainableSpec, dump_yaml, safe_load
+from harness.config import (ConfigError, Experiment, ResolvedStage, TrainableSpec, computing_debug, dump_yaml,
+                            safe_load)
 from harness.console import Console
 from harness.data import position_limit
 from harness.evallog import EvalLog
@@ -202,8 +203,7 @@ def _reopen_run(exp: Experiment, run_dir: Path, console) -> tuple[str, Optional[
 
 
 def _without_kill(resolved: dict) -> dict:
-    debug = {k: v for k, v in (resolved.get("debug") or {}).items() if k != "kill_rank"}
-    return {**resolved, "debug": debug}
+    return {**resolved, "debug": computing_debug(resolved.get("debug") or {})}
 
 
 def _describe_base(exp: Experiment, data, model, tokenizer, added: list[int], console) -> Optional[list[dict]]:

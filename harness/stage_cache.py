@@ -44,9 +44,9 @@ import harness
 from harness import compiling, distributed
 from harness.checkpoint import SavedWeights, Start
 from harness.compiling import compile_decision
-from harness.config import Experiment, ResolvedStage
+from harness.config import Experiment, ResolvedStage, computing_debug
 from harness.evaluation import EVAL_METRICS
-from harness.pretrain import cache_root
+from harness.pretrain import cache_root, content_hash
 from harness.store import Row
 
 # Bump when an entry's layout or what a key covers changes (2: samples carry per-item outcomes for the paired seesaw;
@@ -64,10 +64,6 @@ log = logging.getLogger(__name__)
 
 def stages_root() -> Path:
     return cache_root() / "stages"
-
-
-def _hash(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _file_sha256(path: Path) -> str:
@@ -122,15 +118,15 @@ def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str) -> list[
               "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
               "task_data": data_hash, **{k: resolved[k] for k in ("model", "world", "tasks", "data", "eval")},
               # debug.kill_rank only stops a run (a stage it stopped is never stored): not part of the key
-              "debug": {k: v for k, v in resolved["debug"].items() if k != "kill_rank"},
+              "debug": computing_debug(resolved["debug"]),
               # data-parallel ranks add the same gradient terms in another order: not one process's stage either
               **({"ranks": _ranks()} if _ranks() > 1 else {})}
-    keys, previous = [], _hash(common)
+    keys, previous = [], content_hash(common)
     for index, stage in enumerate(resolved["stages"]):
         shaping = {k: v for k, v in stage.items() if k not in _NOT_SHAPING}
         # What runs, not the setting: compiled kernels change the last bits, and auto decides per stage and machine
         shaping["compile"] = compile_decision(stage["compile"], stage["steps"], device)
-        previous = _hash({"previous": previous, "index": index, "stage": shaping})
+        previous = content_hash({"previous": previous, "index": index, "stage": shaping})
         keys.append(previous[:32])
     return keys
 

@@ -317,6 +317,12 @@ class DebugSpec(Strict):
                                                  "evaluation): the seed's blind-model bug, on purpose.")
 
 
+def computing_debug(debug: dict[str, Any]) -> dict[str, Any]:
+    """A resolved ``debug`` section without the switches that only stop a run (``kill_rank``): what the run
+    computes — the part the stage-cache key and ``--resume``'s same-experiment check compare."""
+    return {k: v for k, v in debug.items() if k != "kill_rank"}
+
+
 class Experiment(Strict):
     """A declarative multi-stage SFT experiment."""
 
