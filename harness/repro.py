@@ -213,8 +213,11 @@ def run_repro(repro: Repro, seeds: list[int], out: Path, scale: float = 1.0, mic
         if (run_dir / "summary.json").is_file():
             echo(f"{arm} seed {seed}: finished run reused ({run_dir})")
         else:
-            echo(f"{arm} seed {seed}: running → {run_dir}")
-            run_experiment(exp, run_dir)
+            # An interrupted repro left this run unfinished: start it again (its finished stages replay from the
+            # stage cache). A run still going in another process keeps its lock, so force cannot clear it.
+            unfinished = run_dir.is_dir() and any(run_dir.iterdir())
+            echo(f"{arm} seed {seed}: {'restarting an unfinished run' if unfinished else 'running'} → {run_dir}")
+            run_experiment(exp, run_dir, force=unfinished)
         outcome = collect_run(run_dir, arm, seed, repro.spec.metrics, exp)
         echo("  " + ", ".join(f"{k} {v:.3f} (n={outcome.n[k]})" for k, v in outcome.values.items()))
         outcomes.append(outcome)

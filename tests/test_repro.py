@@ -65,6 +65,19 @@ def test_finished_runs_are_reused_not_rerun(tmp_path, monkeypatch):
     assert "reused" in lines[0] and again[0].n["math/heldout/greedy"] == 16
 
 
+def test_an_unfinished_run_is_restarted_not_refused(tmp_path):
+    repro = load_repro("reversed_addition")
+    run_dir = tmp_path / "runs" / "reversed" / "seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text('{"run_id": "killed-before-its-summary"}')  # what a killed run leaves
+    (run_dir / "metrics.parquet").write_bytes(b"half a file")
+    lines: list[str] = []
+    outcome = run_repro(repro, [0], tmp_path, micro=True, arms=["reversed"], echo=lines.append)[0]
+    assert "restarting an unfinished run" in lines[0]
+    assert json.loads((run_dir / "run.json").read_text())["run_id"] != "killed-before-its-summary"
+    assert (run_dir / "summary.json").is_file() and outcome.n["math/heldout/greedy"] == 16
+
+
 def test_scale_multiplies_the_listed_fields():
     repro = load_repro("reversed_addition")
     assert arm_experiment(repro, "reversed", 0, scale=0.5).resolved_stages()[0].steps == 450
@@ -73,7 +86,7 @@ def test_scale_multiplies_the_listed_fields():
 
 def test_optional_arms_run_only_when_named(tmp_path, monkeypatch):
     ran = []
-    monkeypatch.setattr("harness.runner.run_experiment", lambda exp, d: ran.append(exp.name) or 1 / 0)
+    monkeypatch.setattr("harness.runner.run_experiment", lambda exp, d, **kw: ran.append(exp.name) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
         run_repro(load_repro("reversed_addition"), [0], tmp_path, echo=lambda _: None)
     assert ran == ["repro_reversed_addition_reversed"]
