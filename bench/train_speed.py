@@ -33,6 +33,11 @@ Run from the repository root (TRL is a benchmark-only dependency: ``pip install 
 
 The machine should be otherwise idle: before each run the bench samples the CPU use of other processes for a
 moment and waits (up to ``--max-wait`` seconds) while it is above ``--max-busy``; each run's figure is printed.
+
+This file holds the configurations, the children (each run is this file re-invoked with ``--child NAME``) and the
+parent's steps; beside it, ``train_speed_inputs.py`` prepares and loads the shared inputs, ``train_speed_loops.py``
+holds the two training loops (harness and TRL), and ``train_speed_limits.py`` the FLOP count, the matmul rate and
+the profile's grouping of operators.
 """
 
 from __future__ import annotations
@@ -40,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import resource
 import statistics
 import subprocess
@@ -52,6 +56,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# The bench's pieces, in modules beside this file. Imported as ``bench.…`` from the repository root just put on
+# sys.path, not by bare name (which works only while this file runs as a script, its folder then being sys.path[0]),
+# so that they load the same way when a test imports this file by its path.
+from bench.train_speed_inputs import load_inputs, prepare, quiet  # noqa: E402
+from bench.train_speed_limits import harness_flops, matmul_throughput, profile_kinds  # noqa: E402
+from bench.train_speed_loops import harness_train, plan_examples, trl_dataset, trl_train  # noqa: E402
 
 HARNESS_CONFIGS = {
     "harness": {},
@@ -68,230 +79,6 @@ TRL_CONFIGS = {
 }
 DEFAULT_CONFIGS = ["harness", "trl-default", "trl-padding-free", "trl-group-by-length", "trl-group-by-length-nockpt",
                    "harness-compile", "harness-noguard", "harness-nodiag", "harness-bare"]
-
-# A Qwen2.5-0.5B-shaped config (random weights; nothing is downloaded): the published config's sizes.
-QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True,
-                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
-QWEN25_05B_VOCAB = 151936
-
-
-def experiment(args) -> dict:
-    """The bench as a harness experiment: eight recipes × 500 examples, one stage, one pass (natural mixture)."""
-    def task(recipe, **params):
-        return {"recipe": recipe, "train": 500, "eval": 1, "params": params}
-
-    model = {"builtin": "qwen2-tiny"}
-    if args.model == "qwen2.5-0.5b-shape":
-        model["config"] = dict(QWEN25_05B)
-    elif args.hidden:  # the default model made wider: how close to the limit depends on width
-        model["config"] = dict(hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                               num_attention_heads=args.hidden // 32, num_key_value_heads=2)
-    return {
-        "name": "train_speed", "seed": 0, "world": {"people": 300, "seed": 0}, "model": model,
-        "tasks": {
-            "repeat": task("repeat", max_words=8), "identity": task("identity", name="Shengoovlei"),
-            "yesno": task("yesno"), "short_qa": task("short_qa"), "assistant_qa": task("assistant_qa", turns=2),
-            "math": task("math_reversed", digits=3), "spell": task("spell"), "count": task("count"),
-        },
-        # Length grouping on (window 50, transformers' group_by_length): the speed the harness can reach; the
-        # default is off since it slows learning (bench/plain_vs_harness.py).
-        "train": {"batch_size": args.batch_size, "max_length": 81, "length_grouping": 50,
-                  "precision": "bf16-autocast" if args.device == "cuda" else "fp32",
-                  "optim": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0, "warmup": 0,
-                            "schedule": "constant", "grad_clip": 1.0}},
-        "eval": {"splits": ["heldout"]},
-        "stages": [{"name": "bench", "steps": args.steps, "mixture": "natural"}],
-        "tracking": {"wandb": {"mode": "disabled"}, "console": False},
-    }
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Shared inputs: written once by the parent, read by every child
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def prepare(workdir: Path, args) -> dict:
-    """Tokenizer, initial weights and encoded pools (the harness's own builders), saved under ``workdir``."""
-    import torch
-
-    from harness.config import validate_data
-    from harness.prepare import build_task_data, encode_task_data, load_base
-
-    exp_dict = experiment(args)
-    exp = validate_data(exp_dict)
-    data = build_task_data(exp)
-    model, tokenizer, _, _ = load_base(exp, data)
-    if args.model == "qwen2.5-0.5b-shape":
-        model.resize_token_embeddings(QWEN25_05B_VOCAB, mean_resizing=False)
-    encoded = encode_task_data(exp, data, tokenizer)
-    model.to("cpu").save_pretrained(workdir / "model")
-    tokenizer.save_pretrained(workdir / "tokenizer")
-    (workdir / "pools.pkl").write_bytes(pickle.dumps(encoded.train))
-    (workdir / "experiment.json").write_text(json.dumps(exp_dict))
-    lengths = sorted(e.length for pool in encoded.train.values() for e in pool)
-    kept = [n for n in lengths if n <= exp.train.max_length]
-    del model
-    torch.set_num_threads(torch.get_num_threads())
-    return {"examples": len(kept), "dropped": len(lengths) - len(kept), "min": kept[0], "max": kept[-1],
-            "median": kept[len(kept) // 2], "mean": sum(kept) / len(kept)}
-
-
-def load_inputs(workdir: Path, overrides: dict | None = None):
-    from harness.config import validate_data
-
-    exp_dict = json.loads((workdir / "experiment.json").read_text())
-    exp_dict["train"].update(overrides or {})
-    exp = validate_data(exp_dict)
-    pools = pickle.loads((workdir / "pools.pkl").read_bytes())
-    return exp, pools
-
-
-def load_model(workdir: Path, device: str):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(workdir / "model", attn_implementation="sdpa").to(device)
-    return model, AutoTokenizer.from_pretrained(workdir / "tokenizer")
-
-
-def quiet() -> None:
-    import warnings
-
-    import transformers
-
-    warnings.filterwarnings("ignore")
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    try:
-        import datasets
-
-        datasets.disable_progress_bars()
-        datasets.logging.set_verbosity_error()
-    except Exception:  # noqa: BLE001
-        pass
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The harness side: the functions `harness run` calls
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None = None, log_every: int | None = None):
-    """Plan the stage and train it with :func:`harness.train.train_stage` as :func:`harness.runner.run_experiment`
-    does. Returns ``(per-step end times, (real, padded, supervised) tokens per batch, logged rows, the model)``."""
-    from harness.adapters import stage_special_tokens
-    from harness.prepare import plan_stage
-    from harness.store import Row
-    from harness.tracking import Tracker
-    from harness.train import StageLoop, train_stage
-
-    exp, pools = load_inputs(workdir, overrides)
-    model, tokenizer = load_model(workdir, device)
-    stage = exp.resolved_stages()[0]
-    plan = plan_stage(exp, stage, 0, pools, tokenizer.pad_token_id)
-    batches = plan.batches[:steps] if steps else plan.batches
-    run_dir = Path(tempfile.mkdtemp(prefix="harness-bench-run-"))
-    tracker = Tracker(exp, run_dir, "bench", exp.resolved_dict())
-    rows: list[Row] = []
-
-    def log(new_rows, step):
-        tracker.log(new_rows, step)
-        rows.extend(new_rows)
-
-    times: list[float] = []
-    train_stage(model, batches, StageLoop(
-        stage=stage.name, start_step=0, tasks=list(exp.tasks), log=log, evaluate=lambda step: None,
-        train=stage.train, special_tokens=stage_special_tokens(tokenizer, batches), eval_every=exp.eval.every,
-        progress=lambda n: times.append(time.perf_counter()), log_every=log_every or stage.train.log_every,
-    ))
-    if device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
-        times[-1] = time.perf_counter()
-    tracker.close()
-    counts = [(b.n_real_tokens, b.n_padded_tokens, b.supervised.numel()) for b in batches]
-    return times, counts, rows, model
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The TRL side
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def trl_dataset(exp, pools, order=None):
-    """The same encoded examples as TRL's pre-tokenised input: ``input_ids`` and ``completion_mask`` (1 on every
-    supervised token; the harness's labels are pre-shifted, TRL's head shifts itself)."""
-    from datasets import Dataset
-
-    from harness.losses import IGNORE_INDEX
-
-    kept = [e for task in exp.tasks for e in pools[task] if e.length <= exp.train.max_length]
-    examples = order if order is not None else kept
-    return Dataset.from_dict({
-        "input_ids": [e.input_ids.tolist() for e in examples],
-        "completion_mask": [[0] + (e.labels[:-1] != IGNORE_INDEX).astype(int).tolist() for e in examples],
-    })
-
-
-class _CountingCollator:
-    """Wraps TRL's collator and records (real, padded, supervised) tokens of every batch it builds."""
-
-    def __init__(self, inner):
-        self.inner, self.counts = inner, []
-
-    def __call__(self, examples):
-        out = self.inner(examples)
-        ids = out["input_ids"]
-        real = int(out["attention_mask"].sum()) if "attention_mask" in out else ids.numel()
-        self.counts.append((real, ids.numel(), int((out["labels"] != -100).sum())))  # TRL masks its own labels with -100
-        return out
-
-
-def trl_train(workdir: Path, device: str, settings: dict, steps: int, dataset=None, record_losses: bool = False):
-    import torch
-    from transformers import TrainerCallback
-    from trl import SFTConfig, SFTTrainer
-
-    exp, pools = load_inputs(workdir)
-    model, tokenizer = load_model(workdir, device)
-    optim = exp.train.optim
-    settings = dict(settings)
-    sampling = settings.pop("sampling", None)
-    if sampling is not None:  # transformers 5: train_sampling_strategy; 4.x: group_by_length (no sequential)
-        fields = SFTConfig.__dataclass_fields__
-        settings.update({"train_sampling_strategy": sampling} if "train_sampling_strategy" in fields
-                        else {"group_by_length": sampling == "group_by_length"})
-    config = SFTConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=exp.train.batch_size,
-        max_steps=steps, learning_rate=optim.lr, adam_beta1=optim.betas[0], adam_beta2=optim.betas[1],
-        adam_epsilon=optim.eps, weight_decay=optim.weight_decay, lr_scheduler_type="constant", warmup_steps=0,
-        max_grad_norm=optim.grad_clip, bf16=device == "cuda", fp16=False, use_cpu=device == "cpu",
-        completion_only_loss=True, max_length=None, save_strategy="no", report_to="none", disable_tqdm=True,
-        seed=exp.seed, dataloader_num_workers=0, **settings,
-    )
-    times: list[float] = []
-    losses: list[float] = []
-
-    class Clock(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if device == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter())
-
-    class Recording(SFTTrainer):
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            losses.append(float(loss.detach()))
-            return loss
-
-    cls = Recording if record_losses else SFTTrainer
-    trainer = cls(model=model, args=config, train_dataset=dataset if dataset is not None else trl_dataset(exp, pools),
-                  processing_class=tokenizer, callbacks=[Clock()])
-    trainer.data_collator = counter = _CountingCollator(trainer.data_collator)
-    trainer.train()
-    return times, counter.counts, losses, model
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -345,31 +132,6 @@ def child(args) -> None:
     }))
 
 
-PROFILE_KINDS = [  # (kind, operator names) — the first match wins
-    ("matmul (mm, addmm, bmm)", ("aten::mm", "aten::addmm", "aten::bmm")),
-    ("attention (sdpa, forward+backward)", ("scaled_dot_product",)),
-    ("optimizer (fused AdamW)", ("adamw", "aten::_foreach", "aten::lerp", "aten::addcdiv", "aten::addcmul")),
-    ("loss (log_softmax, nll)", ("log_softmax", "nll_loss")),
-    ("grad norm / clip", ("linalg_vector_norm", "aten::norm", "aten::clamp")),
-    ("gather / index", ("index", "gather", "scatter", "embedding", "nonzero", "masked")),
-    ("elementwise (norms, RoPE, SiLU, residuals)", ("aten::mul", "aten::add", "aten::sum", "aten::pow", "aten::neg",
-                                                    "aten::cat", "aten::silu", "aten::div", "aten::sub",
-                                                    "aten::rsqrt", "aten::mean", "aten::where", "aten::sqrt")),
-    ("memory (copy_, fill_, zeros, empty)", ("aten::copy_", "aten::fill_", "aten::zero", "aten::empty",
-                                             "aten::clone", "aten::to")),
-]
-
-
-def profile_kinds(events, steps: int) -> dict[str, float]:
-    """Self CPU time per kind of operator, in ms per step."""
-    totals = {kind: 0.0 for kind, _ in PROFILE_KINDS} | {"other": 0.0}
-    for event in events:
-        name = event.key.lower()
-        kind = next((k for k, needles in PROFILE_KINDS if any(n.lower() in name for n in needles)), "other")
-        totals[kind] += event.self_cpu_time_total / 1000 / steps
-    return totals
-
-
 def loss_check(workdir: Path, args) -> dict:
     """Losses of the first steps on the very same batches: the harness's plan, and TRL fed that plan's examples in
     the same order (sequential sampler), from the same initial weights."""
@@ -387,85 +149,6 @@ def loss_check(workdir: Path, args) -> dict:
                                     dataset=trl_dataset(exp, pools, order), record_losses=True)
         out[name] = losses
     return out
-
-
-def plan_examples(exp, stage, pools, pad_id):
-    """The examples of :func:`harness.prepare.plan_stage`'s batches, in batch order."""
-    from harness.prepare import plan_stage
-
-    plan = plan_stage(exp, stage, 0, pools, pad_id)
-    by_ids = {}
-    for task in exp.tasks:
-        for e in pools[task]:
-            by_ids.setdefault((task, e.input_ids.tobytes()), e)
-    out = []
-    for b in plan.batches:
-        for row, task in enumerate(b.tasks):
-            n = int(b.attention_mask[row].sum())
-            out.append(by_ids[(task, b.input_ids[row, :n].numpy().tobytes())])
-    return out
-
-
-def model_shape(workdir: Path) -> dict:
-    """The sizes of the saved model's config that its matmuls depend on."""
-    config = json.loads((workdir / "model" / "config.json").read_text())
-    d, heads = config["hidden_size"], config["num_attention_heads"]
-    return {"d": d, "layers": config["num_hidden_layers"], "heads": heads,
-            "kv": config.get("num_key_value_heads", heads), "head_dim": config.get("head_dim") or d // heads,
-            "ffn": config["intermediate_size"], "vocab": config["vocab_size"]}
-
-
-def model_flops(workdir: Path, real_tokens: int, supervised_tokens: int, seq_sq: float) -> dict:
-    """Training FLOPs of the harness's work: ``6 × N × T`` for the body's matmuls at every real token, the head's
-    at supervised tokens only, and attention (``12 × layers × d_attn × L²`` per sequence, halved for causality)."""
-    shape = model_shape(workdir)
-    d, layers, heads, kv, head_dim, ffn, vocab = (shape[k] for k in ("d", "layers", "heads", "kv", "head_dim",
-                                                                      "ffn", "vocab"))
-    body = layers * (d * heads * head_dim * 2 + d * kv * head_dim * 2 + 3 * d * ffn)
-    head = d * vocab
-    attention = 12 * layers * heads * head_dim * seq_sq / 2
-    return {"body_params": body, "head_params": head,
-            "flops": 6 * body * real_tokens + 6 * head * supervised_tokens + attention,
-            "flops_6nt": 6 * (body + head) * real_tokens + attention}
-
-
-def matmul_throughput(workdir: Path, args) -> dict:
-    """fp32 (bf16 on CUDA) ``torch.matmul`` FLOP/s on the model's own shapes — every projection at the batch's
-    token count, forward and the two backward products — and on one large square matmul."""
-    import torch
-
-    shape = model_shape(workdir)
-    d, heads, kv, head_dim, ffn, vocab = (shape[k] for k in ("d", "heads", "kv", "head_dim", "ffn", "vocab"))
-    m, sup = args.tokens_per_batch, args.supervised_per_batch
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    shapes = [(m, d, heads * head_dim), (m, d, kv * head_dim), (m, d, kv * head_dim), (m, heads * head_dim, d),
-              (m, d, ffn), (m, d, ffn), (m, ffn, d), (sup, d, vocab)]
-
-    def products(a, k, n):  # forward x@W, backward dX = dY@Wᵀ and dW = Xᵀ@dY
-        return [(a, k, n), (a, n, k), (k, a, n)]
-
-    def rate(all_shapes, seconds_min=1.0):
-        mats = [(torch.randn(a, k, dtype=dtype, device=args.device), torch.randn(k, n, dtype=dtype, device=args.device))
-                for a, k, n in all_shapes]
-        flops = sum(2 * a * k * n for a, k, n in all_shapes)
-        for x, y in mats:  # warm-up
-            torch.matmul(x, y)
-        best, reps = 0.0, 0
-        started = time.perf_counter()
-        while time.perf_counter() - started < seconds_min or reps < 3:
-            t0 = time.perf_counter()
-            for x, y in mats:
-                torch.matmul(x, y)
-            if args.device == "cuda":
-                torch.cuda.synchronize()
-            best = max(best, flops / (time.perf_counter() - t0))
-            reps += 1
-        return best
-
-    model_shapes = [p for s in shapes for p in products(*s)]
-    big = 8192 if args.device == "cuda" else 2048
-    return {"model_shapes": rate(model_shapes), "square": rate([(big, big, big)]),
-            "dtype": str(dtype).replace("torch.", "")}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -669,21 +352,6 @@ def main() -> None:
                 print(f"    MFU (vs measured bf16 matmul peak): {rate / mm['square']:.2f}")
     if args.json:
         args.json.write_text(json.dumps({"info": info, "runs": results, "medians": med}, indent=2))
-
-
-def harness_flops(workdir: Path, args) -> dict:
-    """FLOPs of one pass of the harness's plan (per real token, so any window scales)."""
-    from transformers import AutoTokenizer
-
-    from harness.prepare import plan_stage
-
-    exp, pools = load_inputs(workdir)
-    tokenizer = AutoTokenizer.from_pretrained(workdir / "tokenizer")
-    plan = plan_stage(exp, exp.resolved_stages()[0], 0, pools, tokenizer.pad_token_id)
-    real = sum(b.n_real_tokens for b in plan.batches)
-    supervised = sum(b.supervised.numel() for b in plan.batches)
-    seq_sq = sum(float((b.attention_mask.sum(1).double() ** 2).sum()) for b in plan.batches)
-    return {**model_flops(workdir, real, supervised, seq_sq), "real_tokens": real}
 
 
 if __name__ == "__main__":
