@@ -198,7 +198,7 @@ def median(values):
     return statistics.median(values) if values else float("nan")
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=125, help="optimiser steps per run (125 = one pass over 4,000)")
     parser.add_argument("--warmup", type=int, default=5, help="steps excluded from timing")
@@ -221,16 +221,11 @@ def main() -> None:
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     parser.add_argument("--tokens-per-batch", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--supervised-per-batch", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        child(args)
-        return
+    return parser
 
-    import torch
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("no GPU on this machine (torch.cuda.is_available() is False): the CUDA bench is skipped")
-        return
+def chosen_configs(parser: argparse.ArgumentParser, args) -> list[str]:
+    """``--configs`` checked against the known names, less the TRL ones when TRL is not installed."""
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in configs if c not in HARNESS_CONFIGS and c not in TRL_CONFIGS]
     if unknown:
@@ -243,9 +238,11 @@ def main() -> None:
             configs = [c for c in configs if c in HARNESS_CONFIGS]
         else:
             print(f"TRL {trl.__version__}")
+    return configs
 
-    workdir = Path(tempfile.mkdtemp(prefix="train-speed-"))
-    info = prepare(workdir, args)
+
+def print_setup(args, info: dict) -> None:
+    import torch
     import transformers
 
     width = f" at hidden {args.hidden}" if args.hidden else ""
@@ -255,23 +252,30 @@ def main() -> None:
           f"{info['mean']:.1f} / max {info['max']}), batch {args.batch_size}, {args.steps} steps, timed after "
           f"{args.warmup}")
 
-    if args.profile:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "profile", "--workdir", str(workdir),
-               "--steps", str(args.steps), "--device", args.device, "--threads", str(args.threads)]
-        subprocess.run(cmd, cwd=ROOT, check=True)
-        return
-    if args.check_steps and any(c in TRL_CONFIGS for c in configs):
-        check = spawn("check", workdir, args)
-        print(f"\nloss check: the first {args.check_steps} steps on the same batches, same initial weights")
-        print(f"{'step':>5}{'harness':>12}{'trl-default':>14}{'trl-padding-free':>18}{'max |diff|':>12}")
-        worst = 0.0
-        for i, ours in enumerate(check["harness"]):
-            others = [check[k][i] for k in ("trl-default", "trl-padding-free")]
-            diff = max(abs(ours - o) for o in others)
-            worst = max(worst, diff)
-            print(f"{i + 1:>5}{ours:>12.6f}{others[0]:>14.6f}{others[1]:>18.6f}{diff:>12.2e}")
-        print("losses agree" if worst < 1e-3 else "LOSSES DIFFER: the comparison is not of equal work")
 
+def run_profile(workdir: Path, args) -> None:
+    """``--profile``: the harness configuration once, in a child that prints the profiler's tables itself."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "profile", "--workdir", str(workdir),
+           "--steps", str(args.steps), "--device", args.device, "--threads", str(args.threads)]
+    subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+def print_loss_check(workdir: Path, args) -> None:
+    """The first ``--check-steps`` losses of both sides on the same batches: evidence that they do equal work."""
+    check = spawn("check", workdir, args)
+    print(f"\nloss check: the first {args.check_steps} steps on the same batches, same initial weights")
+    print(f"{'step':>5}{'harness':>12}{'trl-default':>14}{'trl-padding-free':>18}{'max |diff|':>12}")
+    worst = 0.0
+    for i, ours in enumerate(check["harness"]):
+        others = [check[k][i] for k in ("trl-default", "trl-padding-free")]
+        diff = max(abs(ours - o) for o in others)
+        worst = max(worst, diff)
+        print(f"{i + 1:>5}{ours:>12.6f}{others[0]:>14.6f}{others[1]:>18.6f}{diff:>12.2e}")
+    print("losses agree" if worst < 1e-3 else "LOSSES DIFFER: the comparison is not of equal work")
+
+
+def run_interleaved(workdir: Path, args, configs: list[str]) -> dict[str, list[dict]]:
+    """``--reps`` rounds of every configuration (A B C … A B C …), each in a fresh process after a quiet moment."""
     results: dict[str, list[dict]] = {c: [] for c in configs}
     for rep in range(args.reps):
         for name in configs:
@@ -281,7 +285,11 @@ def main() -> None:
             results[name].append(r)
             print(f"rep {rep + 1}/{args.reps} {name:<28} {r['real_tps']:>9.0f} real tok/s  {r['s_per_step']:.4f} "
                   f"s/step  (other processes' CPU use before: {busy:.0%})", flush=True)
+    return results
 
+
+def print_medians(args, results: dict[str, list[dict]]) -> dict[str, dict]:
+    """The table of medians; returns them by configuration."""
     med = {name: {k: median([r[k] for r in rs]) for k in rs[0] if isinstance(rs[0][k], (int, float))}
            for name, rs in results.items() if rs}
     print(f"\nmedians of {args.reps} interleaved runs, fresh process each")
@@ -292,64 +300,110 @@ def main() -> None:
         print(f"{name:<28}{m['real_tps']:>11.0f}{m['supervised_tps']:>11.0f}{m['pad_fraction']:>10.3f}"
               f"{m['s_per_step']:>9.4f}{m['peak_rss_mb']:>13.0f}{m['setup_s']:>9.1f}")
     print(f"(setup s: loading, compiling and the {args.warmup} untimed first steps)")
+    return med
 
-    ours_names = [n for n in ("harness", "harness-compile") if n in med]
-    if "harness" in med:
+
+def ours_names(med: dict[str, dict]) -> list[str]:
+    """The harness configurations compared with TRL and with the limit: the defaults, and compiled."""
+    return [n for n in ("harness", "harness-compile") if n in med]
+
+
+def print_ratios_and_goals(med: dict[str, dict]) -> None:
+    """Harness / TRL real tokens/s for every TRL configuration measured, and the goals (needs ``harness``)."""
+    ours = med["harness"]["real_tps"]
+    trl_names = [n for n in med if n in TRL_CONFIGS]
+    if not trl_names:
+        return
+    print("\n" + f"{'real tokens/s ratio':<32}" + "".join(f"{n:>17}" for n in ours_names(med)))
+    for name in trl_names:
+        print(f"  vs {name:<28}" + "".join(f"{med[n]['real_tps'] / med[name]['real_tps']:>16.2f}×"
+                                           for n in ours_names(med)))
+
+    def verdict(ok):
+        return "met" if ok else "NOT met"
+
+    goals = []
+    if "trl-default" in med:
+        r = ours / med["trl-default"]["real_tps"]
+        goals.append(f"vs TRL's default {r:.2f}× (goal ≥ 3.5: {verdict(r >= 3.5)})")
+    stock = [n for n in trl_names if TRL_CONFIGS[n].get("gradient_checkpointing", True)]
+    if stock:  # TRL's own defaults, plus padding_free or group_by_length
+        best = max(stock, key=lambda n: med[n]["real_tps"])
+        r = ours / med[best]["real_tps"]
+        goals.append(f"vs the best of TRL's default / padding_free / group_by_length ({best}) {r:.2f}× "
+                     f"(goal ≥ 1.5: {verdict(r >= 1.5)})")
+    best = max(trl_names, key=lambda n: med[n]["real_tps"])
+    if best not in stock:
+        r = ours / med[best]["real_tps"]
+        goals.append(f"vs the best TRL configuration measured, gradient checkpointing off as well ({best}) "
+                     f"{r:.2f}× (≥ 1.5: {verdict(r >= 1.5)})")
+    pad = med["harness"]["pad_fraction"]
+    goals.append(f"pad fraction {pad:.3f} (goal ≤ 0.02: {verdict(pad <= 0.02)})")
+    print("goals, harness at its defaults:")
+    print("\n".join("  " + g for g in goals))
+
+
+def print_overhead(med: dict[str, dict]) -> None:
+    """What the non-finite guard and the health metrics cost: tokens/s with them off against ``harness``."""
+    overhead = [n for n in ("harness-noguard", "harness-nodiag", "harness-bare") if n in med]
+    if overhead:
+        print("\nguard and health metrics: tokens/s with them off, relative to the defaults (on)")
         ours = med["harness"]["real_tps"]
-        trl_names = [n for n in med if n in TRL_CONFIGS]
-        if trl_names:
-            print("\n" + f"{'real tokens/s ratio':<32}" + "".join(f"{n:>17}" for n in ours_names))
-            for name in trl_names:
-                print(f"  vs {name:<28}" + "".join(f"{med[n]['real_tps'] / med[name]['real_tps']:>16.2f}×"
-                                                   for n in ours_names))
+        for name in overhead:
+            print(f"  {name:<22}{med[name]['real_tps'] / ours:>6.3f}×  ({HARNESS_CONFIGS[name]})")
 
-            def verdict(ok):
-                return "met" if ok else "NOT met"
 
-            goals = []
-            if "trl-default" in med:
-                r = ours / med["trl-default"]["real_tps"]
-                goals.append(f"vs TRL's default {r:.2f}× (goal ≥ 3.5: {verdict(r >= 3.5)})")
-            stock = [n for n in trl_names if TRL_CONFIGS[n].get("gradient_checkpointing", True)]
-            if stock:  # TRL's own defaults, plus padding_free or group_by_length
-                best = max(stock, key=lambda n: med[n]["real_tps"])
-                r = ours / med[best]["real_tps"]
-                goals.append(f"vs the best of TRL's default / padding_free / group_by_length ({best}) {r:.2f}× "
-                             f"(goal ≥ 1.5: {verdict(r >= 1.5)})")
-            best = max(trl_names, key=lambda n: med[n]["real_tps"])
-            if best not in stock:
-                r = ours / med[best]["real_tps"]
-                goals.append(f"vs the best TRL configuration measured, gradient checkpointing off as well ({best}) "
-                             f"{r:.2f}× (≥ 1.5: {verdict(r >= 1.5)})")
-            pad = med["harness"]["pad_fraction"]
-            goals.append(f"pad fraction {pad:.3f} (goal ≤ 0.02: {verdict(pad <= 0.02)})")
-            print("goals, harness at its defaults:")
-            print("\n".join("  " + g for g in goals))
-        overhead = [n for n in ("harness-noguard", "harness-nodiag", "harness-bare") if n in med]
-        if overhead:
-            print("\nguard and health metrics: tokens/s with them off, relative to the defaults (on)")
-            for name in overhead:
-                print(f"  {name:<22}{med[name]['real_tps'] / ours:>6.3f}×  ({HARNESS_CONFIGS[name]})")
+def print_limits(workdir: Path, args, results: dict[str, list[dict]], med: dict[str, dict]) -> None:
+    """Close to the limit: the harness's training FLOP/s against this machine's matmul rate on the model's shapes
+    (measured in a child at the batches' token counts) and on one large square matmul (needs ``harness``)."""
+    runs = results["harness"]
+    tokens_per_batch = round(runs[0]["padded_tokens"] / runs[0]["steps"])
+    supervised_per_batch = round(runs[0]["supervised_tokens"] / runs[0]["steps"])
+    mm = spawn("matmul", workdir, args, ["--tokens-per-batch", str(tokens_per_batch),
+                                         "--supervised-per-batch", str(supervised_per_batch)])
+    flops = harness_flops(workdir, args)
+    print(f"\nclose to the limit ({mm['dtype']} matmul, {tokens_per_batch} tokens per batch):")
+    print(f"  torch.matmul on the model's shapes (forward and backward products): "
+          f"{mm['model_shapes'] / 1e9:.1f} GFLOP/s; one large square matmul: {mm['square'] / 1e9:.1f} GFLOP/s")
+    for name in ours_names(med):
+        tps = med[name]["real_tps"]
+        rate = flops["flops"] * tps / max(1, flops["real_tokens"])
+        rate_6nt = flops["flops_6nt"] * tps / max(1, flops["real_tokens"])
+        print(f"  {name}: {rate / 1e9:.1f} GFLOP/s (6·N_body·T + 6·N_head·T_supervised + attention) = "
+              f"{rate / mm['model_shapes']:.2f} of the model-shape matmul rate (goal ≥ 0.5), "
+              f"{rate / mm['square']:.2f} of the square one; as 6·N·T + attention (head at every token, "
+              f"{rate_6nt / 1e9:.1f} GFLOP/s): {rate_6nt / mm['model_shapes']:.2f}")
+        if args.device == "cuda":
+            print(f"    MFU (vs measured bf16 matmul peak): {rate / mm['square']:.2f}")
 
-        runs = results["harness"]
-        tokens_per_batch = round(runs[0]["padded_tokens"] / runs[0]["steps"])
-        supervised_per_batch = round(runs[0]["supervised_tokens"] / runs[0]["steps"])
-        mm = spawn("matmul", workdir, args, ["--tokens-per-batch", str(tokens_per_batch),
-                                             "--supervised-per-batch", str(supervised_per_batch)])
-        flops = harness_flops(workdir, args)
-        print(f"\nclose to the limit ({mm['dtype']} matmul, {tokens_per_batch} tokens per batch):")
-        print(f"  torch.matmul on the model's shapes (forward and backward products): "
-              f"{mm['model_shapes'] / 1e9:.1f} GFLOP/s; one large square matmul: {mm['square'] / 1e9:.1f} GFLOP/s")
-        for name in ours_names:
-            tps = med[name]["real_tps"]
-            rate = flops["flops"] * tps / max(1, flops["real_tokens"])
-            rate_6nt = flops["flops_6nt"] * tps / max(1, flops["real_tokens"])
-            print(f"  {name}: {rate / 1e9:.1f} GFLOP/s (6·N_body·T + 6·N_head·T_supervised + attention) = "
-                  f"{rate / mm['model_shapes']:.2f} of the model-shape matmul rate (goal ≥ 0.5), "
-                  f"{rate / mm['square']:.2f} of the square one; as 6·N·T + attention (head at every token, "
-                  f"{rate_6nt / 1e9:.1f} GFLOP/s): {rate_6nt / mm['model_shapes']:.2f}")
-            if args.device == "cuda":
-                print(f"    MFU (vs measured bf16 matmul peak): {rate / mm['square']:.2f}")
+
+def main() -> None:
+    parser = arguments()
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no GPU on this machine (torch.cuda.is_available() is False): the CUDA bench is skipped")
+        return
+    configs = chosen_configs(parser, args)
+    workdir = Path(tempfile.mkdtemp(prefix="train-speed-"))
+    info = prepare(workdir, args)
+    print_setup(args, info)
+    if args.profile:
+        run_profile(workdir, args)
+        return
+    if args.check_steps and any(c in TRL_CONFIGS for c in configs):
+        print_loss_check(workdir, args)
+    results = run_interleaved(workdir, args, configs)
+    med = print_medians(args, results)
+    if "harness" in med:
+        print_ratios_and_goals(med)
+        print_overhead(med)
+        print_limits(workdir, args, results, med)
     if args.json:
         args.json.write_text(json.dumps({"info": info, "runs": results, "medians": med}, indent=2))
 
