@@ -90,7 +90,7 @@ def timed(fn):
     return time.perf_counter() - started, out
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -99,12 +99,14 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--vocab-size", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def prompts_and_model(args):
+    """``(items, recipes, tokenizer, model)``: ``--prompts`` eval items mixing tasks and splits, a tokenizer trained
+    on their texts, and a fresh qwen2-tiny; prints what they are."""
     from harness.data import eval_items
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     by_split, recipes, texts = real_examples(args.prompts) or synthetic_examples(args.prompts)
     tokenizer = train_tokenizer(texts, vocab_size=args.vocab_size)
     groups = []
@@ -121,11 +123,13 @@ def main() -> None:
           f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, vocab {len(tokenizer)}), "
           f"batch {args.batch_size}, max_new_tokens {args.max_new_tokens}, device {args.device}, "
           f"torch threads {torch.get_num_threads()}")
+    return items, recipes, tokenizer, model
 
+
+def timed_methods(args, items, recipes, tokenizer, model, batches) -> dict:
+    """The six methods timed, by name: the harness's greedy evaluator, ``generate`` batched and one prompt at a
+    time, the first-token probe, and a bare forward over the prompt batches (all logits, or the last only)."""
     eos, pad, bs, new = tokenizer.eos_token_id, tokenizer.pad_token_id, args.batch_size, args.max_new_tokens
-    # The harness batches prompts sorted by length; batched generate gets exactly the same batches.
-    order = sorted(range(len(items)), key=lambda i: len(items[i].prompt_ids))
-    batches = [order[s:s + bs] for s in range(0, len(order), bs)]
     greedy_spec = EvalSpec(evaluators=["greedy"], probes=[], batch_size=bs, max_new_tokens=new)
     probe_spec = EvalSpec(evaluators=[], probes=["first_token"], batch_size=bs)
 
@@ -168,20 +172,7 @@ def main() -> None:
                 torch.cuda.synchronize()
         return run
 
-    # Identical outputs: token ids of the harness's decoder (same batches as the evaluator) vs batched generate and
-    # vs one-at-a-time generate, and the evaluator's decoded predictions vs batched generate's.
-    ours_ids = [None] * len(items)
-    with torch.no_grad():
-        for chunk in batches:
-            rows, _ = greedy_decode(model, [items[i].prompt_ids for i in chunk], max_new_tokens=new,
-                                    eos_token_id=eos, pad_token_id=pad)
-            for i, row in zip(chunk, rows):
-                ours_ids[i] = row
-
-    def strip(row):  # generate's row → ids up to and including eos, no padding
-        return row[: row.index(eos) + 1] if eos in row else [t for t in row if t != pad]
-
-    methods = {
+    return {
         "harness greedy": harness_greedy,
         "generate batched": generate_batched,
         "generate one at a time": generate_single,
@@ -189,14 +180,40 @@ def main() -> None:
         "bare forward (full logits)": bare_forward(False),
         "bare forward (last logits)": bare_forward(True),
     }
+
+
+def harness_decode_ids(model, items, batches, tokenizer, new: int) -> list:
+    """Token ids of the harness's decoder on the evaluator's batches, by item (to compare with ``generate``'s)."""
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    ours_ids = [None] * len(items)
+    with torch.no_grad():
+        for chunk in batches:
+            rows, _ = greedy_decode(model, [items[i].prompt_ids for i in chunk], max_new_tokens=new,
+                                    eos_token_id=eos, pad_token_id=pad)
+            for i, row in zip(chunk, rows):
+                ours_ids[i] = row
+    return ours_ids
+
+
+def run_interleaved(methods: dict, reps: int) -> tuple[dict[str, list[float]], dict]:
+    """One untimed call of every method (which also collects its outputs), then ``reps`` timed rounds A B C …."""
     times: dict[str, list[float]] = {name: [] for name in methods}
     outputs = {}
     for name, fn in methods.items():  # warm-up (also collects outputs)
         outputs[name] = fn()
-    for _ in range(args.reps):
+    for _ in range(reps):
         for name, fn in methods.items():
             seconds, _ = timed(fn)
             times[name].append(seconds)
+    return times, outputs
+
+
+def check_identical(ours_ids: list, outputs: dict, tokenizer, n_items: int) -> None:
+    """Stops the bench unless the harness's outputs equal batched and one-at-a-time ``generate``'s."""
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+
+    def strip(row):  # generate's row → ids up to and including eos, no padding
+        return row[: row.index(eos) + 1] if eos in row else [t for t in row if t != pad]
 
     batched_ids = [strip(row) for row in outputs["generate batched"]]
     single_ids = [strip(row) for row in outputs["generate one at a time"]]
@@ -204,12 +221,14 @@ def main() -> None:
     decode = lambda rows: [tokenizer.decode(r, skip_special_tokens=True) for r in rows]  # noqa: E731
     assert outputs["harness greedy"] == decode(batched_ids), "evaluator predictions differ from batched generate"
     same_single = sum(a == b for a, b in zip(ours_ids, single_ids))
-    assert same_single == len(items), f"only {same_single}/{len(items)} equal to one-at-a-time generate"
-    print(f"identical outputs: harness == batched generate ({len(items)}/{len(items)} token ids), "
-          f"== one-at-a-time generate ({same_single}/{len(items)})")
+    assert same_single == n_items, f"only {same_single}/{n_items} equal to one-at-a-time generate"
+    print(f"identical outputs: harness == batched generate ({n_items}/{n_items} token ids), "
+          f"== one-at-a-time generate ({same_single}/{n_items})")
 
+
+def print_medians(times: dict[str, list[float]], reps: int) -> None:
     med = {name: statistics.median(ts) for name, ts in times.items()}
-    print(f"\nmedian of {args.reps} interleaved repetitions")
+    print(f"\nmedian of {reps} interleaved repetitions")
     print(f"{'method':<28}{'seconds':>10}{'ratio':>34}")
     rows = [
         ("harness greedy", ""),
@@ -224,6 +243,23 @@ def main() -> None:
     ]
     for name, ratio in rows:
         print(f"{name:<28}{med[name]:>10.3f}   {ratio}")
+
+
+def main() -> None:
+    args = arguments()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    items, recipes, tokenizer, model = prompts_and_model(args)
+    # The harness batches prompts sorted by length; batched generate gets exactly the same batches.
+    order = sorted(range(len(items)), key=lambda i: len(items[i].prompt_ids))
+    batches = [order[s:s + args.batch_size] for s in range(0, len(order), args.batch_size)]
+    methods = timed_methods(args, items, recipes, tokenizer, model, batches)
+    # Identical outputs: token ids of the harness's decoder (same batches as the evaluator) vs batched generate and
+    # vs one-at-a-time generate, and the evaluator's decoded predictions vs batched generate's.
+    ours_ids = harness_decode_ids(model, items, batches, tokenizer, args.max_new_tokens)
+    times, outputs = run_interleaved(methods, args.reps)
+    check_identical(ours_ids, outputs, tokenizer, len(items))
+    print_medians(times, args.reps)
 
 
 if __name__ == "__main__":
