@@ -23,8 +23,18 @@ from harness.stats import min_detectable_difference
 POWER = 0.8
 
 
+def _pool_sizes(exp: Experiment, data, tasks: list[str]) -> Counter:
+    """Eval pool sizes of ``tasks`` from the built splits (the train split is evaluated on ``eval`` items)."""
+    return Counter({(t, s): len(data.splits[t][s]) if s != "train" else min(exp.tasks[t].eval, len(data.splits[t][s]))
+                    for t in tasks for s in exp.eval.splits})
+
+
 def _tokenizer(exp: Experiment, data):
-    """The run's tokenizer when it can be had cheaply, else None."""
+    """The run's tokenizer when it can be had cheaply, else None; an image-text model's with its processor."""
+    from harness.vision_run import is_image_model, with_processor
+
+    if is_image_model(exp.model):
+        return with_processor(exp.model, None if exp.model.hf else _builtin_tokenizer(exp, data))
     if exp.model.hf:
         from transformers import AutoTokenizer  # heavy: only for hf models
 
@@ -35,6 +45,10 @@ def _tokenizer(exp: Experiment, data):
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         return tokenizer
+    return _builtin_tokenizer(exp, data)
+
+
+def _builtin_tokenizer(exp: Experiment, data):
     from harness.pretrain import tokenizer_texts
     from harness.tokenizer import train_tokenizer
 
@@ -55,11 +69,10 @@ def pool_report(exp: Experiment) -> list[str]:
         lines.append(f"max_new_tokens {budget}{' (auto)' if exp.eval.max_new_tokens is None else ''}; longest gold "
                      "answer: " + ", ".join(f"{t} {n}" for t, n in needed.items()))
         sizes = Counter((item.task, item.split) for item in items)
+        sizes.update(_pool_sizes(exp, data, [t for t, r in data.recipes.items() if r.has_images]))  # not in items
     else:
         lines.append("max_new_tokens: checked when the run loads the model (its tokenizer has no chat template)")
-        sizes = Counter({(t, s): len(data.splits[t][s]) if s != "train" else min(exp.tasks[t].eval,
-                                                                                   len(data.splits[t][s]))
-                         for t in data.splits for s in exp.eval.splits})
+        sizes = _pool_sizes(exp, data, list(data.splits))
     lines.append(f"smallest change each eval pool detects ({POWER:.0%} power, paired McNemar at alpha 0.05, half "
                  "the items changing; uncorrected):")
     for (task, split), n in sorted(sizes.items()):

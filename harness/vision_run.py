@@ -116,6 +116,26 @@ def load_vision_base(exp, data, console=None) -> tuple[Any, Any, list[int], dict
     return model, tokenizer, builtin_added_token_ids(tokenizer), info
 
 
+def with_processor(spec, tokenizer):
+    """The tokenizer an image-text run encodes with, its processor registered — without building the model (for
+    ``harness validate``): llava-tiny's processor around ``tokenizer`` (``<image>`` added, as the run does), or an
+    ``hf`` model's own processor and its tokenizer."""
+    from transformers import AutoProcessor, SiglipVisionConfig
+
+    from harness.vision import PIXEL_GAIN, add_image_token, build_processor
+
+    if spec.hf:
+        processor = AutoProcessor.from_pretrained(spec.hf, revision=spec.revision,
+                                                  trust_remote_code=spec.trust_remote_code)
+        register_processor(processor.tokenizer, processor)
+        return processor.tokenizer
+    add_image_token(tokenizer)
+    vision = {**VISION_DEFAULTS, **spec.vision}
+    gain = float(vision.pop("pixel_gain", PIXEL_GAIN))
+    register_processor(tokenizer, build_processor(tokenizer, SiglipVisionConfig(**vision), gain))
+    return tokenizer
+
+
 def copy_text_weights(text_model, llava) -> None:
     """Load a causal LM's weights into LLaVA's language model and head. Vocabulary matrices are copied row by
     row: LLaVA's vocabulary is the text model's plus ``<image>``, whose rows keep their initialisation."""

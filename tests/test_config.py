@@ -131,6 +131,20 @@ def test_micro_validates_as_written():
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.parametrize("path", sorted((MICRO.parents[2] / "experiments").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_experiments_validate_with_every_pool_listed(path):
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    for task in yaml.safe_load(path.read_text())["tasks"]:  # image tasks too (their pools are not text items)
+        assert f"  {task} " in result.output, task
+
+
+def test_image_tasks_on_a_text_model_are_one_error():
+    result = runner.invoke(app, ["validate", "experiments/vision.yaml", "--set", "model={builtin: qwen2-tiny}"])
+    assert result.exit_code == 2
+    assert "tasks.caption: its examples have images but the model is text-only" in result.output
+
+
 def test_set_overrides_parse_yaml_values_and_list_indices():
     data = apply_overrides(micro(), ["stages[1].steps=5", "train.optim.lr=1e-4", "stages.2.mixture={repeat: 1}",
                                      "eval.splits=[heldout]"])

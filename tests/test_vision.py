@@ -9,7 +9,9 @@ import pytest
 import torch
 
 import data_recipes as dr
+from harness.config import validate_data
 from harness.data import IGNORE_INDEX, encode_examples
+from harness.pools import pool_report
 from harness.evaluation.image_use import derangement, image_use
 from harness.tokenizer import train_tokenizer
 from harness.vision import IMAGE_TOKEN, build_llava_tiny, load_image_text_model, model_part, parameters_by_part
@@ -53,6 +55,11 @@ def test_llava_tiny_shapes_and_reload(data, tmp_path):
     with torch.no_grad():
         assert torch.allclose(again(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                     pixel_values=batch.pixel_values).logits, logits, atol=1e-5)
+    # harness validate on that saved model: its processor encodes the image task, whose pools are listed
+    exp = validate_data({"name": "v", "model": {"hf": str(tmp_path)}, "tasks": {
+        "shapes_qa": {"recipe": "shapes_qa", "train": 40, "eval": 4}}, "eval": {"splits": ["heldout"]},
+        "stages": [{"name": "s", "steps": 1, "mixture": {"shapes_qa": 1.0}}]})
+    assert any(line.split()[:3] == ["shapes_qa", "heldout", "n=4"] for line in pool_report(exp))
 
 
 def test_parts_name_vision_tower_projector_and_language_model(data):
