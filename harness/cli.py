@@ -54,7 +54,7 @@ def validate(file: Path = typer.Argument(..., help="Experiment YAML."), set_: Op
     stages = exp.resolved_stages()
     try:
         pools = pool_report(exp)
-    except DataError as e:
+    except (DataError, ValueError) as e:  # ValueError: an image-text model's processor that cannot render
         _fail(f"{file}: {e}")
     typer.echo(f"{file}: ok — {len(exp.tasks)} tasks, {len(stages)} stages "
                f"({', '.join(f'{s.name}:{s.steps}' for s in stages)})")

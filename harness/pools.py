@@ -8,7 +8,8 @@
   on the paired items, half of them changing — the conservative case; not corrected for the many tests of a run).
 
 An ``hf`` model whose tokenizer has no chat template gets one (and new tokens) only when the model loads, so its
-length check waits for the run.
+length check waits for the run. An image-text model's tasks are encoded by its processor, built (llava-tiny) or
+loaded (``hf``) here as the run does; image tasks are listed with their pool sizes and decoding budget.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from harness.config import Experiment
 from harness.evaluation.lengths import default_max_new_tokens, needed_new_tokens
 from harness.prepare import build_task_data, encode_task_data
 from harness.stats import min_detectable_difference
+from harness.vision_run import IMAGE_MAX_NEW_TOKENS, is_image_model, with_processor
 
 POWER = 0.8
 
@@ -31,8 +33,6 @@ def _pool_sizes(exp: Experiment, data, tasks: list[str]) -> Counter:
 
 def _tokenizer(exp: Experiment, data):
     """The run's tokenizer when it can be had cheaply, else None; an image-text model's with its processor."""
-    from harness.vision_run import is_image_model, with_processor
-
     if is_image_model(exp.model):
         return with_processor(exp.model, None if exp.model.hf else _builtin_tokenizer(exp, data))
     if exp.model.hf:
@@ -66,10 +66,14 @@ def pool_report(exp: Experiment) -> list[str]:
         items = encode_task_data(exp, data, tokenizer).eval_items
         needed = needed_new_tokens(items)
         budget = exp.eval.max_new_tokens or default_max_new_tokens(items)
-        lines.append(f"max_new_tokens {budget}{' (auto)' if exp.eval.max_new_tokens is None else ''}; longest gold "
-                     "answer: " + ", ".join(f"{t} {n}" for t, n in needed.items()))
+        image_tasks = [t for t, r in data.recipes.items() if r.has_images]  # evaluated apart: not in items
+        if len(image_tasks) < len(data.recipes):
+            lines.append(f"max_new_tokens {budget}{' (auto)' if exp.eval.max_new_tokens is None else ''}; longest "
+                         "gold answer: " + ", ".join(f"{t} {n}" for t, n in needed.items()))
+        if image_tasks:
+            lines.append(f"image tasks decode up to {exp.eval.max_new_tokens or IMAGE_MAX_NEW_TOKENS} tokens")
         sizes = Counter((item.task, item.split) for item in items)
-        sizes.update(_pool_sizes(exp, data, [t for t, r in data.recipes.items() if r.has_images]))  # not in items
+        sizes.update(_pool_sizes(exp, data, image_tasks))
     else:
         lines.append("max_new_tokens: checked when the run loads the model (its tokenizer has no chat template)")
         sizes = _pool_sizes(exp, data, list(data.splits))

@@ -14,8 +14,9 @@ what is measured and which arms to run::
     micro: ["stages.0.steps=4", ...]  # overrides for the micro size the default test suite runs
     expect: {higher: reversed, lower: plain}   # the published direction, asserted by the slow test
 
-Each (arm, seed) runs into ``OUT/runs/ARM/seedS`` (a finished run, one with ``summary.json``, is reused, so an
-interrupted ``repro`` continues where it stopped); then ``OUT/NAME.md`` (the table), ``OUT/NAME.png`` (the figure)
+Each (arm, seed) runs into ``OUT/runs/ARM/seedS`` (a finished run — one with ``summary.json`` — of the same
+resolved experiment is reused, so an interrupted ``repro`` continues where it stopped; an unfinished run, or one of
+another configuration, is run again); then ``OUT/NAME.md`` (the table), ``OUT/NAME.png`` (the figure)
 and ``OUT/results.json`` are written by :mod:`harness.repro_report`.
 
 Exit codes (through the CLI): 2 for an unknown reproduction or an invalid ``repro.yaml`` / arm file.
@@ -199,7 +200,8 @@ def run_repro(repro: Repro, seeds: list[int], out: Path, scale: float = 1.0, mic
               arms: Optional[list[str]] = None, echo: Callable[[str], None] = print) -> list[RunOutcome]:
     """Run every arm for every seed (seed-major: all arms of seed 0 first) into ``out/runs``, reusing finished
     runs; returns one outcome per run. Experiments are all validated before the first run starts."""
-    from harness.runner import run_experiment  # torch and transformers: only when something runs
+    from harness.rundir import LOCK_FILE
+    from harness.runner import changed_sections, run_experiment  # torch and transformers: only when something runs
 
     names = arms or [a for a in repro.spec.arms if not repro.spec.arm(a).optional]
     unknown = [a for a in names if a not in repro.spec.arms]
@@ -210,14 +212,19 @@ def run_repro(repro: Repro, seeds: list[int], out: Path, scale: float = 1.0, mic
     outcomes = []
     for arm, seed, exp in plan:
         run_dir = out / "runs" / arm / f"seed{seed}"
-        if (run_dir / "summary.json").is_file():
+        finished = (run_dir / "summary.json").is_file() and (run_dir / "config.resolved.yaml").is_file()
+        changed = changed_sections(exp, run_dir) if finished else []
+        if finished and not changed:
             echo(f"{arm} seed {seed}: finished run reused ({run_dir})")
         else:
-            # An interrupted repro left this run unfinished: start it again (its finished stages replay from the
-            # stage cache). A run still going in another process keeps its lock, so force cannot clear it.
-            unfinished = run_dir.is_dir() and any(run_dir.iterdir())
-            echo(f"{arm} seed {seed}: {'restarting an unfinished run' if unfinished else 'running'} → {run_dir}")
-            run_experiment(exp, run_dir, force=unfinished)
+            # A run of another configuration (--micro before the full size, an edited repro file), or one an
+            # interrupted repro left unfinished, is run again (finished stages replay from the stage cache). A run
+            # still going in another process keeps its lock, so force cannot clear it.
+            used = run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
+            why = (f"the finished run differs in {', '.join(changed)}: running again" if changed
+                   else "restarting an unfinished run" if used else "running")
+            echo(f"{arm} seed {seed}: {why} → {run_dir}")
+            run_experiment(exp, run_dir, force=used)
         outcome = collect_run(run_dir, arm, seed, repro.spec.metrics, exp)
         echo("  " + ", ".join(f"{k} {v:.3f} (n={outcome.n[k]})" for k, v in outcome.values.items()))
         outcomes.append(outcome)

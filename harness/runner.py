@@ -187,19 +187,24 @@ def _open_run(exp: Experiment, run_dir: Path, **identity: str) -> str:
 def _reopen_run(exp: Experiment, run_dir: Path, console) -> tuple[str, Optional[Path]]:
     """The id of the killed run in ``run_dir`` (which must be of this very experiment) and its newest resume
     point, if it wrote one."""
-    resolved = run_dir / "config.resolved.yaml"
-    if not resolved.exists():
+    if not (run_dir / "config.resolved.yaml").exists():
         raise ConfigError(str(run_dir), [("", "not a run directory (no config.resolved.yaml)")])
-    # debug.kill_rank says how the run was stopped, not what it computes: the resume leaves it out
-    before = _without_kill(safe_load(resolved.read_text()))
-    now = _without_kill(json.loads(json.dumps(exp.resolved_dict())))
-    changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+    changed = changed_sections(exp, run_dir)
     if changed:
         raise ConfigError(str(run_dir), [(k, "differs from the run being resumed") for k in changed])
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     point = latest_resume_point(run_dir)
     console.info(f"resuming {run_id} from {point.name if point else 'the start (no resumable checkpoint)'}")
     return run_id, point
+
+
+def changed_sections(exp: Experiment, run_dir: Path) -> list[str]:
+    """The top-level sections of ``exp`` that differ from the experiment the run in ``run_dir`` was started with
+    (its ``config.resolved.yaml``, which must exist)."""
+    # debug.kill_rank says how a run was stopped, not what it computes: left out on both sides
+    before = _without_kill(safe_load((run_dir / "config.resolved.yaml").read_text()))
+    now = _without_kill(json.loads(json.dumps(exp.resolved_dict())))
+    return sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
 
 
 def _without_kill(resolved: dict) -> dict:

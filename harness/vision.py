@@ -152,18 +152,26 @@ def load_image_text_model(path: str, dtype: str = "float32", revision: str | Non
     does for text models.
     """
     import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
-    processor = AutoProcessor.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    processor = load_image_text_processor(path, revision, trust_remote_code)
     model = AutoModelForImageTextToText.from_pretrained(path, revision=revision, dtype=getattr(torch, dtype),
                                                         trust_remote_code=trust_remote_code)
-    tokenizer = processor.tokenizer
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    _set_generation_ids(model, processor.tokenizer)
+    return model, processor
+
+
+def load_image_text_processor(path: str, revision: str | None = None, trust_remote_code: bool = False):
+    """The processor of an image-text model, as a run uses it: EOS pads a tokenizer without a pad token; a
+    processor without a chat template is a ValueError (image examples could not be rendered)."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    if processor.tokenizer.pad_token is None:
+        processor.tokenizer.pad_token = processor.tokenizer.eos_token
     if getattr(processor, "chat_template", None) is None:
         raise ValueError(f"{path}: the processor has no chat template; image examples cannot be rendered")
-    _set_generation_ids(model, tokenizer)
-    return model, processor
+    return processor
 
 
 def image_token_id(model) -> int:

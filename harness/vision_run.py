@@ -32,6 +32,9 @@ DEFAULT_TEXT = "qwen2-tiny"
 _PROCESSORS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
+IMAGE_MAX_NEW_TOKENS = 12  # image tasks' decoding budget when eval.max_new_tokens is null (auto)
+
+
 def register_processor(tokenizer, processor) -> None:
     """Remember ``processor`` as the one owning ``tokenizer`` (for :func:`processor_for`)."""
     _PROCESSORS[tokenizer] = processor
@@ -120,13 +123,12 @@ def with_processor(spec, tokenizer):
     """The tokenizer an image-text run encodes with, its processor registered — without building the model (for
     ``harness validate``): llava-tiny's processor around ``tokenizer`` (``<image>`` added, as the run does), or an
     ``hf`` model's own processor and its tokenizer."""
-    from transformers import AutoProcessor, SiglipVisionConfig
+    from transformers import SiglipVisionConfig
 
-    from harness.vision import PIXEL_GAIN, add_image_token, build_processor
+    from harness.vision import PIXEL_GAIN, add_image_token, build_processor, load_image_text_processor
 
     if spec.hf:
-        processor = AutoProcessor.from_pretrained(spec.hf, revision=spec.revision,
-                                                  trust_remote_code=spec.trust_remote_code)
+        processor = load_image_text_processor(spec.hf, spec.revision, spec.trust_remote_code)
         register_processor(processor.tokenizer, processor)
         return processor.tokenizer
     add_image_token(tokenizer)
@@ -165,7 +167,7 @@ class ImageEval:
         self.processor, self.recipes, self.drop_images = processor, data.recipes, exp.debug.drop_images
         # null max_new_tokens (auto): image answers are a word or two; 12 lets an overlong one be seen ending
         self.seed, self.batch_size = exp.seed, exp.eval.batch_size
-        self.max_new_tokens = exp.eval.max_new_tokens or 12
+        self.max_new_tokens = exp.eval.max_new_tokens or IMAGE_MAX_NEW_TOKENS
         self.examples: dict[tuple[str, str], list] = {}
         for name in image_tasks(data):
             splits = data.splits[name]

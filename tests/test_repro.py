@@ -78,6 +78,33 @@ def test_an_unfinished_run_is_restarted_not_refused(tmp_path):
     assert (run_dir / "summary.json").is_file() and outcome.n["math/heldout/greedy"] == 16
 
 
+def test_a_finished_run_of_another_configuration_is_run_again(tmp_path):
+    repro = load_repro("reversed_addition")
+    run_repro(repro, [0], tmp_path, micro=True, arms=["reversed"], echo=lambda _: None)
+    run_dir = tmp_path / "runs" / "reversed" / "seed0"
+    first_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    edited = repro_mod.Repro(repro.name, repro.directory, repro.spec.model_copy(
+        update={"micro": [*repro.spec.micro, "tasks.math.eval=8"]}))
+    lines: list[str] = []
+    outcome = run_repro(edited, [0], tmp_path, micro=True, arms=["reversed"], echo=lines.append)[0]
+    assert "differs in tasks: running again" in lines[0]
+    assert json.loads((run_dir / "run.json").read_text())["run_id"] != first_id
+    assert outcome.n["math/heldout/greedy"] == 8
+
+
+def test_a_run_in_use_by_another_process_is_left_alone(tmp_path):
+    from harness.rundir import RunDirError, claim_run_dir
+
+    run_dir = tmp_path / "runs" / "reversed" / "seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text('{"run_id": "still-running"}')
+    with claim_run_dir(run_dir, resume=True, force=False):  # the other process holds the lock
+        with pytest.raises(RunDirError, match="in use"):
+            run_repro(load_repro("reversed_addition"), [0], tmp_path, micro=True, arms=["reversed"],
+                      echo=lambda _: None)
+    assert json.loads((run_dir / "run.json").read_text())["run_id"] == "still-running"
+
+
 def test_scale_multiplies_the_listed_fields():
     repro = load_repro("reversed_addition")
     assert arm_experiment(repro, "reversed", 0, scale=0.5).resolved_stages()[0].steps == 450
