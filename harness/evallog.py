@@ -60,11 +60,11 @@ class EvalLog:
             image_rows, image_samples = self.image_eval(model)
             metrics, samples = metrics + image_rows, samples + image_samples
         rows = []
-        for task, split, metric, value in metrics:
+        for task, split, metric, value, *given in metrics:  # image rows may carry (n, low, high) themselves
             text = json.dumps(result.top1.get((task, split), [])) if metric == "ft_top1" else None
             ci = result.interval(task, split, metric)
-            rows.append(Row(stage, step, task, split, metric, value, text,
-                            *((ci.n, ci.low, ci.high) if ci is not None else ())))
+            interval = tuple(given) if given else (ci.n, ci.low, ci.high) if ci is not None else ()
+            rows.append(Row(stage, step, task, split, metric, value, text, *interval))
         samples = [{"stage": stage, "step": step, **sample} for sample in samples]
         # One write + flush + fsync per evaluation: a kill leaves at most an unfinished last line, which readers skip.
         append_jsonl(self.samples_path, samples, run_id=self.run_id)

@@ -180,8 +180,9 @@ class ImageEval:
                 elif splits[split]:
                     self.examples[(name, split)] = splits[split]
 
-    def __call__(self, model) -> tuple[list[tuple[str, str, str, float]], list[dict[str, Any]]]:
-        """``(metric rows (task, split, metric, value), samples)``."""
+    def __call__(self, model) -> tuple[list[tuple], list[dict[str, Any]]]:
+        """``(metric rows, samples)``: rows as :meth:`~harness.evaluation.image_use.ImageUseStats.rows` gives
+        them (a proportion's with its n and Wilson interval)."""
         from harness.evaluation.image_use import image_use
 
         rows, samples = [], []
@@ -189,7 +190,6 @@ class ImageEval:
             (stats,) = image_use(model, self.processor, examples, self.recipes, split, seed=self.seed,
                                  batch_size=self.batch_size, max_new_tokens=self.max_new_tokens,
                                  drop_images=self.drop_images)
-            rows.append((task, split, "greedy", stats.acc.value))
             rows += stats.rows()
             recipe = self.recipes[task]
             for index, (ex, item) in enumerate(zip(examples, stats.items)):

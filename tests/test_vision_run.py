@@ -63,6 +63,11 @@ def test_micro_vision_run_logs_the_probe_for_every_image_task(vision_run):
     assert {"caption", "shapes_qa", "repeat"} <= set(greedy["task"].to_list())  # image tasks sit with text tasks
     n = frame.filter((frame["metric"] == "img_acc_n") & (frame["task"] == "shapes_qa"))["value"].to_list()
     assert n and all(v == 6 for v in n)
+    # the image proportions carry n and their Wilson interval in the store's columns, as the text tasks' rows do
+    for metric in ("greedy", "img_acc", "img_acc_blank", "img_acc_swapped", "img_dependence"):
+        rows = frame.filter((frame["metric"] == metric) & (frame["task"] == "shapes_qa"))
+        assert rows.height and rows["n"].to_list() == [6] * rows.height, metric
+        assert all(lo <= v <= hi and hi > lo for v, lo, hi in zip(rows["value"], rows["ci_low"], rows["ci_high"]))
 
 
 def test_micro_vision_samples_name_their_images(vision_run):

@@ -67,16 +67,20 @@ class ImageUseStats:
     ll_gap_p: float  # two-sided paired t-test, real vs swapped gold log-lik
     items: list[dict[str, Any]] = field(default_factory=list)
 
-    def rows(self) -> list[tuple[str, str, str, float]]:
-        """``(task, split, metric, value)`` rows in the shape of ``EvalResult.metrics``; each proportion also as
-        ``<metric>_n`` / ``_lo`` / ``_hi``."""
-        out = []
-        for name, p in (("img_acc", self.acc), ("img_acc_blank", self.acc_blank),
+    def rows(self) -> list[tuple]:
+        """Rows in the shape of ``EvalResult.metrics``, ``(task, split, metric, value)``; a proportion's row is
+        ``(task, split, metric, value, n, wilson_low, wilson_high)`` (the store's n / interval columns, as text
+        tasks' rows carry them) and is also given as ``<metric>_n`` / ``_lo`` / ``_hi`` rows. ``greedy`` is
+        ``img_acc``."""
+        out: list[tuple] = []
+        for name, p in (("greedy", self.acc), ("img_acc", self.acc), ("img_acc_blank", self.acc_blank),
                         ("img_acc_swapped", self.acc_swapped), ("img_dependence", self.dependence)):
-            out += [(name, p.value), (f"{name}_n", float(p.n)), (f"{name}_lo", p.lo), (f"{name}_hi", p.hi)]
+            out.append((name, p.value, p.n, p.lo, p.hi))
+            if name != "greedy":
+                out += [(f"{name}_n", float(p.n)), (f"{name}_lo", p.lo), (f"{name}_hi", p.hi)]
         out += [("img_ll_gap", self.ll_gap), ("img_ll_gap_lo", self.ll_gap_ci[0]),
                 ("img_ll_gap_hi", self.ll_gap_ci[1]), ("img_ll_gap_p", self.ll_gap_p)]
-        return [(self.task, self.split, metric, float(value)) for metric, value in out]
+        return [(self.task, self.split, metric, float(value), *rest) for metric, value, *rest in out]
 
 
 def derangement(n: int, rng: random.Random) -> list[int]:
