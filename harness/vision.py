@@ -133,15 +133,29 @@ def build_llava_tiny(tokenizer, seed: int, text: str = "qwen2-tiny", text_overri
     import torch
     from transformers import AutoModelForImageTextToText
 
-    add_image_token(tokenizer)
-    vision_overrides = dict(vision_overrides or {})
-    pixel_gain = float(vision_overrides.pop("pixel_gain", PIXEL_GAIN))
-    config = llava_tiny_config(tokenizer, text, text_overrides, vision_overrides)
+    processor = llava_tiny_processor(tokenizer, vision_overrides)  # adds <image> first
+    config = llava_tiny_config(tokenizer, text, text_overrides, _vision_settings(vision_overrides)[0])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa")
     _set_generation_ids(model, tokenizer)
-    return model, build_processor(tokenizer, config.vision_config, pixel_gain)
+    return model, processor
+
+
+def llava_tiny_processor(tokenizer, vision_overrides: Mapping[str, Any] | None = None):
+    """llava-tiny's processor around ``tokenizer``, which gets ``<image>`` (in place); ``vision_overrides`` as
+    :func:`build_llava_tiny` takes them. What a run builds and what ``harness validate`` encodes with."""
+    from transformers import SiglipVisionConfig
+
+    add_image_token(tokenizer)
+    fields, pixel_gain = _vision_settings(vision_overrides)
+    return build_processor(tokenizer, SiglipVisionConfig(**{**VISION_DEFAULTS, **fields}), pixel_gain)
+
+
+def _vision_settings(vision_overrides: Mapping[str, Any] | None) -> tuple[dict[str, Any], float]:
+    """``(SiglipVisionConfig fields, the processor's pixel gain)`` of llava-tiny's ``vision`` overrides."""
+    fields = dict(vision_overrides or {})
+    return fields, float(fields.pop("pixel_gain", PIXEL_GAIN))
 
 
 def load_image_text_model(path: str, dtype: str = "float32", revision: str | None = None,

@@ -123,18 +123,13 @@ def with_processor(spec, tokenizer):
     """The tokenizer an image-text run encodes with, its processor registered — without building the model (for
     ``harness validate``): llava-tiny's processor around ``tokenizer`` (``<image>`` added, as the run does), or an
     ``hf`` model's own processor and its tokenizer."""
-    from transformers import SiglipVisionConfig
-
-    from harness.vision import PIXEL_GAIN, add_image_token, build_processor, load_image_text_processor
+    from harness.vision import llava_tiny_processor, load_image_text_processor
 
     if spec.hf:
         processor = load_image_text_processor(spec.hf, spec.revision, spec.trust_remote_code)
         register_processor(processor.tokenizer, processor)
         return processor.tokenizer
-    add_image_token(tokenizer)
-    vision = {**VISION_DEFAULTS, **spec.vision}
-    gain = float(vision.pop("pixel_gain", PIXEL_GAIN))
-    register_processor(tokenizer, build_processor(tokenizer, SiglipVisionConfig(**vision), gain))
+    register_processor(tokenizer, llava_tiny_processor(tokenizer, spec.vision))
     return tokenizer
 
 
