@@ -254,6 +254,8 @@ def repro(
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default runs/repro/NAME)."),
     arms: Optional[str] = typer.Option(None, "--arms", help="Comma-separated arms to run (default all)."),
     micro: bool = typer.Option(False, "--micro", help="The micro size of the reproduction (seconds; tests)."),
+    jobs: int = typer.Option(1, "--jobs", min=1, help="Runs at once, each in its own process (torch threads "
+                                                      "split between them unless OMP_NUM_THREADS is set)."),
     list_: bool = typer.Option(False, "--list", help="List the reproductions and exit."),
 ):
     """Run a published finding's arms for several seeds; write NAME.md (table with intervals) and NAME.png."""
@@ -271,7 +273,8 @@ def repro(
         spec = load_repro(name)
         seed_list = parse_seeds(seeds)
         out_dir = out or Path("runs") / "repro" / spec.name
-        outcomes = run_repro(spec, seed_list, out_dir, scale, micro, arms.split(",") if arms else None, typer.echo)
+        outcomes = run_repro(spec, seed_list, out_dir, scale, micro, arms.split(",") if arms else None, typer.echo,
+                             jobs=jobs)
     except (ConfigError, ValueError) as e:
         _fail(f"harness repro: {e}")
     command = " ".join(["harness repro", spec.name, f"--seeds {seeds}"] + ([f"--scale {scale:g}"] if scale != 1 else [])
