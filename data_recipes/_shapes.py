@@ -46,6 +46,11 @@ BACKGROUND = (255, 255, 255)
 # Slot centres as fractions of the side; objects have radius 0.16 and jitter ±0.04, so neighbours never touch.
 _CENTRES = {"top": (0.5, 0.23), "bottom": (0.5, 0.77), "left": (0.23, 0.5), "right": (0.77, 0.5)}
 _RADIUS, _JITTER = 0.16, 0.04
+# layout: grid — slots at the centres of the edge cells of a 3×3 grid; radius + jitter (0.15) stays inside the
+# cell's half-width (1/6), so with patch_size = image_size / 3 every object lies within one image patch.
+_GRID_CENTRES = {"top": (0.5, 1 / 6), "bottom": (0.5, 5 / 6), "left": (1 / 6, 0.5), "right": (5 / 6, 0.5)}
+_GRID_RADIUS, _GRID_JITTER = 0.13, 0.02
+LAYOUTS = {"diamond": (_CENTRES, _RADIUS, _JITTER), "grid": (_GRID_CENTRES, _GRID_RADIUS, _GRID_JITTER)}
 _MAX_TRIES = 1000  # rejection sampling of one scene; the pools are large, so this is never reached in practice
 
 Triple = tuple[str, str, str]  # (colour, shape, position)
@@ -61,6 +66,10 @@ class ShapesParams(RecipeParams):
         "triple", description="Hold out (colour, shape, position) triples, or whole (colour, shape) pairs.")
     heldout_fraction: float = Field(0.2, gt=0, lt=0.5, description="Share of triples (or pairs) held out.")
     holdout_seed: int = Field(0, description="Seed of the held-out set; keep it equal across image tasks.")
+    layout: Literal["diamond", "grid"] = Field(
+        "diamond", description="Where the slots are: diamond (centres 0.23 / 0.77 of the side from the edges, "
+        "objects of radius 0.16) or grid (the edge cells of a 3×3 grid, radius 0.13: with the vision tower's "
+        "patch_size = image_size / 3 each object is one image token).")
 
     @model_validator(mode="after")
     def _range(self) -> "ShapesParams":
@@ -120,16 +129,17 @@ def sample_scene(rng: random.Random, n_objects: int, held: frozenset[Triple], no
                      "lower heldout_fraction")
 
 
-def draw_scene(scene: Scene, size: int) -> Image.Image:
-    """The scene as an RGB image; deterministic for (scene, size)."""
+def draw_scene(scene: Scene, size: int, layout: str = "diamond") -> Image.Image:
+    """The scene as an RGB image; deterministic for (scene, size, layout)."""
     image = Image.new("RGB", (size, size), BACKGROUND)
     pen = ImageDraw.Draw(image)
     jitter = random.Random(scene.jitter_seed)
-    r = _RADIUS * size
+    centres, radius, spread = LAYOUTS[layout]
+    r = radius * size
     for colour, shape, position in scene.objects:
-        fx, fy = _CENTRES[position]
-        x = (fx + jitter.uniform(-_JITTER, _JITTER)) * size
-        y = (fy + jitter.uniform(-_JITTER, _JITTER)) * size
+        fx, fy = centres[position]
+        x = (fx + jitter.uniform(-spread, spread)) * size
+        y = (fy + jitter.uniform(-spread, spread)) * size
         fill = COLOURS[colour]
         if shape == "circle":
             pen.ellipse((x - r, y - r, x + r, y + r), fill=fill)
@@ -217,7 +227,7 @@ class ShapesRecipe(Recipe):
                 "item": scene.image_id, "template": template.id, "image_id": scene.image_id, "kind": question.kind,
                 "target": f"{colour}-{shape}@{position}", "n_objects": len(scene.objects),
             }
-            image = draw_scene(scene, self.params.image_size)
+            image = draw_scene(scene, self.params.image_size, self.params.layout)
             out.append(Example(task, ({"role": "user", "content": prompt},
                                       {"role": "assistant", "content": question.answer}), meta, image))
         return out

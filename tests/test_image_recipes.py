@@ -3,6 +3,7 @@ image really shows what its gold answer says."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import numpy as np
@@ -114,6 +115,20 @@ def test_image_shows_each_object_at_its_slot():
         for position, (fx, fy) in _CENTRES.items():
             rgb = tuple(pixels[int(fy * size), int(fx * size)])
             assert rgb == (COLOURS[placed[position]] if position in placed else (255, 255, 255)), ex.meta
+
+
+def test_grid_layout_puts_each_object_inside_one_patch():
+    """layout: grid — with patch = side / 3, each object's pixels lie in its own edge cell (one image token) and
+    the centre and corner cells stay empty."""
+    size, cell = 48, 16
+    cells = {"top": (1, 0), "bottom": (1, 2), "left": (0, 1), "right": (2, 1)}
+    for ex in build("caption", n_train=60, image_size=size, layout="grid")["train"]:
+        pixels = np.asarray(ex.image).reshape(3, cell, 3, cell, 3)
+        placed = {p: c for c, _, p in triples_of(ex)}
+        for column, row in itertools.product(range(3), range(3)):
+            colours = {tuple(rgb) for rgb in pixels[row, :, column, :].reshape(-1, 3)} - {(255, 255, 255)}
+            position = next((p for p, xy in cells.items() if xy == (column, row)), None)
+            assert colours == ({COLOURS[placed[position]]} if position in placed else set()), (ex.meta, position)
 
 
 def test_answer_balance():
