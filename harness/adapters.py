@@ -88,6 +88,9 @@ class SpecialTokenGradientError(RuntimeError):
               "three days)."
         )
 
+    def __reduce__(self):  # pickles with its constructor's arguments (harness repro --jobs sends it back)
+        return type(self), (self.failures,)
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # Small helpers

@@ -259,7 +259,9 @@ def repro(
     list_: bool = typer.Option(False, "--list", help="List the reproductions and exit."),
 ):
     """Run a published finding's arms for several seeds; write NAME.md (table with intervals) and NAME.png."""
+    from harness.adapters import SpecialTokenGradientError
     from harness.config import ConfigError
+    from harness.guard import NonFiniteError
     from harness.repro import available, load_repro, parse_seeds, run_repro
     from harness.repro_report import write_outputs
 
@@ -277,6 +279,10 @@ def repro(
                              jobs=jobs)
     except (ConfigError, ValueError) as e:
         _fail(f"harness repro: {e}")
+    except NonFiniteError as e:  # the exit codes of harness run
+        _fail(f"harness repro: training stopped: {e}", code=3)
+    except SpecialTokenGradientError as e:
+        _fail(f"harness repro: training stopped before the first update: {e}", code=4)
     command = " ".join(["harness repro", spec.name, f"--seeds {seeds}"] + ([f"--scale {scale:g}"] if scale != 1 else [])
                        + (["--micro"] if micro else []))
     typer.echo(f"table → {write_outputs(spec, outcomes, out_dir, command)}")

@@ -30,6 +30,9 @@ class NonFiniteError(RuntimeError):
         self.report = report
         super().__init__(format_nonfinite_report(report))
 
+    def __reduce__(self):  # pickles with its constructor's arguments (harness repro --jobs sends it back)
+        return type(self), (self.report,)
+
 
 def format_nonfinite_report(report: dict[str, Any]) -> str:
     """One line for a non-finite report: what went non-finite where, the first bad module, the bad gradients."""

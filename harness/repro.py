@@ -37,6 +37,7 @@ from harness.config.errors import yaml_errors
 from harness.config.load import apply_overrides, validate_data
 from harness.config.paths import PathError, parse_path, resolve_path, set_path
 from harness.config.yaml_io import load_raw
+from harness.repro_jobs import PlannedRun, run_planned
 
 REPRO_ROOT = Path(__file__).resolve().parents[1] / "experiments" / "repro"
 SPEC_NAME = "repro.yaml"
@@ -204,12 +205,19 @@ def run_repro(repro: Repro, seeds: list[int], out: Path, scale: float = 1.0, mic
     from harness.rundir import LOCK_FILE
     from harness.runner import changed_sections  # torch and transformers: only when something runs
 
-    names = arms or [a for a in repro.spec.arms if not repro.spec.arm(a).optional]
+    names = list(dict.fromkeys(arms or [a for a in repro.spec.arms if not repro.spec.arm(a).optional]))
     unknown = [a for a in names if a not in repro.spec.arms]
     if unknown:
         raise ConfigError(repro.name, [("--arms", f"unknown arm(s) {', '.join(unknown)}; arms: "
                                                   f"{', '.join(repro.spec.arms)}")])
     plan = [(arm, seed, arm_experiment(repro, arm, seed, scale, micro)) for seed in seeds for arm in names]
+    outcomes: dict[tuple[str, int], RunOutcome] = {}
+
+    def collect(arm: str, seed: int, exp: Experiment) -> None:
+        outcome = collect_run(out / "runs" / arm / f"seed{seed}", arm, seed, repro.spec.metrics, exp)
+        echo(f"{arm} seed {seed}: " + ", ".join(f"{k} {v:.3f} (n={outcome.n[k]})" for k, v in outcome.values.items()))
+        outcomes[arm, seed] = outcome
+
     todo = []
     for arm, seed, exp in plan:
         run_dir = out / "runs" / arm / f"seed{seed}"
@@ -217,6 +225,7 @@ def run_repro(repro: Repro, seeds: list[int], out: Path, scale: float = 1.0, mic
         changed = changed_sections(exp, run_dir) if finished else []
         if finished and not changed:
             echo(f"{arm} seed {seed}: finished run reused ({run_dir})")
+            collect(arm, seed, exp)
             continue
         # A run of another configuration (--micro before the full size, an edited repro file), or one an
         # interrupted repro left unfinished, is run again (finished stages replay from the stage cache). A run
@@ -225,64 +234,9 @@ def run_repro(repro: Repro, seeds: list[int], out: Path, scale: float = 1.0, mic
         why = (f"the finished run differs in {', '.join(changed)}: running again" if changed
                else "restarting an unfinished run" if used else "running")
         echo(f"{arm} seed {seed}: {why} → {run_dir}")
-        todo.append((arm, seed, exp, run_dir, used))
-    _run_all(todo, jobs, echo)
-    outcomes = []
-    for arm, seed, exp in plan:
-        outcome = collect_run(out / "runs" / arm / f"seed{seed}", arm, seed, repro.spec.metrics, exp)
-        echo(f"{arm} seed {seed}: " + ", ".join(f"{k} {v:.3f} (n={outcome.n[k]})" for k, v in outcome.values.items()))
-        outcomes.append(outcome)
-    return outcomes
-
-
-def _run_all(todo: list[tuple[str, int, Experiment, Path, bool]], jobs: int, echo: Callable[[str], None]) -> None:
-    """Run the planned runs here one after another, or ``jobs`` at a time in spawned processes (torch threads split
-    between them). In parallel they go arm-major — different seeds side by side — because runs of one seed share
-    stages through the stage cache, which a run only replays once another has finished them."""
-    if jobs <= 1 or len(todo) <= 1:
-        from harness.runner import run_experiment
-
-        for _, _, exp, run_dir, used in todo:
-            run_experiment(exp, run_dir, force=used)
-        return
-    import multiprocessing
-    import os
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
-
-    threads = 0 if os.environ.get("OMP_NUM_THREADS") else max(1, (os.cpu_count() or 1) // jobs)
-    ordered = sorted(todo, key=lambda t: [a for a, *_ in todo].index(t[0]))  # stable: arm-major, seeds in order
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(_run_in_child, exp, run_dir, used, threads): (arm, seed)
-                   for arm, seed, exp, run_dir, used in ordered}
-        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        failed = [f for f in done if f.exception() is not None]
-        if failed:
-            for f in pending:
-                f.cancel()  # runs not yet started; those running finish (their directories stay consistent)
-            arm, seed = futures[failed[0]]
-            echo(f"{arm} seed {seed}: failed")
-            raise failed[0].exception()
-
-
-def _run_in_child(exp: Experiment, run_dir: Path, force: bool, threads: int) -> None:
-    """One run in a ``--jobs`` worker process. An exception that would not survive the trip back to the parent
-    (one whose constructor takes other arguments than its message) is sent as a RuntimeError with its text."""
-    import pickle
-
-    import torch
-
-    from harness.runner import run_experiment
-
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        run_experiment(exp, run_dir, force=force)
-    except Exception as error:
-        try:
-            pickle.loads(pickle.dumps(error))
-        except Exception:
-            raise RuntimeError(f"{type(error).__name__}: {error}") from None
-        raise
+        todo.append(PlannedRun(arm, seed, exp, run_dir, used))
+    run_planned(todo, jobs, lambda run: collect(run.arm, run.seed, run.exp), echo)
+    return [outcomes[arm, seed] for arm, seed, _ in plan]
 
 
 def parse_seeds(text: str) -> list[int]:

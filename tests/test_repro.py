@@ -105,31 +105,51 @@ def test_a_run_in_use_by_another_process_is_left_alone(tmp_path):
     assert json.loads((run_dir / "run.json").read_text())["run_id"] == "still-running"
 
 
-def test_jobs_run_in_parallel_processes_with_the_sequential_results(tmp_path):
-    repro = load_repro("reversed_addition")
-    side_by_side = run_repro(repro, [0, 1], tmp_path / "jobs", micro=True, arms=["reversed"], echo=lambda _: None,
-                             jobs=2)
-    one_by_one = run_repro(repro, [0, 1], tmp_path / "seq", micro=True, arms=["reversed"], echo=lambda _: None)
+def test_jobs_run_in_parallel_processes_with_the_sequential_results(tmp_path, monkeypatch):
+    import torch
+
+    # One thread on both sides (float sums in one order) and a stage cache each, so nothing is replayed.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        repro = load_repro("reversed_addition")
+        monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache_jobs"))
+        side_by_side = run_repro(repro, [0, 1], tmp_path / "jobs", micro=True, arms=["reversed"],
+                                 echo=lambda _: None, jobs=2)
+        monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache_seq"))
+        one_by_one = run_repro(repro, [0, 1], tmp_path / "seq", micro=True, arms=["reversed"], echo=lambda _: None)
+    finally:
+        torch.set_num_threads(threads)
     assert [(o.seed, o.items) for o in side_by_side] == [(o.seed, o.items) for o in one_by_one]
     ids = {json.loads((tmp_path / "jobs" / "runs" / "reversed" / f"seed{s}" / "run.json").read_text())["run_id"]
            for s in (0, 1)}
     assert len(ids) == 2
 
 
-def test_jobs_report_a_failed_run_and_finish_the_others(tmp_path):
+def test_jobs_report_a_failed_run_finish_those_going_and_start_no_more(tmp_path):
     from harness.rundir import RunDirError, claim_run_dir
 
-    locked = tmp_path / "runs" / "reversed" / "seed1"
+    locked = tmp_path / "runs" / "reversed" / "seed0"
     locked.mkdir(parents=True)
     (locked / "run.json").write_text('{"run_id": "still-running"}')
     lines: list[str] = []
-    with claim_run_dir(locked, resume=True, force=False):  # seed 1's directory is another process's
+    with claim_run_dir(locked, resume=True, force=False):  # seed 0's directory is another process's
         with pytest.raises(RunDirError, match="in use"):
-            run_repro(load_repro("reversed_addition"), [0, 1], tmp_path, micro=True, arms=["reversed"],
+            run_repro(load_repro("reversed_addition"), [0, 1, 2, 3], tmp_path, micro=True, arms=["reversed"],
                       echo=lines.append, jobs=2)
-    assert (tmp_path / "runs" / "reversed" / "seed0" / "summary.json").is_file()
-    assert "reversed seed 1: failed" in lines
+    assert "reversed seed 0: failed (RunDirError)" in lines
     assert json.loads((locked / "run.json").read_text())["run_id"] == "still-running"
+    # seed 1 started beside seed 0 and finished; seeds 2 and 3 were never started after the failure
+    assert (tmp_path / "runs" / "reversed" / "seed1" / "summary.json").is_file()
+    assert not (tmp_path / "runs" / "reversed" / "seed2").exists()
+    assert not (tmp_path / "runs" / "reversed" / "seed3").exists()
+
+
+def test_repeated_arm_names_run_once(tmp_path):
+    outcomes = run_repro(load_repro("reversed_addition"), [0], tmp_path, micro=True, arms=["reversed", "reversed"],
+                         echo=lambda _: None)
+    assert [(o.arm, o.seed) for o in outcomes] == [("reversed", 0)]
 
 
 def test_scale_multiplies_the_listed_fields():

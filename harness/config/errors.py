@@ -34,6 +34,9 @@ class ConfigError(Exception):
         lines += [f"  {path}: {message}" if path else f"  {message}" for path, message in errors]
         super().__init__("\n".join(lines))
 
+    def __reduce__(self):  # pickles with its constructor's arguments (harness repro --jobs sends it back)
+        return type(self), (self.source, self.errors)
+
 
 def _unwrap(annotation: Any) -> Any:
     """``annotation`` without ``Annotated`` metadata and without ``Optional``."""

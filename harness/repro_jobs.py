@@ -1,0 +1,103 @@
+"""Running a reproduction's planned runs: one after another in this process, or ``--jobs N`` at a time, each in a
+spawned process with the torch threads split between them.
+
+In parallel the runs go arm-major (different seeds side by side): runs of one seed can replay each other's shared
+stages from the stage cache only when one has finished before the other starts — and only at the same thread count,
+which the cache key holds, so entries written under ``--jobs N`` are replayed by runs with the same ``N``.
+At most ``N`` runs are handed to the pool at a time, so after a failure no further run starts (those in progress
+finish), and Ctrl-C stops the workers instead of leaving queued runs to start.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from harness.config import Experiment
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    arm: str
+    seed: int
+    exp: Experiment
+    run_dir: Path
+    force: bool  # the directory holds an unfinished or outdated run: clear it first
+
+
+def run_planned(todo: list[PlannedRun], jobs: int, on_done: Callable[[PlannedRun], None],
+                echo: Callable[[str], None]) -> None:
+    """Run ``todo``; ``on_done(run)`` after each success. The first failure is raised once the runs in progress have
+    ended; every failure is echoed with its arm and seed."""
+    if jobs <= 1 or len(todo) <= 1:
+        from harness.runner import run_experiment  # torch and transformers: only when something runs
+
+        for run in todo:
+            try:
+                run_experiment(run.exp, run.run_dir, force=run.force)
+            except BaseException as error:
+                echo(f"{run.arm} seed {run.seed}: failed ({type(error).__name__})")
+                raise
+            on_done(run)
+        return
+    _run_parallel(todo, jobs, on_done, echo)
+
+
+def _run_parallel(todo: list[PlannedRun], jobs: int, on_done: Callable[[PlannedRun], None],
+                  echo: Callable[[str], None]) -> None:
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from multiprocessing import get_context
+
+    arm_order = list(dict.fromkeys(run.arm for run in todo))
+    queue = sorted(todo, key=lambda run: arm_order.index(run.arm))  # stable: seeds keep their order within an arm
+    threads = 0 if os.environ.get("OMP_NUM_THREADS") else max(1, len(os.sched_getaffinity(0)) // jobs)
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
+    running: dict = {}
+    errors: list[BaseException] = []
+    try:
+        while queue or running:
+            # Never more than `jobs` submitted: a future the pool has already handed to a worker cannot be cancelled.
+            while queue and len(running) < jobs and not errors:
+                run = queue.pop(0)
+                running[pool.submit(_run_in_child, run.exp, run.run_dir, run.force, threads)] = run
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                run, error = running.pop(future), future.exception()
+                if error is None:
+                    on_done(run)
+                else:
+                    echo(f"{run.arm} seed {run.seed}: failed ({type(error).__name__})")
+                    errors.append(error)
+    except BaseException:  # Ctrl-C: end the workers too, not only this process
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in list(getattr(pool, "_processes", {}).values()):  # no public handle on the workers
+            process.terminate()
+        raise
+    pool.shutdown(wait=True)
+    if errors:
+        raise errors[0]
+
+
+def _run_in_child(exp: Experiment, run_dir: Path, force: bool, threads: int) -> None:
+    """One run in a worker process. An exception that would not survive the trip back to the parent is sent as a
+    RuntimeError carrying its type and text."""
+    import pickle
+
+    import torch
+
+    from harness.runner import run_experiment
+
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        run_experiment(exp, run_dir, force=force)
+    except Exception as error:
+        try:
+            pickle.loads(pickle.dumps(error))
+        except Exception:
+            raise RuntimeError(f"{type(error).__name__}: {error}") from None
+        raise
