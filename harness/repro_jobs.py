@@ -52,7 +52,8 @@ def _run_parallel(todo: list[PlannedRun], jobs: int, on_done: Callable[[PlannedR
 
     arm_order = list(dict.fromkeys(run.arm for run in todo))
     queue = sorted(todo, key=lambda run: arm_order.index(run.arm))  # stable: seeds keep their order within an arm
-    threads = 0 if os.environ.get("OMP_NUM_THREADS") else max(1, len(os.sched_getaffinity(0)) // jobs)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)  # Linux: usable
+    threads = 0 if os.environ.get("OMP_NUM_THREADS") else max(1, cpus // jobs)
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
     running: dict = {}
     errors: list[BaseException] = []
