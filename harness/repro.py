@@ -231,8 +231,8 @@ def run_repro(repro: Repro, seeds: list[int], out: Path, scale: float = 1.0, mic
         # interrupted repro left unfinished, is run again (finished stages replay from the stage cache). A run
         # still going in another process keeps its lock, so force cannot clear it.
         used = run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
-        why = (f"the finished run differs in {', '.join(changed)}: running again" if changed
-               else "restarting an unfinished run" if used else "running")
+        why = (f"the finished run differs in {', '.join(changed)}: to run again" if changed
+               else "unfinished, to restart" if used else "to run")
         echo(f"{arm} seed {seed}: {why} → {run_dir}")
         todo.append(PlannedRun(arm, seed, exp, run_dir, used))
     run_planned(todo, jobs, lambda run: collect(run.arm, run.seed, run.exp), echo)

@@ -87,7 +87,7 @@ def test_a_finished_run_of_another_configuration_is_run_again(tmp_path):
         update={"micro": [*repro.spec.micro, "tasks.math.eval=8"]}))
     lines: list[str] = []
     outcome = run_repro(edited, [0], tmp_path, micro=True, arms=["reversed"], echo=lines.append)[0]
-    assert "differs in tasks: running again" in lines[0]
+    assert "differs in tasks: to run again" in lines[0]
     assert json.loads((run_dir / "run.json").read_text())["run_id"] != first_id
     assert outcome.n["math/heldout/greedy"] == 8
 

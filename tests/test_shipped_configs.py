@@ -9,6 +9,7 @@ under ``tests/data`` are validated too.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Optional
 
@@ -70,6 +71,7 @@ def test_experiment_file_loads_and_validates(path: Path):
     experiment = load_experiment(path)
     assert isinstance(experiment, Experiment)
     assert experiment.resolved_stages()
+    assert pickle.loads(pickle.dumps(experiment)) == experiment  # what `repro --jobs` sends to its processes
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=relative)
@@ -83,4 +85,9 @@ def test_sweep_file_loads_and_validates(path: Path):
 @pytest.mark.parametrize("path", REPROS, ids=relative)
 def test_repro_file_loads_and_every_arm_validates(path: Path):
     repro = load_repro(path.parent)
-    assert all(isinstance(arm_experiment(repro, arm, seed=0), Experiment) for arm in repro.spec.arms)
+    for arm in repro.spec.arms:
+        experiment = arm_experiment(repro, arm, seed=0)
+        assert isinstance(experiment, Experiment)
+        # `harness repro --jobs` pickles each arm's experiment to a spawned process (a stage's optim override
+        # once failed to pickle there)
+        assert pickle.loads(pickle.dumps(experiment)) == experiment, arm

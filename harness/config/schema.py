@@ -207,7 +207,11 @@ def _partial(model: type[BaseModel], name: str) -> dict[str, Any]:
     for field_name, info in model.model_fields.items():
         annotation = info.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            annotation = create_model(f"{name}{annotation.__name__}", __base__=annotation, **_partial(annotation, name))
+            annotation = create_model(f"{name}{annotation.__name__}", __base__=annotation, __module__=__name__,
+                                      **_partial(annotation, name))
+            # Published as a module attribute so pickle finds it by name: `harness repro --jobs` sends experiments
+            # (a stage's optim / loss overrides are instances of these classes) to spawned processes.
+            globals()[annotation.__name__] = annotation
         info = copy.copy(info)
         info.default, info.default_factory = None, None
         fields[field_name] = (Optional[annotation], info)
