@@ -8,7 +8,8 @@ per-token tensors:
 - :func:`token_losses_and_ce` — that, plus the plain CE ``[N]`` (detached) that is always logged, from one call;
 - :func:`first_answer_tokens` — which supervised positions start an answer (a ``[B, T]`` mask from the labels);
 - :func:`weighted_mean` — the scalar to back-propagate: ``Σ w_i l_i / Σ w_i`` with
-  ``w_i = task_weights[task_i] · (first_token_weight if token i starts an answer else 1)``.
+  ``w_i = task_weights[task_i] · (first_token_weight if token i starts an answer else 1)``, divided by the token's
+  example's supervised-token count under ``reduction: example``.
 
 GEM: "Entropic Distribution Matching for Supervised Fine-tuning of LLMs: Less Overfitting and Better Diversity"
 (Ziniu Li et al., 2024; arXiv 2408.16673), also published as "Preserving Diversity in Supervised Fine-tuning of
@@ -98,12 +99,28 @@ def first_answer_tokens(labels: torch.Tensor) -> torch.Tensor:
 
 
 def token_weights(task_of_token: torch.Tensor, is_first_token: Optional[torch.Tensor], spec: "LossSpec",
-                  tasks: Optional[Sequence[str]] = None) -> Optional[torch.Tensor]:
+                  tasks: Optional[Sequence[str]] = None,
+                  example_of_token: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """Per-token weights ``[N]`` (float32), or ``None`` when every weight is 1.
 
     ``spec.task_weights`` maps a task name (resolved through ``tasks``, the task list whose indices
     ``task_of_token`` holds) or a task index (int or digit string) to its weight; unlisted tasks weigh 1.
+    With ``spec.reduction == "example"`` each token's weight is also divided by its example's supervised-token count
+    (``example_of_token``: the batch row of each token), so the weighted mean is the mean of per-example means.
     """
+    weights = _task_and_first_token_weights(task_of_token, is_first_token, spec, tasks)
+    if spec.reduction == "token":
+        return weights
+    if example_of_token is None:
+        raise ValueError("loss.reduction: example needs each supervised token's example (example_of_token)")
+    counts = torch.bincount(example_of_token)
+    per_example = 1.0 / counts.to(torch.float32).clamp_min(1)[example_of_token]
+    return per_example if weights is None else weights * per_example.to(weights.device)
+
+
+def _task_and_first_token_weights(task_of_token: torch.Tensor, is_first_token: Optional[torch.Tensor],
+                                  spec: "LossSpec", tasks: Optional[Sequence[str]]) -> Optional[torch.Tensor]:
+    """``spec.task_weights`` × ``spec.first_token_weight`` per token, or ``None`` when every weight is 1."""
     table = None
     if spec.task_weights:
         if tasks is not None:
@@ -133,13 +150,14 @@ def token_weights(task_of_token: torch.Tensor, is_first_token: Optional[torch.Te
 
 
 def weighted_mean(per_token: torch.Tensor, task_of_token: torch.Tensor, is_first_token: Optional[torch.Tensor],
-                  spec: "LossSpec", tasks: Optional[Sequence[str]] = None) -> torch.Tensor:
+                  spec: "LossSpec", tasks: Optional[Sequence[str]] = None,
+                  example_of_token: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The scalar to back-propagate: ``Σ w_i l_i / Σ w_i`` (the plain mean when every weight is 1).
 
     A weighted *mean*, so the loss scale does not change with the weights; a task weight of 0 drops that task's
     tokens from the gradient. An empty batch (no supervised token, or every weight 0) gives 0 with a gradient path.
     """
-    weights = token_weights(task_of_token, is_first_token, spec, tasks)
+    weights = token_weights(task_of_token, is_first_token, spec, tasks, example_of_token)
     if weights is None:
         return per_token.mean() if per_token.numel() else per_token.sum()
     weights = weights.to(per_token.dtype)

@@ -76,10 +76,11 @@ def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, task
     losses, ce = token_losses_and_ce(logits, batch.labels.flatten()[supervised], spec)
     task_of_token = task_ids[supervised // batch.labels.shape[1]]
     first = first_answer_tokens(batch.labels).flatten()[supervised] if spec.first_token_weight != 1.0 else None
+    example_of_token = supervised // batch.labels.shape[1] if spec.reduction == "example" else None
     if parallel is None:
-        loss = weighted_mean(losses, task_of_token, first, spec, tasks=tasks)
+        loss = weighted_mean(losses, task_of_token, first, spec, tasks, example_of_token)
     else:
-        loss = parallel.global_mean(losses, token_weights(task_of_token, first, spec, tasks))
+        loss = parallel.global_mean(losses, token_weights(task_of_token, first, spec, tasks, example_of_token))
     return loss, ce, task_of_token
 
 

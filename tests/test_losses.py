@@ -157,3 +157,20 @@ def test_weighted_mean():
     assert zero.item() == 0.0
     with pytest.raises(ValueError, match="unknown task 'c'"):
         weighted_mean(losses, tasks, first, LossSpec(task_weights={"c": 2.0}), tasks=["a", "b"])
+
+
+def test_weighted_mean_per_example():
+    """``reduction: example``: the mean of per-example means, so a 1-token answer weighs as much as a 3-token one."""
+    losses = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], requires_grad=True)
+    tasks = torch.tensor([0, 0, 0, 1, 1])
+    examples = torch.tensor([0, 0, 0, 1, 1])
+    value = weighted_mean(losses, tasks, None, LossSpec(reduction="example"), example_of_token=examples)
+    assert value.item() == pytest.approx((2.0 + 4.5) / 2)  # the token mean is 3.0
+    value.backward()
+    assert losses.grad.tolist() == pytest.approx([1 / 6, 1 / 6, 1 / 6, 1 / 4, 1 / 4])
+    # with a task weight: example 1 (task b) counts 3 times example 0 → (2.0 + 3 · 4.5) / 4
+    spec = LossSpec(reduction="example", task_weights={"b": 3.0})
+    assert weighted_mean(losses, tasks, None, spec, tasks=["a", "b"], example_of_token=examples).item() \
+        == pytest.approx(15.5 / 4)
+    with pytest.raises(ValueError, match="example_of_token"):
+        weighted_mean(losses, tasks, None, LossSpec(reduction="example"))

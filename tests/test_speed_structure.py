@@ -145,6 +145,18 @@ def test_vocabulary_projection_only_at_supervised_positions(tiny_model):
     assert ce.shape == task_of_token.shape == (n_supervised,)
 
 
+def test_example_reduction_weighs_every_batch_row_the_same(tiny_model):
+    """``loss: {reduction: example}`` through the training loss: the mean over rows of each row's mean token CE."""
+    pools = _mixed_pools(8)
+    batch = collate(pools["repeat"][:4] + pools["math"][:4], pad_id=0)
+    loss, ce, _ = batch_loss(tiny_model, batch, LossSpec(reduction="example"), torch.zeros(8, dtype=torch.long), ["t"])
+    rows = batch.supervised // batch.labels.shape[1]
+    per_row = [ce[rows == r].mean() for r in range(batch.labels.shape[0])]
+    assert len({int((rows == r).sum()) for r in range(8)}) > 1, "rows of different answer lengths"
+    assert torch.allclose(loss.detach(), torch.stack(per_row).mean(), atol=1e-6)
+    assert not torch.allclose(loss.detach(), ce.mean(), atol=1e-4)  # differs from the token mean here
+
+
 def test_adamw_is_the_fused_kernel(tiny_model):
     optimizer, _ = make_optimizer(tiny_model, OptimSpec(), total_steps=10)
     assert isinstance(optimizer, torch.optim.AdamW)

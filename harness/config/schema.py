@@ -145,6 +145,10 @@ class LossSpec(Strict):
     h: Literal["linear", "logsigmoid"] = Field("linear", description="GEM's h function.")
     task_weights: dict[str, float] = Field(default_factory=dict, description="Per-task loss weights (default 1).")
     first_token_weight: float = Field(1.0, gt=0, description="Weight of each answer's first token.")
+    reduction: Literal["token", "example"] = Field(
+        "token", description="token: every supervised token weighs the same, so a 15-token answer outweighs a 1-token "
+                             "one 15 to 1 (Hugging Face Trainer's mean) | example: each example's supervised tokens "
+                             "share one unit of weight, so every example counts the same whatever its answer's length.")
 
     _shorthand = _string_shorthand("name")
 
