@@ -10,7 +10,10 @@ finish), and Ctrl-C stops the workers instead of leaving queued runs to start.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -47,7 +50,7 @@ def run_planned(todo: list[PlannedRun], jobs: int, on_done: Callable[[PlannedRun
 
 def _run_parallel(todo: list[PlannedRun], jobs: int, on_done: Callable[[PlannedRun], None],
                   echo: Callable[[str], None]) -> None:
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     arm_order = list(dict.fromkeys(run.arm for run in todo))
@@ -57,6 +60,19 @@ def _run_parallel(todo: list[PlannedRun], jobs: int, on_done: Callable[[PlannedR
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
     running: dict = {}
     errors: list[BaseException] = []
+    with _sigterm_as_interrupt():
+        _drive(pool, queue, running, errors, jobs, threads, on_done, echo)
+    pool.shutdown(wait=True)
+    if errors:
+        raise errors[0]
+
+
+def _drive(pool, queue: list[PlannedRun], running: dict, errors: list[BaseException], jobs: int, threads: int,
+           on_done: Callable[[PlannedRun], None], echo: Callable[[str], None]) -> None:
+    """Keep at most ``jobs`` runs in the pool until the queue is done or a run failed; on Ctrl-C (or SIGTERM) end
+    the workers too."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
     try:
         while queue or running:
             # Never more than `jobs` submitted: a future the pool has already handed to a worker cannot be cancelled.
@@ -74,13 +90,30 @@ def _run_parallel(todo: list[PlannedRun], jobs: int, on_done: Callable[[PlannedR
                     echo(f"{run.arm} seed {run.seed}: failed ({type(error).__name__})")
                     errors.append(error)
     except BaseException:  # Ctrl-C: end the workers too, not only this process
+        # No public handle on the workers; taken before shutdown, which sets it to None.
+        workers = list((getattr(pool, "_processes", None) or {}).values())
         pool.shutdown(wait=False, cancel_futures=True)
-        for process in list(getattr(pool, "_processes", {}).values()):  # no public handle on the workers
+        for process in workers:
             process.terminate()
         raise
-    pool.shutdown(wait=True)
-    if errors:
-        raise errors[0]
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt here while the pool runs, so ``kill`` ends the workers as Ctrl-C does —
+    without it this process dies alone and each worker finishes its run (writing results nobody asked for)."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers: main thread only
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_in_child(exp: Experiment, run_dir: Path, force: bool, threads: int) -> None:

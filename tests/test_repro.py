@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 
@@ -241,3 +243,59 @@ def test_reversed_and_plain_arms_share_their_operand_pairs():
         pairs = [[(e.meta["a"], e.meta["b"]) for e in s[split]] for s in splits]
         assert pairs[0] == pairs[1]
     assert splits[0]["heldout"][0].answer != splits[1]["heldout"][0].answer  # the formats do differ
+
+
+def _worker_pids(parent: int) -> set[int]:
+    """Live processes whose parent is ``parent`` and that run a multiprocessing spawn (``/proc``, Linux)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        if ppid == parent and b"spawn_main" in cmdline:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, dead but not yet reaped, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc")
+def test_sigterm_to_a_parallel_repro_ends_its_workers(tmp_path):
+    """``kill`` of ``harness repro --jobs 2`` ends the runs it started (they once ran on alone and wrote results)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "harness", "repro", "reversed_addition", "--jobs", "2", "--seeds", "0,1",
+               "--arms", "reversed", "--out", str(out)]  # full size: minutes per run, so nothing ends by itself
+    proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "HARNESS_CACHE": str(tmp_path / "cache")},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_worker_pids(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        workers = _worker_pids(proc.pid)
+        assert len(workers) == 2, f"workers {workers}; {proc.stderr.read() if proc.poll() is not None else ''}"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in workers if _alive(pid)], "a worker outlived the repro"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert not list(out.glob("runs/reversed/seed*/summary.json"))
