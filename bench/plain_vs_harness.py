@@ -21,7 +21,7 @@ held-out operand pairs (neither order trained). One factor at a time is flipped 
   harness+noclip    optim.grad_clip: null
   harness+wdall     weight decay on every parameter, norms and biases too (as the plain loop)
   harness+bare      the chat template replaced by ``prompt + " " + answer + <|im_end|>`` (no ChatML wrapper)
-  harness+perex     per-example loss normalisation (mean over each example's tokens, then over the batch)
+  harness+perex     per-example loss normalisation (`loss: {reduction: example}`: each example's token mean, then the batch's)
   plain+grouped     the plain loop's batches length-grouped as the harness groups them (window 50)
   plain+chat        the plain loop on the harness's encoding (its BPE tokenizer and ChatML template)
   plain+tied        the plain loop's model with the harness's shape (tied embeddings, 2 KV heads)
@@ -123,7 +123,8 @@ def experiment_dict(s: Setup, flips: set[str]) -> dict[str, Any]:
                          "params": {"digits": s.digits}}},
         "train": {"batch_size": s.batch_size, "optim": optim, "checkpoint": False, "log_every": 50,
                   **({"length_grouping": 1} if "nogroup" in flips else {}),
-                  **({"length_grouping": 50} if "grouped" in flips else {})},
+                  **({"length_grouping": 50} if "grouped" in flips else {}),
+                  **({"loss": {"reduction": "example"}} if "perex" in flips else {})},
         "eval": {"every": every, "splits": ["heldout"], "evaluators": ["greedy"], "probes": [],
                  "max_new_tokens": 32, "batch_size": 250},
         "stages": [{"name": "sft", "steps": s.steps, "mixture": {TASK: 1.0}}],
@@ -163,8 +164,6 @@ class _Patches:
             self._set(tokenizer, "CHAT_TEMPLATE", BARE_TEMPLATE)
         if "wdall" in self.flips:
             self._set(train, "make_optimizer", _decay_everything(train.make_optimizer))
-        if "perex" in self.flips:
-            self._set(train, "batch_loss", _per_example_loss)
         del losses
         return self
 
@@ -180,22 +179,6 @@ def _decay_everything(make_optimizer: Callable) -> Callable:
             group["weight_decay"] = spec.weight_decay
         return optimizer, scheduler
     return make
-
-
-def _per_example_loss(model, batch, spec, task_ids, tasks, precision="fp32", compiled=False):
-    """``harness.train.batch_loss`` with each example's tokens averaged first, then the examples."""
-    import torch
-
-    from harness.losses import token_losses_and_ce
-    from harness.train import supervised_logits
-
-    logits = supervised_logits(model, batch.input_ids, batch.attention_mask, batch.supervised, compiled)
-    losses, ce = token_losses_and_ce(logits, batch.labels.flatten()[batch.supervised], spec)
-    row = batch.supervised // batch.labels.shape[1]
-    n_rows = batch.labels.shape[0]
-    per_row = torch.zeros(n_rows).index_add_(0, row, losses)
-    count = torch.zeros(n_rows).index_add_(0, row, torch.ones_like(losses))
-    return (per_row / count.clamp_min(1))[count > 0].mean(), ce, task_ids[row]
 
 
 def run_harness(s: Setup, flips: set[str], arm: str) -> list[dict[str, Any]]:

@@ -99,65 +99,66 @@ def first_answer_tokens(labels: torch.Tensor) -> torch.Tensor:
 
 
 def token_weights(task_of_token: torch.Tensor, is_first_token: Optional[torch.Tensor], spec: "LossSpec",
-                  tasks: Optional[Sequence[str]] = None,
-                  example_of_token: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+                  tasks: Optional[Sequence[str]] = None, example_of_token: Optional[torch.Tensor] = None,
+                  n_examples: int = 0) -> Optional[torch.Tensor]:
     """Per-token weights ``[N]`` (float32), or ``None`` when every weight is 1.
 
     ``spec.task_weights`` maps a task name (resolved through ``tasks``, the task list whose indices
     ``task_of_token`` holds) or a task index (int or digit string) to its weight; unlisted tasks weigh 1.
-    With ``spec.reduction == "example"`` each token's weight is also divided by its example's supervised-token count
-    (``example_of_token``: the batch row of each token), so the weighted mean is the mean of per-example means.
+    With ``spec.reduction == "example"`` each example (``example_of_token``: the batch row, ``< n_examples``, of each
+    token) gets one unit of weight times its task's, shared among its tokens — the first-token weight moves weight
+    within the example, not onto it — so the weighted mean is the mean of per-example means.
     """
-    weights = _task_and_first_token_weights(task_of_token, is_first_token, spec, tasks)
+    task = _task_weight_per_token(task_of_token, spec, tasks)
+    first = None
+    if is_first_token is not None and spec.first_token_weight != 1.0:
+        first = torch.where(is_first_token.to(task_of_token.device), spec.first_token_weight, 1.0).float()
     if spec.reduction == "token":
-        return weights
-    if example_of_token is None:
-        raise ValueError("loss.reduction: example needs each supervised token's example (example_of_token)")
-    counts = torch.bincount(example_of_token)
-    per_example = 1.0 / counts.to(torch.float32).clamp_min(1)[example_of_token]
-    return per_example if weights is None else weights * per_example.to(weights.device)
+        if task is None or first is None:
+            return task if first is None else first
+        return task * first
+    if example_of_token is None or n_examples < 1:
+        raise ValueError("loss.reduction: example needs each supervised token's example and the example count")
+    share = first if first is not None else torch.ones(task_of_token.shape, device=task_of_token.device)
+    # index_add_ into a fixed size, not bincount: no host sync on a GPU
+    per_example = torch.zeros(n_examples, device=share.device).index_add_(0, example_of_token, share)
+    share = share / per_example.clamp_min(1e-12)[example_of_token]
+    return share if task is None else task * share
 
 
-def _task_and_first_token_weights(task_of_token: torch.Tensor, is_first_token: Optional[torch.Tensor],
-                                  spec: "LossSpec", tasks: Optional[Sequence[str]]) -> Optional[torch.Tensor]:
-    """``spec.task_weights`` × ``spec.first_token_weight`` per token, or ``None`` when every weight is 1."""
-    table = None
-    if spec.task_weights:
-        if tasks is not None:
-            n_tasks = len(tasks)
-        else:
-            n_tasks = int(task_of_token.max().item()) + 1 if task_of_token.numel() else 0
-        table = torch.ones(max(n_tasks, 1), dtype=torch.float32)
-        for key, weight in spec.task_weights.items():
-            if isinstance(key, int) or (isinstance(key, str) and key.isdigit()):
-                index = int(key)
-            elif tasks is not None and key in tasks:
-                index = list(tasks).index(key)
-            else:
-                known = ", ".join(tasks) if tasks is not None else "(pass tasks= to use names)"
-                raise ValueError(f"loss.task_weights: unknown task {key!r}; known: {known}")
-            if index >= len(table):
-                raise ValueError(f"loss.task_weights: task index {index} out of range ({len(table)} tasks)")
-            table[index] = float(weight)
-    use_first = is_first_token is not None and spec.first_token_weight != 1.0
-    if table is None and not use_first:
+def _task_weight_per_token(task_of_token: torch.Tensor, spec: "LossSpec",
+                           tasks: Optional[Sequence[str]]) -> Optional[torch.Tensor]:
+    """``spec.task_weights`` per token (float32), or ``None`` when none is set."""
+    if not spec.task_weights:
         return None
-    device = task_of_token.device
-    weights = table.to(device)[task_of_token] if table is not None else torch.ones(task_of_token.shape, device=device)
-    if use_first:
-        weights = torch.where(is_first_token.to(device), weights * spec.first_token_weight, weights)
-    return weights
+    if tasks is not None:
+        n_tasks = len(tasks)
+    else:
+        n_tasks = int(task_of_token.max().item()) + 1 if task_of_token.numel() else 0
+    table = torch.ones(max(n_tasks, 1), dtype=torch.float32)
+    for key, weight in spec.task_weights.items():
+        if isinstance(key, int) or (isinstance(key, str) and key.isdigit()):
+            index = int(key)
+        elif tasks is not None and key in tasks:
+            index = list(tasks).index(key)
+        else:
+            known = ", ".join(tasks) if tasks is not None else "(pass tasks= to use names)"
+            raise ValueError(f"loss.task_weights: unknown task {key!r}; known: {known}")
+        if index >= len(table):
+            raise ValueError(f"loss.task_weights: task index {index} out of range ({len(table)} tasks)")
+        table[index] = float(weight)
+    return table.to(task_of_token.device)[task_of_token]
 
 
 def weighted_mean(per_token: torch.Tensor, task_of_token: torch.Tensor, is_first_token: Optional[torch.Tensor],
                   spec: "LossSpec", tasks: Optional[Sequence[str]] = None,
-                  example_of_token: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  example_of_token: Optional[torch.Tensor] = None, n_examples: int = 0) -> torch.Tensor:
     """The scalar to back-propagate: ``Σ w_i l_i / Σ w_i`` (the plain mean when every weight is 1).
 
     A weighted *mean*, so the loss scale does not change with the weights; a task weight of 0 drops that task's
     tokens from the gradient. An empty batch (no supervised token, or every weight 0) gives 0 with a gradient path.
     """
-    weights = token_weights(task_of_token, is_first_token, spec, tasks, example_of_token)
+    weights = token_weights(task_of_token, is_first_token, spec, tasks, example_of_token, n_examples)
     if weights is None:
         return per_token.mean() if per_token.numel() else per_token.sum()
     weights = weights.to(per_token.dtype)

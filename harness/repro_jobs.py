@@ -90,6 +90,9 @@ def _drive(pool, queue: list[PlannedRun], running: dict, errors: list[BaseExcept
                     echo(f"{run.arm} seed {run.seed}: failed ({type(error).__name__})")
                     errors.append(error)
     except BaseException:  # Ctrl-C: end the workers too, not only this process
+        if threading.current_thread() is threading.main_thread():  # a second Ctrl-C must not cut this short
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         # No public handle on the workers; taken before shutdown, which sets it to None.
         workers = list((getattr(pool, "_processes", None) or {}).values())
         pool.shutdown(wait=False, cancel_futures=True)
@@ -109,11 +112,13 @@ def _sigterm_as_interrupt():
     def interrupt(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    finally:  # a handler installed outside Python reads as None and cannot be put back: the default then
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous[0] is None else previous[0])
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous[1] is None else previous[1])
 
 
 def _run_in_child(exp: Experiment, run_dir: Path, force: bool, threads: int) -> None:

@@ -76,11 +76,12 @@ def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, task
     losses, ce = token_losses_and_ce(logits, batch.labels.flatten()[supervised], spec)
     task_of_token = task_ids[supervised // batch.labels.shape[1]]
     first = first_answer_tokens(batch.labels).flatten()[supervised] if spec.first_token_weight != 1.0 else None
+    rows = batch.labels.shape[0]
     example_of_token = supervised // batch.labels.shape[1] if spec.reduction == "example" else None
     if parallel is None:
-        loss = weighted_mean(losses, task_of_token, first, spec, tasks, example_of_token)
+        loss = weighted_mean(losses, task_of_token, first, spec, tasks, example_of_token, rows)
     else:
-        loss = parallel.global_mean(losses, token_weights(task_of_token, first, spec, tasks, example_of_token))
+        loss = parallel.global_mean(losses, token_weights(task_of_token, first, spec, tasks, example_of_token, rows))
     return loss, ce, task_of_token
 
 

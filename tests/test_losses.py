@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.config import LossSpec
+from harness.config import LossSpec, validate_data
 from harness.losses import (
     first_answer_tokens,
     gem_token_losses,
@@ -160,17 +160,35 @@ def test_weighted_mean():
 
 
 def test_weighted_mean_per_example():
-    """``reduction: example``: the mean of per-example means, so a 1-token answer weighs as much as a 3-token one."""
+    """``reduction: example``: the mean of per-example means, so a 2-token answer weighs as much as a 3-token one."""
     losses = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], requires_grad=True)
     tasks = torch.tensor([0, 0, 0, 1, 1])
-    examples = torch.tensor([0, 0, 0, 1, 1])
-    value = weighted_mean(losses, tasks, None, LossSpec(reduction="example"), example_of_token=examples)
+    examples = torch.tensor([0, 0, 0, 2, 2])  # batch row 1 has no supervised token
+    spec = LossSpec(reduction="example")
+    value = weighted_mean(losses, tasks, None, spec, example_of_token=examples, n_examples=3)
     assert value.item() == pytest.approx((2.0 + 4.5) / 2)  # the token mean is 3.0
     value.backward()
     assert losses.grad.tolist() == pytest.approx([1 / 6, 1 / 6, 1 / 6, 1 / 4, 1 / 4])
-    # with a task weight: example 1 (task b) counts 3 times example 0 → (2.0 + 3 · 4.5) / 4
+    # with a task weight: example 2 (task b) counts 3 times example 0 → (2.0 + 3 · 4.5) / 4
     spec = LossSpec(reduction="example", task_weights={"b": 3.0})
-    assert weighted_mean(losses, tasks, None, spec, tasks=["a", "b"], example_of_token=examples).item() \
-        == pytest.approx(15.5 / 4)
-    with pytest.raises(ValueError, match="example_of_token"):
+    assert weighted_mean(losses, tasks, None, spec, tasks=["a", "b"], example_of_token=examples,
+                         n_examples=3).item() == pytest.approx(15.5 / 4)
+    # the first-token weight moves weight within an example, not onto it: shares 3/5, 1/5, 1/5 and 3/4, 1/4
+    first = torch.tensor([True, False, False, True, False])
+    spec = LossSpec(reduction="example", first_token_weight=3.0)
+    assert weighted_mean(losses, tasks, first, spec, example_of_token=examples, n_examples=3).item() \
+        == pytest.approx((8 / 5 + 17 / 4) / 2)
+    with pytest.raises(ValueError, match="example"):
         weighted_mean(losses, tasks, None, LossSpec(reduction="example"))
+
+
+def test_a_stage_can_set_the_reduction_back_to_token():
+    """``reduction`` is left out of dumps unless set (finished runs from before it still match); a stage that sets
+    it to the default over an experiment's ``example`` still gets ``token``."""
+    base = {"name": "x", "tasks": {"t": {"recipe": "repeat", "train": 4, "eval": 2}},
+            "train": {"loss": {"reduction": "example"}},
+            "stages": [{"name": "a", "steps": 1, "mixture": {"t": 1.0}},
+                       {"name": "b", "steps": 1, "mixture": {"t": 1.0}, "loss": {"reduction": "token"}}]}
+    exp = validate_data(base, "test")
+    assert [s.train.loss.reduction for s in exp.resolved_stages()] == ["example", "token"]
+    assert "reduction" not in LossSpec().model_dump()

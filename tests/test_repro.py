@@ -270,6 +270,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc")
 def test_sigterm_to_a_parallel_repro_ends_its_workers(tmp_path):
     """``kill`` of ``harness repro --jobs 2`` ends the runs it started (they once ran on alone and wrote results)."""
+    import contextlib
     import signal
     import subprocess
     import sys
@@ -280,21 +281,27 @@ def test_sigterm_to_a_parallel_repro_ends_its_workers(tmp_path):
     out = tmp_path / "out"
     command = [sys.executable, "-m", "harness", "repro", "reversed_addition", "--jobs", "2", "--seeds", "0,1",
                "--arms", "reversed", "--out", str(out)]  # full size: minutes per run, so nothing ends by itself
-    proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "HARNESS_CACHE": str(tmp_path / "cache")},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as stderr:  # a file, not a pipe: the workers inherit it and nobody drains a pipe here
+        proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "HARNESS_CACHE": str(tmp_path / "cache")},
+                                stdout=subprocess.DEVNULL, stderr=stderr)
+    workers: set[int] = set()
     try:
         deadline = time.monotonic() + 120
         while len(_worker_pids(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
         workers = _worker_pids(proc.pid)
-        assert len(workers) == 2, f"workers {workers}; {proc.stderr.read() if proc.poll() is not None else ''}"
+        assert len(workers) == 2, f"workers {workers}; {log.read_text()[-2000:]}"
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
         deadline = time.monotonic() + 30
         while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not [pid for pid in workers if _alive(pid)], "a worker outlived the repro"
-    finally:
+    finally:  # never leave minutes-long training behind, whatever failed
+        for pid in workers | _worker_pids(proc.pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_serializer, model_validator
 
 from harness.config.mixture import Mixture, parse_mixture
 from harness.names import check_safe_name
@@ -151,6 +151,16 @@ class LossSpec(Strict):
                              "share one unit of weight, so every example counts the same whatever its answer's length.")
 
     _shorthand = _string_shorthand("name")
+
+    @model_serializer(mode="wrap")
+    def _omit_added_defaults(self, handler):
+        # `reduction` came after runs and stage-cache entries existed: left out of dumps unless set, so finished
+        # runs (`changed_sections`) and cache keys made before it still match the same experiment. (Set — even to
+        # its default, as a stage overriding the experiment's `example` does — it is kept.)
+        data = handler(self)
+        if "reduction" not in self.model_fields_set:
+            data.pop("reduction", None)
+        return data
 
 
 class NonFiniteSpec(Strict):
