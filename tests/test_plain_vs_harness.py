@@ -27,10 +27,9 @@ def test_wilson_interval():
 
 def test_micro_runs_both_arms_with_flips(tmp_path):
     bench = _bench()
-    results = bench.main(["--micro", "--arms", "plain,harness,plain+grouped,harness+grouped",
-                          "--json", str(tmp_path / "out.json")])
-    assert [(r["arm"], r["step"]) for r in results] == [
-        (arm, step) for arm in ("plain", "harness", "plain+grouped", "harness+grouped") for step in (15, 30)]
+    arms = ("plain", "harness", "plain+grouped", "harness+grouped", "harness+perex")  # perex: loss.reduction
+    results = bench.main(["--micro", "--arms", ",".join(arms), "--json", str(tmp_path / "out.json")])
+    assert [(r["arm"], r["step"]) for r in results] == [(arm, step) for arm in arms for step in (15, 30)]
     for r in results:
         assert r["n"] == 40 and 0 <= r["lo"] <= r["acc"] <= r["hi"] <= 1
     assert (tmp_path / "out.json").exists()
