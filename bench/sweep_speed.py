@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # --micro: the default sweep at a size that only checks the bench runs (its numbers say nothing about speed).
-MICRO = ["overrides.model.pretrain.steps=4", "overrides.eval.every=2", "overrides.eval.splits=[heldout]",
+MICRO = ["overrides.model.pretrain.steps=4", "overrides.eval.every=2", "overrides.eval.splits=[heldout_template]",
          *(f"overrides.stages.{stage}.steps=4" for stage in ("repeat_only", "short", "assistant")),
          *(f"overrides.tasks.{task}.{pool}={size}"
            for task in ("repeat", "identity", "yesno", "short_qa", "assistant_qa", "math")

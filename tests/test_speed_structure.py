@@ -303,5 +303,5 @@ def test_sweep_speed_micro_overrides_stay_a_valid_micro_sweep():
     spec.loader.exec_module(bench)
     sweep = load_sweep(ROOT / "experiments" / "sweeps" / "yesno_vs_qa.yaml", bench.MICRO)
     assert [s.steps for s in sweep.base.resolved_stages()] == [4, 4, 4]
-    assert sweep.base.model.pretrain.steps == 4 and sweep.base.eval.splits == ["heldout"]
+    assert sweep.base.model.pretrain.steps == 4 and sweep.base.eval.splits == ["heldout_template"]
     assert all(t.train <= 40 and t.eval <= 4 for t in sweep.base.tasks.values())
