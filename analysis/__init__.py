@@ -7,6 +7,7 @@ runs = A.load_runs("runs/micro/*")                    # one long frame + flatten
 A.stage_table(runs, "greedy", split="heldout")        # (run, stage) × task at each stage end
 A.seesaw_events(runs)                                  # each run's stored events (paired test, p_value)
 A.baselines(runs)                                      # baseline_<metric> of every task × split pool
+A.binary_choice_auc(A.load_samples(run), "yesno")      # yes/no ranked right though greedy sits at chance?
 trials = A.load_sweep("runs/sweeps/yesno_vs_qa")
 fit = A.interference(trials, "greedy")                 # task × task matrix, R², predicted best mixture
 A.write_report("runs/micro/20261130-101500")           # report.html + PNGs
@@ -15,6 +16,7 @@ A.write_report("runs/micro/20261130-101500")           # report.html + PNGs
 
 from __future__ import annotations
 
+from analysis.choice import binary_choice_auc
 from analysis.evidence import above_baseline, baselines
 from analysis.frames import (
     compare,
@@ -70,7 +72,7 @@ def write_report(path, out=None, **options):
 
 
 __all__ = [
-    "AnalysisError", "Interference", "above_baseline", "baselines", "best_trial_dir", "best_trials", "fit_objective", "compare", "eval_rows", "flatten_config", "format_compare",
+    "AnalysisError", "Interference", "above_baseline", "baselines", "binary_choice_auc", "best_trial_dir", "best_trials", "fit_objective", "compare", "eval_rows", "flatten_config", "format_compare",
     "hijack_tasks", "hijack_timeline", "interference", "latest_run", "latest_sweep", "load_run", "load_runs", "load_samples",
     "load_sweep", "lower_is_better", "metric_columns", "objective_columns", "objective_directions", "pareto", "partial_dependence",
     "read_config", "read_summary", "read_sweep_config", "readable_prompt", "run_dirs", "seesaw_events",
