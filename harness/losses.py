@@ -8,8 +8,9 @@ per-token tensors:
 - :func:`token_losses_and_ce` — that, plus the plain CE ``[N]`` (detached) that is always logged, from one call;
 - :func:`first_answer_tokens` — which supervised positions start an answer (a ``[B, T]`` mask from the labels);
 - :func:`weighted_mean` — the scalar to back-propagate: ``Σ w_i l_i / Σ w_i`` with
-  ``w_i = task_weights[task_i] · (first_token_weight if token i starts an answer else 1)``, divided by the token's
-  example's supervised-token count under ``reduction: example``.
+  ``w_i = task_weights[task_i] · f_i``, ``f_i = first_token_weight if token i starts an answer else 1`` — under
+  ``reduction: example`` ``f_i`` is divided by the sum of ``f`` over the token's example (its supervised-token count
+  when the first-token weight is 1), so every example weighs its task weight.
 
 GEM: "Entropic Distribution Matching for Supervised Fine-tuning of LLMs: Less Overfitting and Better Diversity"
 (Ziniu Li et al., 2024; arXiv 2408.16673), also published as "Preserving Diversity in Supervised Fine-tuning of

@@ -5,7 +5,7 @@ In parallel the runs go arm-major (different seeds side by side): runs of one se
 stages from the stage cache only when one has finished before the other starts — and only at the same thread count,
 which the cache key holds, so entries written under ``--jobs N`` are replayed by runs with the same ``N``.
 At most ``N`` runs are handed to the pool at a time, so after a failure no further run starts (those in progress
-finish), and Ctrl-C stops the workers instead of leaving queued runs to start.
+finish), and Ctrl-C or SIGTERM stops the workers too, instead of leaving them to finish their runs alone.
 """
 
 from __future__ import annotations
