@@ -75,7 +75,7 @@ def test_an_unfinished_run_is_restarted_not_refused(tmp_path):
     (run_dir / "metrics.parquet").write_bytes(b"half a file")
     lines: list[str] = []
     outcome = run_repro(repro, [0], tmp_path, micro=True, arms=["reversed"], echo=lines.append)[0]
-    assert "restarting an unfinished run" in lines[0]
+    assert "unfinished, to restart" in lines[0]
     assert json.loads((run_dir / "run.json").read_text())["run_id"] != "killed-before-its-summary"
     assert (run_dir / "summary.json").is_file() and outcome.n["math/heldout/greedy"] == 16
 
