@@ -18,9 +18,12 @@ from __future__ import annotations
 import polars as pl
 from scipy.stats import mannwhitneyu
 
+from harness.stats import wilson_interval
+
 CHOICE_SCHEMA = {"step": pl.Int64, "split": pl.Utf8, "n": pl.Int64, "n_positive": pl.Int64, "auc": pl.Float64,
-                 "p_value": pl.Float64, "greedy": pl.Float64, "predicted_positive": pl.Float64,
-                 "mean_p_positive": pl.Float64}
+                 "p_value": pl.Float64, "greedy": pl.Float64, "greedy_low": pl.Float64, "greedy_high": pl.Float64,
+                 "predicted_positive": pl.Float64, "predicted_positive_low": pl.Float64,
+                 "predicted_positive_high": pl.Float64, "mean_p_positive": pl.Float64}
 
 
 def positive_share(top5: list[dict], positive: str, negative: str) -> float:
@@ -34,8 +37,9 @@ def positive_share(top5: list[dict], positive: str, negative: str) -> float:
 def binary_choice_auc(samples: pl.DataFrame, task: str, positive: str = "Yes",
                       negative: str = "No") -> pl.DataFrame:
     """Per evaluation step × split of ``task``: ``n``, ``n_positive`` (gold answers starting with ``positive``),
-    ``auc`` and its one-sided ``p_value`` (H1: true items rank higher), ``greedy`` accuracy, the share of items whose
-    greedy answer starts with ``positive``, and the mean positive share. Steps where one class is empty are left
+    ``auc`` and its one-sided ``p_value`` (H1: true items rank higher), ``greedy`` accuracy and the share of items
+    whose greedy answer starts with ``positive`` (``predicted_positive``), each with its 95 % Wilson ``_low`` /
+    ``_high``, and the mean positive share. Steps where one class is empty are left
     out (no ranking to measure)."""
     rows = samples.filter(pl.col("task") == task)
     out = []
@@ -47,9 +51,11 @@ def binary_choice_auc(samples: pl.DataFrame, task: str, positive: str = "Yes",
         if not pos or not neg:
             continue
         u, p_value = mannwhitneyu(pos, neg, alternative="greater")
+        greedy = wilson_interval(int(group["correct"].sum()), len(shares))
+        answered = wilson_interval(sum(p.startswith(positive) for p in group["pred"].to_list()), len(shares))
         out.append({"step": step, "split": split, "n": len(shares), "n_positive": len(pos),
                     "auc": float(u) / (len(pos) * len(neg)), "p_value": float(p_value),
-                    "greedy": float(group["correct"].mean()),
-                    "predicted_positive": sum(p.startswith(positive) for p in group["pred"].to_list()) / len(shares),
-                    "mean_p_positive": sum(shares) / len(shares)})
+                    "greedy": greedy.estimate, "greedy_low": greedy.low, "greedy_high": greedy.high,
+                    "predicted_positive": answered.estimate, "predicted_positive_low": answered.low,
+                    "predicted_positive_high": answered.high, "mean_p_positive": sum(shares) / len(shares)})
     return pl.DataFrame(out, schema=CHOICE_SCHEMA)

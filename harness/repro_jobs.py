@@ -58,21 +58,21 @@ def _run_parallel(todo: list[PlannedRun], jobs: int, on_done: Callable[[PlannedR
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)  # Linux: usable
     threads = 0 if os.environ.get("OMP_NUM_THREADS") else max(1, cpus // jobs)
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
-    running: dict = {}
-    errors: list[BaseException] = []
     with _sigterm_as_interrupt():
-        _drive(pool, queue, running, errors, jobs, threads, on_done, echo)
+        errors = _drive(pool, queue, jobs, threads, on_done, echo)
     pool.shutdown(wait=True)
     if errors:
         raise errors[0]
 
 
-def _drive(pool, queue: list[PlannedRun], running: dict, errors: list[BaseException], jobs: int, threads: int,
-           on_done: Callable[[PlannedRun], None], echo: Callable[[str], None]) -> None:
-    """Keep at most ``jobs`` runs in the pool until the queue is done or a run failed; on Ctrl-C (or SIGTERM) end
-    the workers too."""
+def _drive(pool, queue: list[PlannedRun], jobs: int, threads: int, on_done: Callable[[PlannedRun], None],
+           echo: Callable[[str], None]) -> list[BaseException]:
+    """Keep at most ``jobs`` runs in the pool until the queue is done or a run failed; return the failures. On
+    Ctrl-C (or SIGTERM) end the workers too."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
+    running: dict = {}
+    errors: list[BaseException] = []
     try:
         while queue or running:
             # Never more than `jobs` submitted: a future the pool has already handed to a worker cannot be cancelled.
@@ -99,6 +99,7 @@ def _drive(pool, queue: list[PlannedRun], running: dict, errors: list[BaseExcept
         for process in workers:
             process.terminate()
         raise
+    return errors
 
 
 @contextlib.contextmanager

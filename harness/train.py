@@ -74,10 +74,11 @@ def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, task
         else:
             logits = parallel.logits_module(model)(batch.input_ids, batch.attention_mask, supervised, compiled)
     losses, ce = token_losses_and_ce(logits, batch.labels.flatten()[supervised], spec)
-    task_of_token = task_ids[supervised // batch.labels.shape[1]]
+    row_of_token = supervised // batch.labels.shape[1]  # the example (batch row) of each supervised token
+    task_of_token = task_ids[row_of_token]
     first = first_answer_tokens(batch.labels).flatten()[supervised] if spec.first_token_weight != 1.0 else None
+    example_of_token = row_of_token if spec.reduction == "example" else None
     rows = batch.labels.shape[0]
-    example_of_token = supervised // batch.labels.shape[1] if spec.reduction == "example" else None
     if parallel is None:
         loss = weighted_mean(losses, task_of_token, first, spec, tasks, example_of_token, rows)
     else:

@@ -27,6 +27,8 @@ def test_a_no_biased_model_that_ranks_right_is_found_though_greedy_is_at_chance(
             [_item(False, rng.uniform(0.20, 0.40)) for _ in range(50)]
     row = binary_choice_auc(pl.DataFrame(items), "yesno").row(0, named=True)
     assert row["greedy"] == 0.5 and row["predicted_positive"] == 0.0
+    assert row["greedy_low"] < 0.5 < row["greedy_high"]  # n = 100: chance inside greedy's interval
+    assert row["predicted_positive_low"] == 0.0 < row["predicted_positive_high"] < 0.05
     assert row["auc"] > 0.8 and row["p_value"] < 1e-6
     assert (row["n"], row["n_positive"]) == (100, 50)
 

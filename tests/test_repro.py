@@ -245,26 +245,32 @@ def test_reversed_and_plain_arms_share_their_operand_pairs():
     assert splits[0]["heldout"][0].answer != splits[1]["heldout"][0].answer  # the formats do differ
 
 
+def _stat_fields(stat: Path) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, parent pid, …); [] once the process is gone."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def _worker_pids(parent: int) -> set[int]:
     """Live processes whose parent is ``parent`` and that run a multiprocessing spawn (``/proc``, Linux)."""
     found = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
+        fields = _stat_fields(stat)
         try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
+            spawned = b"spawn_main" in (stat.parent / "cmdline").read_bytes()
+        except OSError:
             continue  # gone meanwhile
-        if ppid == parent and b"spawn_main" in cmdline:
+        if len(fields) > 1 and fields[1] == str(parent) and spawned:
             found.add(int(stat.parent.name))
     return found
 
 
 def _alive(pid: int) -> bool:
     """Running (a zombie, dead but not yet reaped, is not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    return bool(fields) and fields[0] != "Z"
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc")
