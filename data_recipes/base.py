@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -60,6 +60,12 @@ class Example:
     @classmethod
     def single(cls, task: str, prompt: str, answer: str, **meta: Any) -> "Example":
         return cls(task, ({"role": "user", "content": prompt}, {"role": "assistant", "content": answer}), meta)
+
+    def with_system(self, text: str) -> "Example":
+        """The example with a system turn ``text`` before its first turn; refused when it already has one."""
+        if self.messages[0]["role"] == "system":
+            raise ValueError("an example already starts with a system turn")
+        return replace(self, messages=({"role": "system", "content": text},) + tuple(self.messages))
 
 
 class RecipeParams(BaseModel):

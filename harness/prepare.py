@@ -62,9 +62,20 @@ def build_task_data(exp: Experiment) -> TaskData:
             splits[name] = recipe.build(name, spec.train, spec.eval, task_seed(exp, name))
         except (ValueError, OSError) as e:
             raise DataError(f"tasks.{name} (recipe {spec.recipe}): {e}") from None
+        if spec.system is not None:
+            splits[name] = with_system(name, splits[name], spec.system)
         recipes[name] = recipe
     return TaskData(recipes, splits, corpus(world, exp.world.seed, docs_per_person=exp.world.docs_per_person,
                                             permute=exp.world.permute))
+
+
+def with_system(task: str, splits: dict[str, list], text: str) -> dict[str, list]:
+    """Every split's examples with the task's system turn first (``tasks.<task>.system``)."""
+    try:
+        return {split: [ex.with_system(text) for ex in examples] for split, examples in splits.items()}
+    except ValueError:
+        raise DataError(f"tasks.{task}.system: the recipe's examples already carry a system turn (a data file's "
+                        "system column?); set one or the other") from None
 
 
 def after_progress(on_progress: Optional[Callable[[], None]],

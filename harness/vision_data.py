@@ -40,13 +40,15 @@ class ImageEncoded(Encoded):
 
 
 def chat_messages(messages: Sequence[dict[str, str]], with_image: bool) -> list[dict[str, Any]]:
-    """Messages in the processors' structured form; the image (if any) leads the first user turn."""
+    """Messages in the processors' structured form; the image (if any) leads the first user turn (after a system
+    turn, when the task has one)."""
+    first = 1 if messages and messages[0]["role"] == "system" else 0
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         parts: list[dict[str, Any]] = [{"type": "text", "text": message["content"]}]
-        if with_image and i == 0:
+        if with_image and i == first:
             if message["role"] != "user":
-                raise ValueError("an image example must start with a user turn")
+                raise ValueError("an image example must start with a user turn (after an optional system turn)")
             parts.insert(0, {"type": "image"})
         out.append({"role": message["role"], "content": parts})
     return out

@@ -89,6 +89,18 @@ class TaskSpec(Strict):
     eval: int = Field(32, ge=0, description="Items per evaluation split (heldout, heldout_template, train).")
     params: dict[str, Any] = Field(default_factory=dict, description="Recipe parameters.")
     seed: Optional[int] = Field(None, description="Data seed; default derived from the experiment seed.")
+    system: Optional[str] = Field(
+        None, min_length=1, description="A system turn put before every example of the task, in every split (a task "
+        "instruction such as 'Answer yes or no.'); the recipe's own examples must not carry one.")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_system(self, handler):
+        # `system` came after runs and stage-cache entries existed: left out of dumps when absent, so the keys and
+        # the recorded configs of experiments without one stay what they were
+        data = handler(self)
+        if data.get("system") is None:
+            data.pop("system", None)
+        return data
 
 
 class OptimSpec(Strict):
