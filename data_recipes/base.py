@@ -32,10 +32,12 @@ SPLITS: tuple[str, ...] = ("train", "heldout", "heldout_template")
 
 @dataclass(frozen=True)
 class Example:
-    """One chat example. ``messages`` alternates user/assistant turns and always ends with an assistant turn.
+    """One chat example. ``messages`` alternates user/assistant turns and always ends with an assistant turn; it may
+    open with one system turn (a data file's, or the task's instruction: ``tasks.<name>.system``).
 
-    Single-turn examples have two messages. In multi-turn examples every assistant turn is supervised in training;
-    evaluation prompts with everything before the last assistant turn and compares against that turn.
+    Single-turn examples have two messages (three with a system turn). In multi-turn examples every assistant turn
+    is supervised in training; evaluation prompts with everything before the last assistant turn and compares
+    against that turn.
 
     ``image`` is ``None`` for text tasks. Image tasks (:attr:`Recipe.has_images`) carry one RGB ``PIL.Image``
     shown with the first user turn (messages stay plain text; the encoder inserts the model's image placeholder),

@@ -13,6 +13,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 import transformers
+from jinja2.exceptions import TemplateError
+
 from data_recipes import build_world, corpus, get_recipe
 
 from harness.config import Experiment, ResolvedStage
@@ -240,7 +242,10 @@ def _encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions:
                                 "(model.builtin: llava-tiny, or an image-text model.hf)")
             train[name] = encode_image_examples(processor, splits["train"])
         else:
-            train[name] = encode_examples(tokenizer, splits["train"])
+            try:
+                train[name] = encode_examples(tokenizer, splits["train"])
+            except TemplateError as e:  # e.g. a hub template without a system role (Gemma's) and tasks.<name>.system
+                raise DataError(f"tasks.{name}: the model's chat template refused the task's messages: {e}") from None
         for index, (ex, enc) in enumerate(zip(splits["train"], train[name])):
             if enc.n_supervised <= 1:  # only the end-of-turn token: the answer tokenised to nothing
                 raise DataError(f"tasks.{name}: training example {index} has an answer that tokenises to nothing "

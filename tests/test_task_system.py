@@ -89,3 +89,17 @@ def test_a_task_without_an_instruction_dumps_as_before(tiny):
     assert all("system" not in spec for spec in Experiment.model_validate(tiny).resolved_dict()["tasks"].values())
     tiny["tasks"]["yesno"]["system"] = INSTRUCTION
     assert Experiment.model_validate(tiny).resolved_dict()["tasks"]["yesno"]["system"] == INSTRUCTION
+
+
+def test_a_chat_template_without_a_system_role_is_a_data_error_naming_the_task(tiny):
+    """A hub template that refuses the system role (Gemma's raises) meets ``tasks.<name>.system``: one DataError."""
+    tiny["tasks"]["yesno"]["system"] = INSTRUCTION
+    exp = Experiment.model_validate(tiny)
+    data = build_task_data(exp)
+    tokenizer = _tokenizer(data)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+        "{% endif %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    with pytest.raises(DataError, match=r"^tasks\.yesno: the model's chat template refused .*System role not supported"):
+        encode_task_data(exp, data, tokenizer)
