@@ -81,6 +81,23 @@ class ModelSpec(Strict):
         return self
 
 
+def _omitted_unless_set(*fields: str):
+    """A serializer leaving ``fields`` out of dumps unless the experiment set them (to a value other than null).
+
+    For fields added after runs and stage-cache entries existed: finished runs (``changed_sections``) and cache keys
+    made before a field still match the same experiment. Set — even to its default, as a stage putting ``reduction``
+    back to ``token`` over the experiment's ``example`` does — a field is kept."""
+
+    def omit(self, handler):
+        data = handler(self)
+        for name in fields:
+            if name not in self.model_fields_set or getattr(self, name) is None:
+                data.pop(name, None)
+        return data
+
+    return model_serializer(mode="wrap")(omit)
+
+
 class TaskSpec(Strict):
     """One task: a recipe, pool sizes and the recipe's own params."""
 
@@ -93,14 +110,7 @@ class TaskSpec(Strict):
         None, min_length=1, description="A system turn put before every example of the task, in every split (a task "
         "instruction such as 'Answer yes or no.'); the recipe's own examples must not carry one.")
 
-    @model_serializer(mode="wrap")
-    def _omit_unset_system(self, handler):
-        # `system` came after runs and stage-cache entries existed: left out of dumps when absent, so the keys and
-        # the recorded configs of experiments without one stay what they were
-        data = handler(self)
-        if data.get("system") is None:
-            data.pop("system", None)
-        return data
+    _omit_added = _omitted_unless_set("system")
 
 
 class OptimSpec(Strict):
@@ -164,15 +174,7 @@ class LossSpec(Strict):
 
     _shorthand = _string_shorthand("name")
 
-    @model_serializer(mode="wrap")
-    def _omit_added_defaults(self, handler):
-        # `reduction` came after runs and stage-cache entries existed: left out of dumps unless set, so finished
-        # runs (`changed_sections`) and cache keys made before it still match the same experiment. (Set — even to
-        # its default, as a stage overriding the experiment's `example` does — it is kept.)
-        data = handler(self)
-        if "reduction" not in self.model_fields_set:
-            data.pop("reduction", None)
-        return data
+    _omit_added = _omitted_unless_set("reduction")
 
 
 class NonFiniteSpec(Strict):
