@@ -6,6 +6,7 @@ training.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
@@ -242,10 +243,8 @@ def _encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions:
                                 "(model.builtin: llava-tiny, or an image-text model.hf)")
             train[name] = encode_image_examples(processor, splits["train"])
         else:
-            try:
+            with _template_refusal(name):
                 train[name] = encode_examples(tokenizer, splits["train"])
-            except TemplateError as e:  # e.g. a hub template without a system role (Gemma's) and tasks.<name>.system
-                raise DataError(f"tasks.{name}: the model's chat template refused the task's messages: {e}") from None
         for index, (ex, enc) in enumerate(zip(splits["train"], train[name])):
             if enc.n_supervised <= 1:  # only the end-of-turn token: the answer tokenised to nothing
                 raise DataError(f"tasks.{name}: training example {index} has an answer that tokenises to nothing "
@@ -266,12 +265,23 @@ def _encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions:
                 examples = [pool[i] for i in chosen]
             else:
                 examples = splits[split]
-            items.extend(eval_items(tokenizer, examples, split))
+            with _template_refusal(name):  # an eval-only task (train: 0) meets the template here first
+                items.extend(eval_items(tokenizer, examples, split))
     too_short = too_short_errors(exp.eval.max_new_tokens, needed_new_tokens(items))
     if too_short:  # a cut-off answer would score wrong however good the model is
         raise DataError("\n".join(too_short))
     kept, too_long = _fit_eval(exp, items, max_positions)
     return EncodedData(train, kept, empty_splits=empty, too_long=too_long)
+
+
+@contextlib.contextmanager
+def _template_refusal(task: str):
+    """A chat template raising on the task's messages (a hub template without a system role, Gemma's, meeting
+    ``tasks.<task>.system``) as one :class:`DataError` naming the task."""
+    try:
+        yield
+    except TemplateError as e:
+        raise DataError(f"tasks.{task}: the model's chat template refused the task's messages: {e}") from None
 
 
 def _check_special_token_text(exp: Experiment, data: TaskData, tokenizer) -> None:

@@ -91,9 +91,12 @@ def test_a_task_without_an_instruction_dumps_as_before(tiny):
     assert Experiment.model_validate(tiny).resolved_dict()["tasks"]["yesno"]["system"] == INSTRUCTION
 
 
-def test_a_chat_template_without_a_system_role_is_a_data_error_naming_the_task(tiny):
-    """A hub template that refuses the system role (Gemma's raises) meets ``tasks.<name>.system``: one DataError."""
-    tiny["tasks"]["yesno"]["system"] = INSTRUCTION
+@pytest.mark.parametrize("train", [40, 0], ids=["trained", "eval-only"])
+def test_a_chat_template_without_a_system_role_is_a_data_error_naming_the_task(tiny, train):
+    """A hub template that refuses the system role (Gemma's raises) meets ``tasks.<name>.system``: one DataError,
+    whether the training pool or (an eval-only task) the evaluation items meet it first."""
+    tiny["tasks"]["yesno"].update(system=INSTRUCTION, train=train)
+    tiny["stages"] = [{"name": "a", "steps": 4, "mixture": {"repeat": 1.0}}]
     exp = Experiment.model_validate(tiny)
     data = build_task_data(exp)
     tokenizer = _tokenizer(data)
