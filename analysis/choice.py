@@ -18,7 +18,7 @@ from __future__ import annotations
 import polars as pl
 from scipy.stats import mannwhitneyu
 
-from harness.stats import wilson_interval
+from harness.core.stats import wilson_interval
 
 CHOICE_SCHEMA = {"step": pl.Int64, "split": pl.Utf8, "n": pl.Int64, "n_positive": pl.Int64, "auc": pl.Float64,
                  "p_value": pl.Float64, "greedy": pl.Float64, "greedy_low": pl.Float64, "greedy_high": pl.Float64,

@@ -17,9 +17,9 @@ from typing import Any, Optional
 
 import polars as pl
 
-from harness.evaluation.evidence import BASELINE_PREFIX, SEESAW_TESTS_METRIC
-from harness.evaluation.seesaw import SEESAW_METRICS
-from harness.stats import above_rate_p, benjamini_hochberg
+from harness.core.metrics import BASELINE_PREFIX, SEESAW_TESTS_METRIC
+from harness.core.seesaw import SEESAW_METRICS
+from harness.core.stats import above_rate_p, benjamini_hochberg
 
 BASELINE_SCHEMA = {"run_id": pl.Utf8, "task": pl.Utf8, "split": pl.Utf8, "metric": pl.Utf8, "baseline": pl.Float64,
                    "n": pl.Int64, "kind": pl.Utf8}

@@ -15,7 +15,7 @@ import polars as pl
 
 from analysis.evidence import EVENT_SCHEMA, above_baseline, baselines, stored_seesaw_events
 from analysis.loading import AnalysisError, PathLike, as_frame, load_run, load_samples, read_config
-from harness.store import LOWER_IS_BETTER as STORE_LOWER_IS_BETTER
+from harness.core.store import LOWER_IS_BETTER as STORE_LOWER_IS_BETTER
 
 # Metrics where a smaller value is better (everything else: larger is better): the store's, and two trial columns.
 ALPHA = 0.05  # false-discovery rate of "above its baseline" over one run's tasks (Benjamini–Hochberg)
@@ -130,14 +130,14 @@ def seesaw_events(runs: RunsLike, delta: Optional[float] = None,
     under the default paired rule, only changes significant on the items, with their BH-adjusted ``p_value`` —
     when ``delta`` is None or the run's own and ``metrics`` are among those the run tested. Otherwise (older runs,
     another δ, other metrics such as ``mode_ok``) the events are recomputed with the *untested* threshold rule
-    (:func:`harness.evaluation.seesaw.seesaw_events`; ``test = "none"``, no p-value): the store keeps values, not
+    (:func:`harness.core.seesaw.seesaw_events`; ``test = "none"``, no p-value): the store keeps values, not
     the per-item outcomes a test needs (those are in ``samples.jsonl``).
 
     ``delta`` defaults to the run's ``eval.seesaw_delta`` when the frame came from :func:`load_runs` with config
     columns (else 0.15). Columns: ``run_id, metric, split, step_from, step_to, stage_from, stage_to, rose, rose_by,
     fell, fell_by, p_value, test``.
     """
-    from harness.evaluation.seesaw import seesaw_events as in_run_events
+    from harness.core.seesaw import seesaw_events as in_run_events
 
     frame = _with_run_id(as_frame(runs))
     columns = ["step", "stage", "task", "split", "metric", "value"]

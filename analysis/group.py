@@ -21,9 +21,9 @@ import polars as pl
 
 from analysis.frames import final_against_baselines
 from analysis.loading import AnalysisError, PathLike, load_run, load_samples, read_summary
-from harness.evaluation.components import PROPORTION_METRICS
-from harness.replicates import GROUP_FILE
-from harness.stats import t_interval, wilson_interval
+from harness.core.metrics import PROPORTION_METRICS
+from harness.core.metrics import GROUP_FILE
+from harness.core.stats import t_interval, wilson_interval
 
 
 def is_group_dir(path: PathLike) -> bool:

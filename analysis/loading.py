@@ -18,7 +18,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import polars as pl
 import yaml
 
-from harness.store import SCHEMA
+from harness.core.store import SCHEMA
 
 PathLike = Union[str, Path]
 METRICS_FILE = "metrics.parquet"
@@ -204,7 +204,7 @@ def _literal(value: Any) -> pl.Expr:
 
 def load_run(run_dir: PathLike) -> pl.DataFrame:
     """The metrics store of one run (finished or in progress), as written."""
-    from harness.store import read_metrics
+    from harness.core.store import read_metrics
 
     if not is_run_dir(run_dir):
         raise AnalysisError(f"{run_dir}: not a run directory (no {METRICS_FILE})")
@@ -249,8 +249,8 @@ def load_samples(run_dir: PathLike, lazy: bool = False) -> Union[pl.DataFrame, p
     prompt, gold, pred, correct, mode_ok, gold_first_rank, top5 …). An empty frame when the run wrote none.
 
     A run killed mid-write leaves an unfinished last line: it is skipped with a warning naming file and line
-    (:func:`harness.jsonl.complete_jsonl_bytes`); a malformed line before it raises ``AnalysisError`` naming them."""
-    from harness.jsonl import JsonlError, complete_jsonl_bytes
+    (:func:`harness.core.jsonl.complete_jsonl_bytes`); a malformed line before it raises ``AnalysisError`` naming them."""
+    from harness.core.jsonl import JsonlError, complete_jsonl_bytes
 
     path = Path(run_dir) / "samples.jsonl"
     try:

@@ -3,13 +3,13 @@
 The builtin qwen2-tiny (default shape, pretrained for one step: weights do not change the speed) trains one stage
 at the harness's default training settings (batch 16, no length grouping, fp32) on a natural mixture of five
 recipes, each run in a fresh process, in the order ``--modes`` gives: ``eager``; ``compiled`` (as ``harness run``
-compiles: :func:`harness.compiling.compiled_stage`, deterministic algorithms on); ``compiled-nondet`` (without
+compiles: :func:`harness.training.compiling.compiled_stage`, deterministic algorithms on); ``compiled-nondet`` (without
 them: what they cost, and the last-bit differences between identical runs they remove). All runs share one fresh
 Inductor cache, so the first compiled run of a kind is cold and later ones warm. Reported per run: the median
 s/step after ``--settle`` steps, the total, the overhead (the total minus ``steps ×`` its own steady s/step: the
 extra time of its first steps), the speed-up over the eager runs' median, the slow steps, and the first logged
 losses (equal across the ``compiled`` runs; ``compiled-nondet`` ones differ). These numbers chose
-:data:`harness.compiling.AUTO_COMPILE_MIN_STEPS`.
+:data:`harness.training.compiling.AUTO_COMPILE_MIN_STEPS`.
 
     python bench/compile_cost.py --steps 60 --settle 10 \
         --modes compiled,compiled-nondet,eager,compiled,compiled-nondet,eager   # ~15 min on 2 busy CPU cores
@@ -50,16 +50,16 @@ def experiment(steps: int, compile_mode) -> dict:
 
 def child(steps: int, compile_mode: bool, nondeterministic: bool = False) -> dict:
     """Train the stage in this process; per-step end times and the logged losses. ``nondeterministic``: compile
-    without :func:`harness.compiling.compiled_stage` (what deterministic algorithms cost)."""
+    without :func:`harness.training.compiling.compiled_stage` (what deterministic algorithms cost)."""
     import contextlib
     import warnings
 
     warnings.filterwarnings("ignore")
-    from harness.adapters import stage_special_tokens
+    from harness.training.adapters import stage_special_tokens
     from harness.config import validate_data
-    from harness.prepare import build_task_data, encode_task_data, load_base, plan_stage
-    from harness import train as train_module
-    from harness.train import StageLoop, train_stage
+    from harness.runs.prepare import build_task_data, encode_task_data, load_base, plan_stage
+    from harness.training import loop as train_module
+    from harness.training.loop import StageLoop, train_stage
 
     if nondeterministic:
         train_module.compiled_stage = lambda compiled: contextlib.nullcontext()

@@ -27,8 +27,8 @@ import torch  # noqa: E402
 from harness.config import EvalSpec, ModelSpec  # noqa: E402
 from harness.evaluation import run_evaluation  # noqa: E402
 from harness.evaluation.passes import greedy_decode, left_pad  # noqa: E402
-from harness.models import build_builtin  # noqa: E402
-from harness.tokenizer import train_tokenizer  # noqa: E402
+from harness.models.builtin import build_builtin  # noqa: E402
+from harness.models.tokenizer import train_tokenizer  # noqa: E402
 
 
 TASKS = ["repeat", "identity", "yesno", "assistant_qa", "short_qa", "math_reversed", "spell", "count"]
@@ -105,7 +105,7 @@ def arguments() -> argparse.Namespace:
 def prompts_and_model(args):
     """``(items, recipes, tokenizer, model)``: ``--prompts`` eval items mixing tasks and splits, a tokenizer trained
     on their texts, and a fresh qwen2-tiny; prints what they are."""
-    from harness.data import eval_items
+    from harness.data.encoding import eval_items
 
     by_split, recipes, texts = real_examples(args.prompts) or synthetic_examples(args.prompts)
     tokenizer = train_tokenizer(texts, vocab_size=args.vocab_size)

@@ -7,11 +7,11 @@ steps ``--eval-at``, for
   answer and EOS only, a ``Qwen2ForCausalLM`` built from a config (untied embeddings, as many KV heads as heads),
   random batches (a fresh shuffle of the pool per pass), right-padded, AdamW on every parameter, linear warmup
   then cosine to 0, gradient clipping at 1.0, token-mean cross-entropy;
-- ``harness``: ``harness.runner.run_experiment`` on a dict experiment (``builtin: qwen2-tiny`` with the same shape,
+- ``harness``: ``harness.runs.runner.run_experiment`` on a dict experiment (``builtin: qwen2-tiny`` with the same shape,
   no pretraining, recipe ``math_reversed`` digits 3, the same optimiser and schedule numbers), at the harness's
   defaults for everything else.
 
-Both read the items of ``harness.prepare.build_task_data`` for one experiment: the same training pool and the same
+Both read the items of ``harness.runs.prepare.build_task_data`` for one experiment: the same training pool and the same
 held-out operand pairs (neither order trained). One factor at a time is flipped with ``ARM+flip[+flip…]``:
 
   harness+nogroup   train.length_grouping: 1 (random batches: the default since this diagnosis)
@@ -53,12 +53,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from harness.stats import wilson_interval  # noqa: E402  (after the repository root is on the path)
+from harness.core.stats import wilson_interval  # noqa: E402  (after the repository root is on the path)
 
 TASK = "math"
 HARNESS_FLIPS = {"nogroup", "grouped", "plaininit", "floor0", "noclip", "wdall", "bare", "perex"}
 PLAIN_FLIPS = {"grouped", "chat", "tied", "floor"}
-BARE_TEMPLATE = (  # prefix-consistent, as harness.data's label masking requires
+BARE_TEMPLATE = (  # prefix-consistent, as harness.data.batches's label masking requires
     "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ m['content'] + '<|im_end|>' }}"
     "{% else %}{{ m['content'] + ' ' }}{% endif %}{% endfor %}"
 )
@@ -96,7 +96,7 @@ MICRO = dict(steps=30, eval_at=[15, 30], train_examples=600, heldout=40, digits=
 
 
 def wilson(k: int, n: int) -> tuple[float, float]:
-    """The 95 % Wilson score interval of k successes in n (:func:`harness.stats.wilson_interval`)."""
+    """The 95 % Wilson score interval of k successes in n (:func:`harness.core.stats.wilson_interval`)."""
     if n == 0:
         return 0.0, 1.0
     ci = wilson_interval(k, n)
@@ -156,9 +156,9 @@ class _Patches:
         setattr(module, name, value)
 
     def __enter__(self):
-        import harness.losses as losses
-        import harness.tokenizer as tokenizer
-        import harness.train as train
+        import harness.training.losses as losses
+        import harness.models.tokenizer as tokenizer
+        import harness.training.loop as train
 
         if "bare" in self.flips:
             self._set(tokenizer, "CHAT_TEMPLATE", BARE_TEMPLATE)
@@ -183,7 +183,7 @@ def _decay_everything(make_optimizer: Callable) -> Callable:
 
 def run_harness(s: Setup, flips: set[str], arm: str) -> list[dict[str, Any]]:
     from harness.config import validate_data
-    from harness.runner import run_experiment
+    from harness.runs.runner import run_experiment
 
     exp = validate_data(experiment_dict(s, flips), arm)
     results, started = [], time.perf_counter()
@@ -227,12 +227,12 @@ def plain_encoding(data, flips: set[str], s: Setup):
     harness's own tokenizer and chat encoding."""
     import numpy as np
 
-    from harness.data import IGNORE_INDEX, Encoded, encode_examples, eval_items
+    from harness.data.encoding import IGNORE_INDEX, Encoded, encode_examples, eval_items
 
     train, heldout = data.splits[TASK]["train"], data.splits[TASK]["heldout"]
     if "chat" in flips:
-        from harness.pretrain import tokenizer_texts
-        from harness.tokenizer import train_tokenizer
+        from harness.runs.pretrain import tokenizer_texts
+        from harness.models.tokenizer import train_tokenizer
 
         tok = train_tokenizer(tokenizer_texts(data.corpus, train), s.vocab_size)
         items = eval_items(tok, heldout, "heldout")
@@ -252,7 +252,7 @@ def plain_batches(encoded: list, s: Setup, flips: set[str], pad_id: int) -> list
     """``s.steps`` batches: the pool reshuffled at each pass, cut in order (or length-grouped with ``grouped``)."""
     import numpy as np
 
-    from harness.data import collate, length_grouped_batches
+    from harness.data.batches import collate, length_grouped_batches
 
     rng = np.random.default_rng(s.seed)
     stream: list = []
@@ -313,7 +313,7 @@ def run_plain(s: Setup, flips: set[str], arm: str) -> list[dict[str, Any]]:
     import torch.nn.functional as F
 
     from harness.config import validate_data
-    from harness.prepare import build_task_data
+    from harness.runs.prepare import build_task_data
 
     started = time.perf_counter()
     data = build_task_data(validate_data(experiment_dict(s, set()), arm))

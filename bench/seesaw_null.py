@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from harness.evaluation.seesaw_sim import Planted, Schedule, found_planted, simulate_run
-from harness.stats import wilson_interval
+from harness.core.seesaw_sim import Planted, Schedule, found_planted, simulate_run
+from harness.core.stats import wilson_interval
 
 RULES = ("none", "paired")
 

@@ -58,8 +58,8 @@ def run_side(sweep_file: Path, out: Path, cache: Path, stage_cache: bool, args) 
 
 
 def _trials(sweep_file: Path, sweep_dir: Path, overrides) -> list[dict]:
-    from harness.sweep import load_sweep
-    from harness.sweep.worker import load_worker_study
+    from harness.studies.sweep import load_sweep
+    from harness.studies.sweep.worker import load_worker_study
 
     spec = load_sweep(sweep_file, overrides)
     study = load_worker_study(spec, sweep_dir, 0)

@@ -6,9 +6,9 @@ labels), trained for ``--steps`` optimiser steps of ``--batch-size`` examples, f
 / eps / weight decay, constant schedule, no warmup, gradient clipping at 1.0, the same initial weights and the same
 examples, by:
 
-- ``harness``: the code path ``harness run`` takes — :func:`harness.prepare.plan_stage` (mixture stream, length
-  grouping, collation) and :func:`harness.train.train_stage` (the loop, with its default non-finite guard and
-  health metrics), logging into a :class:`harness.tracking.Tracker` (wandb disabled, as TRL reports to nothing);
+- ``harness``: the code path ``harness run`` takes — :func:`harness.runs.prepare.plan_stage` (mixture stream, length
+  grouping, collation) and :func:`harness.training.loop.train_stage` (the loop, with its default non-finite guard and
+  health metrics), logging into a :class:`harness.runs.tracking.Tracker` (wandb disabled, as TRL reports to nothing);
 - ``harness-noguard`` / ``harness-nodiag`` / ``harness-bare``: the same with ``train.nonfinite: off``,
   ``train.diagnostics: false``, or both — what the guard and the health metrics cost;
 - ``trl-default``: TRL's ``SFTTrainer`` with its defaults (gradient checkpointing on, random batches padded to

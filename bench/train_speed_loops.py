@@ -20,13 +20,13 @@ from bench.train_speed_inputs import load_inputs, load_model
 
 
 def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None = None, log_every: int | None = None):
-    """Plan the stage and train it with :func:`harness.train.train_stage` as :func:`harness.runner.run_experiment`
+    """Plan the stage and train it with :func:`harness.training.loop.train_stage` as :func:`harness.runs.runner.run_experiment`
     does. Returns ``(per-step end times, (real, padded, supervised) tokens per batch, logged rows, the model)``."""
-    from harness.adapters import stage_special_tokens
-    from harness.prepare import plan_stage
-    from harness.store import Row
-    from harness.tracking import Tracker
-    from harness.train import StageLoop, train_stage
+    from harness.training.adapters import stage_special_tokens
+    from harness.runs.prepare import plan_stage
+    from harness.core.store import Row
+    from harness.runs.tracking import Tracker
+    from harness.training.loop import StageLoop, train_stage
 
     exp, pools = load_inputs(workdir, overrides)
     model, tokenizer = load_model(workdir, device)
@@ -67,7 +67,7 @@ def trl_dataset(exp, pools, order=None):
     supervised token; the harness's labels are pre-shifted, TRL's head shifts itself)."""
     from datasets import Dataset
 
-    from harness.losses import IGNORE_INDEX
+    from harness.data.encoding import IGNORE_INDEX
 
     kept = [e for task in exp.tasks for e in pools[task] if e.length <= exp.train.max_length]
     examples = order if order is not None else kept
@@ -78,8 +78,8 @@ def trl_dataset(exp, pools, order=None):
 
 
 def plan_examples(exp, stage, pools, pad_id):
-    """The examples of :func:`harness.prepare.plan_stage`'s batches, in batch order."""
-    from harness.prepare import plan_stage
+    """The examples of :func:`harness.runs.prepare.plan_stage`'s batches, in batch order."""
+    from harness.runs.prepare import plan_stage
 
     plan = plan_stage(exp, stage, 0, pools, pad_id)
     by_ids = {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from harness.registry import Registry
+from harness.core.registry import Registry
 
 from data_recipes.base import Recipe
 

@@ -1,5 +1,5 @@
 """``python -m harness`` = the ``harness`` command."""
 
-from harness.cli import main
+from harness.cli.app import main
 
 main()

@@ -64,7 +64,7 @@ def tiny() -> dict:
 @pytest.fixture
 def auto_compiles(monkeypatch):
     """``train.compile: auto`` compiles every stage here (short ones too, whatever compiler this machine has)."""
-    from harness import compiling
+    from harness.training import compiling
 
     monkeypatch.setattr(compiling, "AUTO_COMPILE_MIN_STEPS", 1)
     monkeypatch.setattr(compiling, "can_compile", lambda device_type: True)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.adapters import (
+from harness.training.adapters import (
     SpecialTokenGradientError,
     check_special_token_gradients,
     param_groups,
@@ -22,11 +22,12 @@ from harness.adapters import (
     trainable_report,
     unwrap,
 )
-from harness.checkpoint import save_stage_checkpoint
+from harness.training.checkpoint import save_stage_checkpoint
 from harness.config import ModelSpec, TrainableSpec
-from harness.data import collate, encode_examples
-from harness.models import build_builtin, builtin_added_token_ids
-from harness.tokenizer import IM_END, IM_START, train_tokenizer
+from harness.data.batches import collate
+from harness.data.encoding import encode_examples
+from harness.models.builtin import build_builtin, builtin_added_token_ids
+from harness.models.tokenizer import IM_END, IM_START, train_tokenizer
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
 WORDS = ["apple", "river", "stone", "cloud", "maple", "tiger", "lemon", "piano", "amber", "frost"]

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 import analysis as A
-from harness.evaluation.seesaw import seesaw_events as in_run_events
-from harness.store import SCHEMA
+from harness.core.seesaw import seesaw_events as in_run_events
+from harness.core.store import SCHEMA
 
 TASKS = ["yesno", "assistant_qa", "repeat"]
 # The known linear law of the synthetic sweeps: greedy(target) = Σ_i LAW[i, target] · w_i  (rows: weight).
@@ -174,7 +174,7 @@ def test_seesaw_events_match_the_in_run_definition():
     # r2's last step: yesno 0.6 → 0.3 (fell 0.3), assistant_qa 0.4 → 0.9 (rose 0.5): the reverse event too.
     r2 = events.filter(pl.col("run_id") == "r2")
     assert r2.select("step_to", "rose", "fell").rows() == [(6, "yesno", "assistant_qa"), (8, "assistant_qa", "yesno")]
-    # Same as harness.evaluation.seesaw on the raw rows, run by run.
+    # Same as harness.core.seesaw on the raw rows, run by run.
     for run_id in ("r1", "r2"):
         raw = frame.filter(pl.col("run_id") == run_id, pl.col("metric") == "greedy", pl.col("task").is_not_null())
         expected = in_run_events(raw.to_dicts(), 0.25, ["greedy"])

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.adapters import (
+from harness.training.adapters import (
     check_special_token_gradients,
     param_groups,
     prepare_stage_model,
@@ -18,9 +18,12 @@ from harness.adapters import (
     trainable_report,
 )
 from harness.config import ModelSpec, TrainableSpec, load_experiment
-from harness.data import collate, encode_examples
-from harness.models import BUILTIN_MODELS, build_builtin, check_model_spec, load_hf
-from harness.tokenizer import CHAT_TEMPLATE, IM_END, IM_START, train_tokenizer
+from harness.data.batches import collate
+from harness.data.encoding import encode_examples
+from harness.models.builtin import BUILTIN_MODELS, build_builtin
+from harness.models.check import check_model_spec
+from harness.models.hf import load_hf
+from harness.models.tokenizer import CHAT_TEMPLATE, IM_END, IM_START, train_tokenizer
 
 from .conftest import ROOT, run_cli, write_yaml
 

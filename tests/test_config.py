@@ -8,7 +8,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from harness.cli import app
+from harness.cli.app import app
 from harness.config import ConfigError, apply_overrides, load_experiment, parse_mixture, validate_data
 from tests.conftest import MICRO, run_cli, write_yaml
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
-from harness.console import PlainProgress, evaluation_lines
+from harness.runs.console import PlainProgress, evaluation_lines
 from tests.conftest import run_cli, write_yaml
 
 

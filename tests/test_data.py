@@ -7,8 +7,10 @@ import pytest
 
 from data_recipes.base import Example
 from harness.config import parse_mixture
-from harness.data import IGNORE_INDEX, Encoded, collate, encode_examples, eval_items, length_grouped_batches, mixture_stream
-from harness.tokenizer import train_tokenizer
+from harness.data.batches import collate, length_grouped_batches
+from harness.data.encoding import IGNORE_INDEX, Encoded, encode_examples, eval_items
+from harness.data.stream import mixture_stream
+from harness.models.tokenizer import train_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ import pytest
 
 from data_recipes import get_recipe
 from harness.config import EvalSpec
-from harness.data import encode_examples, eval_items, fit_eval_items, position_limit
-from harness.special_text import (apply_special_token_policy, escape_special_token_strings,
+from harness.data.encoding import encode_examples, eval_items, fit_eval_items, position_limit
+from harness.data.special_text import (apply_special_token_policy, escape_special_token_strings,
                                   find_special_token_strings)
-from harness.tokenizer import IM_END, IM_START, train_tokenizer
+from harness.models.tokenizer import IM_END, IM_START, train_tokenizer
 
 ROWS = [{"q": f"What is {i} plus {i}?", "a": str(2 * i)} for i in range(41)]
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.distributed import torchrun_command
-from harness.store import read_metrics
+from harness.runs.ranks import torchrun_command
+from harness.core.store import read_metrics
 from tests.conftest import MICRO, run_cli, write_yaml
 
 # Both runs single-threaded: torchrun gives each rank one thread, and the comparison is about the data-parallel
@@ -166,9 +166,9 @@ def test_bf16_autocast_exchanges_fp32_gradients(tmp_path):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from harness.config import LossSpec
-    from harness.data import Batch
-    from harness.distributed import DataParallel
-    from harness.train import batch_loss
+    from harness.data.batches import Batch
+    from harness.training.parallel.ddp import DataParallel
+    from harness.training.loop import batch_loss
 
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -203,7 +203,7 @@ def test_the_first_failure_is_the_rank_that_caused_the_others():
     torchrun stopped (SIGTERM)."""
     from types import SimpleNamespace
 
-    from harness.distributed import _first_failure
+    from harness.runs.ranks import _first_failure
 
     same_second = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=-9)}
     assert _first_failure(same_second) == (1, -9)
@@ -216,8 +216,8 @@ def test_the_first_failure_is_the_rank_that_caused_the_others():
 
 
 def test_a_rank_that_cannot_see_the_run_directory_says_so_in_one_line(tmp_path):
-    from harness.distributed import _scratch_for_resume
-    from harness.rundir import RunDirError
+    from harness.runs.ranks import _scratch_for_resume
+    from harness.runs.rundir import RunDirError
 
     with pytest.raises(RunDirError) as info:
         _scratch_for_resume(tmp_path / "elsewhere", tmp_path / "scratch" / "run")

@@ -1,4 +1,4 @@
-"""Encoding reuse (harness.prepare.encode_task_data): a process asking again for the same encoding (a sweep worker's
+"""Encoding reuse (harness.runs.prepare.encode_task_data): a process asking again for the same encoding (a sweep worker's
 next trial) gets the previous one without tokenising again — equal to a fresh encoding, its arrays read-only — and
 anything the encoding reads (data, tokenizer, settings) encodes afresh."""
 
@@ -8,10 +8,10 @@ import copy
 
 import pytest
 
-from harness import prepare
+from harness.runs import prepare
 from harness.config import Experiment
-from harness.prepare import build_task_data, encode_task_data
-from harness.tokenizer import train_tokenizer
+from harness.runs.prepare import build_task_data, encode_task_data
+from harness.models.tokenizer import train_tokenizer
 
 
 @pytest.fixture(autouse=True)

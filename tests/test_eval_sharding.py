@@ -8,7 +8,7 @@ import torch
 
 from harness.config import EvalSpec
 from harness.evaluation import run_evaluation
-from harness.tokenizer import train_tokenizer
+from harness.models.tokenizer import train_tokenizer
 from tests.test_evaluation import ExactRecipe, item, tiny_model
 
 

@@ -15,12 +15,12 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from data_recipes.base import Recipe
 from harness.config import EvalSpec, ModelSpec
-from harness.data import EvalItem
+from harness.data.encoding import EvalItem
 from harness.evaluation import EVALUATORS, PROBES, EvalResult, hijack_token_ids, run_evaluation
 from harness.evaluation.hijack import casing_variants
 from harness.evaluation.passes import greedy_decode, left_pad
-from harness.models import build_builtin
-from harness.tokenizer import train_tokenizer
+from harness.models.builtin import build_builtin
+from harness.models.tokenizer import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,7 +95,7 @@ def test_registries_hold_the_contract_names():
 
 
 def test_importing_the_package_does_not_import_torch():
-    code = "import sys, harness.evaluation, harness.evaluation.seesaw; print('torch' in sys.modules)"
+    code = "import sys, harness.evaluation, harness.core.seesaw; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -16,10 +16,10 @@ import pytest
 import analysis as A
 from analysis.evidence import stored_seesaw_events
 from harness.config import EvalSpec
-from harness.evaluation.components import PROPORTION_METRICS
+from harness.core.metrics import PROPORTION_METRICS
 from harness.evaluation.evidence import outcome_rows, run_seesaw, seesaw_rows
-from harness.store import MetricsStore, Row, read_metrics
-from harness.stats import wilson_interval
+from harness.core.store import MetricsStore, Row, read_metrics
+from harness.core.stats import wilson_interval
 from tests.conftest import run_cli, write_yaml
 
 

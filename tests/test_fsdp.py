@@ -1,4 +1,4 @@
-"""FSDP2 training (``train.parallel: fsdp``, harness/fsdp.py): two gloo ranks under torchrun against one process —
+"""FSDP2 training (``train.parallel: fsdp``, harness/training/parallel/fsdp.py): two gloo ranks under torchrun against one process —
 the micro experiment (full fine-tuning: per-step training loss and grad norm, evaluations, greedy predictions), the
 tiny experiment with a LoRA adapter and new-token row masks (losses, masked rows untouched, the checkpoint rank 0
 writes loading in one process), and an fsdp run's resume point resumed by 2 ranks (one process refused)."""
@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 from safetensors.torch import load_file
 
-from harness.store import read_metrics
+from harness.core.store import read_metrics
 from tests.conftest import MICRO, TINY, run_cli, write_yaml
 
 # As tests/test_distributed.py: both sides single-threaded, so only the data-parallel arithmetic differs.
@@ -181,7 +181,7 @@ def test_fsdp_nan_on_one_rank_stops_both_and_names_it(tiny, tmp_path):
 def test_rank_0_alone_stores_the_data_parallel_stages(micro_pair):
     """Every rank ends each stage, but only rank 0 (the run the directory holds) writes the stage-cache entry: a
     rank-1 entry would name a scratch run that no longer exists as its source."""
-    from harness.stage_cache import META, stages_root
+    from harness.runs.stage_cache import META, stages_root
 
     _, two = micro_pair
     run_id = json.loads((two / "run.json").read_text())["run_id"]

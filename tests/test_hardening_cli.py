@@ -182,7 +182,7 @@ class _RustIOError(Exception):
      "harness: copying /c/a.bin to /r/a.bin: [Errno 28] No space left on device; 1 more file(s) failed"),
 ])
 def test_full_disk_in_a_library_or_a_copy_is_one_line_exit_5(error, expected, capsys, monkeypatch):
-    from harness.cli_errors import run_cli as run_with_policy
+    from harness.cli.errors import run_cli as run_with_policy
 
     def app():
         raise error
@@ -195,7 +195,7 @@ def test_full_disk_in_a_library_or_a_copy_is_one_line_exit_5(error, expected, ca
 
 
 def test_a_bug_is_not_mistaken_for_a_full_disk(monkeypatch):
-    from harness.cli_errors import run_cli as run_with_policy
+    from harness.cli.errors import run_cli as run_with_policy
 
     def app():
         raise KeyError("model")
@@ -206,7 +206,7 @@ def test_a_bug_is_not_mistaken_for_a_full_disk(monkeypatch):
 
 
 def test_a_failed_metrics_write_leaves_no_temporary_file(tmp_path, monkeypatch):
-    from harness.store import MetricsStore
+    from harness.core.store import MetricsStore
 
     store = MetricsStore(tmp_path, "run")
 
@@ -312,7 +312,7 @@ def test_control_token_answer_is_rejected_or_escaped(tiny, tmp_path, policy):
         return
     assert result.returncode == 0, result.stderr[-3000:]
     from harness.config import load_experiment
-    from harness.prepare import build_task_data, encode_task_data, load_base
+    from harness.runs.prepare import build_task_data, encode_task_data, load_base
 
     exp = load_experiment(tmp_path / "x.yaml")
     data = build_task_data(exp)

@@ -16,9 +16,9 @@ import optuna
 import pytest
 import yaml
 
-from harness.redact import STORAGE_ENV
-from harness.sweep import load_resolved, load_sweep
-from harness.sweep.worker import load_worker_study, run_sweep
+from harness.core.redact import STORAGE_ENV
+from harness.studies.sweep import load_resolved, load_sweep
+from harness.studies.sweep.worker import load_worker_study, run_sweep
 from tests.conftest import ROOT, run_cli
 from tests.test_sweep import _sweep
 
@@ -31,8 +31,8 @@ def _files_containing(root: Path, needle: str) -> list[Path]:
 
 
 def test_storage_password_is_in_no_output_file_and_not_on_the_console(tmp_path, monkeypatch):
-    import harness.sweep.study as study_module
-    import harness.sweep.worker as worker_module
+    import harness.studies.sweep.study as study_module
+    import harness.studies.sweep.worker as worker_module
     from analysis.report import write_report
 
     opened: list[str] = []
@@ -92,7 +92,7 @@ def test_cut_journal_line_leaves_the_study_usable(tmp_path):
 
 def test_pretraining_its_own_base_keeps_a_trial_alive(tiny, tmp_path, monkeypatch):
     from harness.config import load_experiment
-    from harness.prepare import build_task_data, load_base
+    from harness.runs.prepare import build_task_data, load_base
     from tests.conftest import write_yaml
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))  # a cold base: it pretrains here
@@ -103,7 +103,7 @@ def test_pretraining_its_own_base_keeps_a_trial_alive(tiny, tmp_path, monkeypatc
 
 
 def test_sampler_seeds_of_a_new_and_a_continued_launch():
-    from harness.sweep.study import sampler_seed
+    from harness.studies.sweep.study import sampler_seed
 
     assert [sampler_seed(7, i) for i in range(3)] == [7, 8, 9]  # a new sweep: as documented, reproducible
     continued = {sampler_seed(7, i, launch) for i in range(3) for launch in (1, 2, 5)}
@@ -154,7 +154,7 @@ class _Storage:
 
 
 def test_heartbeat_pulses_are_rate_limited_to_one_write_per_interval():
-    from harness.sweep.heartbeat import HEARTBEAT_ATTR, Heartbeat
+    from harness.studies.sweep.heartbeat import HEARTBEAT_ATTR, Heartbeat
 
     now = [100.0]
     storage = _Storage()
@@ -174,10 +174,10 @@ def test_heartbeat_pulses_are_rate_limited_to_one_write_per_interval():
 def test_a_trial_hung_in_a_step_goes_stale_and_a_progressing_one_does_not(tmp_path, monkeypatch, hangs):
     """The heartbeat comes from the run's progress: a step that never returns (monkeypatched) leaves the trial's
     heartbeat to age past ``grace`` (a timer thread would keep it fresh); steps that keep finishing keep it fresh."""
-    import harness.train as train
-    from harness.sweep import prepare_study
-    from harness.sweep.heartbeat import fail_stale_trials
-    from harness.sweep.worker import run_trial
+    import harness.training.loop as train
+    from harness.studies.sweep import prepare_study
+    from harness.studies.sweep.heartbeat import fail_stale_trials
+    from harness.studies.sweep.worker import run_trial
 
     grace = 6.0  # longer than a tiny stage-edge evaluation on a loaded machine; shorter than the progressing part
     path = _sweep(tmp_path, "hang", steps=20, study={"n_trials": 1, "heartbeat": {"interval": 0.2, "grace": grace}})

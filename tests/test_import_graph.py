@@ -188,7 +188,7 @@ def test_the_graph_is_read():
     for package in PACKAGES:
         assert package in MODULES, f"{package}/__init__.py not found"
     assert sum(len(edges) for edges in GRAPH.values()) > len(PACKAGES)
-    assert "harness.store" in GRAPH["analysis.frames"]
+    assert "harness.core.store" in GRAPH["analysis.frames"]
 
 
 def test_no_import_cycle():

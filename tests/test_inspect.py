@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from harness.adapters import prepare_stage_model
-from harness.checkpoint import save_stage_checkpoint
+from harness.training.adapters import prepare_stage_model
+from harness.training.checkpoint import save_stage_checkpoint
 from harness.config import ModelSpec, TrainableSpec
-from harness.inspection import inspect_model
-from harness.models import build_builtin, builtin_added_token_ids
-from harness.tokenizer import train_tokenizer
+from harness.checks.inspection import inspect_model
+from harness.models.builtin import build_builtin, builtin_added_token_ids
+from harness.models.tokenizer import train_tokenizer
 
 from .conftest import run_cli, write_yaml
 

@@ -7,10 +7,12 @@ from types import SimpleNamespace
 import pytest
 
 from data_recipes import get_recipe
-from harness.evaluation.components import EVALUATORS, PROBES, PROPORTION_METRICS, EvalContext, ItemRecord
+from harness.evaluation.components import EvalContext, ItemRecord
+from harness.core.registry import EVALUATORS, PROBES
+from harness.core.metrics import PROPORTION_METRICS
 from harness.evaluation.result import EvalResult
-from harness.evaluation.seesaw import change_tests
-from harness.stats import wilson_interval
+from harness.core.seesaw import change_tests
+from harness.core.stats import wilson_interval
 
 GOLD = "R 9 1 ; A 1 9"
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from analysis.loading import AnalysisError, load_samples
-from harness.jsonl import (JsonlError, UnfinishedLineWarning, append_jsonl, read_jsonl,
+from harness.core.jsonl import (JsonlError, UnfinishedLineWarning, append_jsonl, read_jsonl,
                            trim_unfinished_last_line)
 
 SAMPLES = [{"stage": "a", "step": s, "task": "repeat", "split": "heldout", "prompt": f"p{s}", "gold": "g",

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.config import LossSpec, validate_data
-from harness.losses import (
+from harness.training.losses import (
     first_answer_tokens,
     gem_token_losses,
     token_losses_and_ce,

@@ -12,8 +12,8 @@ import torch
 from harness.config import EvalSpec, validate_data
 from harness.evaluation import run_evaluation
 from harness.evaluation.lengths import default_max_new_tokens, length_margin, needed_new_tokens, stop_token_ids
-from harness.prepare import DataError, build_task_data, encode_task_data
-from harness.tokenizer import ENDOFTEXT, IM_END, IM_START, train_tokenizer
+from harness.runs.prepare import DataError, build_task_data, encode_task_data
+from harness.models.tokenizer import ENDOFTEXT, IM_END, IM_START, train_tokenizer
 from tests.conftest import run_cli, write_yaml
 from tests.test_evaluation import Bigram, ExactRecipe, item
 

@@ -14,7 +14,7 @@ import data_recipes as dr
 from data_recipes import SPLITS, Example, get_recipe
 from data_recipes.knowledge import split_people
 from data_recipes.math_reversed import parse_formal
-from harness.registry import UnknownNameError
+from harness.core.registry import UnknownNameError
 
 REQUIRED = {"repeat", "identity", "yesno", "assistant_qa", "short_qa", "math_reversed", "spell", "count",
             "jsonl", "parquet", "hf"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.names import check_safe_name
-from harness.redact import STORAGE_ENV, mask_url, mask_urls_in_text, storage_url_from_env
+from harness.core.names import check_safe_name
+from harness.core.redact import STORAGE_ENV, mask_url, mask_urls_in_text, storage_url_from_env
 
 
 @pytest.mark.parametrize("url, masked", [

@@ -13,7 +13,8 @@ from analysis.group import final_scores, is_group_dir, recurring_events
 from analysis.loading import load_samples
 from analysis.report import write_report
 from harness.config import ConfigError, validate_data
-from harness.replicates import GROUP_FILE, SeedsError, parse_seeds, replicate
+from harness.studies.replicates import SeedsError, parse_seeds, replicate
+from harness.core.metrics import GROUP_FILE
 from tests.conftest import run_cli, write_yaml
 
 

@@ -16,7 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 import analysis as A
-from harness.cli import app
+from harness.cli.app import app
 from tests.conftest import ROOT, TINY, run_cli
 from tests.test_analysis import make_trials, write_sweep
 
@@ -29,7 +29,7 @@ def tiny_run(tmp_path_factory) -> Path:
     """The tiny experiment with three stages (the last restarts from the base weights) and the train split
     evaluated too: a real run directory in seconds."""
     from harness.config import validate_data
-    from harness.runner import run_experiment
+    from harness.runs.runner import run_experiment
 
     data = copy.deepcopy(TINY)
     data["eval"]["splits"] = ["heldout", "train"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.repro import available, load_repro, run_repro
-from harness.repro_report import paired_difference, write_outputs
+from harness.studies.repro.plan import available, load_repro, run_repro
+from harness.studies.repro.report import paired_difference, write_outputs
 
 
 @pytest.mark.slow

@@ -13,9 +13,9 @@ import polars as pl
 import pytest
 
 from harness.config import validate_data
-from harness.prepare import DataError
-from harness.runner import run_experiment
-from harness.store import read_metrics
+from harness.runs.prepare import DataError
+from harness.runs.runner import run_experiment
+from harness.core.store import read_metrics
 from tests.conftest import ROOT, run_cli, write_yaml
 
 
@@ -153,7 +153,7 @@ def sanity_experiment(tiny):
 
 
 def test_overfit_check_passes_on_a_healthy_pipeline_and_fails_on_a_broken_one(sanity_experiment):
-    from harness.sanity import overfit_check
+    from harness.checks.sanity import overfit_check
 
     healthy, *_ = overfit_check(sanity_experiment, n=8, threshold=0.9, max_steps=300, eval_every=20)
     assert healthy.passed, healthy.line()
@@ -165,7 +165,7 @@ def test_overfit_check_passes_on_a_healthy_pipeline_and_fails_on_a_broken_one(sa
 def test_inputs_matter_check_fails_when_the_prompt_is_cut_off(sanity_experiment):
     import torch
 
-    from harness.sanity import inputs_matter_check, overfit_check
+    from harness.checks.sanity import inputs_matter_check, overfit_check
 
     _, model, tokenizer, examples, recipes = overfit_check(sanity_experiment, n=8, threshold=0.9, max_steps=300,
                                                            eval_every=20)

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from harness.config import validate_data
-from harness.runner import run_experiment
-from harness.store import read_metrics
+from harness.runs.runner import run_experiment
+from harness.core.store import read_metrics
 
 
 def test_micro_run_writes_resolved_config_and_store(micro_run):
@@ -127,7 +127,7 @@ def test_micro_store_has_every_contract_metric_at_every_evaluation(micro_run):
 
 def test_micro_wandb_offline_run_holds_the_store_values(micro_run):
     from tests.wandb_records import history
-    from harness.tracking import wandb_key
+    from harness.runs.tracking import wandb_key
 
     logged: dict[tuple[int, str], float] = {}
     for record in history(micro_run):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest, false_discovery_control
 
-from harness.evaluation.seesaw import change_tests, format_events, paired_seesaw_events, seesaw_events
+from harness.core.seesaw import change_tests, format_events, paired_seesaw_events, seesaw_events
 
 
 def rows(series, metric="greedy", split="heldout"):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.evaluation.seesaw import DEFAULT_ALPHA
-from harness.evaluation.seesaw_sim import Planted, Schedule, found_planted, simulate_run
-from harness.stats import wilson_interval
+from harness.core.seesaw import DEFAULT_ALPHA
+from harness.core.seesaw_sim import Planted, Schedule, found_planted, simulate_run
+from harness.core.stats import wilson_interval
 
 NULL_RUNS = 300  # enough that a detector firing in α = 5 % of runs fails the bound below almost surely
 PLANTED_RUNS = 40

@@ -2,7 +2,7 @@
 
 Which is which is read from the file: a sweep file has a top-level ``space`` (required by the sweep schema, unknown
 to the experiment schema); an experiment file has a top-level ``stages``. Sweeps go through
-:func:`harness.sweep.load_sweep`, which also loads and validates the sweep's base experiment (its path relative to
+:func:`harness.studies.sweep.load_sweep`, which also loads and validates the sweep's base experiment (its path relative to
 the sweep file, the sweep's overrides applied) and checks the space and objectives against it. The experiment files
 under ``tests/data`` are validated too.
 """
@@ -17,13 +17,13 @@ import pytest
 import yaml
 
 from harness.config import Experiment, load_experiment
-from harness.repro import arm_experiment, load_repro
-from harness.sweep import Sweep, load_sweep
+from harness.studies.repro.plan import arm_experiment, load_repro
+from harness.studies.sweep import Sweep, load_sweep
 from tests.conftest import ROOT
 
 SWEEP_KEY = "space"
 EXPERIMENT_KEY = "stages"
-REPRO_KEY = "arms"  # experiments/repro/NAME/repro.yaml (harness.repro)
+REPRO_KEY = "arms"  # experiments/repro/NAME/repro.yaml (harness.studies.repro.plan)
 
 
 def config_kind(path: Path) -> Optional[str]:

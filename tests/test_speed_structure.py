@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-from harness import compiling
+from harness.training import compiling
 from harness.config import LossSpec, OptimSpec, TrainSpec, validate_data
-from harness.data import IGNORE_INDEX, Batch, Encoded, collate
-from harness.prepare import plan_stage
-from harness.train import StageLoop, batch_loss, make_optimizer, train_stage
+from harness.data.batches import Batch, collate
+from harness.data.encoding import IGNORE_INDEX, Encoded
+from harness.runs.prepare import plan_stage
+from harness.training.loop import StageLoop, batch_loss, make_optimizer, train_stage
 from tests.conftest import TINY
 
 
@@ -164,7 +165,7 @@ def test_adamw_is_the_fused_kernel(tiny_model):
 
 
 def test_health_metrics_run_at_logging_steps_only(tiny_model, monkeypatch):
-    from harness.diagnostics import GroupStats
+    from harness.training.health import GroupStats
 
     model = copy.deepcopy(tiny_model)
     calls = {"grad_norms": 0, "snapshot": 0}
@@ -231,7 +232,7 @@ def test_a_failed_compile_under_auto_falls_back_to_the_eager_numbers(tiny_model,
     pools, batches = _batches(8, steps=3)
     eager, eager_rows = _train_copy(tiny_model, batches, list(pools), compile=False)
     before = compiling.fallbacks
-    with caplog.at_level("WARNING", logger="harness.compiling"):
+    with caplog.at_level("WARNING", logger="harness.training.compiling"):
         fallback, fallback_rows = _train_copy(tiny_model, batches, list(pools), compile="auto")
     assert "torch.compile failed (RuntimeError: InvalidCxxCompiler" in caplog.text
     assert caplog.text.count("torch.compile failed") == 1, "warned once, then eager without retrying"
@@ -295,7 +296,7 @@ def test_sweep_speed_micro_overrides_stay_a_valid_micro_sweep():
     keep validating against the quickstart and the sweep, and keep it micro."""
     import importlib.util
 
-    from harness.sweep import load_sweep
+    from harness.studies.sweep import load_sweep
     from tests.conftest import ROOT
 
     spec = importlib.util.spec_from_file_location("sweep_speed", ROOT / "bench" / "sweep_speed.py")

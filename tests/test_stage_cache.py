@@ -1,4 +1,4 @@
-"""The stage cache (harness.stage_cache): a run that starts from cached stages gives bit-identical store values,
+"""The stage cache (harness.runs.stage_cache): a run that starts from cached stages gives bit-identical store values,
 samples and checkpoints to the same run computed whole (a LoRA adapter continued across the cache boundary, an
 ``init: <stage>``, and a run interrupted after a replayed stage and resumed included); a field that shapes a stage
 misses; corrupt entries are rebuilt; concurrent writers are safe; housekeeping lists, sizes and prunes."""
@@ -17,13 +17,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness import compiling
-from harness.cache_housekeeping import list_entries, prune
+from harness.training import compiling
+from harness.runs.cache_housekeeping import list_entries, prune
 from harness.config import Experiment
-from harness.prepare import build_task_data
-from harness.runner import run_experiment
-from harness.stage_cache import _publish, read_entry, stage_keys, task_data_hash
-from harness.store import read_metrics
+from harness.runs.prepare import build_task_data
+from harness.runs.runner import run_experiment
+from harness.runs.stage_cache import _publish, read_entry, stage_keys, task_data_hash
+from harness.core.store import read_metrics
 from tests.conftest import run_cli
 
 WALL_CLOCK = ["tokens_per_s"]  # the only values that may differ between two identical runs
@@ -334,7 +334,7 @@ def test_a_run_whose_compile_fell_back_gives_eager_numbers_and_stores_nothing(ti
     eager = _run(exp, tmp_path / "eager", stage_cache=False)
     monkeypatch.setattr(torch, "compile", broken_compile)
     exp["train"]["compile"] = "auto"
-    with caplog.at_level("WARNING", logger="harness.compiling"):
+    with caplog.at_level("WARNING", logger="harness.training.compiling"):
         fell_back = _run(exp, tmp_path / "fell_back")
     assert caplog.text.count("torch.compile failed (RuntimeError: InvalidCxxCompiler") == 1
     assert _values(eager.run_dir).equals(_values(fell_back.run_dir))
@@ -347,8 +347,8 @@ def test_a_pruned_trial_counts_the_steps_it_replayed(tmp_path):
     """``cached_steps`` comes from the trial's store, so a trial pruned (no summary) still reports its replay."""
     import polars as pl
 
-    from harness.store import SCHEMA
-    from harness.sweep.worker import cached_steps
+    from harness.core.store import SCHEMA
+    from harness.studies.sweep.worker import cached_steps
 
     assert cached_steps(tmp_path) == 0  # no store yet
     rows = [{"step": step, "metric": "loss", "value": 1.0, "cached_from": source}

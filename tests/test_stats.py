@@ -1,4 +1,4 @@
-"""harness.stats against independent computations (closed forms, scipy's reference routines) and textbook values."""
+"""harness.core.stats against independent computations (closed forms, scipy's reference routines) and textbook values."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from harness import stats
+from harness.core import stats
 
 Z95 = sps.norm.ppf(0.975)
 

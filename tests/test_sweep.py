@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from harness.config import ConfigError
-from harness.sweep import journal_lock, load_resolved, load_sweep, simplex_weights
-from harness.sweep.results import status_text
-from harness.sweep.heartbeat import HEARTBEAT_ATTR, fail_stale_trials
-from harness.sweep.worker import load_worker_study, run_sweep
+from harness.studies.sweep import journal_lock, load_resolved, load_sweep, simplex_weights
+from harness.studies.sweep.results import status_text
+from harness.studies.sweep.heartbeat import HEARTBEAT_ATTR, fail_stale_trials
+from harness.studies.sweep.worker import load_worker_study, run_sweep
 from tests.conftest import ROOT, TINY, run_cli, write_yaml
 
 
@@ -171,7 +171,7 @@ def test_failed_trial_is_recorded_and_the_study_goes_on(tmp_path):
                                            "train.max_length": {"choice": [256, 8]}}, seed_trials=False)
     sweep = load_sweep(path)
     out = tmp_path / "out"
-    from harness.sweep import prepare_study
+    from harness.studies.sweep import prepare_study
 
     study = prepare_study(sweep, out)
     study.enqueue_trial({"train.max_length": 8})  # every example is longer than 8 tokens: a DataError
@@ -194,7 +194,7 @@ class _AlwaysPrune(optuna.pruners.BasePruner):
 
 
 def test_pruned_trial_is_recorded_with_its_step(tmp_path, monkeypatch):
-    import harness.sweep.worker as worker
+    import harness.studies.sweep.worker as worker
 
     monkeypatch.setattr(worker, "make_pruner", lambda sweep: _AlwaysPrune())
     path = _sweep(tmp_path, "prune", study={"n_trials": 1, "pruner": "median"}, seed_trials=False)
@@ -240,7 +240,7 @@ def test_multi_objective_study_gives_a_pareto_front(tmp_path):
 def test_stale_trials_are_failed(tmp_path):
     path = _sweep(tmp_path, "stale")
     sweep = load_sweep(path)
-    from harness.sweep import prepare_study
+    from harness.studies.sweep import prepare_study
 
     study = prepare_study(sweep, tmp_path / "out")
     old, fresh = study.ask(), study.ask()
@@ -292,7 +292,7 @@ def test_journal_lock_is_released_when_its_holder_is_killed(tmp_path):
     # optuna's default symlink lock would block every other process for its 30 s grace period here.
     path = str(tmp_path / "journal.log")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom harness.sweep import journal_lock\n"
+        [sys.executable, "-c", "import sys, time\nfrom harness.studies.sweep import journal_lock\n"
                                "journal_lock(sys.argv[1]).acquire()\nprint('held', flush=True)\ntime.sleep(600)", path],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:

@@ -20,8 +20,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from harness.sweep import load_resolved
-from harness.sweep.worker import device_groups, load_worker_study
+from harness.studies.sweep import load_resolved
+from harness.studies.sweep.worker import device_groups, load_worker_study
 from tests.conftest import ROOT
 from tests.test_sweep import _sweep
 

@@ -9,10 +9,10 @@ import pytest
 
 from data_recipes.base import Example
 from harness.config import Experiment
-from harness.data import IGNORE_INDEX
-from harness.prepare import DataError, build_task_data, encode_task_data
-from harness.tokenizer import train_tokenizer
-from harness.vision_data import chat_messages
+from harness.data.encoding import IGNORE_INDEX
+from harness.runs.prepare import DataError, build_task_data, encode_task_data
+from harness.models.tokenizer import train_tokenizer
+from harness.data.images import chat_messages
 
 INSTRUCTION = "Answer yes or no."
 

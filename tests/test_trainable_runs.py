@@ -11,8 +11,8 @@ import yaml
 from safetensors.torch import load_file
 
 from harness.config import apply_overrides, validate_data
-from harness.runner import run_experiment
-from harness.store import read_metrics
+from harness.runs.runner import run_experiment
+from harness.core.store import read_metrics
 from tests.conftest import MICRO
 
 SHRINK = [
@@ -79,7 +79,7 @@ def test_gem_loss_runs_and_plain_ce_is_still_logged(tmp_path):
 
 def test_special_token_check_stops_a_stage_whose_new_rows_cannot_train(tmp_path, monkeypatch):
     """The seed's off-by-one: a row mask whose hook leaves the last added token (<|im_end|>, the EOS) frozen."""
-    import harness.adapters as adapters
+    import harness.training.adapters as adapters
 
     real = adapters._frozen_rows
 

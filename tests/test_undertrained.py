@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from harness.undertrained import candidate_token_ids, detect_undertrained, rate_with_interval, reference_unused_ids
+from harness.models.undertrained import candidate_token_ids, detect_undertrained, rate_with_interval, reference_unused_ids
 
 SPECIAL = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -18,7 +18,7 @@ def pretrained():
     tokens that never occur in that corpus (the known-unused reference rows)."""
     from data_recipes import build_world, corpus
     from harness.config import ModelSpec
-    from harness.pretrain import builtin_base
+    from harness.runs.pretrain import builtin_base
 
     docs = corpus(build_world(60, 0), 0)
     spec = ModelSpec(builtin="qwen2-tiny", config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -121,8 +121,8 @@ def test_false_flag_rate_on_trained_rows_and_detection_rate_on_planted_rows(pret
 
 def test_untied_output_row_checked_separately():
     from harness.config import ModelSpec
-    from harness.models import build_builtin
-    from harness.tokenizer import train_tokenizer
+    from harness.models.builtin import build_builtin
+    from harness.models.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer(["the cat sat on the mat", "a dog ran"] * 20, vocab_size=300, min_frequency=1)
     spec = ModelSpec(builtin="llama-tiny", config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -142,7 +142,7 @@ def test_untied_output_row_checked_separately():
 
 def test_row_fate_says_what_each_setting_does_with_the_flagged_rows():
     from harness.config.schema import TrainableSpec
-    from harness.undertrained import row_fate
+    from harness.models.undertrained import row_fate
 
     def lora(**fields):
         return TrainableSpec(mode="lora", **fields)

@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from harness.config import ModelSpec, load_experiment
-from harness.console import Console
-from harness.models import build_builtin, builtin_unused_token_ids
-from harness.runner import run_experiment
-from harness.tokenizer import ENDOFTEXT, IM_END, IM_START, PAD, SPECIAL_TOKENS, train_tokenizer
+from harness.runs.console import Console
+from harness.models.builtin import build_builtin, builtin_unused_token_ids
+from harness.runs.runner import run_experiment
+from harness.models.tokenizer import ENDOFTEXT, IM_END, IM_START, PAD, SPECIAL_TOKENS, train_tokenizer
 
 from .conftest import run_cli, write_yaml
 

@@ -10,12 +10,12 @@ import torch
 
 import data_recipes as dr
 from harness.config import validate_data
-from harness.data import IGNORE_INDEX, encode_examples
-from harness.pools import pool_report
+from harness.data.encoding import IGNORE_INDEX, encode_examples
+from harness.checks.pools import pool_report
 from harness.evaluation.image_use import derangement, image_use
-from harness.tokenizer import train_tokenizer
-from harness.vision import IMAGE_TOKEN, build_llava_tiny, load_image_text_model, model_part, parameters_by_part
-from harness.vision_data import collate_mixed, encode_image_examples, vision_supervised_logits
+from harness.models.tokenizer import train_tokenizer
+from harness.models.image_text import IMAGE_TOKEN, build_llava_tiny, load_image_text_model, model_part, parameters_by_part
+from harness.data.images import collate_mixed, encode_image_examples, vision_supervised_logits
 
 SMALL_TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)

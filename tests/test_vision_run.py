@@ -11,14 +11,14 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 import data_recipes as dr
-from harness.adapters import prepare_stage_model
+from harness.training.adapters import prepare_stage_model
 from harness.config import ConfigError, load_experiment
-from harness.runner import run_experiment
-from harness.sanity import run_sanity
-from harness.store import read_metrics
-from harness.tokenizer import train_tokenizer
-from harness.vision import build_llava_tiny, model_part
-from harness.vision_data import collate_mixed, encode_image_examples
+from harness.runs.runner import run_experiment
+from harness.checks.sanity import run_sanity
+from harness.core.store import read_metrics
+from harness.models.tokenizer import train_tokenizer
+from harness.models.image_text import build_llava_tiny, model_part
+from harness.data.images import collate_mixed, encode_image_examples
 from tests.conftest import write_yaml
 
 SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}

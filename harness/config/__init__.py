@@ -38,6 +38,7 @@ from harness.config.schema import (
     WandbSpec,
     WorldSpec,
     computing_debug,
+    task_seed,
 )
 from harness.config.yaml_io import dump_yaml, load_raw, safe_load
 
@@ -45,6 +46,6 @@ __all__ = [
     "EVAL_SPLITS", "ConfigError", "DataSpec", "DebugSpec", "EvalSpec", "Experiment", "InjectSpec", "LossSpec",
     "Mixture", "ModelSpec", "NonFiniteSpec", "OptimSpec", "PathError", "PretrainSpec", "ResolvedStage", "StageSpec",
     "Strict", "TaskSpec", "TokenizerSpec", "TrackingSpec", "TrainSpec", "TrainableSpec", "WandbSpec", "WorldSpec",
-    "apply_overrides", "computing_debug", "dump_yaml", "format_path", "load_experiment", "load_raw", "parse_mixture",
+    "apply_overrides", "computing_debug", "task_seed", "dump_yaml", "format_path", "load_experiment", "load_raw", "parse_mixture",
     "parse_path", "resolve_path", "safe_load", "semantic_errors", "set_path", "validate_data", "yaml_errors",
 ]

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Union
 from pydantic import BaseModel, Tag, ValidationError
 
 from harness.config.paths import format_path
-from harness.registry import suggest
+from harness.core.registry import suggest
 
 _UNION_TYPES = (Union, types.UnionType)  # ``Optional[X]`` and ``X | None``
 

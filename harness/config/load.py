@@ -21,9 +21,7 @@ from harness.config.mixture import parse_mixture
 from harness.config.paths import PathError, parse_path, resolve_path, set_path
 from harness.config.schema import Experiment
 from harness.config.yaml_io import load_raw, safe_load
-from harness.evaluation import EVALUATORS, PROBES
-from harness.models import check_model_spec
-from harness.registry import UnknownNameError, suggest
+from harness.core.registry import EVALUATORS, MODEL_CHECKS, PROBES, UnknownNameError, suggest
 
 Errors = list[tuple[str, str]]
 
@@ -42,6 +40,11 @@ def _recipe_errors(exp: Experiment) -> Errors:
         except ValidationError as e:
             errors += [(f"tasks.{name}.params" + ("." + p if p else ""), m) for p, m in yaml_errors(e, recipe.Params)]
     return errors
+
+
+def _model_errors(exp: Experiment) -> Errors:
+    """The ``model`` section's checks that need the model layer (registered in :data:`MODEL_CHECKS`)."""
+    return [error for name in MODEL_CHECKS.names() for error in MODEL_CHECKS.get(name)(exp.model)]
 
 
 def _component_errors(exp: Experiment) -> Errors:
@@ -117,7 +120,7 @@ def _parallel_errors(exp: Experiment) -> Errors:
 
 def semantic_errors(exp: Experiment) -> Errors:
     """The second pass: checks that need the whole file and the registries, in the file's order of sections."""
-    return (_recipe_errors(exp) + check_model_spec(exp.model) + _component_errors(exp) + _stage_errors(exp)
+    return (_recipe_errors(exp) + _model_errors(exp) + _component_errors(exp) + _stage_errors(exp)
             + _parallel_errors(exp))
 
 

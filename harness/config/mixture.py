@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from harness.registry import suggest
+from harness.core.registry import suggest
 
 
 @dataclass(frozen=True)

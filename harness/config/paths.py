@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from harness.registry import suggest
+from harness.core.registry import suggest
 
 Parts = list[Any]  # str keys and int list indices
 

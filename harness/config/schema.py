@@ -9,6 +9,7 @@ evaluators) or the whole file live in :mod:`harness.config.load`, so the schema 
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 import re
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_serializer, model_validator
 
 from harness.config.mixture import Mixture, parse_mixture
-from harness.names import check_safe_name
+from harness.core.names import check_safe_name
 
 
 class Strict(BaseModel):
@@ -200,7 +201,7 @@ class TrainSpec(Strict):
         "ddp", description="With several ranks (--nproc / torchrun): ddp (DistributedDataParallel: every rank holds "
                            "the whole model and optimiser state) | fsdp (FSDP2 fully_shard per transformer block: the "
                            "trained weights, gradients and optimiser state sharded over ranks, one full copy kept "
-                           "for evaluation; harness/fsdp.py). Ignored in one process.")
+                           "for evaluation; harness/training/parallel/fsdp.py). Ignored in one process.")
     max_length: int = Field(256, ge=8, description="Longer examples are dropped (counted per task).")
     optim: OptimSpec = Field(default_factory=OptimSpec)
     log_every: int = Field(10, ge=1, description="Steps per training-metrics window.")
@@ -448,3 +449,13 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
         else:
             out[key] = value
     return out
+
+
+def task_seed(exp: Experiment, task: str) -> int:
+    """A task's data seed: its own, or one derived from the experiment's data seed (``data_seed``, else ``seed``)
+    and the task name."""
+    spec = exp.tasks[task]
+    if spec.seed is not None:
+        return spec.seed
+    base = exp.data_seed if exp.data_seed is not None else exp.seed
+    return int.from_bytes(hashlib.sha256(f"{base}/{task}".encode()).digest()[:4], "little")

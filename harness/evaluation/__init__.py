@@ -8,14 +8,16 @@ Registered components (``eval.evaluators`` / ``eval.probes`` in the experiment f
 
 Importing this package is light (no torch): the registries and the component descriptions live in
 :mod:`harness.evaluation.components`; the model work is in :mod:`harness.evaluation.passes`, imported on first use
-of :func:`run_evaluation`. :mod:`harness.evaluation.seesaw` is pure Python.
+of :func:`run_evaluation`. :mod:`harness.core.seesaw` is pure Python.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from harness.evaluation.components import EVAL_METRICS, EVALUATORS, PROBES, Component, EvalContext, ItemRecord
+from harness.evaluation.components import EVAL_METRICS, Component, EvalContext, ItemRecord
+
+from harness.core.registry import EVALUATORS, PROBES
 from harness.evaluation.hijack import hijack_token_ids
 from harness.evaluation.result import EvalResult
 

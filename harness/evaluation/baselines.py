@@ -14,7 +14,7 @@ report's dashed lines):
   open answers.
 
 :func:`task_baselines` gathers them; :func:`strongest_baselines` keeps, per metric, the highest — the one a final
-score must beat (:func:`harness.stats.above_rate_p`).
+score must beat (:func:`harness.core.stats.above_rate_p`).
 """
 
 from __future__ import annotations

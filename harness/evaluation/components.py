@@ -12,12 +12,13 @@ A component is a small object with three things (the plugin boundary):
 - ``tables(records, recipe, ctx)``: optional ``{table: [(token_string, count), ...]}`` for the same group;
 - ``item_values(records, recipe, ctx)``: optional ``{metric: [value per record]}`` — the per-item outcomes behind
   a metric (0/1 for the proportions in :data:`PROPORTION_METRICS`), which the paired seesaw test
-  (:func:`harness.evaluation.seesaw.paired_seesaw_events`) and the Wilson intervals need.
+  (:func:`harness.core.seesaw.paired_seesaw_events`) and the Wilson intervals need.
 
 Records (:class:`ItemRecord`) carry every per-item fact the passes produced. To add an evaluator, subclass
 :class:`Component` and register an instance: ``EVALUATORS.add("my_metric", MyMetric())``.
 
-This module imports no torch, so ``harness.config`` can validate names cheaply.
+This module imports no torch. It fills :data:`harness.core.registry.EVALUATORS` and ``PROBES``, which
+``harness.config`` reads to validate names (the registries name this module as their provider).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from harness.registry import Registry
+from harness.core.registry import EVALUATORS, PROBES
 
 NEED_GREEDY = "greedy"
 NEED_TEACHER_FORCED = "teacher_forced"
@@ -38,13 +39,6 @@ NEED_FIRST_LOGITS = "first_logits"
 #: ``loss``: on the ``train`` eval split that would collide with the training loss rows (``loss/train/<task>``).
 EVAL_LOSS_METRIC = "eval_loss"
 TOP1_TABLE_SIZE = 10
-
-#: Metrics that are a share of items (mean of a 0/1 outcome per item): stored with ``n`` and a Wilson interval, and
-#: tested with exact McNemar in the seesaw. Not ``ft_top1``: its "success" (the most common top-1 token) is picked
-#: after looking at the data, so a binomial interval around it would be too narrow.
-PROPORTION_METRICS = frozenset({"greedy", "answer_ok", "truncated", "mode_ok", "tf_first", "tf_exact", "ft_hijack",
-                                "ft_nonfinite"})
-
 
 @dataclass
 class EvalContext:
@@ -57,7 +51,7 @@ class EvalContext:
 
 @dataclass
 class ItemRecord:
-    """Everything measured on one :class:`harness.data.EvalItem`; fields stay ``None`` when not computed."""
+    """Everything measured on one :class:`harness.data.batches.EvalItem`; fields stay ``None`` when not computed."""
 
     item: Any
     # greedy decoding
@@ -248,9 +242,6 @@ class FirstToken(Component):
         names = {r.top1_id: r.top1_token for r in records}
         return [(i, names[i] or "", c) for i, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
-
-EVALUATORS: Registry[Component] = Registry("evaluator")
-PROBES: Registry[Component] = Registry("probe")
 
 EVALUATORS.add("greedy", Greedy())
 EVALUATORS.add("mode_ok", ModeOk())

@@ -13,12 +13,10 @@ import json
 import math
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from harness.core.metrics import BASELINE_PREFIX, SEESAW_TESTS_METRIC
+from harness.core.seesaw import SEESAW_METRICS, change_tests, paired_seesaw_events, seesaw_events
+from harness.core.store import Row
 from harness.evaluation.baselines import Baseline, strongest_baselines, task_baselines
-from harness.evaluation.seesaw import SEESAW_METRICS, change_tests, paired_seesaw_events, seesaw_events
-from harness.store import Row
-
-BASELINE_PREFIX = "baseline_"
-SEESAW_TESTS_METRIC = "seesaw_tests"  # run-level row: how many paired tests the run's seesaw made (text: the rule)
 
 
 def outcome_rows(samples: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -15,19 +15,25 @@ of the gold answer (end-of-turn token included). Metrics per group:
 Every proportion comes with its ``n`` and a 95 % Wilson interval; the gap with a paired t interval and the
 paired t-test's p-value (``scipy.stats``). Greedy decoding uses ``model.generate`` (which passes ``pixel_values``
 on the prefill only); the harness's own decoder in ``evaluation/runner.py`` takes no images.
+
+:class:`ImageEval` runs it on every image task and eval split at each evaluation of a run: ``greedy`` (accuracy with
+the real image, so image tasks sit next to text tasks in reports and seesaw detection) and the ``img_*`` rows, and
+one sample per item with its ``image_id``.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from harness.data import IGNORE_INDEX
-from harness.stats import wilson_interval
-from harness.vision_data import ImageEncoded, collate_mixed, encode_image_examples
+from harness.config import task_seed
+from harness.core.stats import wilson_interval
+from harness.data.encoding import IGNORE_INDEX
+from harness.data.images import ImageEncoded, collate_mixed, encode_image_examples
+from harness.models.image_text import processor_for
 
 CONDITIONS: tuple[str, ...] = ("real", "blank", "swapped")
 
@@ -45,7 +51,7 @@ class Proportion:
 
 
 def proportion(k: int, n: int) -> Proportion:
-    """``k / n`` with a 95 % Wilson interval (:func:`harness.stats.wilson_interval`)."""
+    """``k / n`` with a 95 % Wilson interval (:func:`harness.core.stats.wilson_interval`)."""
     if n == 0:
         return Proportion(0, 0, float("nan"), float("nan"))
     ci = wilson_interval(k, n)
@@ -223,3 +229,58 @@ def gold_loglik(model, processor, encoded: Sequence[ImageEncoded], batch_size: i
         picked = logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0]
         out += (picked * keep).sum(dim=1).tolist()
     return out
+
+
+IMAGE_MAX_NEW_TOKENS = 12  # image tasks' decoding budget when eval.max_new_tokens is null (auto)
+
+
+def image_tasks(data) -> list[str]:
+    return [name for name, recipe in data.recipes.items() if getattr(recipe, "has_images", False)]
+
+
+class ImageEval:
+    """The image tasks' evaluation: :func:`~harness.evaluation.image_use.image_use` per task and eval split."""
+
+    def __init__(self, exp, data, processor):
+        self.processor, self.recipes, self.drop_images = processor, data.recipes, exp.debug.drop_images
+        # null max_new_tokens (auto): image answers are a word or two; 12 lets an overlong one be seen ending
+        self.seed, self.batch_size = exp.seed, exp.eval.batch_size
+        self.max_new_tokens = exp.eval.max_new_tokens or IMAGE_MAX_NEW_TOKENS
+        self.examples: dict[tuple[str, str], list] = {}
+        for name in image_tasks(data):
+            splits = data.splits[name]
+            for split in exp.eval.splits:
+                if split == "train":  # the same fixed subsample as the text tasks' train split
+                    pool = splits["train"]
+                    rng = np.random.default_rng(task_seed(exp, name))
+                    chosen = sorted(rng.choice(len(pool), size=min(exp.tasks[name].eval, len(pool)), replace=False))
+                    self.examples[(name, split)] = [pool[i] for i in chosen]
+                elif splits[split]:
+                    self.examples[(name, split)] = splits[split]
+
+    def __call__(self, model) -> tuple[list[tuple], list[dict[str, Any]]]:
+        """``(metric rows, samples)``: rows as :meth:`~harness.evaluation.image_use.ImageUseStats.rows` gives
+        them (a proportion's with its n and Wilson interval)."""
+        rows, samples = [], []
+        for (task, split), examples in self.examples.items():
+            (stats,) = image_use(model, self.processor, examples, self.recipes, split, seed=self.seed,
+                                 batch_size=self.batch_size, max_new_tokens=self.max_new_tokens,
+                                 drop_images=self.drop_images)
+            rows += stats.rows()
+            recipe = self.recipes[task]
+            for index, (ex, item) in enumerate(zip(examples, stats.items)):
+                samples.append({"task": task, "split": split, "index": index, "prompt": ex.prompt,
+                                "gold": ex.answer, "pred": item["pred_real"],
+                                "correct": recipe.is_correct(item["pred_real"], ex.answer), **item})
+        return rows, samples
+
+
+def image_eval(exp, data, tokenizer) -> Optional[ImageEval]:
+    """The run's :class:`ImageEval`, or ``None`` when no task has images."""
+    if not image_tasks(data):
+        return None
+    processor = processor_for(tokenizer)
+    if processor is None:
+        raise ValueError("image tasks need an image-text model (model.builtin: llava-tiny or an image-text "
+                         "model.hf)")
+    return ImageEval(exp, data, processor)

@@ -29,17 +29,17 @@ from harness.evaluation.components import (
     NEED_GREEDY,
     NEED_TEACHER_FORCED,
     PROBES,
-    PROPORTION_METRICS,
     Component,
     EvalContext,
     ItemRecord,
 )
+from harness.core.metrics import PROPORTION_METRICS
 from harness.evaluation.hijack import hijack_token_ids
 from harness.evaluation.ranks import first_token_facts
 from harness.evaluation.lengths import default_max_new_tokens, stop_token_ids
 from harness.evaluation.result import EvalResult
 from harness.evaluation.sharding import Shard, computed_fields, merge_computed
-from harness.losses import IGNORE_INDEX
+from harness.data.encoding import IGNORE_INDEX
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -207,7 +207,7 @@ def _greedy_pass(model, io, records, tokenizer, spec, want_first: bool, names: _
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     stops = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
-    # null: what the longest gold answer needs plus a margin (harness.prepare rejects an explicit value below it).
+    # null: what the longest gold answer needs plus a margin (harness.runs.prepare rejects an explicit value below it).
     max_new = spec.max_new_tokens or default_max_new_tokens(r.item for r in records)
     order = sorted(range(len(records)), key=lambda i: len(records[i].item.prompt_ids))
     for chunk in _batches(order, spec.batch_size, part):
@@ -280,7 +280,7 @@ def _components(spec) -> list[Component]:
 
 def run_evaluation(model, tokenizer, items: list, recipes: dict[str, Any], spec,
                    hijack_ids: set[int] | None = None, shard: Shard | None = None) -> EvalResult:
-    """Evaluate ``model`` on ``items`` (:class:`harness.data.EvalItem`) with the evaluators and probes of ``spec``.
+    """Evaluate ``model`` on ``items`` (:class:`harness.data.batches.EvalItem`) with the evaluators and probes of ``spec``.
 
     ``recipes`` maps each task to its recipe (normaliser, ``is_correct``, ``mode_ok``). ``hijack_ids`` defaults to
     :func:`hijack_token_ids` of ``spec.hijack_words``. Only the passes the components need are run (see the module

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
-from harness.evaluation.components import PROPORTION_METRICS
+from harness.core.metrics import PROPORTION_METRICS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from harness.stats import Interval
+    from harness.core.stats import Interval
 
 
 @dataclass
@@ -51,7 +51,7 @@ class EvalResult:
     def interval(self, task: str, split: str, metric: str) -> Optional["Interval"]:
         """The 95 % Wilson interval (with ``n``) of a proportion metric from its per-item outcomes; None for other
         metrics or when no per-item values were kept."""
-        from harness.stats import wilson_interval  # scipy: imported on use, not with harness.evaluation
+        from harness.core.stats import wilson_interval  # scipy: imported on use, not with harness.evaluation
 
         values = self.item_values.get((task, split, metric))
         if metric not in PROPORTION_METRICS or values is None:
@@ -59,7 +59,7 @@ class EvalResult:
         return wilson_interval(int(sum(bool(v) for v in values)), len(values))
 
     def outcome_rows(self, step: int, stage: str) -> list[dict[str, Any]]:
-        """Rows for :func:`harness.evaluation.seesaw.change_tests` / ``paired_seesaw_events``: ``{step, stage,
+        """Rows for :func:`harness.core.seesaw.change_tests` / ``paired_seesaw_events``: ``{step, stage,
         task, split, metric, value, outcomes}`` per task × split × metric with per-item values."""
         return [{"step": step, "stage": stage, "task": task, "split": split, "metric": metric,
                  "value": sum(values) / len(values) if values else float("nan"), "outcomes": list(values)}

@@ -21,7 +21,7 @@ MODEL_FIELDS = ("pred_ids", "truncated", "tf_hits", "tf_nll", "gold_first_token"
 
 
 class Shard(Protocol):
-    """This rank's place among the ranks that evaluate together (:class:`harness.distributed.DataParallel`)."""
+    """This rank's place among the ranks that evaluate together (:class:`harness.training.parallel.ddp.DataParallel`)."""
 
     rank: int
     world: int

@@ -1,0 +1,432 @@
+"""The ``harness`` command line, twelve commands:
+
+- one experiment: ``validate``, ``run`` (``--resume`` a killed run), ``eval`` (a checkpoint alone), ``sanity``
+  (overfit and inputs-matter checks), ``inspect`` (one row per module), ``schema`` (the experiment JSON Schema);
+- sweeps: ``sweep`` (optuna workers on a shared storage), ``sweep-status``;
+- reproductions: ``repro`` (a published finding's arms × seeds → table and figure, experiments/repro/);
+- analysis: ``report`` (report.html for a run or a sweep), ``compare`` (per-task deltas between two runs);
+- ``cache ls | du | prune``: the stage cache (:mod:`harness.runs.stage_cache`).
+
+Exit codes: 0 success; 2 invalid input: experiment / sweep file (every error printed with its YAML path), a
+``--set`` value, task data, a run directory that is not empty or in use; 3 stopped by the non-finite guard; 4 a
+special token's row would not train; 5 the file system refused (permission, disk full); 1 anything else. Errors
+are one line, no traceback (``--debug`` anywhere on the line shows it): :mod:`harness.cli.errors`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Declarative multi-stage SFT experiments that make task-mixture interference measurable.")
+
+SetOption = typer.Option(None, "--set", help="Override a field: key.path=value (YAML value), repeatable.")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(message, err=True)
+    raise typer.Exit(code)
+
+
+def _load(file: Path, overrides: Optional[list[str]]):
+    from harness.config import ConfigError, load_experiment
+
+    try:
+        return load_experiment(file, overrides)
+    except ConfigError as e:
+        _fail(str(e))
+
+
+@app.command()
+def validate(file: Path = typer.Argument(..., help="Experiment YAML."), set_: Optional[list[str]] = SetOption):
+    """Check an experiment file and its task data; exit 2 listing every error by YAML path. Prints each eval pool's
+    size and the smallest change it can detect."""
+    from harness.checks.pools import pool_report
+    from harness.runs.prepare import DataError
+
+    exp = _load(file, set_)
+    stages = exp.resolved_stages()
+    try:
+        pools = pool_report(exp)
+    except (DataError, ValueError) as e:  # ValueError: an image-text model's processor that cannot render
+        _fail(f"{file}: {e}")
+    typer.echo(f"{file}: ok — {len(exp.tasks)} tasks, {len(stages)} stages "
+               f"({', '.join(f'{s.name}:{s.steps}' for s in stages)})")
+    typer.echo("\n".join(pools))
+
+
+@app.command()
+def run(
+    file: Path = typer.Argument(..., help="Experiment YAML."),
+    set_: Optional[list[str]] = SetOption,
+    out: Optional[Path] = typer.Option(None, "--out", help="The run directory, claimed for this run: refused when "
+                                       "not empty or in use (default runs/<name>/<time>-<random>)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the killed run in this directory."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Data-parallel ranks on this machine (through torchrun; "
+                                                        "batch_size stays the global batch)."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds: one replicate per seed under "
+                                        "<run dir>/seed-<s>/ (overrides the file's seeds)."),
+    jobs: int = typer.Option(1, "--jobs", min=1, help="Replicates run at once (subprocesses) with --seeds."),
+    force: bool = typer.Option(False, "--force", help="Start over in a non-empty --out (its earlier run's outputs "
+                                                     "are deleted)."),
+):
+    """Train and evaluate an experiment (exit 3 when the non-finite guard stops it)."""
+    import os
+
+    from harness.runs import ranks
+    from harness.training.parallel import ParallelError
+    from harness.training.adapters import SpecialTokenGradientError
+    from harness.training.checkpoint import WorldSizeError, check_resume_world
+    from harness.config import ConfigError
+    from harness.training.guard import NonFiniteError
+    from harness.runs.prepare import DataError
+    from harness.studies.replicates import SeedsError, parse_seeds, run_group
+    from harness.runs.runner import default_run_dir, run_experiment
+
+    exp = _load(file, set_)
+    if resume and out and out != resume:
+        _fail("--resume names the run directory; drop --out or give the same directory")
+    if resume and force:
+        _fail("--resume continues the run in the directory, --force starts over in it: give one")
+    if resume:
+        try:  # the ranks check again (a torchrun by hand); here it fails before any rank starts
+            check_resume_world(resume, int(os.environ["WORLD_SIZE"]) if ranks.launched_by_torchrun() else nproc)
+        except WorldSizeError as e:
+            _fail(str(e))
+    try:
+        seed_list = parse_seeds(seeds) if seeds is not None else exp.seeds
+    except SeedsError as e:
+        _fail(str(e))
+    if jobs > 1 and not seed_list:
+        _fail("--jobs runs seed replicates at once: give --seeds (or seeds: in the file)")
+    if seed_list and resume:
+        _fail("--resume continues one run: give a replicate's directory (<group>/seed-<s>) without --seeds")
+    if seed_list and nproc > 1:
+        _fail("--seeds with --nproc is not supported yet: run each seed with --set seed=<s> --nproc N")
+    run_dir = resume or out or default_run_dir(exp)
+    if nproc > 1 and not ranks.launched_by_torchrun():
+        argv = [a for a in sys.argv[1:]] + ([] if out or resume else ["--out", str(run_dir)])  # one dir for all
+        raise typer.Exit(ranks.launch(nproc, argv))
+    session = ranks.rank_session(exp, run_dir, resume=resume is not None) \
+        if ranks.launched_by_torchrun() else None
+    try:
+        if seed_list:
+            command = ["run", str(file), *(arg for value in set_ or [] for arg in ("--set", value))]
+            codes = run_group(exp, run_dir, seed_list, jobs=jobs, command=command, echo=typer.echo)
+            failed = {s: c for s, c in codes.items() if c}
+            if failed:
+                _fail(f"replicates failed: {failed} (see {run_dir}/seed-<s>.log)", next(iter(failed.values())))
+        else:
+            with session or contextlib.nullcontext((exp, run_dir)) as (exp, run_dir):
+                run_experiment(exp, run_dir, resume=resume is not None, force=force)
+    except (DataError, ConfigError, ParallelError) as e:
+        _fail(f"{file}: {e}")
+    except WorldSizeError as e:
+        _fail(str(e))
+    except NonFiniteError as e:
+        _fail(f"training stopped: {e}\nreport: {run_dir / 'nonfinite.json'}", code=3)
+    except SpecialTokenGradientError as e:
+        _fail(f"training stopped before the first update: {e}", code=4)
+
+
+@app.command("eval")
+def eval_(
+    checkpoint: Path = typer.Argument(..., help="A checkpoint directory (e.g. RUN/checkpoints/<stage>)."),
+    experiment: Path = typer.Option(..., "--experiment", help="Experiment YAML: tasks, eval settings, tracking."),
+    set_: Optional[list[str]] = SetOption,
+    out: Optional[Path] = typer.Option(None, "--out", help="Output directory; a non-empty one (a run) gets a new "
+                                       "eval-<time>-<random> subdirectory (default runs/<name>/eval-<time>-<random>)."),
+):
+    """Evaluate a saved checkpoint alone, with the experiment's evaluators, probes and outputs."""
+    from harness.config import ConfigError
+    from harness.runs.prepare import DataError
+    from harness.runs.runner import eval_output_dir, evaluate_checkpoint
+
+    exp = _load(experiment, set_)
+    run_dir = eval_output_dir(out, exp)
+    try:
+        evaluate_checkpoint(exp, checkpoint, run_dir)
+    except (DataError, ConfigError) as e:
+        _fail(str(e))
+    typer.echo(f"evaluation → {run_dir}")
+
+
+@app.command()
+def sanity(
+    file: Path = typer.Argument(..., help="Experiment YAML."),
+    set_: Optional[list[str]] = SetOption,
+    n: int = typer.Option(128, "--n", help="Examples the overfit check trains on."),
+    threshold: float = typer.Option(0.95, help="tf_exact the overfit check must reach."),
+    max_steps: int = typer.Option(500, help="Step budget of the overfit check."),
+    checkpoint: Optional[Path] = typer.Option(None, help="Run the inputs-matter check on this checkpoint."),
+    image_threshold: float = typer.Option(0.2, help="img_dependence the images-matter check needs (image tasks)."),
+):
+    """Overfit n examples, then check that predictions depend on the prompt (and, for image tasks, on the image).
+    Exit 0 only if every check passes."""
+    from harness.runs.console import Console
+    from harness.checks.sanity import run_sanity
+
+    exp = _load(file, set_)
+    results = run_sanity(exp, n, threshold, max_steps, str(checkpoint) if checkpoint else None, Console(),
+                         image_threshold)
+    for result in results:
+        typer.echo(result.line())
+    raise typer.Exit(0 if all(r.passed for r in results) else 1)
+
+
+@app.command()
+def schema():
+    """Print the experiment JSON Schema (for editor completion and checking)."""
+    from harness.config import Experiment
+
+    typer.echo(json.dumps(Experiment.model_json_schema(), indent=2))
+
+
+# -- sweeps (harness/studies/sweep/) ------------------------------------------------------------------------------------
+
+
+@app.command()
+def sweep(
+    file: Path = typer.Argument(..., help="Sweep YAML (experiments/sweeps/*.yaml)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Worker processes on this machine."),
+    out: Optional[Path] = typer.Option(None, "--out", help="The sweep directory (default runs/sweeps/<study>)."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a field of the sweep file: key.path=value "
+                                             "(space.<path>=… and overrides.<path>=… keep <path> whole)."),
+    worker_offset: int = typer.Option(0, "--worker-offset", help="First worker index (sampler seed = study.seed + "
+                                      "index): give each machine its own range."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="Devices to deal among the workers, e.g. 0,1,2,3 "
+                                       "(each worker's CUDA_VISIBLE_DEVICES: equal consecutive groups)."),
+):
+    """Run an optuna sweep: N workers on one shared storage, until the study's trial budget is used."""
+    from harness.config import ConfigError
+    from harness.core.redact import mask_url
+    from harness.studies.sweep import load_sweep
+    from harness.studies.sweep.results import status_text
+    from harness.studies.sweep.worker import load_worker_study, run_sweep, stop_on_sigterm
+
+    stop_on_sigterm()  # SIGTERM stops the workers as Ctrl-C does (they would otherwise run on alone)
+    try:
+        spec = load_sweep(file, set_)
+        sweep_dir = out or Path("runs") / "sweeps" / spec.name
+        typer.echo(f"sweep {spec.name} → {sweep_dir} (storage {mask_url(spec.storage_url(sweep_dir))})")
+        result = run_sweep(spec, sweep_dir, workers=workers, worker_offset=worker_offset, echo=typer.echo,
+                           gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else None)
+    except ConfigError as e:
+        _fail(str(e))
+    typer.echo(status_text(load_worker_study(spec, sweep_dir, worker_offset), spec))
+    typer.echo(f"trials: {sweep_dir / 'trials.parquet'}")
+    if not result["budget_done"] and not spec.spec.study.timeout:
+        _fail("the workers stopped before the trial budget was used (see the worker logs)", 1)
+
+
+@app.command("sweep-status")
+def sweep_status(
+    sweep_dir: Path = typer.Argument(..., help="A sweep directory (holding sweep.resolved.yaml)."),
+    top: int = typer.Option(5, "--top", help="Best trials shown."),
+):
+    """Best trials (or the Pareto front) and parameter importances; rewrites trials.parquet from the storage."""
+    from harness.config import ConfigError
+    from harness.studies.sweep import RESOLVED_NAME, load_resolved
+    from harness.studies.sweep.results import status_text, write_trials
+    from harness.studies.sweep.worker import load_worker_study
+
+    if not (sweep_dir / RESOLVED_NAME).is_file():
+        _fail(f"{sweep_dir}: no {RESOLVED_NAME} here; give the directory of a sweep (harness sweep --out)")
+    try:
+        spec = load_resolved(sweep_dir)
+    except ConfigError as e:
+        _fail(str(e))
+    study = load_worker_study(spec, sweep_dir, 0)
+    write_trials(study, spec, sweep_dir)
+    typer.echo(status_text(study, spec, top=top))
+
+
+@app.command()
+def repro(
+    name: Optional[str] = typer.Argument(None, help="A reproduction under experiments/repro/ (or its directory)."),
+    scale: float = typer.Option(1.0, "--scale", min=0.0, help="Multiply the reproduction's size fields (steps)."),
+    seeds: str = typer.Option("0,1,2", "--seeds", help="Comma-separated seeds, one run per arm each."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default runs/repro/NAME)."),
+    arms: Optional[str] = typer.Option(None, "--arms", help="Comma-separated arms to run (default all)."),
+    micro: bool = typer.Option(False, "--micro", help="The micro size of the reproduction (seconds; tests)."),
+    jobs: int = typer.Option(1, "--jobs", min=1, help="Runs at once, each in its own process (torch threads "
+                                                      "split between them unless OMP_NUM_THREADS is set)."),
+    list_: bool = typer.Option(False, "--list", help="List the reproductions and exit."),
+):
+    """Run a published finding's arms for several seeds; write NAME.md (table with intervals) and NAME.png."""
+    from harness.training.adapters import SpecialTokenGradientError
+    from harness.config import ConfigError
+    from harness.training.guard import NonFiniteError
+    from harness.studies.repro.plan import available, load_repro, parse_seeds, run_repro
+    from harness.studies.repro.report import write_outputs
+
+    if not list_ and not name:
+        _fail("harness repro: give a NAME (harness repro --list shows them)")
+    try:
+        if list_:
+            for known in available():
+                typer.echo(f"{known:<24} {load_repro(known).spec.title}")
+            return
+        spec = load_repro(name)
+        seed_list = parse_seeds(seeds)
+        out_dir = out or Path("runs") / "repro" / spec.name
+        outcomes = run_repro(spec, seed_list, out_dir, scale, micro, arms.split(",") if arms else None, typer.echo,
+                             jobs=jobs)
+    except (ConfigError, ValueError) as e:
+        _fail(f"harness repro: {e}")
+    except NonFiniteError as e:  # the exit codes of harness run
+        _fail(f"harness repro: training stopped: {e}", code=3)
+    except SpecialTokenGradientError as e:
+        _fail(f"harness repro: training stopped before the first update: {e}", code=4)
+    command = " ".join(["harness repro", spec.name, f"--seeds {seeds}"] + ([f"--scale {scale:g}"] if scale != 1 else [])
+                       + (["--micro"] if micro else []))
+    typer.echo(f"table → {write_outputs(spec, outcomes, out_dir, command)}")
+
+
+# ---- analysis: report and compare (the analysis package) ------------------------------------------------------
+
+
+@app.command()
+def report(
+    path: Path = typer.Argument(..., help="A run directory (metrics.parquet), a sweep directory (trials.parquet) or a "
+                                          "seed group (group.json, from run --seeds)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where report.html and the PNGs go (default PATH/report)."),
+    metric: Optional[str] = typer.Option(None, "--metric", help="The metric the report is about (default greedy; "
+                                                                "for a sweep, its objective's metric)."),
+    split: Optional[str] = typer.Option(None, "--split", help="Sweeps: the split the interference fit reads "
+                                                              "(default the objective's, else heldout)."),
+    delta: Optional[float] = typer.Option(None, "--delta", help="Runs: the seesaw threshold (default the run's "
+                                                                "eval.seesaw_delta)."),
+):
+    """Write report.html (self-contained, PNGs embedded and written beside it) for a run or a sweep."""
+    from analysis.loading import AnalysisError, is_sweep_dir
+    from analysis.report import write_report
+
+    if is_sweep_dir(path):
+        options = {"metric": metric, "split": split}
+    else:
+        options = {"delta": delta, **({"metric": metric} if metric else {})}
+    try:
+        html_path = write_report(path, out, **options)
+    except AnalysisError as e:
+        _fail(f"harness report: {e}")
+    typer.echo(f"report → {html_path}")
+
+
+@app.command()
+def compare(
+    run_a: Path = typer.Argument(..., help="Run directory A."),
+    run_b: Path = typer.Argument(..., help="Run directory B (deltas are B − A)."),
+    metric: Optional[list[str]] = typer.Option(None, "--metric", help="Metric(s) to compare, repeatable "
+                                                                       "(default greedy, mode_ok, tf_first, "
+                                                                       "ft_rank_median, ft_hijack)."),
+    split: Optional[list[str]] = typer.Option(None, "--split", help="Split(s), repeatable (default all)."),
+):
+    """Print per-task deltas at each stage end between two runs."""
+    from analysis.frames import COMPARE_METRICS, compare as compare_runs, format_compare
+    from analysis.loading import AnalysisError, load_run
+
+    try:
+        a, b = load_run(run_a), load_run(run_b)
+        deltas = compare_runs(a, b, metric or COMPARE_METRICS, split or None)
+    except AnalysisError as e:
+        _fail(f"harness compare: {e}")
+    typer.echo(format_compare(deltas, f"{run_a} ({a['run_id'][0]})", f"{run_b} ({b['run_id'][0]})"), nl=False)
+
+
+@app.command("inspect")
+def inspect_command(
+    target: Path = typer.Argument(..., help="Experiment YAML, or a checkpoint directory (HF format)."),
+    set_: Optional[list[str]] = SetOption,
+    stage: Optional[str] = typer.Option(None, "--stage", help="Stage whose trainable set to apply (default: first)."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of module rows instead of a table."),
+    tokens: bool = typer.Option(False, "--tokens", help="List the special-token rows instead: norms, under-trained "
+                                                        "or not, and why (the base model as the run loads it)."),
+):
+    """One row per module: name, type, parameters, trainable, output shape and dtype on a sample batch."""
+    from harness.config import ConfigError
+    from harness.checks.inspection import inspect_target, inspect_tokens, render, render_tokens
+    from harness.runs.prepare import DataError
+
+    if not target.exists():
+        _fail(f"{target}: no such file or directory")
+    try:
+        result = inspect_tokens(target, set_) if tokens else inspect_target(target, set_, stage)
+    except ConfigError as e:
+        _fail(str(e))
+    except (ValueError, DataError) as e:
+        _fail(f"{target}: {e}")
+    if tokens:
+        if as_json:
+            typer.echo(json.dumps([r.as_dict() for r in result.reports], indent=1))
+        else:
+            render_tokens(result)
+        return
+    if as_json:
+        typer.echo(json.dumps(result.rows, indent=1))
+    else:
+        render(result)
+
+
+# ---- the stage cache ($HARNESS_CACHE/stages, harness.runs.stage_cache) ---------------------------------------------
+
+cache_app = typer.Typer(no_args_is_help=True, help="The stage cache under $HARNESS_CACHE/stages: ls, du, prune.")
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("ls")
+def cache_ls():
+    """Every entry, least recently used first: key, size, last use, experiment/stage."""
+    from datetime import datetime
+
+    from harness.runs.cache_housekeeping import human_size, list_entries
+    from harness.runs.stage_cache import stages_root
+
+    for e in list_entries(stages_root()):
+        used = datetime.fromtimestamp(e.last_used).strftime("%Y-%m-%d %H:%M")
+        typer.echo(f"{e.path.name[:16]}  {human_size(e.size):>9}  {used}  {e.label}")
+
+
+@cache_app.command("du")
+def cache_du():
+    """Entries and total size of the stage cache."""
+    from harness.runs.cache_housekeeping import human_size, list_entries
+    from harness.runs.stage_cache import stages_root
+
+    entries = list_entries(stages_root())
+    typer.echo(f"{stages_root()}: {len(entries)} entries, {human_size(sum(e.size for e in entries))}")
+
+
+@cache_app.command("prune")
+def cache_prune(
+    older_than: Optional[str] = typer.Option(None, "--older-than", help="Remove entries unused this long (7d, 12h)."),
+    max_size: Optional[str] = typer.Option(None, "--max-size", help="Then remove the least recently used until the "
+                                                                    "cache is at most this big (20GB)."),
+):
+    """Remove old entries, corrupt ones, and the least recently used beyond a size (exit 2 on a bad value)."""
+    from harness.runs.cache_housekeeping import human_size, parse_age, parse_size, prune
+    from harness.runs.stage_cache import stages_root
+
+    try:
+        age = parse_age(older_than) if older_than else None
+        size = parse_size(max_size) if max_size else None
+    except ValueError as e:
+        _fail(f"harness cache prune: {e}")
+    removed = prune(stages_root(), age, size)
+    typer.echo(f"removed {len(removed)} entries ({human_size(sum(e.size for e in removed))})")
+
+
+def main() -> None:
+    from harness.cli.errors import run_cli
+
+    run_cli(lambda: app(prog_name="harness"))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Encoding image examples for image-text models, and collating batches that mix image and text-only rows.
+
+An example with an ``image`` (see :class:`data_recipes.base.Example`) is rendered with the processor's chat
+template, the image placed as an ``{"type": "image"}`` part before the first user turn's text; the processor
+expands the placeholder into one image token per patch and turns the image into ``pixel_values``. Labels are
+completion-only, as in :mod:`harness.data.batches`: a token is supervised when it overlaps an assistant turn's characters
+(found with :func:`harness.data.batches.assistant_spans` on the unexpanded text, then shifted by the expansion, which
+happens before every assistant turn), and image-token positions are never supervised. Text-only examples go
+through the same processor with no image and encode exactly as :func:`harness.data.batches.encode_examples` would.
+
+Batches: :func:`collate_mixed` right-pads like :func:`harness.data.batches.collate` and stacks ``pixel_values`` of the rows
+that have an image, in row order — LLaVA-style models scatter image features into the image-token positions in
+row-major order, so text-only rows simply have no image tokens and take no pixel values. ``drop_images=True``
+replaces every image's pixels by zeros while keeping the image tokens: the vision tower and projector stay in the
+graph (a projector-only stage still trains) but every image looks the same, which reproduces the seed's "trained
+for days without its images" bug on purpose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from harness.data.batches import Batch, collate
+from harness.data.encoding import IGNORE_INDEX, Encoded, assistant_spans
+
+
+@dataclass(frozen=True)
+class ImageEncoded(Encoded):
+    """An :class:`~harness.data.batches.Encoded` example plus its image (``None`` for text-only examples)."""
+
+    pixel_values: np.ndarray | None = None  # float32 [3, H, W], the processor's output
+    image_id: str | None = None
+    prompt_length: int = 0  # tokens before the last assistant turn's content: the evaluation prompt
+
+    @property
+    def has_image(self) -> bool:
+        return self.pixel_values is not None
+
+
+def chat_messages(messages: Sequence[dict[str, str]], with_image: bool) -> list[dict[str, Any]]:
+    """Messages in the processors' structured form; the image (if any) leads the first user turn (after a system
+    turn, when the task has one)."""
+    first = 1 if messages and messages[0]["role"] == "system" else 0
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        parts: list[dict[str, Any]] = [{"type": "text", "text": message["content"]}]
+        if with_image and i == first:
+            if message["role"] != "user":
+                raise ValueError("an image example must start with a user turn (after an optional system turn)")
+            parts.insert(0, {"type": "image"})
+        out.append({"role": message["role"], "content": parts})
+    return out
+
+
+def encode_image_examples(processor, examples: Sequence[Any], images: Sequence[Any] | None = None
+                          ) -> list[ImageEncoded]:
+    """Encode examples with completion-only labels; ``images`` replaces each example's image (the probe's blank
+    and swapped conditions), ``None`` entries meaning "no image". Examples without images encode as text."""
+    images = [ex.image for ex in examples] if images is None else list(images)
+    if len(images) != len(examples):
+        raise ValueError("one image (or None) per example")
+    out: list[ImageEncoded | None] = [None] * len(examples)
+    for with_image in (True, False):  # one processor call per kind: a batch call needs one image per placeholder
+        rows = [i for i, image in enumerate(images) if (image is not None) == with_image]
+        if rows:
+            for i, encoded in zip(rows, _encode_group(processor, [examples[i] for i in rows],
+                                                      [images[i] for i in rows] if with_image else None)):
+                out[i] = encoded
+    return out  # type: ignore[return-value]
+
+
+def _encode_group(processor, examples: Sequence[Any], images: Sequence[Any] | None) -> list[ImageEncoded]:
+    with_image = images is not None
+    rendered = [assistant_spans(processor, chat_messages(ex.messages, with_image)) for ex in examples]
+    kwargs: dict[str, Any] = dict(images=list(images)) if with_image else {}
+    batch = processor(text=[text for text, _ in rendered], return_offsets_mapping=True, padding=False, **kwargs)
+    image_id = _image_token_id(processor)
+    out = []
+    for row, (ex, (text, spans)) in enumerate(zip(examples, rendered)):
+        ids = np.asarray(batch["input_ids"][row], dtype=np.int64)
+        offsets = np.asarray(batch["offset_mapping"][row])
+        # The expansion (one placeholder → one token per patch) happens before the first assistant turn, so the
+        # rendered text's tail is unchanged and every span moves by the same number of characters.
+        placeholder = text.rfind(processor.image_token) if with_image else -1
+        if spans and placeholder >= spans[0][0]:
+            raise ValueError(f"task {ex.task!r}: the image placeholder follows an assistant turn")
+        shift = int(offsets[:, 1].max()) - len(text)
+        labels = np.full_like(ids, IGNORE_INDEX)
+        for t, (s, e) in enumerate(offsets):
+            if e > s and any(s < end + shift and e > start + shift for start, end in spans):
+                labels[t] = ids[t]
+        labels[ids == image_id] = IGNORE_INDEX  # never supervise an image position, whatever the template does
+        last_start = spans[-1][0] + shift
+        prompt_length = int((offsets[:, 0] < last_start).sum())
+        if prompt_length and offsets[prompt_length - 1, 1] > last_start:
+            raise ValueError(f"task {ex.task!r}: a token straddles the prompt and the answer; cannot split them")
+        pixels = np.asarray(batch["pixel_values"][row], dtype=np.float32) if with_image else None
+        out.append(ImageEncoded(ex.task, ids, np.concatenate([labels[1:], [IGNORE_INDEX]]), pixels,
+                                ex.meta.get("image_id") if with_image else None, prompt_length))
+    return out
+
+
+def _image_token_id(processor) -> int:
+    token_id = getattr(processor, "image_token_id", None)
+    return int(token_id if token_id is not None else processor.tokenizer.convert_tokens_to_ids(processor.image_token))
+
+
+@dataclass
+class VisionBatch(Batch):
+    """A :class:`~harness.data.batches.Batch` plus the stacked images of its image rows (``None`` when there are none)."""
+
+    pixel_values: Any = None  # FloatTensor [n_images, 3, H, W], rows with an image in row order
+    image_rows: tuple[int, ...] = ()
+
+    def to(self, device) -> "VisionBatch":
+        moved = super().to(device)
+        if moved is self:
+            return self
+        pixels = None if self.pixel_values is None else self.pixel_values.to(device)
+        return VisionBatch(moved.input_ids, moved.attention_mask, moved.labels, moved.tasks, moved.n_real_tokens,
+                           moved.n_padded_tokens, moved.supervised, pixels, self.image_rows)
+
+
+def collate_mixed(examples: Sequence[Encoded], pad_id: int, drop_images: bool = False) -> VisionBatch:
+    """Right-pad a batch that may mix image and text-only rows (see the module docstring for ``drop_images``)."""
+    import torch
+
+    base = collate(list(examples), pad_id)
+    rows = tuple(i for i, e in enumerate(examples) if getattr(e, "pixel_values", None) is not None)
+    pixels = None
+    if rows:
+        pixels = torch.from_numpy(np.stack([examples[i].pixel_values for i in rows]))
+        if drop_images:
+            pixels = torch.zeros_like(pixels)
+    return VisionBatch(base.input_ids, base.attention_mask, base.labels, base.tasks, base.n_real_tokens,
+                       base.n_padded_tokens, base.supervised, pixels, rows)
+
+
+def vision_supervised_logits(model, batch: VisionBatch, selected=None):
+    """Logits ``[N, V]`` at the flat ``selected`` positions (default: the supervised ones), images included.
+
+    The image-aware counterpart of ``harness.training.loop.supervised_logits``: a plain ``model(input_ids, attention_mask)``
+    on an LLaVA model silently drops the images (the placeholder embedding stands in for them), so the training
+    forward must pass ``pixel_values``. The LM head is applied to the selected positions only when the model
+    exposes its body as ``model.model`` (LLaVA-style); otherwise the full logits are computed and gathered.
+    """
+    selected = batch.supervised if selected is None else selected
+    pixels = batch.pixel_values
+    if pixels is not None:
+        pixels = pixels.to(next(model.parameters()).dtype)
+    inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, pixel_values=pixels)
+    body, head = getattr(model, "model", None), model.get_output_embeddings()
+    if body is not None and head is not None and type(model).__name__.startswith("Llava"):
+        hidden = body(**inputs).last_hidden_state
+        return head(hidden.flatten(0, 1).index_select(0, selected))
+    return model(**inputs).logits.flatten(0, 1).index_select(0, selected)

@@ -1,0 +1,341 @@
+"""The pipeline steps before training, shared by runs, the sanity checks, ``harness inspect``, sweep workers and the
+benches: task data from the recipes, the base model, the encoded pools and eval items, and each stage's plan
+(its batches and effective composition). Every data error surfaces here as a :class:`DataError`, before any
+training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+import transformers
+from jinja2.exceptions import TemplateError
+
+from data_recipes import build_world, corpus, get_recipe
+
+from harness.config import Experiment, ResolvedStage, task_seed
+from harness.data.batches import collate, length_grouped_batches
+from harness.data.encoding import encode_examples, eval_items, fit_eval_items
+from harness.data.stream import mixture_stream
+from harness.evaluation.lengths import default_max_new_tokens, needed_new_tokens, too_short_errors
+from harness.models.builtin import builtin_added_token_ids
+from harness.models.hf import load_hf
+from harness.runs.pretrain import builtin_base, content_hash
+from harness.data.special_text import apply_special_token_policy
+from harness.data.images import collate_mixed, encode_image_examples
+from harness.runs.images import load_vision_base
+from harness.models.image_text import is_image_model, processor_for
+
+
+class DataError(Exception):
+    """Bad task data found before training (empty pool, unreadable file…); the message names the task."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Task data and the base model
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TaskData:
+    recipes: dict[str, Any]  # task -> Recipe instance
+    splits: dict[str, dict[str, list]]  # task -> split -> [Example]
+    corpus: list[str]
+
+
+def build_task_data(exp: Experiment) -> TaskData:
+    """Every task's splits from its recipe (over the shared world when the recipe needs one) and the world corpus."""
+    world = build_world(exp.world.people, exp.world.seed)
+    recipes, splits = {}, {}
+    for name, spec in exp.tasks.items():
+        cls = get_recipe(spec.recipe)
+        recipe = cls(cls.Params.model_validate(spec.params), world if cls.needs_world else None)
+        try:
+            splits[name] = recipe.build(name, spec.train, spec.eval, task_seed(exp, name))
+        except (ValueError, OSError) as e:
+            raise DataError(f"tasks.{name} (recipe {spec.recipe}): {e}") from None
+        if spec.system is not None:
+            splits[name] = with_system(name, splits[name], spec.system)
+        recipes[name] = recipe
+    return TaskData(recipes, splits, corpus(world, exp.world.seed, docs_per_person=exp.world.docs_per_person,
+                                            permute=exp.world.permute))
+
+
+def with_system(task: str, splits: dict[str, list], text: str) -> dict[str, list]:
+    """Every split's examples with the task's system turn first (``tasks.<task>.system``)."""
+    try:
+        return {split: [ex.with_system(text) for ex in examples] for split, examples in splits.items()}
+    except ValueError:
+        raise DataError(f"tasks.{task}.system: the recipe's examples already carry a system turn (a data file's "
+                        "system column?); set one or the other") from None
+
+
+def after_progress(on_progress: Optional[Callable[[], None]],
+                   then: Optional[Callable[..., Any]]) -> Optional[Callable]:
+    """``then`` (an ``on_evaluation`` or a progress bar's ``advance``) preceded by ``on_progress()`` (a sweep
+    trial's heartbeat); ``then`` itself when there is no ``on_progress``."""
+    if on_progress is None:
+        return then
+
+    def call(*args: Any) -> Any:
+        on_progress()
+        return then(*args) if then is not None else None
+
+    return call
+
+
+def load_base(exp: Experiment, data: TaskData, console=None,
+              on_progress: Optional[Callable[[], None]] = None) -> tuple[Any, Any, list[int], dict[str, Any]]:
+    """The base model (on the GPU when there is one) and tokenizer — a hub/local model, or a builtin one,
+    pretrained and cached — the ids of the tokens the harness added to it, and facts about where it came from.
+    ``on_progress()`` is called after every pretraining step."""
+    transformers.utils.logging.disable_progress_bar()  # our own bars are enough
+    if is_image_model(exp.model):
+        model, tokenizer, added, info = load_vision_base(exp, data, console)
+    elif exp.model.hf:
+        model, tokenizer, added = load_hf(exp.model, return_added=True)
+        info: dict[str, Any] = {"source": exp.model.hf}
+    else:
+        all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
+        factory = console.progress_factory() if console is not None else None
+
+        def pulsing(name: str, total: int):  # a trial pretraining its own base must not look hung
+            return after_progress(on_progress, factory(name, total) if factory is not None else None)
+
+        progress = pulsing if on_progress is not None else factory
+        model, tokenizer, base = builtin_base(exp.model, data.corpus, all_train, exp.seed, progress)
+        added = builtin_added_token_ids(tokenizer)
+        if exp.model.pretrain is not None and console is not None:
+            console.info("base model: " + ("cache hit" if base.cache_hit else f"pretrained (loss {base.final_loss:.3f})")
+                         + f" ({base.cache_dir})")
+        info = {"source": exp.model.builtin, "cache_hit": base.cache_hit,
+                "cache_dir": str(base.cache_dir) if base.cache_dir else None, "pretrain_final_loss": base.final_loss}
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    return model, tokenizer, added, info
+
+
+def undertrained_tokens(exp: Experiment, data: TaskData, model, tokenizer) -> Optional[list]:
+    """The under-trained check of the base model's special-token rows (:func:`harness.models.undertrained
+    .detect_undertrained`), one report per special / chat-template token; ``None`` for a builtin without
+    ``pretrain`` (every row is at its initialisation: nothing to tell apart). A builtin's known-unused reference
+    rows are the ids its pretraining corpus never contains; a hub / local model's are the rows past its vocabulary
+    and its reserved tokens."""
+    from harness.models.builtin import builtin_unused_token_ids
+    from harness.models.undertrained import detect_undertrained, reference_unused_ids
+
+    if not exp.model.hf and exp.model.pretrain is None:
+        return None
+    unused = None
+    if not exp.model.hf:
+        rows = model.get_input_embeddings().weight.shape[0]
+        unused = reference_unused_ids(tokenizer, rows, builtin_unused_token_ids(tokenizer, data.corpus))
+    return detect_undertrained(model, tokenizer, unused_ids=unused)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Encoding and stage plans
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EncodedData:
+    train: dict[str, list]  # task -> [Encoded]
+    eval_items: list  # [EvalItem] over every task and eval split, fixed for the whole run
+    empty_splits: list[tuple[str, str]] = field(default_factory=list)  # (task, split) with no items: skipped
+    too_long: dict[tuple[str, str], int] = field(default_factory=dict)  # (task, split) -> eval items dropped
+
+    def notes(self) -> list[str]:
+        """One line per kind of skipped evaluation data, for the console (said once per run)."""
+        lines = []
+        if self.empty_splits:
+            lines.append("evaluation skips empty splits: " + ", ".join(f"{t}/{s}" for t, s in self.empty_splits))
+        if self.too_long:
+            lines.append("evaluation dropped items too long for the model (data.too_long: drop): "
+                         + ", ".join(f"{t}/{s} {n}" for (t, s), n in sorted(self.too_long.items())))
+        return lines
+
+    def too_long_counts(self) -> dict[str, int]:
+        """``{"task/split": items dropped}``, as ``summary.json``'s ``too_long`` records them."""
+        return {f"{t}/{s}": n for (t, s), n in sorted(self.too_long.items())}
+
+
+# The last text encoding, by a hash of everything it reads (:func:`_encoding_key`): a sweep worker runs trial after
+# trial on the same task data and tokenizer, and encoding the quickstart's pools costs ~2 CPU s each time. One entry.
+_last_encoding: dict[str, tuple[dict[str, dict[str, list]], EncodedData]] = {}
+
+
+def encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: Optional[int] = None) -> EncodedData:
+    """The training pools, tokenised with their label masks (image tasks through the processor), and the fixed eval
+    items of every task and split.
+
+    A split a task does not have (a user file has no ``heldout_template``) is skipped and listed in
+    ``empty_splits``; eval items longer than ``min(train.max_length, max_positions)`` (prompt plus answer or
+    ``max_new_tokens``) are dropped and counted in ``too_long``, or raise :class:`DataError` with
+    ``data.too_long: error``.
+
+    The same encoding asked again in this process (same task data, tokenizer and settings) is the previous one,
+    its arrays read-only; ``data.splits`` is left as encoding leaves it (``data.special_tokens_in_text``)."""
+    key = _encoding_key(exp, data, tokenizer, max_positions)
+    if key is not None and key in _last_encoding:
+        splits, encoded = _last_encoding[key]
+        for name, task_splits in splits.items():
+            data.splits[name].update({split: list(examples) for split, examples in task_splits.items()})
+        return _fresh_lists(encoded)
+    _last_encoding.clear()
+    encoded = _encode_task_data(exp, data, tokenizer, max_positions)
+    if key is None:
+        return encoded
+    for pool in encoded.train.values():
+        for enc in pool:  # shared with later runs: writing into them would change those runs' data
+            enc.input_ids.setflags(write=False)
+            enc.labels.setflags(write=False)
+    _last_encoding[key] = ({name: {split: list(examples) for split, examples in task_splits.items()}
+                            for name, task_splits in data.splits.items()}, encoded)
+    return _fresh_lists(encoded)
+
+
+def _fresh_lists(encoded: EncodedData) -> EncodedData:
+    """``encoded`` with containers of its own (the items and arrays inside are shared, and not to be changed)."""
+    return replace(encoded, train={task: list(pool) for task, pool in encoded.train.items()},
+                   eval_items=list(encoded.eval_items), empty_splits=list(encoded.empty_splits),
+                   too_long=dict(encoded.too_long))
+
+
+def _encoding_key(exp: Experiment, data: TaskData, tokenizer, max_positions: Optional[int]) -> Optional[str]:
+    """A hash of everything :func:`_encode_task_data` reads: the task data's content, the tokenizer (its whole
+    serialised state, chat template and special tokens), the experiment's data / eval / tasks sections, seeds,
+    ``train.max_length`` and ``max_positions``. None — never reused — for a slow tokenizer or image tasks."""
+    from harness.runs.stage_cache import task_data_hash
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or any(recipe.has_images for recipe in data.recipes.values()):
+        return None
+    resolved = exp.resolved_dict()
+    facts = {"data": task_data_hash(data.splits, data.corpus),
+             "recipes": {name: type(recipe).__qualname__ for name, recipe in data.recipes.items()},
+             "tokenizer": [type(tokenizer).__qualname__, backend.to_str(), tokenizer.chat_template,
+                           tokenizer.special_tokens_map, len(tokenizer)],
+             "settings": {k: resolved[k] for k in ("data", "eval", "tasks")}, "seed": exp.seed,
+             "data_seed": exp.data_seed, "max_length": exp.train.max_length, "max_positions": max_positions}
+    return content_hash(facts)
+
+
+def _encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: Optional[int]) -> EncodedData:
+    """:func:`encode_task_data`, computed."""
+    _check_special_token_text(exp, data, tokenizer)
+    train, processor = {}, processor_for(tokenizer)
+    for name, splits in data.splits.items():
+        if data.recipes[name].has_images:  # image tasks are evaluated by harness.runs.images.ImageEval
+            if processor is None:
+                raise DataError(f"tasks.{name}: its examples have images but the model is text-only "
+                                "(model.builtin: llava-tiny, or an image-text model.hf)")
+            train[name] = encode_image_examples(processor, splits["train"])
+        else:
+            with _template_refusal(name):
+                train[name] = encode_examples(tokenizer, splits["train"])
+        for index, (ex, enc) in enumerate(zip(splits["train"], train[name])):
+            if enc.n_supervised <= 1:  # only the end-of-turn token: the answer tokenised to nothing
+                raise DataError(f"tasks.{name}: training example {index} has an answer that tokenises to nothing "
+                                f"(prompt {ex.prompt[:60]!r})")
+    items, empty = [], []
+    for name, splits in data.splits.items():
+        if data.recipes[name].has_images:
+            continue
+        for split in exp.eval.splits:
+            if split != "train" and not splits.get(split):
+                empty.append((name, split))
+                continue
+            if split == "train":
+                # A fixed random subsample of training items, so the memorisation gap is visible.
+                pool = splits["train"]
+                rng = np.random.default_rng(task_seed(exp, name))
+                chosen = sorted(rng.choice(len(pool), size=min(exp.tasks[name].eval, len(pool)), replace=False))
+                examples = [pool[i] for i in chosen]
+            else:
+                examples = splits[split]
+            with _template_refusal(name):  # an eval-only task (train: 0) meets the template here first
+                items.extend(eval_items(tokenizer, examples, split))
+    too_short = too_short_errors(exp.eval.max_new_tokens, needed_new_tokens(items))
+    if too_short:  # a cut-off answer would score wrong however good the model is
+        raise DataError("\n".join(too_short))
+    kept, too_long = _fit_eval(exp, items, max_positions)
+    return EncodedData(train, kept, empty_splits=empty, too_long=too_long)
+
+
+@contextlib.contextmanager
+def _template_refusal(task: str):
+    """A chat template raising on the task's messages (a hub template without a system role, Gemma's, meeting
+    ``tasks.<task>.system``) as one :class:`DataError` naming the task."""
+    try:
+        yield
+    except TemplateError as e:
+        raise DataError(f"tasks.{task}: the model's chat template refused the task's messages: {e}") from None
+
+
+def _check_special_token_text(exp: Experiment, data: TaskData, tokenizer) -> None:
+    """Every split of every task through ``data.special_tokens_in_text`` (in place): a row whose text holds a
+    special-token string would be tokenised into the control token itself."""
+    for name, splits in data.splits.items():
+        for split, examples in splits.items():
+            try:
+                splits[split] = apply_special_token_policy(examples, tokenizer, exp.data.special_tokens_in_text,
+                                                           name, split)
+            except ValueError as e:
+                raise DataError(f"tasks.{name}: {e}") from None
+
+
+def _fit_eval(exp: Experiment, items: list, max_positions: Optional[int]) -> tuple[list, dict[tuple[str, str], int]]:
+    """The eval items that fit the model and ``train.max_length``, and the dropped counts (see encode_task_data)."""
+    limit = min(exp.train.max_length, max_positions or exp.train.max_length)
+    # null max_new_tokens: what the longest answer needs (passes.py resolves it per evaluation, never longer)
+    max_new_tokens = exp.eval.max_new_tokens or default_max_new_tokens(items)
+    kept, dropped = fit_eval_items(items, limit, max_new_tokens)
+    if dropped and exp.data.too_long == "error":
+        (task, split), n = next(iter(dropped.items()))
+        bound = f"max_length={limit}" if limit == exp.train.max_length else f"the model's {limit} positions"
+        raise DataError(f"tasks.{task}: {n} {split} evaluation items (prompt plus answer) are longer than {bound} "
+                        "(data.too_long: error)")
+    return kept, dropped
+
+
+@dataclass
+class StagePlan:
+    stage: ResolvedStage
+    batches: list
+    composition: dict[str, dict[str, float]]
+
+
+def plan_stage(exp: Experiment, stage: ResolvedStage, index: int, pools: dict[str, list], pad_id: int) -> StagePlan:
+    """The stage's batches and its effective composition (examples and tokens per task, too-long drops)."""
+    kept, dropped = {}, {}
+    for task in stage.mixture.tasks:
+        kept[task] = [e for e in pools[task] if e.length <= stage.train.max_length]
+        dropped[task] = len(pools[task]) - len(kept[task])
+        if dropped[task] and exp.data.too_long == "error":
+            raise DataError(f"stage {stage.name!r}: {dropped[task]} examples of task {task!r} are longer than "
+                            f"max_length={stage.train.max_length} (data.too_long: error)")
+        if not kept[task]:
+            raise DataError(f"stage {stage.name!r}: every example of task {task!r} is longer than "
+                            f"max_length={stage.train.max_length}; its pool is empty")
+    rng = np.random.default_rng([exp.seed, index])
+    n = sum(stage.mixture.counts.values()) if stage.mixture.kind == "counts" else stage.steps * stage.train.batch_size
+    draws = mixture_stream(stage.mixture, {t: len(p) for t, p in kept.items()}, n, rng)
+    examples = [kept[t][i] for t, i in draws]
+    grouped = length_grouped_batches(examples, stage.train.batch_size, stage.train.length_grouping, rng)
+    composition: dict[str, dict[str, float]] = {}
+    for e in examples:
+        c = composition.setdefault(e.task, {"examples": 0, "tokens": 0, "supervised_tokens": 0})
+        c["examples"] += 1
+        c["tokens"] += e.length
+        c["supervised_tokens"] += e.n_supervised
+    for task, c in composition.items():
+        c["share"] = c["examples"] / len(examples)
+        c["dropped_too_long"] = dropped.get(task, 0)
+    if any(getattr(e, "pixel_values", None) is not None for e in examples):
+        return StagePlan(stage, [collate_mixed(b, pad_id, exp.debug.drop_images) for b in grouped], composition)
+    return StagePlan(stage, [collate(b, pad_id) for b in grouped], composition)

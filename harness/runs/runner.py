@@ -1,0 +1,442 @@
+"""Run an experiment end to end: data → base model → stages (train, evaluate, checkpoint) → summary, continuing a
+killed run from its newest resume point; and evaluate a saved checkpoint alone.
+
+This module wires components together: the pipeline steps are :mod:`harness.runs.prepare`, the loop is
+:func:`harness.training.loop.train_stage`, the evaluations :class:`harness.runs.evallog.EvalLog`, checkpoints and the
+:class:`~harness.training.checkpoint.Start` a run begins from :mod:`harness.training.checkpoint`, and what goes where
+:mod:`harness.runs.tracking`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+from safetensors.torch import load_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from harness.training import parallel as distributed
+from harness.training.adapters import (drop_adapter, format_trainable_report, merged_state_dict, prepare_stage_model,
+                              stage_special_tokens, trainable_report)
+from harness.training.checkpoint import (Start, latest_resume_point, load_state_dict, resume_start, save_resume_point,
+                                save_stage_checkpoint)
+from harness.config import (ConfigError, Experiment, ResolvedStage, TrainableSpec, computing_debug, dump_yaml,
+                            safe_load)
+from harness.runs.console import Console
+from harness.data.encoding import position_limit
+from harness.runs.evallog import EvalLog
+from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_baselines, run_seesaw, seesaw_rows
+from harness.training.guard import Injector, NonFiniteError, write_report
+from harness.models.hf import count_parameters
+from harness.runs.prepare import (DataError, StagePlan, after_progress, build_task_data, encode_task_data, load_base,
+                             plan_stage, undertrained_tokens)
+from harness.runs.stage_cache import StageCache
+from harness.runs.rundir import claim_run_dir, clear_run_outputs, unique_run_name
+from harness.core.store import Row, atomic_write_text
+from harness.runs.tracking import Tracker
+from harness.training.loop import LoopState, StageLoop, train_stage
+from harness.models.undertrained import flagged_summary, row_fate, warning_line
+from harness.evaluation.image_use import image_eval
+from harness.models.image_text import processor_for
+
+
+def new_run_id(exp: Experiment) -> str:
+    return f"{exp.name}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def default_run_dir(exp: Experiment, root: Path = Path("runs")) -> Path:
+    return root / exp.name / unique_run_name()
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: dict[str, Any]
+
+
+def run_experiment(exp: Experiment, run_dir: Path, console=None,
+                   on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None,
+                   resume: bool = False, force: bool = False,
+                   on_progress: Optional[Callable[[], None]] = None) -> RunResult:
+    """Train and evaluate ``exp`` into ``run_dir``; returns the summary (also written to ``summary.json``).
+
+    ``on_progress()`` is called after every training step and every evaluation (a sweep trial's heartbeat: a run
+    that stops progressing, hung in a step, stops calling it).
+
+    ``run_dir`` is claimed first (:func:`harness.runs.rundir.claim_run_dir`): a directory in use by another run, or
+    holding files without ``resume`` / ``force``, raises :class:`~harness.runs.rundir.RunDirError`; ``force`` deletes
+    the earlier run's outputs before starting.
+    """
+    with claim_run_dir(run_dir, resume=resume, force=force):
+        if force and not resume:
+            clear_run_outputs(run_dir)
+        try:
+            return _run_claimed(exp, run_dir, console, after_progress(on_progress, on_evaluation), resume,
+                                on_progress)
+        except DataError:
+            # Task data is checked before any training: a new run that stops there has written only its config
+            # and run.json, which would make the corrected rerun on the same --out refuse a "used" directory.
+            if not resume:
+                clear_run_outputs(run_dir)
+            raise
+
+
+def _run_claimed(exp: Experiment, run_dir: Path, console,
+                 on_evaluation: Optional[Callable[[str, int, list[Row]], None]], resume: bool,
+                 on_progress: Optional[Callable[[], None]] = None) -> RunResult:
+    """The body of :func:`run_experiment`, in a directory this process holds.
+
+    ``on_evaluation(stage, step, rows)`` is called after every evaluation (sweeps report to their pruner there);
+    an exception it raises ends the run, with the store flushed and the wandb run closed as failed.
+    With ``resume``, ``run_dir`` holds a killed run of the same experiment, which continues from its newest
+    resumable checkpoint (``train.checkpoint_every``); the final metrics equal an uninterrupted run's.
+    """
+    console = console or Console(enabled=exp.tracking.console)
+    started = time.perf_counter()
+    if resume:
+        run_id, point = _reopen_run(exp, run_dir, console)
+    else:
+        run_id, point = _open_run(exp, run_dir), None
+        console.info(f"run {run_id} → {run_dir}")
+    torch.manual_seed(exp.seed)
+    np.random.seed(exp.seed % 2**32)  # third-party code that uses the global numpy RNG stays deterministic
+
+    # -- data and base model (all data errors surface here, before any training) -------------------------------
+    data = build_task_data(exp)
+    t0 = time.perf_counter()
+    model, tokenizer, added, base_info = load_base(exp, data, console, on_progress)
+    base_seconds = time.perf_counter() - t0
+    undertrained = _describe_base(exp, data, model, tokenizer, added, console)
+    encoded = encode_task_data(exp, data, tokenizer, position_limit(model.config))
+    for note in encoded.notes():
+        console.info(note)
+    stages = exp.resolved_stages()
+    plans = [plan_stage(exp, s, i, encoded.train, tokenizer.pad_token_id) for i, s in enumerate(stages)]
+
+    # -- where to start, decided once: after the stages the stage cache holds, or where a resume point left off
+    cache = StageCache.for_run(exp, stages, data, base_info, model, run_dir, run_id, console)
+    start = resume_start(point, stages, [len(p.batches) for p in plans]) if resume else cache.start()
+    tracker = Tracker(exp, run_dir, run_id, exp.resolved_dict(), resume_filter=start.keep)
+    baselines = _log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stages[0].name)
+    cache.replay(tracker, run_dir / "samples.jsonl", on_evaluation)  # after the baselines: the order of a whole run
+    evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
+                    console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep,
+                    run_id=run_id, image_eval=image_eval(exp, data, tokenizer), shard=distributed.current())
+    run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals, _init_states(
+        model, stages, start.stage_index, run_dir), baselines, undertrained, encoded.too_long_counts())
+    model = _restore(model, start, stages, run)
+
+    injector = Injector(**exp.debug.inject_nonfinite.model_dump()) if exp.debug.inject_nonfinite else None
+    summary_stages = [_stage_summary(plans[i], evals, i, plans) for i in range(start.stage_index)]
+    cache.annotate(summary_stages)
+    step, loop_state, exit_code = start.step, start.loop_state, 1
+    try:
+        for index in range(start.stage_index, len(stages)):
+            stage, plan = stages[index], plans[index]
+            if loop_state.batch_index == 0:  # the stage begins here (a resumed run may continue inside one)
+                cache.stage_began(index, tracker, run_dir / "samples.jsonl")
+                model = _begin_stage(run, model, index, step)
+            save_resume_point_at = _resume_saver(run, model, index)
+            with console.stage_progress(stage.name, len(plan.batches)) as advance:
+                advance(loop_state.batch_index)
+                step = train_stage(model, plan.batches, StageLoop(
+                    stage=stage.name, start_step=step - loop_state.batch_index, tasks=list(exp.tasks),
+                    log=tracker.log, evaluate=lambda s, name=stage.name: evals.run(model, name, s), train=stage.train,
+                    special_tokens=stage_special_tokens(tokenizer, plan.batches), eval_every=exp.eval.every,
+                    injector=injector, save_checkpoint=save_resume_point_at,
+                    progress=after_progress(on_progress, advance), kill_at=distributed.kill_step(exp.debug.kill_rank),
+                ), resume=loop_state)
+            _end_stage(run, model, index, step, save_resume_point_at)
+            cache.stage_ended(index, model, step, tracker, run_dir / "samples.jsonl")
+            summary_stages.append(_stage_summary(plan, evals, index, plans))
+            loop_state = LoopState()  # the next stage begins at its first batch
+        exit_code = 0
+    except NonFiniteError as e:
+        write_report(run_dir, e.report)  # the last good checkpoint is left as it was
+        raise
+    finally:
+        tracker.flush()
+        if exit_code:
+            tracker.close(exit_code)
+
+    base = {**base_info, "seconds": base_seconds}
+    return _finish_run(exp, run_dir, _close_run(run, step, summary_stages, base, started, start.resumed_from), console)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Opening and closing a run
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _open_run(exp: Experiment, run_dir: Path, **identity: str) -> str:
+    """Create ``run_dir`` with the resolved experiment and ``run.json`` (a new run id, plus ``identity``);
+    returns the run id."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "config.resolved.yaml", dump_yaml(exp.resolved_dict()))
+    run_id = new_run_id(exp)
+    atomic_write_text(run_dir / "run.json", json.dumps({"run_id": run_id, "experiment": exp.name, **identity}))
+    return run_id
+
+
+def _reopen_run(exp: Experiment, run_dir: Path, console) -> tuple[str, Optional[Path]]:
+    """The id of the killed run in ``run_dir`` (which must be of this very experiment) and its newest resume
+    point, if it wrote one."""
+    if not (run_dir / "config.resolved.yaml").exists():
+        raise ConfigError(str(run_dir), [("", "not a run directory (no config.resolved.yaml)")])
+    changed = changed_sections(exp, run_dir)
+    if changed:
+        raise ConfigError(str(run_dir), [(k, "differs from the run being resumed") for k in changed])
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    point = latest_resume_point(run_dir)
+    console.info(f"resuming {run_id} from {point.name if point else 'the start (no resumable checkpoint)'}")
+    return run_id, point
+
+
+def changed_sections(exp: Experiment, run_dir: Path) -> list[str]:
+    """The top-level sections of ``exp`` that differ from the experiment the run in ``run_dir`` was started with
+    (its ``config.resolved.yaml``, which must exist)."""
+    # debug.kill_rank says how a run was stopped, not what it computes: left out on both sides
+    before = _without_kill(safe_load((run_dir / "config.resolved.yaml").read_text()))
+    now = _without_kill(json.loads(json.dumps(exp.resolved_dict())))
+    return sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+
+
+def _without_kill(resolved: dict) -> dict:
+    return {**resolved, "debug": computing_debug(resolved.get("debug") or {})}
+
+
+def _describe_base(exp: Experiment, data, model, tokenizer, added: list[int], console) -> Optional[list[dict]]:
+    """Say the base model's size; return its flagged special tokens (:func:`harness.runs.prepare.undertrained_tokens`),
+    said in one console line — ``None`` when not checked (a builtin without pretraining)."""
+    console.info(f"model: {count_parameters(model)[0] / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
+    reports = undertrained_tokens(exp, data, model, tokenizer)
+    if reports is None:
+        return None
+    fate = row_fate([(s.name, s.train.trainable) for s in exp.resolved_stages()],
+                    [r.id for r in reports if r.flagged], added)
+    line = warning_line(reports, added, fate)
+    if line:
+        console.info(line)
+    return flagged_summary(reports)
+
+
+def _log_baselines(tracker: Tracker, baselines: dict, stage: str) -> dict[str, Any]:
+    """Log the eval pools' baselines (``baseline_<metric>`` rows at step 0, unless a resumed run's store already has
+    them); returns them for ``summary.json``."""
+    if not any(r.metric.startswith("baseline_") for r in tracker.existing_rows()):
+        tracker.log(baseline_rows(baselines, stage, 0), 0)
+    return baselines_summary(baselines)
+
+
+def _close_run(run: _Run, step: int, stages: list[dict[str, Any]], base: dict[str, Any], started: float,
+               resumed_from: Optional[str]) -> dict[str, Any]:
+    """Log the seesaw events of the whole run (under ``eval.seesaw_test``) and close the tracker; returns the run's
+    summary."""
+    spec = run.exp.eval
+    events, n_tests = run_seesaw(run.evals.outcomes, run.evals.history_dicts(), test=spec.seesaw_test,
+                                 delta=spec.seesaw_delta, alpha=spec.seesaw_alpha, seed=run.exp.seed)
+    run.tracker.log(seesaw_rows(events, n_tests, spec, run.stages[-1].name, step), step)
+    total = time.perf_counter() - started
+    summary = {
+        "run_id": run.run_id, "experiment": run.exp.name, "run_dir": str(run.run_dir), "base": base,
+        "stages": stages, "baselines": run.baselines, "seesaw_events": events,
+        "seesaw": {"test": spec.seesaw_test, "alpha": spec.seesaw_alpha, "delta": spec.seesaw_delta,
+                   "tests": n_tests},
+        "timing": {"total_s": total, "eval_s": run.evals.seconds, "base_s": base["seconds"],
+                   "eval_share": run.evals.seconds / total if total else 0.0},
+        "resumed_from": resumed_from,
+        "undertrained_tokens": run.undertrained,
+        "too_long": run.too_long,  # evaluation items dropped as too long for the model, per "task/split"
+    }
+    run.tracker.summary({"final/" + k: v for k, v in summary["timing"].items()})
+    run.tracker.close(0)
+    return summary
+
+
+def _finish_run(exp: Experiment, run_dir: Path, summary: dict[str, Any], console) -> RunResult:
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
+    console.final_report(summary, exp.eval.splits)
+    return RunResult(run_dir, summary)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The steps of run_experiment
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _InitStates:
+    """The weights that stages with ``init: base`` or ``init: <earlier stage>`` start from: ``needed`` names them,
+    ``states`` holds those known so far (a stage adds its own when it ends)."""
+
+    needed: set[str]
+    states: dict[str, dict] = field(default_factory=dict)
+
+
+@dataclass
+class _Run:
+    """What the stages of one run share."""
+
+    exp: Experiment
+    run_dir: Path
+    run_id: str
+    console: Any
+    stages: list[ResolvedStage]
+    plans: list[StagePlan]
+    tokenizer: Any
+    added: list[int]  # ids of the tokens the harness added to the vocabulary
+    tracker: Tracker
+    evals: EvalLog
+    init: _InitStates
+    baselines: dict[str, Any] = field(default_factory=dict)  # summary.json's "baselines"
+    undertrained: Optional[list[dict]] = None  # the base model's flagged special tokens (summary.json); None: unchecked
+    too_long: dict[str, int] = field(default_factory=dict)  # eval items dropped as too long, per "task/split"
+
+    @property
+    def undertrained_ids(self) -> list[int]:
+        return [t["id"] for t in self.undertrained or []]
+
+
+def _init_states(model, stages: list[ResolvedStage], finished: int, run_dir: Path) -> _InitStates:
+    """The base model's state (when a stage starts from it) and those of the first ``finished`` stages (a resumed
+    run's, read back from their checkpoints) that a later stage starts from."""
+    init = _InitStates({s.init for s in stages} - {"previous"})
+    if "base" in init.needed:
+        init.states["base"] = merged_state_dict(model)
+    for earlier in stages[:finished]:
+        if earlier.name in init.needed:
+            init.states[earlier.name] = load_state_dict(run_dir / "checkpoints" / earlier.name)
+    return init
+
+
+def _inherited(stages: list[ResolvedStage], index: int) -> Optional[TrainableSpec]:
+    """What trained in the stage whose weights stage ``index`` starts from (``init: previous``), else None."""
+    return stages[index - 1].train.trainable if index > 0 and stages[index].init == "previous" else None
+
+
+def _restore(model, start: Start, stages: list[ResolvedStage], run: _Run):
+    """The model of a resumed run as its resume point saved it: the structure (adapter or not) of the stage it was
+    in, then its weights and the torch RNG state. A new run's base model is returned as it is."""
+    if start.weights is None:
+        return model
+    index = start.weights.stage_index
+    model = prepare_stage_model(model, stages[index].train.trainable, run.added, _inherited(stages, index),
+                                run.undertrained_ids)
+    load_model(model, str(start.weights.file))
+    torch.set_rng_state(start.weights.torch_rng)
+    return model
+
+
+def _begin_stage(run: _Run, model, index: int, step: int):
+    """The stage's starting weights and trainable set, logged; then the evaluation of its starting point."""
+    stage, plan = run.stages[index], run.plans[index]
+    if stage.init != "previous":
+        model = drop_adapter(model)
+        model.load_state_dict(run.init.states[stage.init])
+    model = prepare_stage_model(model, stage.train.trainable, run.added, _inherited(run.stages, index),
+                                run.undertrained_ids)
+    report = trainable_report(model)
+    run.tracker.log([Row(stage.name, step, None, "train", "trainable_params", report["trainable"]),
+                     Row(stage.name, step, None, "train", "trainable_share", report["share"])], step)
+    run.console.info(f"stage {stage.name}: {format_trainable_report(report)}")
+    run.console.info(f"stage {stage.name} ({index + 1}/{len(run.stages)}): {len(plan.batches)} steps, init "
+                     f"{stage.init}, mixture {stage.mixture.kind}: "
+                     + ", ".join(f"{t} {c['share']:.2f}" for t, c in sorted(plan.composition.items())))
+    if index > 0 and stage.init == "previous":
+        run.evals.repeat_last(stage.name)
+    else:
+        run.evals.run(model, stage.name, step)
+    return model
+
+
+def _resume_saver(run: _Run, model, index: int) -> Callable[[int, LoopState], None]:
+    """``save(step, loop_state)``: a resume point in stage ``index`` (the store flushed first, so the rows a
+    resume keeps are on disk)."""
+    stage = run.stages[index]
+
+    def save(at_step: int, loop_state: LoopState) -> None:
+        run.tracker.flush()
+        save_resume_point(run.run_dir, model, index, stage.name, at_step, loop_state, stage.train.keep_checkpoints)
+    return save
+
+
+def _end_stage(run: _Run, model, index: int, step: int, save_resume_point_at) -> None:
+    """Log the stage's effective composition; keep its weights when a later stage starts from them; write its
+    Hugging Face checkpoint and a resume point at its end (as the stage asks)."""
+    stage, plan = run.stages[index], run.plans[index]
+    run.tracker.log([Row(stage.name, step, task, "train", f"mix_{key}", value)
+                     for task, c in plan.composition.items() for key, value in c.items()], step)
+    if stage.name in run.init.needed:
+        run.init.states[stage.name] = merged_state_dict(model)
+    if stage.train.checkpoint or stage.name in run.init.needed:
+        save_stage_checkpoint(model, processor_for(run.tokenizer) or run.tokenizer, run.run_dir / "checkpoints" / stage.name,
+                              {"run_id": run.run_id, "stage": stage.name, "step": step, "experiment": run.exp.name})
+    if stage.train.checkpoint_every:
+        save_resume_point_at(step, LoopState(len(plan.batches)))
+
+
+def _stage_summary(plan: StagePlan, evals: EvalLog, index: int, plans: list[StagePlan]) -> dict[str, Any]:
+    start = sum(len(p.batches) for p in plans[:index])
+    return {"name": plan.stage.name, "start_step": start, "end_step": start + len(plan.batches),
+            "init": plan.stage.init, "mixture": plan.stage.mixture.to_yaml(), "composition": plan.composition,
+            "metrics": evals.stage_end_table(plan.stage.name), "intervals": evals.stage_end_intervals(plan.stage.name)}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A checkpoint alone
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def eval_output_dir(out: Optional[Path], exp: Experiment, root: Path = Path("runs")) -> Path:
+    """Where ``harness eval`` writes: ``out`` when it is new or empty, else a new ``eval-<time>-<hex>``
+    subdirectory of it (so ``--out RUN`` never touches the training run's own files); default
+    ``runs/<name>/eval-<time>-<hex>``."""
+    if out is None:
+        return root / exp.name / unique_run_name("eval")
+    if out.is_dir() and any(out.iterdir()):
+        return out / unique_run_name("eval")
+    return out
+
+
+def evaluate_checkpoint(exp: Experiment, checkpoint: Path, run_dir: Path, console=None) -> RunResult:
+    """Evaluate a saved checkpoint alone with the experiment's evaluators, probes and splits; writes the same
+    outputs as a run (store, samples.jsonl, summary.json, wandb) into ``run_dir``, which it claims (a non-empty or
+    busy directory raises :class:`~harness.runs.rundir.RunDirError`)."""
+    if not (checkpoint / "config.json").exists():
+        raise ConfigError(str(checkpoint), [("", "not a Hugging Face checkpoint directory (no config.json)")])
+    with claim_run_dir(run_dir, resume=False, force=False):
+        return _evaluate_claimed(exp, checkpoint, run_dir, console or Console(enabled=exp.tracking.console))
+
+
+def _evaluate_claimed(exp: Experiment, checkpoint: Path, run_dir: Path, console) -> RunResult:
+    run_id = _open_run(exp, run_dir, checkpoint=str(checkpoint))
+    meta_path = checkpoint / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    stage, step = meta.get("stage", "checkpoint"), int(meta.get("step", 0))
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, trust_remote_code=exp.model.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=exp.model.trust_remote_code)
+    data = build_task_data(exp)
+    encoded = encode_task_data(exp, data, tokenizer, position_limit(model.config))
+    for note in encoded.notes():
+        console.info(note)
+    tracker = Tracker(exp, run_dir, run_id, {**exp.resolved_dict(), "checkpoint": str(checkpoint)})
+    evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
+                    console.evaluation_hook(encoded.eval_items), run_id=run_id)
+    try:
+        baselines = _log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stage)
+        evals.run(model, stage, step)
+    finally:
+        tracker.close()
+    summary = {"run_id": run_id, "experiment": exp.name, "run_dir": str(run_dir), "checkpoint": str(checkpoint),
+               "stages": [{"name": stage, "start_step": step, "end_step": step,
+                           "metrics": evals.stage_end_table(stage), "intervals": evals.stage_end_intervals(stage)}],
+               "baselines": baselines, "seesaw_events": [], "too_long": encoded.too_long_counts(),
+               "timing": {"total_s": evals.seconds, "eval_s": evals.seconds, "eval_share": 1.0}}
+    return _finish_run(exp, run_dir, summary, console)

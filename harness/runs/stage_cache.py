@@ -1,0 +1,396 @@
+"""The stage cache: a finished stage's outcome, kept under ``$HARNESS_CACHE/stages/<key>`` so that a later run whose
+first stages are the same starts after them instead of training them again.
+
+An entry holds everything the rest of a run reads from a stage: the model as the stage left it (``model.safetensors``,
+adapter included, in the stage's structure), the RNG states at its end (``rng.pt``: torch (+ CUDA);
+``rng.json``: numpy's and Python's global generators), the store rows it wrote (``rows.parquet``), its
+``samples.jsonl`` lines, the global step it ended at and, when the stage wrote one, its Hugging Face checkpoint
+(``checkpoint/``: later ``init: <stage>`` stages and ``train.checkpoint`` read it). ``meta.json`` lists every file
+with its size and SHA-256; an entry that does not match it is ignored with a warning and rebuilt.
+
+The key chains: stage k's key hashes stage k-1's key with stage k's resolved spec (every train field except those
+that only say what to keep on disk: ``checkpoint``, ``checkpoint_every``, ``keep_checkpoints``, ``stage_cache``;
+``compile`` as decided, :func:`harness.training.compiling.compile_decision`, so ``auto`` and ``true`` share a compiled stage),
+and stage 0's hashes what every stage depends on: the base model's key, the model / world / tasks / data / eval
+specs, the seed, the content of the task data, and the harness, torch and transformers versions and the device (on a CPU,
+with its torch thread count; with several data-parallel ranks, their number) (numerics differ across them). A run
+replays cached stages in order and stops at the first miss.
+
+Entries are written into a temporary sibling and renamed into place: a reader sees none or a whole one; when two
+workers finish the same stage at once the second rename fails and that worker discards its copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import polars as pl
+import torch
+import transformers
+from safetensors.torch import save_model
+
+import harness
+from harness.training import compiling
+from harness.training import parallel as distributed
+from harness.training.checkpoint import SavedWeights, Start
+from harness.training.compiling import compile_decision
+from harness.config import Experiment, ResolvedStage, computing_debug
+from harness.evaluation import EVAL_METRICS
+from harness.runs.pretrain import cache_root, content_hash
+from harness.core.store import Row
+
+# Bump when an entry's layout or what a key covers changes (2: samples carry per-item outcomes for the paired seesaw;
+# 3: rows keep their n and Wilson interval, which entries of 2 dropped)
+STAGE_CACHE_VERSION = "3"
+META = "meta.json"
+CHECKPOINT = "checkpoint"
+# Train fields that decide what a run keeps on disk, not what a stage computes.
+_NOT_SHAPING = frozenset({"checkpoint", "checkpoint_every", "keep_checkpoints", "stage_cache"})
+# Every field of a Row: a replayed row must equal the computed one (n and the interval included)
+_ROW_SCHEMA = {"stage": pl.Utf8, "step": pl.Int64, "task": pl.Utf8, "split": pl.Utf8, "metric": pl.Utf8,
+               "value": pl.Float64, "text": pl.Utf8, "n": pl.Int64, "ci_low": pl.Float64, "ci_high": pl.Float64}
+log = logging.getLogger(__name__)
+
+
+def stages_root() -> Path:
+    return cache_root() / "stages"
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Keys
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def task_data_hash(splits: dict[str, dict[str, list]], corpus: Sequence[str]) -> str:
+    """SHA-256 of every task's examples (all splits) and of the world corpus the tokenizer and pretraining read."""
+    digest = hashlib.sha256()
+    for task in sorted(splits):
+        for split in sorted(splits[task]):
+            for ex in splits[task][split]:
+                digest.update(json.dumps([task, split, ex.task, ex.messages, ex.meta], sort_keys=True,
+                                         default=str).encode())
+    digest.update("\x00".join(corpus).encode())
+    return digest.hexdigest()
+
+
+def base_key(base_info: dict[str, Any], model) -> Any:
+    """What identifies the base model beyond the experiment's model spec: the pretraining cache key of a builtin
+    model, the hub commit of a hub model, the files (name, size, mtime) of a local one."""
+    if base_info.get("cache_dir"):
+        return Path(base_info["cache_dir"]).name  # the pretraining cache's key
+    source = base_info.get("source")
+    local = Path(str(source)) if source else None
+    files = None
+    if local is not None and local.is_dir():
+        files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in local.iterdir() if p.is_file())
+    return {"source": source, "commit": getattr(model.config, "_commit_hash", None), "files": files}
+
+
+def _ranks() -> int:
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+
+def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str) -> list[str]:
+    """One key per stage, each covering its stage and every earlier one (see the module docstring)."""
+    resolved = exp.resolved_dict()
+    common = {"cache": STAGE_CACHE_VERSION, "harness": harness.__version__, "torch": torch.__version__,
+              "transformers": transformers.__version__, "device": device, "base": base, "seed": exp.seed,
+              # on a CPU the intra-op thread count changes the order of float sums: a stage computed with 2 threads
+              # is not bit-identical to the same stage computed by a 1-thread sweep worker
+              "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
+              "task_data": data_hash, **{k: resolved[k] for k in ("model", "world", "tasks", "data", "eval")},
+              # debug.kill_rank only stops a run (a stage it stopped is never stored): not part of the key
+              "debug": computing_debug(resolved["debug"]),
+              # data-parallel ranks add the same gradient terms in another order: not one process's stage either
+              **({"ranks": _ranks()} if _ranks() > 1 else {})}
+    keys, previous = [], content_hash(common)
+    for index, stage in enumerate(resolved["stages"]):
+        shaping = {k: v for k, v in stage.items() if k not in _NOT_SHAPING}
+        # What runs, not the setting: compiled kernels change the last bits, and auto decides per stage and machine
+        shaping["compile"] = compile_decision(stage["compile"], stage["steps"], device)
+        previous = content_hash({"previous": previous, "index": index, "stage": shaping})
+        keys.append(previous[:32])
+    return keys
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Entries on disk
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def read_entry(path: Path, warn: Callable[[str], None] = log.warning) -> Optional[dict[str, Any]]:
+    """The entry's meta when every file it lists is there with its size and SHA-256; None when there is no entry
+    (silently) or a corrupt / partial one (with a warning: it will be rebuilt)."""
+    if not path.is_dir():
+        return None
+    try:
+        meta = json.loads((path / META).read_text())
+        for name, expected in meta["files"].items():
+            file = path / name
+            if file.stat().st_size != expected["size"] or _file_sha256(file) != expected["sha256"]:
+                raise ValueError(f"{name} differs from meta.json")
+        return meta
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        warn(f"stage cache: ignoring corrupt entry {path} ({type(e).__name__}: {e}); it will be rebuilt")
+        return None
+
+
+def _publish(tmp: Path, target: Path, has_checkpoint: bool) -> bool:
+    """Rename the finished ``tmp`` to ``target``; True when it is now there. A valid entry already there (another
+    worker finished first) is kept and ``tmp`` discarded, unless ours adds a checkpoint it lacks; a corrupt one is
+    replaced."""
+    try:
+        os.rename(tmp, target)
+        return True
+    except OSError:
+        pass
+    existing = read_entry(target, warn=lambda message: None)
+    if existing is not None and (CHECKPOINT in existing.get("parts", []) or not has_checkpoint):
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+    aside = target.with_name(f".{target.name}.stale{os.getpid()}")
+    try:
+        os.rename(target, aside)
+        os.rename(tmp, target)
+    except OSError:  # a third writer got in between: theirs stands
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+    return True
+
+
+def _rng_states() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(torch states for ``rng.pt``, numpy's and Python's global states as JSON)."""
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, state, gauss_next = random.getstate()
+    return tensors, {"numpy": [name, keys.tolist(), pos, has_gauss, gauss],
+                     "python": [version, list(state), gauss_next]}
+
+
+def _set_global_rng(entry: Path) -> torch.Tensor:
+    """Set numpy's, Python's and CUDA's global generators as the entry's stage left them; returns torch's CPU
+    state (the run sets it once the model is built: building an adapter draws from it)."""
+    tensors = torch.load(entry / "rng.pt", weights_only=True)
+    states = json.loads((entry / "rng.json").read_text())
+    name, keys, pos, has_gauss, gauss = states["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    version, state, gauss_next = states["python"]
+    random.setstate((version, tuple(state), gauss_next))
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(tensors["cuda"]))
+    return tensors["torch"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The runner's handle
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Began:
+    rows: int  # rows in the store when the stage began
+    samples: int  # bytes of samples.jsonl when the stage began
+
+
+@dataclass
+class StageCache:
+    """What one run reads from and writes to the stage cache. ``keys``: one per stage (:func:`stage_keys`)."""
+
+    exp: Experiment
+    stages: list[ResolvedStage]
+    keys: list[str]
+    run_dir: Path
+    run_id: str
+    console: Any
+    root: Path = field(default_factory=stages_root)
+    hits: list[dict[str, Any]] = field(default_factory=list)  # metas of the stages replayed, in order
+    began: dict[int, _Began] = field(default_factory=dict)
+    # A compile that fell back trained a stage eagerly under a key that says compiled: from then on, write nothing.
+    fallbacks: int = field(default_factory=lambda: compiling.fallbacks)
+
+    @classmethod
+    def for_run(cls, exp: Experiment, stages: list[ResolvedStage], data, base_info: dict[str, Any], model,
+                run_dir: Path, run_id: str, console) -> "StageCache":
+        """The cache handle of a run on ``data`` (:class:`harness.runs.prepare.TaskData`) from the base ``model``."""
+        keys = stage_keys(exp, base_key(base_info, model), task_data_hash(data.splits, data.corpus),
+                          next(model.parameters()).device.type)
+        return cls(exp, stages, keys, run_dir, run_id, console)
+
+    def _mode(self, index: int):
+        return False if self.exp.debug.inject_nonfinite else self.stages[index].train.stage_cache
+
+    def start(self) -> Start:
+        """The run's :class:`Start`: after the longest prefix of stages with valid entries (each allowed to read
+        the cache and, when the run needs its checkpoint, holding one); the first stage when there is none."""
+        needed = {s.init for s in self.stages}
+        for index, stage in enumerate(self.stages):
+            if not self._mode(index):
+                break
+            meta = read_entry(self.root / self.keys[index], warn=self.console.info)
+            wants_checkpoint = stage.train.checkpoint or stage.name in needed
+            if meta is None or (wants_checkpoint and CHECKPOINT not in meta.get("parts", [])):
+                break
+            self.hits.append(meta)
+        if not self.hits:
+            return Start()
+        last = self.root / self.keys[len(self.hits) - 1]
+        torch_rng = torch.load(last / "rng.pt", weights_only=True)["torch"]
+        weights = SavedWeights(last / "model.safetensors", len(self.hits) - 1, torch_rng)
+        return Start(len(self.hits), self.hits[-1]["end_step"], weights=weights)
+
+    def replay(self, tracker, samples_path: Path,
+               on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None) -> None:
+        """Copy the cached stages' rows into ``tracker`` and their samples into ``samples_path`` (marked
+        ``cached_from``), their checkpoints into the run, and set the global RNGs as the last one left them;
+        ``on_evaluation`` hears every cached evaluation as if it had just run."""
+        evaluations: list[tuple[str, int, list[Row]]] = []
+        for index, meta in enumerate(self.hits):
+            entry, stage = self.root / self.keys[index], self.stages[index]
+            source = meta["source_run_id"]
+            rows = [Row(**r) for r in pl.read_parquet(entry / "rows.parquet").iter_rows(named=True)]
+            for step, group in _runs_of(rows, key=lambda r: r.step):
+                tracker.log(group, step, cached_from=source)
+            evaluations += [(key[0], key[1], group) for key, group in
+                            _runs_of(rows, key=lambda r: (r.stage, r.step) if _is_eval(r) else None) if key]
+            _append_samples(entry / "samples.jsonl", samples_path, source, self.run_id)
+            if CHECKPOINT in meta.get("parts", []):
+                target = self.run_dir / "checkpoints" / stage.name
+                shutil.rmtree(target, ignore_errors=True)
+                shutil.copytree(entry / CHECKPOINT, target)
+            try:
+                os.utime(entry)  # last used: what prune --older-than reads
+            except OSError:  # a cache on a filesystem this user may only read
+                pass
+            self.console.info(f"stage {stage.name}: from the stage cache ({meta['end_step']} steps done; computed "
+                              f"by run {source}, entry {self.keys[index][:12]})")
+        tracker.flush()
+        if self.hits:
+            _set_global_rng(self.root / self.keys[len(self.hits) - 1])
+        try:
+            for stage_name, step, group in evaluations:
+                if on_evaluation is not None:
+                    on_evaluation(stage_name, step, group)
+        except BaseException:
+            tracker.close(1)
+            raise
+
+    def stage_began(self, index: int, tracker, samples_path: Path) -> None:
+        """Mark where stage ``index``'s rows and samples begin (only stages begun in this process are stored)."""
+        self.began[index] = _Began(len(tracker.existing_rows()),
+                                   samples_path.stat().st_size if samples_path.exists() else 0)
+
+    def stage_ended(self, index: int, model, step: int, tracker, samples_path: Path) -> None:
+        """Store stage ``index``'s outcome (call after everything the stage does, before the next one begins)."""
+        if self._mode(index) is not True or index not in self.began:
+            return
+        if compiling.fallbacks != self.fallbacks:
+            self.console.info(f"stage {self.stages[index].name}: not stored in the stage cache (torch.compile fell "
+                              "back to eager in this run; the key says compiled)")
+            return
+        began, stage = self.began.pop(index), self.stages[index]
+        if not self._rank_zero_stores(stage.name):
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{self.keys[index]}.", dir=self.root))
+        try:
+            parts = _write_entry(tmp, model, tracker.existing_rows()[began.rows:], samples_path, began.samples,
+                                 self.run_dir / "checkpoints" / stage.name, step)
+            files = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _file_sha256(p)}
+                     for p in sorted(tmp.rglob("*")) if p.is_file()}
+            meta = {"key": self.keys[index], "stage": stage.name, "index": index, "end_step": step,
+                    "steps": stage.steps, "source_run_id": self.run_id, "experiment": self.exp.name,
+                    "created": time.time(), "harness": harness.__version__, "parts": parts, "files": files}
+            (tmp / META).write_text(json.dumps(meta, indent=2))
+            _publish(tmp, self.root / self.keys[index], CHECKPOINT in parts)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _rank_zero_stores(self, stage: str) -> bool:
+        """Whether this process writes the entry: in a data-parallel run only rank 0 (the run the summary and
+        ``cached_from`` name), and only when every rank's torch RNG state is the same — an entry holds one, which a
+        replay gives every rank (they differ when dropout draws for unequal slices of a batch)."""
+        parallel = distributed.current()
+        if parallel is None:
+            return True
+        states = parallel.all_gather(torch.get_rng_state())  # every rank decides alike
+        same = all(torch.equal(states[0], other) for other in states[1:])
+        if not same and parallel.rank == 0:
+            self.console.info(f"stage {stage}: not stored in the stage cache (the ranks' RNG states differ)")
+        return same and parallel.rank == 0
+
+    def annotate(self, summary_stages: list[dict[str, Any]]) -> None:
+        """Mark the summary's cached stages with the run that computed them."""
+        for entry, meta in zip(summary_stages, self.hits):
+            entry["cached_from"] = meta["source_run_id"]
+
+
+def _write_entry(tmp: Path, model, rows: list[Row], samples_path: Path, samples_from: int, checkpoint: Path,
+                 step: int) -> list[str]:
+    """Write a stage's outcome into ``tmp``; returns the optional parts written (``checkpoint``)."""
+    save_model(model, str(tmp / "model.safetensors"))
+    tensors, states = _rng_states()
+    torch.save(tensors, tmp / "rng.pt")
+    (tmp / "rng.json").write_text(json.dumps(states))
+    frame = pl.DataFrame({c: [getattr(r, c) for r in rows] for c in _ROW_SCHEMA}, schema=_ROW_SCHEMA)
+    frame.write_parquet(tmp / "rows.parquet")
+    with open(tmp / "samples.jsonl", "wb") as out:
+        if samples_path.exists():
+            with open(samples_path, "rb") as f:
+                f.seek(samples_from)
+                shutil.copyfileobj(f, out)
+    meta_file = checkpoint / "meta.json"
+    if meta_file.exists() and json.loads(meta_file.read_text()).get("step") == step:  # written by this stage
+        shutil.copytree(checkpoint, tmp / CHECKPOINT)
+        return [CHECKPOINT]
+    return []
+
+
+def _append_samples(source: Path, target: Path, cached_from: str, run_id: str) -> None:
+    """The cached stage's sample lines, as this run's (its ``run_id``) and marked with the run that computed them."""
+    with open(source, encoding="utf-8") as f, open(target, "a", encoding="utf-8") as out:
+        for line in f:
+            if line.strip():
+                sample = {**json.loads(line), "cached_from": cached_from}
+                if "run_id" in sample:
+                    sample["run_id"] = run_id
+                out.write(json.dumps(sample, ensure_ascii=False) + "\n")
+
+
+def _is_eval(row: Row) -> bool:
+    return row.task is not None and row.metric in EVAL_METRICS
+
+
+def _runs_of(rows: list[Row], key: Callable[[Row], Any]) -> list[tuple[Any, list[Row]]]:
+    """Consecutive rows with the same ``key``, in order."""
+    out: list[tuple[Any, list[Row]]] = []
+    for row in rows:
+        k = key(row)
+        if out and out[-1][0] == k:
+            out[-1][1].append(row)
+        else:
+            out.append((k, [row]))
+    return out

@@ -1,0 +1,29 @@
+"""The training forward: the model's logits at the supervised positions only (the loop's and DDP's one forward)."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+from harness.training.compiling import forward_of
+
+
+# Model types whose logits are exactly lm_head(last hidden state); for them the loss projects only supervised
+# positions. Others (logit soft-capping, scaling) go through the model's own forward.
+_HEAD_ONLY_TYPES = {"qwen2", "qwen3", "llama", "mistral", "gpt2", "qwen3_5", "qwen3_5_text", "olmo2", "phi3"}
+
+
+def supervised_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      selected: torch.Tensor, compiled: Union[bool, str] = False) -> torch.Tensor:
+    """Logits ``[N, V]`` at the ``selected`` flat positions (row × T + t, as :attr:`harness.data.batches.Batch.supervised`)
+    only; they gather without a host sync. ``compiled``: run the forward through ``torch.compile``
+    (:func:`harness.training.compiling.forward_of`: ``"auto"`` falls back to eager if compiling fails, ``True`` raises)."""
+    def pick(x: torch.Tensor) -> torch.Tensor:  # [B, T, …] → [N, …]
+        return x.flatten(0, 1).index_select(0, selected)
+
+    if getattr(model.config, "model_type", None) in _HEAD_ONLY_TYPES and model.get_output_embeddings() is not None:
+        body = forward_of(model.base_model, compiled)
+        hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return model.get_output_embeddings()(pick(hidden))
+    return pick(forward_of(model, compiled)(input_ids=input_ids, attention_mask=attention_mask).logits)

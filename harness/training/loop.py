@@ -1,0 +1,363 @@
+"""The training loop: one stage of completion-only SFT, read top to bottom.
+
+Per step: a length-grouped batch → forward through the model body → vocabulary projection *only at supervised
+positions* (a completion-only loss never needs the others) → loss → backward → non-finite guard → clip → AdamW
+step → warmup/cosine schedule. Every ``log_every`` steps the window's training metrics go to the tracker (overall
+and per-task loss, lr, grad norm, update ratio, tokens/s, pad fraction, per-module-group health); every
+``eval.every`` global steps and at the stage's end the ``evaluate`` callback runs; every ``checkpoint_every``
+steps a resumable checkpoint is written. Metrics are accumulated on-device and read back once per window.
+
+With several ranks (:mod:`harness.training.parallel.ddp`) the loop calls four hooks of ``DataParallel``: each rank takes its
+slice of every global batch, the forward goes through DDP, the loss is normalised by the global supervised-token
+count, and the window sums and the non-finite flag are all-reduced. Under ``train.parallel: fsdp``
+(:mod:`harness.training.parallel.fsdp`) the optimiser trains a sharded replica of the model (``trained``), whose weights ``sync``
+copies into ``model`` before every evaluation and checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+import torch
+
+from harness.training import parallel as distributed
+from harness.training.adapters import check_special_token_gradients, param_groups, unwrap
+from harness.training.compiling import compile_decision, compiled_stage
+from harness.training.forward import supervised_logits
+from harness.config import LossSpec, OptimSpec, TrainSpec
+from harness.data.batches import Batch
+from harness.training.health import GroupStats, gathered
+from harness.training.guard import Injector, NonFiniteError, first_nonfinite_module, nonfinite_grads
+from harness.training.losses import first_answer_tokens, token_losses_and_ce, token_weights, weighted_mean
+from harness.core.store import Row
+from harness.data.images import vision_supervised_logits
+
+
+def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, tasks: list[str],
+               precision: str = "fp32", compiled: Union[bool, str] = False,
+               parallel: Optional[distributed.DataParallel] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss to back-propagate, plain CE per supervised token, task index per supervised token)``.
+
+    The loss is the stage's (CE or GEM, with per-task and first-token weights); CE is returned as well so every
+    run logs the same comparable number whatever it trains on. With ``parallel`` (this rank's slice of a global
+    batch) the forward runs through DDP and the loss is this rank's term of the global mean.
+    """
+    supervised = batch.supervised  # flat positions, found once at collation
+    with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-autocast"):
+        if getattr(batch, "pixel_values", None) is not None:  # an image-text batch (harness.data.images)
+            logits = vision_supervised_logits(unwrap(model), batch, supervised)
+        elif parallel is None:
+            logits = supervised_logits(unwrap(model), batch.input_ids, batch.attention_mask, supervised, compiled)
+        else:
+            logits = parallel.logits_module(model)(batch.input_ids, batch.attention_mask, supervised, compiled)
+    losses, ce = token_losses_and_ce(logits, batch.labels.flatten()[supervised], spec)
+    row_of_token = supervised // batch.labels.shape[1]  # the example (batch row) of each supervised token
+    task_of_token = task_ids[row_of_token]
+    first = first_answer_tokens(batch.labels).flatten()[supervised] if spec.first_token_weight != 1.0 else None
+    example_of_token = row_of_token if spec.reduction == "example" else None
+    rows = batch.labels.shape[0]
+    if parallel is None:
+        loss = weighted_mean(losses, task_of_token, first, spec, tasks, example_of_token, rows)
+    else:
+        loss = parallel.global_mean(losses, token_weights(task_of_token, first, spec, tasks, example_of_token, rows))
+    return loss, ce, task_of_token
+
+
+def make_optimizer(model, spec: OptimSpec, total_steps: int):
+    """AdamW with linear warmup, then cosine / linear / constant. No weight decay on biases, norms and row-masked
+    matrices (:func:`harness.training.adapters.param_groups`: decay would move the rows ``new_token_rows`` freezes)."""
+    groups = param_groups(model, spec.weight_decay)
+    try:  # one fused kernel per parameter (CPU and CUDA); the foreach path loops over small ops on a CPU
+        optimizer = torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, eps=spec.eps, fused=True)
+    except (RuntimeError, ValueError):  # a device or dtype the fused kernel does not support
+        optimizer = torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, eps=spec.eps, foreach=True)
+
+    def factor(step: int) -> float:
+        if step < spec.warmup:
+            return (step + 1) / spec.warmup
+        if spec.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - spec.warmup) / max(1, total_steps - spec.warmup))
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if spec.schedule == "cosine" else 1 - progress
+        return spec.min_lr_ratio + (1 - spec.min_lr_ratio) * shape
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return optimizer, scheduler
+
+
+@dataclass
+class Window:
+    """Training metrics accumulated over one logging window (on-device sums, read once per window)."""
+
+    n_tasks: int
+    loss_sum: torch.Tensor = None  # per task
+    token_count: torch.Tensor = None  # per task
+    grad_norm_sum: torch.Tensor = None
+    steps: int = 0
+    skipped: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    task_share_max_sum: float = 0.0  # per batch: the largest single task's share of its examples
+    seconds: float = 0.0  # training time in the window (evaluation excluded)
+
+    def __post_init__(self):
+        self.loss_sum = torch.zeros(self.n_tasks) if self.loss_sum is None else self.loss_sum
+        self.token_count = torch.zeros(self.n_tasks) if self.token_count is None else self.token_count
+        self.grad_norm_sum = torch.zeros(()) if self.grad_norm_sum is None else self.grad_norm_sum
+
+    def add(self, losses: torch.Tensor, task_of_token: torch.Tensor, grad_norm: torch.Tensor, batch: Batch) -> None:
+        if self.loss_sum.device != losses.device:  # sums live where the losses are: no per-step host copy
+            self.loss_sum, self.token_count, self.grad_norm_sum = (
+                t.to(losses.device) for t in (self.loss_sum, self.token_count, self.grad_norm_sum))
+        self.loss_sum.index_add_(0, task_of_token, losses.detach().float())
+        self.token_count.index_add_(0, task_of_token, torch.ones_like(losses, dtype=torch.float32))
+        self.grad_norm_sum += grad_norm.detach().float()
+        self.steps += 1
+        self.real_tokens += batch.n_real_tokens
+        self.padded_tokens += batch.n_padded_tokens
+        self.task_share_max_sum += max(map(batch.tasks.count, set(batch.tasks))) / len(batch.tasks)
+
+    def rows(self, tasks: list[str], stage: str, step: int, lr: float) -> list[Row]:
+        counts = self.token_count.tolist()
+        sums = self.loss_sum.tolist()
+        out = [Row(stage, step, task, "train", "loss", s / c) for task, s, c in zip(tasks, sums, counts) if c]
+        if self.steps:
+            out += [
+                Row(stage, step, None, "train", "loss", sum(sums) / max(1.0, sum(counts))),
+                Row(stage, step, None, "train", "grad_norm", float(self.grad_norm_sum) / self.steps),
+                Row(stage, step, None, "train", "tokens_per_s", self.real_tokens / max(self.seconds, 1e-9)),
+                Row(stage, step, None, "train", "pad_fraction", 1 - self.real_tokens / max(1, self.padded_tokens)),
+                # how far batches stray from the mixture: a batcher that clusters tasks makes its own seesaw
+                Row(stage, step, None, "train", "batch_task_share_max", self.task_share_max_sum / self.steps),
+            ]
+        out.append(Row(stage, step, None, "train", "lr", lr))
+        if self.skipped:
+            out.append(Row(stage, step, None, "train", "skipped_steps", self.skipped))
+        return out
+
+    def state(self) -> dict[str, Any]:
+        return {"loss_sum": self.loss_sum.tolist(), "token_count": self.token_count.tolist(),
+                "grad_norm_sum": float(self.grad_norm_sum), "steps": self.steps, "skipped": self.skipped,
+                "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens,
+                "task_share_max_sum": self.task_share_max_sum, "seconds": self.seconds}
+
+    @classmethod
+    def from_state(cls, n_tasks: int, state: dict[str, Any]) -> "Window":
+        return cls(n_tasks, torch.tensor(state["loss_sum"]), torch.tensor(state["token_count"]),
+                   torch.tensor(state["grad_norm_sum"]), state["steps"], state["skipped"], state["real_tokens"],
+                   state["padded_tokens"], state.get("task_share_max_sum", 0.0), state["seconds"])
+
+
+@dataclass
+class LoopState:
+    """Where a stage's loop is: enough to continue it exactly (saved in resumable checkpoints)."""
+
+    batch_index: int = 0  # batches of this stage already consumed
+    consecutive_skips: int = 0
+    window: Optional[dict[str, Any]] = None
+    optimizer: Optional[dict[str, Any]] = None
+    scheduler: Optional[dict[str, Any]] = None
+
+
+@dataclass(init=False)
+class StageLoop:
+    """The settings of one stage's loop and the callbacks it reports through.
+
+    ``train`` is the stage's :class:`~harness.config.TrainSpec`; the loop reads ``optim``, ``loss``, ``precision``,
+    ``log_every``, ``nonfinite``, ``diagnostics``, ``compile`` (not while a fault is injected) and
+    ``checkpoint_every`` from it. Loops that are not an experiment's stage (pretraining, the sanity check, tests)
+    give those settings as keywords instead, over the defaults (``compile`` false there): ``StageLoop(...,
+    optim=OptimSpec(lr=1e-3), log_every=5)``.
+    """
+
+    stage: str
+    start_step: int  # global step before the stage's first batch
+    tasks: list[str]
+    log: Callable[[list[Row], int], None]
+    evaluate: Callable[[int], None]
+    train: TrainSpec
+    eval_every: int
+    special_tokens: dict[str, int]  # must get gradient at the stage's first step
+    injector: Optional[Injector]
+    save_checkpoint: Optional[Callable[[int, LoopState], None]]
+    progress: Optional[Callable[[int], None]]
+    kill_at: Optional[int]  # debug.kill_rank: the global step at which this process SIGKILLs itself
+
+    def __init__(self, stage: str, start_step: int, tasks: list[str], log: Callable[[list[Row], int], None],
+                 evaluate: Callable[[int], None], train: Optional[TrainSpec] = None, *, eval_every: int = 10**9,
+                 special_tokens: Optional[dict[str, int]] = None, injector: Optional[Injector] = None,
+                 save_checkpoint: Optional[Callable[[int, LoopState], None]] = None,
+                 progress: Optional[Callable[[int], None]] = None, kill_at: Optional[int] = None,
+                 **train_settings: Any):
+        unknown = sorted(set(train_settings) - set(TrainSpec.model_fields))
+        if unknown:
+            raise TypeError(f"StageLoop: unknown train setting(s) {', '.join(unknown)}")
+        self.stage, self.start_step, self.tasks, self.log, self.evaluate = stage, start_step, tasks, log, evaluate
+        # Loops that are not a stage stay eager unless told: pretraining's numbers are cached by a key without it.
+        base = train if train is not None else TrainSpec(compile=False)
+        self.train = base.model_copy(update=train_settings)
+        self.eval_every, self.special_tokens, self.injector = eval_every, special_tokens or {}, injector
+        self.save_checkpoint, self.progress, self.kill_at = save_checkpoint, progress, kill_at
+
+
+def _diagnose(model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step: int, what: str,
+              parallel=None) -> dict[str, Any]:
+    """Name the first module with a non-finite output (re-running the batch with hooks) and the bad grads. A
+    sharded (FSDP) model re-runs through its sharded forward, on every rank (the all-gathers must match); a DDP
+    model re-runs outside DDP (a second DDP forward before the optimiser step would confuse its reducer)."""
+    through = parallel if parallel is not None and parallel.sharded else None
+    tasks: dict[str, int] = {}
+    for t in batch.tasks:
+        tasks[t] = tasks.get(t, 0) + 1
+    return {
+        "step": step, "stage": loop.stage, "what": what,
+        "first_module": first_nonfinite_module(
+            model, lambda: batch_loss(model, batch, loop.train.loss, task_ids, loop.tasks, loop.train.precision,
+                                      parallel=through)),
+        "nonfinite_grads": nonfinite_grads(model),
+        "tasks": tasks,
+    }
+
+
+def _nonfinite_report(model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step: int, loss: torch.Tensor,
+                      grad_norm: torch.Tensor, parallel) -> Optional[dict[str, Any]]:
+    """None when the step's loss and gradient are finite (on every rank), else the guard's report — with several
+    ranks, the report of the first rank where it began, on every rank, so that all of them stop here."""
+    loss_bad, grad_bad = (~torch.isfinite(torch.stack([loss.detach().float(), grad_norm.float()]))).tolist()
+    bad_ranks = parallel.bad_ranks(loss_bad, grad_bad) if parallel is not None else []  # one host sync per step
+    if not (loss_bad or grad_bad or bad_ranks):
+        return None
+    report = _diagnose(model, batch, loop, task_ids, step, "loss" if loss_bad else "gradient", parallel)
+    return parallel.report_of(bad_ranks[0], report) if bad_ranks else report
+
+
+def _window_rows(loop: StageLoop, step: int, window: Window, lr: float, groups: Optional[GroupStats],
+                 before: Optional[dict], group_grads: Optional[dict[str, float]]) -> list[Row]:
+    """The window's training metrics, with the per-module-group update ratios and grad norms when measured."""
+    out = window.rows(loop.tasks, loop.stage, step, lr)
+    if groups is not None and before is not None:
+        ratios = groups.update_ratios(before)
+        out.append(Row(loop.stage, step, None, "train", "update_ratio", ratios.pop("all")))
+        out += [Row(loop.stage, step, None, "train", f"diag/{g}/update_ratio", v) for g, v in ratios.items()]
+        out += [Row(loop.stage, step, None, "train", f"diag/{g}/grad_norm", v) for g, v in (group_grads or {}).items()]
+    return out
+
+
+def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[LoopState] = None) -> int:
+    """Train ``model`` on ``batches`` (one optimiser step each), from ``resume`` if given; returns the global
+    step at the end. Raises :class:`~harness.training.guard.NonFiniteError` when the guard stops the run, and
+    :class:`~harness.training.compiling.CompileFailed` when ``train.compile: true`` cannot compile."""
+    device = next(model.parameters()).device
+    # Decided from the stage's length (not what is left of it: a resumed stage decides as its first run did).
+    # Injected faults are forward hooks: they need eager modules.
+    compile_it = compile_decision(loop.train.compile, len(batches), device.type) and loop.injector is None
+    with compiled_stage(compile_it):
+        return _train_stage(model, batches, loop, resume, loop.train.compile if compile_it else False)
+
+
+def _optimizer_for(trained, spec: OptimSpec, steps: int, state: LoopState, parallel):
+    """The stage's optimiser and schedule, continuing a resumed stage's saved state."""
+    optimizer, scheduler = make_optimizer(trained, spec, steps)
+    if state.optimizer is not None:
+        if parallel is not None:  # FSDP shards the saved (one-process format) state onto its ranks
+            parallel.load_optimizer_state(optimizer, state.optimizer)
+        else:
+            optimizer.load_state_dict(state.optimizer)
+        scheduler.load_state_dict(state.scheduler)
+    return optimizer, scheduler
+
+
+def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[LoopState],
+                 compiled: Union[bool, str]) -> int:
+    train, task_index = loop.train, {t: i for i, t in enumerate(loop.tasks)}
+    parallel = distributed.current(train.parallel)  # None in a single process
+    if parallel is not None:
+        batches = [parallel.shard(b) for b in batches]
+    # What the optimiser trains: ``model`` itself, or under FSDP a sharded replica whose weights are synced back
+    # into ``model`` before every evaluation and checkpoint (harness.training.parallel.fsdp).
+    trained = parallel.trained_module(model, train.precision) if parallel is not None else model
+    params = [p for p in trained.parameters() if p.requires_grad]
+    groups = GroupStats(trained) if train.diagnostics else None
+    state = resume or LoopState()
+    optimizer, scheduler = _optimizer_for(trained, train.optim, len(batches), state, parallel)
+    window = Window.from_state(len(loop.tasks), state.window) if state.window else Window(len(loop.tasks))
+    max_norm = train.optim.grad_clip if train.optim.grad_clip is not None else float("inf")
+    guard = train.nonfinite.action != "off"
+    device = next(model.parameters()).device
+    trained.train()
+    upcoming = batches[state.batch_index].to(device) if state.batch_index < len(batches) else None
+
+    for i in range(state.batch_index, len(batches)):
+        batch, step = upcoming, loop.start_step + i + 1
+        task_ids = torch.tensor([task_index[t] for t in batch.tasks]).to(device)
+        is_log_step = (i + 1) % train.log_every == 0 or i + 1 == len(batches)
+        started, before = time.perf_counter(), None
+
+        if step == loop.kill_at:  # no cleanup, no exit code: what a crashed or OOM-killed rank leaves behind
+            os.kill(os.getpid(), signal.SIGKILL)
+        if loop.injector is not None:
+            loop.injector.before_forward(trained, step)
+        loss, ce, task_of_token = batch_loss(trained, batch, train.loss, task_ids, loop.tasks, train.precision,
+                                             compiled, parallel)
+        loss.backward()
+        if i + 1 < len(batches):  # on a GPU the next batch's copy overlaps this step's work
+            upcoming = batches[i + 1].to(device)
+        if loop.injector is not None:
+            loop.injector.after_backward(trained, step)
+        if i == 0 and loop.special_tokens:
+            # Before the stage's first update: every special token the stage uses must reach its trainable row.
+            check_special_token_gradients(trained, loop.special_tokens, batch=batch)
+        group_grads = groups.grad_norms() if groups is not None and is_log_step else None
+        grad_norm = gathered(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
+
+        report = _nonfinite_report(trained, batch, loop, task_ids, step, loss, grad_norm, parallel) if guard else None
+        if report is not None:
+            state.consecutive_skips += 1
+            if train.nonfinite.action == "stop" or state.consecutive_skips >= train.nonfinite.max_consecutive:
+                if train.nonfinite.action == "skip_step":
+                    report["consecutive_skips"] = state.consecutive_skips
+                raise NonFiniteError(report)
+            optimizer.zero_grad(set_to_none=True)  # skip_step: drop this step, keep the schedule
+            scheduler.step()
+            window.skipped += 1
+            if loop.injector is not None:
+                loop.injector.remove()
+            loop.log([Row(loop.stage, step, None, "train", "nonfinite_skip", 1.0)], step)
+        else:
+            state.consecutive_skips = 0
+            if loop.injector is not None:
+                loop.injector.remove()
+            # Clip only now: clipping non-finite gradients would smear NaN over every parameter's gradient.
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, grad_norm)
+            before = groups.snapshot() if groups is not None and is_log_step else None
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            window.add(ce, task_of_token, grad_norm, batch)
+
+        window.seconds += time.perf_counter() - started
+        if is_log_step:
+            if parallel is not None:
+                parallel.sum_window(window)
+            loop.log(_window_rows(loop, step, window, scheduler.get_last_lr()[0], groups, before, group_grads), step)
+            window = Window(len(loop.tasks))
+        if loop.progress is not None:
+            loop.progress(1)
+        if step % loop.eval_every == 0 or i + 1 == len(batches):
+            if parallel is not None:
+                parallel.sync(model)
+            loop.evaluate(step)
+            trained.train()
+        if loop.save_checkpoint is not None and train.checkpoint_every and step % train.checkpoint_every == 0 \
+                and i + 1 < len(batches):
+            if parallel is not None:
+                parallel.sync(model)
+            loop.save_checkpoint(step, LoopState(i + 1, state.consecutive_skips, window.state(),
+                                                 parallel.optimizer_state(optimizer) if parallel is not None
+                                                 else optimizer.state_dict(), scheduler.state_dict()))
+    return loop.start_step + len(batches)

@@ -1,0 +1,27 @@
+"""Training on several ranks: DDP (:mod:`.ddp`: the process group and the loop's hooks) and FSDP2 (:mod:`.fsdp`),
+behind one set of hooks, :class:`DataParallel`, that :func:`current` hands the training loop (None in one process).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from harness.training.parallel.ddp import DataParallel, ParallelError, active_ddp
+from harness.training.parallel.fsdp import FullyShardedDataParallel
+
+__all__ = ["DataParallel", "FullyShardedDataParallel", "ParallelError", "current", "kill_step"]
+
+
+def current(parallel: str = "ddp") -> Optional[DataParallel]:
+    """The data-parallel hooks when this process is one of several ranks, else None; ``parallel="fsdp"`` (a
+    stage's ``train.parallel``): new hooks for one FSDP stage (:mod:`harness.training.parallel.fsdp`)."""
+    here = active_ddp()
+    if here is None or parallel == "ddp":
+        return here
+    return FullyShardedDataParallel()
+
+
+def kill_step(spec) -> Optional[int]:
+    """``debug.kill_rank``'s step when it names this process's rank (0 in a single process), else None."""
+    here = current()
+    return spec.step if spec is not None and spec.rank == (here.rank if here is not None else 0) else None

@@ -1,0 +1,181 @@
+"""Data-parallel training over torch.distributed: the process group and the few hooks the training loop calls when
+there is more than one rank (launching the ranks and running a rank's experiment is :mod:`harness.runs.ranks`).
+
+- the data pipeline and the seeded mixture sampler are global and identical on every rank; each rank trains on
+  its contiguous slice of the rows of every global batch (:meth:`DataParallel.shard`), so ``batch_size`` is the
+  global batch and the mixture's composition is unchanged;
+- gradients are exchanged by ``DistributedDataParallel`` (its all-reduce averages over ranks); the loss each rank
+  back-propagates is its share of the *global* supervised-token mean, ``Σ_rank-tokens w·l / Σ_all-tokens w ×
+  world`` (the denominator all-reduced), so the gradient equals one process's on the whole batch — not the mean
+  of per-rank means, which weighs a rank with few supervised tokens like one with many;
+- the non-finite flag is all-reduced, so a NaN on one rank stops every rank at that step (the report names it);
+- evaluation is sharded: each rank runs its share of the eval batches on the identical model and the per-item
+  results are gathered (:mod:`harness.evaluation.sharding`), so every rank holds the one-process result;
+- resume points gather every rank's RNG state and metrics window to rank 0 (:mod:`harness.training.checkpoint`).
+
+A stage with ``train.parallel: fsdp`` trains a sharded replica through the same hooks
+(:mod:`harness.training.parallel.fsdp`).
+
+Collectives time out after ``HARNESS_DIST_TIMEOUT`` seconds (default 1800), so a rank that dies cannot leave
+the others waiting forever. The backend is nccl on GPUs, gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import weakref
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from harness.data.batches import Batch
+from harness.training.adapters import unwrap
+from harness.training.forward import supervised_logits
+
+
+class ParallelError(ValueError):
+    """A run that cannot train the way ``train.parallel`` asks (an unsupported model); the CLI's one-line exit 2."""
+
+
+TIMEOUT_ENV = "HARNESS_DIST_TIMEOUT"
+
+
+class _SupervisedLogits(torch.nn.Module):
+    """The model's logits at the supervised positions as one module, so DDP sees the whole training forward
+    (the loop calls the model body and the head separately, which DDP cannot follow)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, selected, compiled: bool = False):
+        return supervised_logits(unwrap(self.model), input_ids, attention_mask, selected, compiled)
+
+
+class DataParallel:
+    """This rank's view of the process group, with the hooks :func:`harness.training.loop.train_stage` calls."""
+
+    sharded = False  # harness.training.parallel.fsdp's subclass: the trained module's weights exist in full only inside its forward
+
+    def __init__(self):
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self._wrapped: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+    def trained_module(self, model: torch.nn.Module, precision: str) -> torch.nn.Module:
+        """The module whose parameters the stage's optimiser trains: ``model`` itself (FSDP: a sharded replica)."""
+        return model
+
+    def sync(self, model: torch.nn.Module) -> None:
+        """Bring ``model`` up to date with the trained module before it is evaluated or saved (DDP: it is that)."""
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """The optimiser's state for a resumable checkpoint (the one-process format)."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Load a resume point's optimiser state (the one-process format) into this rank's optimiser."""
+        optimizer.load_state_dict(state)
+
+    def shard(self, batch: Batch) -> Batch:
+        """This rank's contiguous slice of the rows of a global batch (same padded width as the whole batch)."""
+        rows = batch.input_ids.shape[0]
+        if rows < self.world:
+            raise ValueError(f"train.batch_size {rows} is smaller than the {self.world} ranks: each needs a row")
+        start, end = rows * self.rank // self.world, rows * (self.rank + 1) // self.world
+        mask = batch.attention_mask[start:end]
+        return Batch(batch.input_ids[start:end], mask, batch.labels[start:end], batch.tasks[start:end],
+                     int(mask.sum()), int(mask.numel()))
+
+    def logits_module(self, model: torch.nn.Module) -> DistributedDataParallel:
+        """The DDP-wrapped training forward of ``model``, rebuilt when its trainable set changed (a new stage)."""
+        trainable = tuple(n for n, p in model.named_parameters() if p.requires_grad)
+        cached = self._wrapped.get(model)
+        if cached is None or cached[0] != trainable:
+            device = next(model.parameters()).device
+            ddp = DistributedDataParallel(_SupervisedLogits(model),
+                                          device_ids=[device] if device.type == "cuda" else None)
+            self._wrapped[model] = (trainable, ddp)
+        return self._wrapped[model][1]
+
+    def global_mean(self, per_token: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
+        """This rank's term of the global weighted token mean, scaled by the world size (DDP averages gradients)."""
+        weights = torch.ones_like(per_token) if weights is None else weights.to(per_token.dtype)
+        total = weights.sum().detach().float()
+        dist.all_reduce(total)
+        return (per_token * weights).sum() / total.clamp_min(1e-12).to(per_token.dtype) * self.world
+
+    def sum_window(self, window) -> None:
+        """Sum a training-metrics window's per-task losses, token counts and token totals over ranks (in place);
+        the grad norm is the same on every rank after the all-reduce, so it stays."""
+        counts = torch.tensor([window.real_tokens, window.padded_tokens], dtype=torch.float64)
+        for t in (window.loss_sum, window.token_count, counts):
+            dist.all_reduce(t)
+        window.real_tokens, window.padded_tokens = int(counts[0]), int(counts[1])
+
+    def bad_ranks(self, loss_bad: bool, grad_bad: bool) -> list[int]:
+        """The ranks where a non-finite step began: those whose loss was non-finite, else those whose gradient
+        was (a NaN loss on one rank reaches every rank's gradient through the all-reduce). Every rank learns
+        them; one host sync."""
+        flags = torch.zeros(self.world, dtype=torch.int32)
+        flags[self.rank] = 2 * int(loss_bad) + int(grad_bad)
+        dist.all_reduce(flags)
+        values = flags.tolist()
+        return [r for r, f in enumerate(values) if f >= 2] or [r for r, f in enumerate(values) if f]
+
+    def gather(self, obj) -> Optional[list]:
+        """``obj`` of every rank, in rank order, on rank 0 (None on the others): resume points' per-rank state."""
+        out = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0)
+        return out
+
+    def all_gather(self, obj):
+        """``obj`` of every rank, in rank order (sharded evaluation's per-item results)."""
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def report_of(self, rank: int, report: dict) -> dict:
+        """``rank``'s non-finite report on every rank (it names the module and parameters as that rank saw them)."""
+        box = [report]
+        dist.broadcast_object_list(box, src=rank)
+        return {**box[0], "rank": rank}
+
+
+_CURRENT: Optional[DataParallel] = None
+
+
+@contextlib.contextmanager
+def process_group() -> Iterator[int]:
+    """Join the process group torchrun set up (nccl on GPUs, each rank on its ``LOCAL_RANK`` device; gloo on CPU)
+    and yield this rank; the group is destroyed on the way out."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "1800")))
+    dist.init_process_group(backend, timeout=timeout)
+    try:
+        yield dist.get_rank()
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def active() -> Iterator[DataParallel]:
+    """Make this rank's :class:`DataParallel` the one :func:`harness.training.parallel.current` returns, for the
+    experiment run inside (after every rank has reached this point)."""
+    global _CURRENT
+    dist.barrier()
+    _CURRENT = DataParallel()
+    try:
+        yield _CURRENT
+    finally:
+        _CURRENT = None
+
+
+def active_ddp() -> Optional[DataParallel]:
+    """This rank's hooks while :func:`active`, else None (one process)."""
+    return _CURRENT
