@@ -55,7 +55,7 @@ def child(steps: int, compile_mode: bool, nondeterministic: bool = False) -> dic
     import warnings
 
     warnings.filterwarnings("ignore")
-    from harness.training.adapters import stage_special_tokens
+    from harness.training.special_tokens import stage_special_tokens
     from harness.config import validate_data
     from harness.runs.prepare import build_task_data, encode_task_data, load_base, plan_stage
     from harness.training import loop as train_module

@@ -22,7 +22,7 @@ from bench.train_speed_inputs import load_inputs, load_model
 def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None = None, log_every: int | None = None):
     """Plan the stage and train it with :func:`harness.training.loop.train_stage` as :func:`harness.runs.runner.run_experiment`
     does. Returns ``(per-step end times, (real, padded, supervised) tokens per batch, logged rows, the model)``."""
-    from harness.training.adapters import stage_special_tokens
+    from harness.training.special_tokens import stage_special_tokens
     from harness.runs.prepare import plan_stage
     from harness.core.store import Row
     from harness.runs.tracking import Tracker

@@ -12,16 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.training.adapters import (
-    SpecialTokenGradientError,
-    check_special_token_gradients,
-    param_groups,
-    prepare_stage_model,
-    resolve_target_modules,
-    stage_special_tokens,
-    trainable_report,
-    unwrap,
-)
+from harness.training.adapters import param_groups, prepare_stage_model, resolve_target_modules, trainable_report, unwrap
+from harness.training.special_tokens import SpecialTokenGradientError, check_special_token_gradients, stage_special_tokens
 from harness.training.checkpoint import save_stage_checkpoint
 from harness.config import ModelSpec, TrainableSpec
 from harness.data.batches import collate

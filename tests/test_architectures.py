@@ -10,13 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.training.adapters import (
-    check_special_token_gradients,
-    param_groups,
-    prepare_stage_model,
-    stage_special_tokens,
-    trainable_report,
-)
+from harness.training.adapters import param_groups, prepare_stage_model, trainable_report
+from harness.training.special_tokens import check_special_token_gradients, stage_special_tokens
 from harness.config import ModelSpec, TrainableSpec, load_experiment
 from harness.data.batches import collate
 from harness.data.encoding import encode_examples

@@ -87,6 +87,8 @@ def test_special_token_check_stops_a_stage_whose_new_rows_cannot_train(tmp_path,
         return real(n_rows, sorted(rows)[:-1], device)
 
     monkeypatch.setattr(adapters, "_frozen_rows", off_by_one)
-    with pytest.raises(adapters.SpecialTokenGradientError, match=r"<\|im_end\|>"):
+    from harness.training.special_tokens import SpecialTokenGradientError
+
+    with pytest.raises(SpecialTokenGradientError, match=r"<\|im_end\|>"):
         # stage_cache false: the patched code trains the stage, instead of replaying an entry the real code made
         micro_run(tmp_path, "train.trainable={mode: frozen, new_token_rows: true}", "train.stage_cache=false")

@@ -81,7 +81,7 @@ def run(
 
     from harness.runs import ranks
     from harness.training.parallel import ParallelError
-    from harness.training.adapters import SpecialTokenGradientError
+    from harness.training.special_tokens import SpecialTokenGradientError
     from harness.training.checkpoint import WorldSizeError, check_resume_world
     from harness.config import ConfigError
     from harness.training.guard import NonFiniteError
@@ -260,7 +260,7 @@ def repro(
     list_: bool = typer.Option(False, "--list", help="List the reproductions and exit."),
 ):
     """Run a published finding's arms for several seeds; write NAME.md (table with intervals) and NAME.png."""
-    from harness.training.adapters import SpecialTokenGradientError
+    from harness.training.special_tokens import SpecialTokenGradientError
     from harness.config import ConfigError
     from harness.training.guard import NonFiniteError
     from harness.studies.repro.plan import available, load_repro, parse_seeds, run_repro

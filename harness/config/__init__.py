@@ -38,8 +38,8 @@ from harness.config.schema import (
     WandbSpec,
     WorldSpec,
     computing_debug,
-    task_seed,
 )
+from harness.config.seeds import task_seed
 from harness.config.yaml_io import dump_yaml, load_raw, safe_load
 
 __all__ = [

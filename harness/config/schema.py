@@ -9,7 +9,6 @@ evaluators) or the whole file live in :mod:`harness.config.load`, so the schema 
 from __future__ import annotations
 
 import copy
-import hashlib
 import math
 import re
 from dataclasses import dataclass
@@ -451,11 +450,3 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
     return out
 
 
-def task_seed(exp: Experiment, task: str) -> int:
-    """A task's data seed: its own, or one derived from the experiment's data seed (``data_seed``, else ``seed``)
-    and the task name."""
-    spec = exp.tasks[task]
-    if spec.seed is not None:
-        return spec.seed
-    base = exp.data_seed if exp.data_seed is not None else exp.seed
-    return int.from_bytes(hashlib.sha256(f"{base}/{task}".encode()).digest()[:4], "little")

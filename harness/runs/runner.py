@@ -23,8 +23,8 @@ from safetensors.torch import load_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from harness.training import parallel as distributed
-from harness.training.adapters import (drop_adapter, format_trainable_report, merged_state_dict, prepare_stage_model,
-                              stage_special_tokens, trainable_report)
+from harness.training.adapters import drop_adapter, format_trainable_report, merged_state_dict, prepare_stage_model, trainable_report
+from harness.training.special_tokens import stage_special_tokens
 from harness.training.checkpoint import (Start, latest_resume_point, load_state_dict, resume_start, save_resume_point,
                                 save_stage_checkpoint)
 from harness.config import (ConfigError, Experiment, ResolvedStage, TrainableSpec, computing_debug, dump_yaml,

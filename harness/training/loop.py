@@ -26,7 +26,8 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from harness.training import parallel as distributed
-from harness.training.adapters import check_special_token_gradients, param_groups, unwrap
+from harness.training.adapters import param_groups, unwrap
+from harness.training.special_tokens import check_special_token_gradients
 from harness.training.compiling import compile_decision, compiled_stage
 from harness.training.forward import supervised_logits
 from harness.config import LossSpec, OptimSpec, TrainSpec
@@ -272,6 +273,24 @@ def _optimizer_for(trained, spec: OptimSpec, steps: int, state: LoopState, paral
     return optimizer, scheduler
 
 
+def _skip_or_stop(report: dict[str, Any], state: LoopState, loop: StageLoop, optimizer, scheduler, window: Window,
+                  step: int) -> None:
+    """A non-finite step: stop (``nonfinite.action: stop``, or too many skips in a row), or drop the step and keep
+    the schedule (``skip_step``)."""
+    nonfinite = loop.train.nonfinite
+    state.consecutive_skips += 1
+    if nonfinite.action == "stop" or state.consecutive_skips >= nonfinite.max_consecutive:
+        if nonfinite.action == "skip_step":
+            report["consecutive_skips"] = state.consecutive_skips
+        raise NonFiniteError(report)
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    window.skipped += 1
+    if loop.injector is not None:
+        loop.injector.remove()
+    loop.log([Row(loop.stage, step, None, "train", "nonfinite_skip", 1.0)], step)
+
+
 def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[LoopState],
                  compiled: Union[bool, str]) -> int:
     train, task_index = loop.train, {t: i for i, t in enumerate(loop.tasks)}
@@ -317,17 +336,7 @@ def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[
 
         report = _nonfinite_report(trained, batch, loop, task_ids, step, loss, grad_norm, parallel) if guard else None
         if report is not None:
-            state.consecutive_skips += 1
-            if train.nonfinite.action == "stop" or state.consecutive_skips >= train.nonfinite.max_consecutive:
-                if train.nonfinite.action == "skip_step":
-                    report["consecutive_skips"] = state.consecutive_skips
-                raise NonFiniteError(report)
-            optimizer.zero_grad(set_to_none=True)  # skip_step: drop this step, keep the schedule
-            scheduler.step()
-            window.skipped += 1
-            if loop.injector is not None:
-                loop.injector.remove()
-            loop.log([Row(loop.stage, step, None, "train", "nonfinite_skip", 1.0)], step)
+            _skip_or_stop(report, state, loop, optimizer, scheduler, window, step)
         else:
             state.consecutive_skips = 0
             if loop.injector is not None:

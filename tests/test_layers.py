@@ -1,0 +1,128 @@
+"""The layers hold: import-linter's contracts (``[tool.importlinter]`` in pyproject.toml) are kept, and no two modules
+of ``harness``, ``analysis`` and ``data_recipes`` import each other, directly or through others.
+
+Both read every import statement, function-level ones included (grimp parses the source; nothing is imported), so a
+deferred import is no way around a layer. Each check is also run on a copy of the tree with one planted violation,
+to show it fails when it should.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+from tests.conftest import ROOT
+
+PACKAGES = ("harness", "analysis", "data_recipes")
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """import-linter's command on the tree at ``root`` (its pyproject.toml, its packages first on the path)."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    command = [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()",
+               "--config", str(root / "pyproject.toml"), "--no-cache"]
+    return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+def import_cycles(*packages: str) -> list[list[str]]:
+    """Every set of modules that import each other (strongly connected components of more than one module of
+    grimp's import graph), each sorted."""
+    graph = grimp.build_graph(*packages, cache_dir=None)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for root in sorted(graph.modules):  # Tarjan's algorithm, iteratively (no recursion limit)
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+@pytest.fixture(scope="module")
+def tree_copy(tmp_path_factory) -> Path:
+    """A copy of the packages and pyproject.toml, to plant violations in."""
+    root = tmp_path_factory.mktemp("tree")
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__", "*.ipynb"))
+    shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
+    return root
+
+
+def test_contracts_are_kept():
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def test_no_import_cycles():
+    assert import_cycles(*PACKAGES) == []
+
+
+@pytest.mark.parametrize("where, planted", [
+    ("harness/core/stats.py", "from harness.evaluation import passes  # planted: core importing a layer above\n"),
+    ("harness/data/stream.py", "def _planted():\n    from harness.runs import runner  # planted, inside a function\n"),
+    ("analysis/trials.py", "def _planted():\n    from harness.config import Experiment  # planted\n"),
+])
+def test_an_upward_import_breaks_a_contract(tree_copy, where, planted):
+    path = tree_copy / where
+    original = path.read_text()
+    path.write_text(original + "\n\n" + planted)
+    try:
+        result = lint_imports(tree_copy)
+    finally:
+        path.write_text(original)
+    assert result.returncode != 0
+    assert "BROKEN" in result.stdout and where.removesuffix(".py").replace("/", ".") in result.stdout
+
+
+def test_a_function_level_cycle_is_found(tree_copy, monkeypatch):
+    path = tree_copy / "harness/core/names.py"
+    original = path.read_text()
+    path.write_text(original + "\n\ndef _planted():\n    from harness.core import redact  # planted\n")
+    (tree_copy / "harness/core/redact.py").write_text(
+        (ROOT / "harness/core/redact.py").read_text() + "\n\ndef _back():\n    from harness.core import names\n")
+    monkeypatch.syspath_prepend(str(tree_copy))
+    for name in [m for m in sys.modules if m.split(".")[0] in PACKAGES]:
+        monkeypatch.delitem(sys.modules, name)  # grimp finds packages through the import system
+    try:
+        cycles = import_cycles(*PACKAGES)
+    finally:
+        path.write_text(original)
+        shutil.copy(ROOT / "harness/core/redact.py", tree_copy / "harness/core/redact.py")
+    assert cycles == [["harness.core.names", "harness.core.redact"]]
