@@ -2,7 +2,7 @@
 for a user's mistake (``--debug``, anywhere on the command line, shows the traceback instead).
 
 Exit codes: 0 success; 2 invalid input (experiment / sweep file, ``--set`` value, task data, a run directory that
-is not empty or is in use, a corrupt samples file, ``train.compile: true`` where compiling fails); 3 stopped by
+is not empty or is in use, a corrupt samples file, ``train.compile: true`` where compiling fails, ``train.packing: true`` where packing is not exact); 3 stopped by
 the non-finite guard; 4 a special token's row would not train; 5 the file system refused (permission denied, disk
 full, read-only — also when a library such as safetensors or polars reports it in its own exception type); 1
 anything else (a bug: the traceback is printed).
@@ -35,8 +35,9 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     from harness.training.compiling import CompileFailed  # train.compile: true where this machine cannot compile
     from harness.config import ConfigError
     from harness.runs.prepare import DataError
+    from harness.training.packing import PackingError  # train.packing: true on a model packing is not exact on
 
-    return ConfigError, DataError, RunDirError, JsonlError, yaml.YAMLError, CompileFailed
+    return ConfigError, DataError, RunDirError, JsonlError, yaml.YAMLError, CompileFailed, PackingError
 
 
 # A file-system refusal raised by a library as its own type (safetensors and polars write through Rust I/O and

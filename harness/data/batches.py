@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -53,21 +53,42 @@ def _stratified_by_task(window: list[Encoded]) -> list[Encoded]:
     return [e for _, _, e in keyed]
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where a packed batch's examples are (:mod:`harness.data.packing`): ``spans[i] = (row, start, length)`` of
+    example ``i`` in sampler order, the pad id of the rows' tails and the row-width factor that laid them out."""
+
+    spans: tuple[tuple[int, int, int], ...]
+    pad_id: int
+    factor: Optional[int]
+
+
 @dataclass
 class Batch:
     input_ids: Any  # LongTensor [B, T]
-    attention_mask: Any  # LongTensor [B, T]
+    attention_mask: Any  # LongTensor [B, T]: 1 on real tokens (a packed batch's model forward gets no mask)
     labels: Any  # LongTensor [B, T], already shifted (position t predicts token t+1)
-    tasks: list[str]
+    tasks: list[str]  # one per example, in sampler order
     n_real_tokens: int
     n_padded_tokens: int
     # Flat positions (row × T + t) of the supervised tokens, in row-major order: the loop gathers hidden states and
     # labels with them, so it never searches the label mask on the device (no host sync). Computed when absent.
+    # A packed batch lists them in sampler order (example by example), as a padded one does.
     supervised: Any = None  # LongTensor [N]
+    # Packed batches only (None when padded): positions restarting at 0 per example [B, T], and the layout.
+    position_ids: Any = None
+    example_of_token: Any = None  # LongTensor [N]: the example (index into tasks) of each supervised token
+    layout: Optional[Layout] = None
 
     def __post_init__(self):
         if self.supervised is None:
             self.supervised = (self.labels.flatten() != IGNORE_INDEX).nonzero().flatten()
+        if self.example_of_token is None:  # padded: one example per row
+            self.example_of_token = self.supervised // self.labels.shape[1]
+
+    @property
+    def packed(self) -> bool:
+        return self.position_ids is not None
 
     def to(self, device) -> "Batch":
         """The batch on ``device``; to a GPU through pinned memory, without blocking the host."""
@@ -78,12 +99,13 @@ class Batch:
             return self
 
         def move(t):
-            if device.type != "cuda":
-                return t.to(device)
+            if t is None or device.type != "cuda":
+                return t if t is None else t.to(device)
             return (t.pin_memory() if t.device.type == "cpu" else t).to(device, non_blocking=True)
 
         return Batch(move(self.input_ids), move(self.attention_mask), move(self.labels), self.tasks,
-                     self.n_real_tokens, self.n_padded_tokens, move(self.supervised))
+                     self.n_real_tokens, self.n_padded_tokens, move(self.supervised), move(self.position_ids),
+                     move(self.example_of_token), self.layout)
 
 
 def collate(examples: list[Encoded], pad_id: int) -> Batch:

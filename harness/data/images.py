@@ -121,7 +121,7 @@ class VisionBatch(Batch):
             return self
         pixels = None if self.pixel_values is None else self.pixel_values.to(device)
         return VisionBatch(moved.input_ids, moved.attention_mask, moved.labels, moved.tasks, moved.n_real_tokens,
-                           moved.n_padded_tokens, moved.supervised, pixels, self.image_rows)
+                           moved.n_padded_tokens, moved.supervised, pixel_values=pixels, image_rows=self.image_rows)
 
 
 def collate_mixed(examples: Sequence[Encoded], pad_id: int, drop_images: bool = False) -> VisionBatch:
@@ -136,7 +136,7 @@ def collate_mixed(examples: Sequence[Encoded], pad_id: int, drop_images: bool = 
         if drop_images:
             pixels = torch.zeros_like(pixels)
     return VisionBatch(base.input_ids, base.attention_mask, base.labels, base.tasks, base.n_real_tokens,
-                       base.n_padded_tokens, base.supervised, pixels, rows)
+                       base.n_padded_tokens, base.supervised, pixel_values=pixels, image_rows=rows)
 
 
 def vision_supervised_logits(model, batch: VisionBatch, selected=None):

@@ -306,8 +306,10 @@ def _fit_eval(exp: Experiment, items: list, max_positions: Optional[int]) -> tup
 @dataclass
 class StagePlan:
     stage: ResolvedStage
-    batches: list
+    batches: list  # padded (harness.runs.packing decides at the stage's start whether it trains them packed)
     composition: dict[str, dict[str, float]]
+    examples: list = field(default_factory=list)  # per batch, its encoded examples in sampler order
+    has_images: bool = False
 
 
 def plan_stage(exp: Experiment, stage: ResolvedStage, index: int, pools: dict[str, list], pad_id: int) -> StagePlan:
@@ -337,5 +339,9 @@ def plan_stage(exp: Experiment, stage: ResolvedStage, index: int, pools: dict[st
         c["share"] = c["examples"] / len(examples)
         c["dropped_too_long"] = dropped.get(task, 0)
     if any(getattr(e, "pixel_values", None) is not None for e in examples):
-        return StagePlan(stage, [collate_mixed(b, pad_id, exp.debug.drop_images) for b in grouped], composition)
-    return StagePlan(stage, [collate(b, pad_id) for b in grouped], composition)
+        if stage.train.packing is True:
+            raise DataError(f"stage {stage.name!r}: train.packing: true, but its batches hold images; packed batches "
+                            "are text-only (set train.packing to auto, which pads image batches, or false)")
+        return StagePlan(stage, [collate_mixed(b, pad_id, exp.debug.drop_images) for b in grouped], composition,
+                         grouped, has_images=True)
+    return StagePlan(stage, [collate(b, pad_id) for b in grouped], composition, grouped)

@@ -37,6 +37,7 @@ from harness.training.guard import Injector, NonFiniteError, write_report
 from harness.models.hf import count_parameters
 from harness.runs.prepare import (DataError, StagePlan, after_progress, build_task_data, encode_task_data, load_base,
                              plan_stage, undertrained_tokens)
+from harness.runs.packing import stage_batches
 from harness.runs.stage_cache import StageCache
 from harness.runs.rundir import claim_run_dir, clear_run_outputs, unique_run_name
 from harness.core.store import Row, atomic_write_text
@@ -143,10 +144,12 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
             if loop_state.batch_index == 0:  # the stage begins here (a resumed run may continue inside one)
                 cache.stage_began(index, tracker, run_dir / "samples.jsonl")
                 model = _begin_stage(run, model, index, step)
+            batches = stage_batches(plan, model, list(exp.tasks), tokenizer.pad_token_id, step,
+                                    tracker.log if loop_state.batch_index == 0 else None)
             save_resume_point_at = _resume_saver(run, model, index)
             with console.stage_progress(stage.name, len(plan.batches)) as advance:
                 advance(loop_state.batch_index)
-                step = train_stage(model, plan.batches, StageLoop(
+                step = train_stage(model, batches, StageLoop(
                     stage=stage.name, start_step=step - loop_state.batch_index, tasks=list(exp.tasks),
                     log=tracker.log, evaluate=lambda s, name=stage.name: evals.run(model, name, s), train=stage.train,
                     special_tokens=stage_special_tokens(tokenizer, plan.batches), eval_every=exp.eval.every,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
@@ -14,16 +14,28 @@ from harness.training.compiling import forward_of
 _HEAD_ONLY_TYPES = {"qwen2", "qwen3", "llama", "mistral", "gpt2", "qwen3_5", "qwen3_5_text", "olmo2", "phi3"}
 
 
+def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 position_ids: Optional[torch.Tensor] = None) -> dict:
+    """The keyword arguments of the model's forward: a padded batch's mask, or a packed batch's restarting
+    positions with no mask and no cache — transformers' padding-free format (a cache, or any 2-D mask, turns off
+    its detection of where examples start: attention would then cross them)."""
+    if position_ids is None:
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+    return {"input_ids": input_ids, "position_ids": position_ids, "use_cache": False}
+
+
 def supervised_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      selected: torch.Tensor, compiled: Union[bool, str] = False) -> torch.Tensor:
+                      selected: torch.Tensor, compiled: Union[bool, str] = False,
+                      position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Logits ``[N, V]`` at the ``selected`` flat positions (row × T + t, as :attr:`harness.data.batches.Batch.supervised`)
     only; they gather without a host sync. ``compiled``: run the forward through ``torch.compile``
-    (:func:`harness.training.compiling.forward_of`: ``"auto"`` falls back to eager if compiling fails, ``True`` raises)."""
+    (:func:`harness.training.compiling.forward_of`: ``"auto"`` falls back to eager if compiling fails, ``True`` raises).
+    ``position_ids``: a packed batch's (:mod:`harness.data.packing`); ``attention_mask`` is then not passed."""
     def pick(x: torch.Tensor) -> torch.Tensor:  # [B, T, …] → [N, …]
         return x.flatten(0, 1).index_select(0, selected)
 
+    inputs = model_inputs(input_ids, attention_mask, position_ids)
     if getattr(model.config, "model_type", None) in _HEAD_ONLY_TYPES and model.get_output_embeddings() is not None:
-        body = forward_of(model.base_model, compiled)
-        hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = forward_of(model.base_model, compiled)(**inputs).last_hidden_state
         return model.get_output_embeddings()(pick(hidden))
-    return pick(forward_of(model, compiled)(input_ids=input_ids, attention_mask=attention_mask).logits)
+    return pick(forward_of(model, compiled)(**inputs).logits)

@@ -53,19 +53,23 @@ def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, task
         if getattr(batch, "pixel_values", None) is not None:  # an image-text batch (harness.data.images)
             logits = vision_supervised_logits(unwrap(model), batch, supervised)
         elif parallel is None:
-            logits = supervised_logits(unwrap(model), batch.input_ids, batch.attention_mask, supervised, compiled)
+            logits = supervised_logits(unwrap(model), batch.input_ids, batch.attention_mask, supervised, compiled,
+                                       batch.position_ids)
         else:
-            logits = parallel.logits_module(model)(batch.input_ids, batch.attention_mask, supervised, compiled)
+            logits = parallel.logits_module(model)(batch.input_ids, batch.attention_mask, supervised, compiled,
+                                                   batch.position_ids)
     losses, ce = token_losses_and_ce(logits, batch.labels.flatten()[supervised], spec)
-    row_of_token = supervised // batch.labels.shape[1]  # the example (batch row) of each supervised token
-    task_of_token = task_ids[row_of_token]
+    example_of_token = batch.example_of_token  # the example (index into batch.tasks) of each supervised token
+    task_of_token = task_ids[example_of_token]
+    # Each example's labels end with IGNORE_INDEX, so in a packed row too an answer's first token follows a
+    # position without a label.
     first = first_answer_tokens(batch.labels).flatten()[supervised] if spec.first_token_weight != 1.0 else None
-    example_of_token = row_of_token if spec.reduction == "example" else None
-    rows = batch.labels.shape[0]
+    by_example = example_of_token if spec.reduction == "example" else None
+    n_examples = len(batch.tasks)
     if parallel is None:
-        loss = weighted_mean(losses, task_of_token, first, spec, tasks, example_of_token, rows)
+        loss = weighted_mean(losses, task_of_token, first, spec, tasks, by_example, n_examples)
     else:
-        loss = parallel.global_mean(losses, token_weights(task_of_token, first, spec, tasks, example_of_token, rows))
+        loss = parallel.global_mean(losses, token_weights(task_of_token, first, spec, tasks, by_example, n_examples))
     return loss, ce, task_of_token
 
 

@@ -52,6 +52,11 @@ def _read_token_ids(batch) -> set[int]:
     supervised = batch.labels != IGNORE_INDEX
     # position t is read by a supervised position s >= t  ⇔  any supervised position at or after t
     later = supervised.int().flip(1).cummax(1).values.flip(1).bool()
+    if getattr(batch, "layout", None) is not None:  # packed: only positions of the same example read t
+        later = torch.zeros_like(later)
+        for row, start, n in batch.layout.spans:
+            span = supervised[row, start:start + n]
+            later[row, start:start + n] = span.int().flip(0).cummax(0).values.flip(0).bool()
     read = later & batch.attention_mask.bool()
     return set(batch.input_ids[read].unique().tolist())
 

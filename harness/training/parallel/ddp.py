@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from harness.data.batches import Batch
+from harness.data.packing import repacked
 from harness.training.adapters import unwrap
 from harness.training.forward import supervised_logits
 
@@ -52,8 +53,8 @@ class _SupervisedLogits(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, selected, compiled: bool = False):
-        return supervised_logits(unwrap(self.model), input_ids, attention_mask, selected, compiled)
+    def forward(self, input_ids, attention_mask, selected, compiled: bool = False, position_ids=None):
+        return supervised_logits(unwrap(self.model), input_ids, attention_mask, selected, compiled, position_ids)
 
 
 class DataParallel:
@@ -81,11 +82,14 @@ class DataParallel:
         optimizer.load_state_dict(state)
 
     def shard(self, batch: Batch) -> Batch:
-        """This rank's contiguous slice of the rows of a global batch (same padded width as the whole batch)."""
-        rows = batch.input_ids.shape[0]
+        """This rank's contiguous slice of the examples of a global batch: of its rows when padded (same padded
+        width as the whole batch), the same examples packed anew when packed (:mod:`harness.data.packing`)."""
+        rows = len(batch.tasks)
         if rows < self.world:
             raise ValueError(f"train.batch_size {rows} is smaller than the {self.world} ranks: each needs a row")
         start, end = rows * self.rank // self.world, rows * (self.rank + 1) // self.world
+        if batch.packed:
+            return repacked(batch, start, end)
         mask = batch.attention_mask[start:end]
         return Batch(batch.input_ids[start:end], mask, batch.labels[start:end], batch.tasks[start:end],
                      int(mask.sum()), int(mask.numel()))

@@ -1,0 +1,193 @@
+"""The proof, on the model about to be trained, that packed batches (:mod:`harness.data.packing`) train it as the
+padded batches would: before a stage trains packed, a handful of its batches go through the model both ways and
+the per-example losses and the gradients of a few parameters are compared.
+
+Why a check and not trust: a packed row is only exact when the model restarts positions at every example and
+confines attention (and any recurrent state) to it. Transformers' padding-free path derives both from the
+restarting ``position_ids``; models that do not honour them train silently on something else — hybrid linear
+attention (Gated DeltaNet, short convolutions: Qwen3.5, Qwen3-Next) carries its state across examples, learned
+absolute positions fed the row's positions read the wrong embedding, and a forward that passes a cache or a 2-D
+mask turns the detection off.
+
+The tolerance is derived, not tuned. The same check measures the *layout noise*: the per-example losses and
+gradients of the padded batch laid out differently (rows in reverse order, wider padding) — a correct packed
+forward differs from the padded one by the same kind of float reordering, and nothing else. Where the kernels give
+bit-identical results for both layouts (the noise is 0) a floor stands in: the probabilistic rounding-error bound
+of ``n_layers`` chained dot products of length ``hidden_size``, ``√hidden_size · n_layers · u`` (u the unit
+roundoff of the compute precision; N. J. Higham and T. Mary, "A new approach to probabilistic rounding error
+analysis", SIAM J. Sci. Comput. 41(5), 2019: relative error ∝ √n·u, not n·u). The tolerance is
+``SAFETY × max(noise, floor)``: ``SAFETY`` = 4 is the λ of that bound at which it holds with probability
+1 − 2·exp(−λ²/2)·… ≈ 0.9993 per quantity.
+
+When the difference is above tolerance the check says what leaked: it packs the same examples again with the first
+example of every row replaced (its tokens rotated by one); if the *other* examples' losses move, they see their
+row neighbours — ``attention`` leaked; if they do not, the examples see only themselves but at the wrong
+positions — ``positions``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from harness.config import LossSpec
+from harness.data.batches import Batch, collate
+from harness.data.encoding import IGNORE_INDEX, Encoded
+from harness.data.packing import examples_of, pack
+from harness.training.loop import batch_loss
+
+SAFETY = 4.0
+CHECK_BATCHES = 3  # the first batches of the stage: "a handful"
+UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16-autocast": 2.0 ** -8}
+
+
+class PackingError(ValueError):
+    """``train.packing: true`` on a model that packed batches would train on something else (exit 2)."""
+
+
+@dataclass
+class PackingCheck:
+    """The outcome: the largest relative difference packed vs padded, the layout noise, the tolerance derived
+    from them, and (above tolerance) what leaked."""
+
+    model_type: str
+    max_rel_diff: float
+    noise: float
+    floor: float
+    leaked: Optional[str] = None  # "attention" | "positions" (None while exact)
+
+    @property
+    def tolerance(self) -> float:
+        return SAFETY * max(self.noise, self.floor)
+
+    @property
+    def exact(self) -> bool:
+        return self.max_rel_diff <= self.tolerance
+
+    def why(self) -> str:
+        """One line for the console or the error."""
+        what = {"attention": "attention (or a recurrent state) crosses example boundaries",
+                "positions": "positions do not restart at each example"}.get(self.leaked or "", "losses differ")
+        return (f"packed batches are not exact on model type {self.model_type!r}: {what} (largest relative "
+                f"difference {self.max_rel_diff:.2e} > tolerance {self.tolerance:.2e})")
+
+
+def _model_type(model) -> str:
+    return str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
+
+
+def rounding_floor(model, precision: str) -> float:
+    """``√hidden_size · n_layers · u``: the floor of the tolerance (module docstring)."""
+    config = model.config
+    config = getattr(config, "text_config", None) or config
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", 1)
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", 1)
+    return float(np.sqrt(hidden) * layers * UNIT_ROUNDOFF.get(precision, UNIT_ROUNDOFF["fp32"]))
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest element-wise relative difference of per-example losses."""
+    return float(((a - b).abs() / b.abs().clamp_min(1e-30)).max()) if a.numel() else 0.0
+
+
+def _grad_rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Largest norm-wise relative difference of gradients (element-wise would divide by gradients that are ~0)."""
+    return max([float((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-30)) for k in b] or [0.0])
+
+
+def _relaid(batch: Batch) -> tuple[Batch, list[int]]:
+    """The padded batch with its rows in reverse order and 8 more columns of padding, and the example order."""
+    examples = examples_of(batch)
+    order = list(reversed(range(len(examples))))
+    # the pad id is never attended in a padded batch: any id will do
+    wide = collate([Encoded(batch.tasks[i], examples[i][0], examples[i][1]) for i in order], pad_id=0)
+    pad = torch.zeros(wide.input_ids.shape[0], 8, dtype=wide.input_ids.dtype)
+    relaid = Batch(torch.cat([wide.input_ids, pad], 1), torch.cat([wide.attention_mask, pad], 1),
+                   torch.cat([wide.labels, torch.full_like(pad, IGNORE_INDEX)], 1), wide.tasks, wide.n_real_tokens,
+                   wide.n_padded_tokens + pad.numel())
+    return relaid, order
+
+
+def _rotated_first(batch: Batch) -> tuple[Batch, list[int]]:
+    """The packed batch with the first example of every row rotated by one token (same layout), and the examples
+    that share a row with such a first example (whose losses must not move)."""
+    examples = examples_of(batch)
+    firsts = {i for i, (_, start, _) in enumerate(batch.layout.spans) if start == 0}
+    rows_with_more = {batch.layout.spans[i][0] for i, (_, start, _) in enumerate(batch.layout.spans) if start > 0}
+    changed = [(np.roll(ids, 1), labels) if i in firsts and batch.layout.spans[i][0] in rows_with_more
+               else (ids, labels) for i, (ids, labels) in enumerate(examples)]
+    others = [i for i, (_, start, _) in enumerate(batch.layout.spans) if start > 0]
+    return pack(changed, batch.tasks, batch.layout.pad_id, batch.layout.factor), others
+
+
+def _outcome(model, batch: Batch, spec: LossSpec, tasks: list[str], precision: str,
+             watched: list[tuple[str, torch.nn.Parameter]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-example mean CE (float64, sampler order) and the gradients of the ``watched`` parameters."""
+    device = next(model.parameters()).device
+    batch = batch.to(device)
+    index = {t: i for i, t in enumerate(tasks)}
+    task_ids = torch.tensor([index[t] for t in batch.tasks], device=device)
+    model.zero_grad(set_to_none=True)
+    loss, ce, _ = batch_loss(model, batch, spec, task_ids, tasks, precision)
+    loss.backward()
+    n = len(batch.tasks)
+    sums = torch.zeros(n, dtype=torch.float64, device=device).index_add_(0, batch.example_of_token, ce.double())
+    counts = torch.zeros(n, dtype=torch.float64, device=device).index_add_(
+        0, batch.example_of_token, torch.ones_like(ce, dtype=torch.float64))
+    grads = {name: p.grad.detach().double().clone() for name, p in watched if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return (sums / counts.clamp_min(1)).cpu(), grads
+
+
+def _watched(model) -> list[tuple[str, torch.nn.Parameter]]:
+    """A few trainable parameters: the first, one in the middle and the last."""
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not trainable:
+        return []
+    picks = sorted({0, len(trainable) // 2, len(trainable) - 1})
+    return [trainable[i] for i in picks]
+
+
+def check_packing(model, padded: Sequence[Batch], packed: Sequence[Batch], spec: LossSpec, tasks: list[str],
+                  precision: str = "fp32") -> PackingCheck:
+    """Compare the first :data:`CHECK_BATCHES` batches packed and padded on ``model`` (left as it was: eval mode
+    for the check, gradients cleared, no RNG drawn)."""
+    was_training = model.training
+    model.eval()  # no dropout: the two layouts must see the same function
+    watched = _watched(model)
+    diff = noise = 0.0
+    try:
+        for pad_batch, pack_batch in list(zip(padded, packed))[:CHECK_BATCHES]:
+            base_losses, base_grads = _outcome(model, pad_batch, spec, tasks, precision, watched)
+            relaid, order = _relaid(pad_batch)
+            losses, grads = _outcome(model, relaid, spec, tasks, precision, watched)
+            restored = torch.empty_like(losses)
+            restored[torch.tensor(order)] = losses
+            noise = max(noise, _rel(restored, base_losses), _grad_rel(grads, base_grads))
+            losses, grads = _outcome(model, pack_batch, spec, tasks, precision, watched)
+            diff = max(diff, _rel(losses, base_losses), _grad_rel(grads, base_grads))
+        result = PackingCheck(_model_type(model), diff, noise, rounding_floor(model, precision))
+        if not result.exact:
+            result.leaked = _what_leaked(model, packed[:CHECK_BATCHES], spec, tasks, precision, result.tolerance)
+        return result
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+
+
+def _what_leaked(model, packed: Sequence[Batch], spec: LossSpec, tasks: list[str], precision: str,
+                 tolerance: float) -> str:
+    """``attention`` when an example's loss depends on the content of another example in its row, else
+    ``positions``."""
+    for batch in packed:
+        rotated, others = _rotated_first(batch)
+        if not others:
+            continue
+        before, _ = _outcome(model, batch, spec, tasks, precision, [])
+        after, _ = _outcome(model, rotated, spec, tasks, precision, [])
+        if _rel(after[others], before[others]) > tolerance:
+            return "attention"
+    return "positions"

@@ -1,0 +1,254 @@
+"""``train.packing``: packed batches hold the same examples as the padded ones, give the same losses and gradients
+with every loss option, and the exactness check passes on every architecture that honours transformers'
+padding-free format and catches those that do not (qwen3_5's linear attention, learned positions fed the row's
+positions) — naming what leaked."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from harness.config import LossSpec, ModelSpec, load_experiment
+from harness.data.batches import collate
+from harness.data.encoding import IGNORE_INDEX, encode_examples
+from harness.data.packing import balanced_rows, examples_of, pack_encoded, repacked
+from harness.models.builtin import build_builtin
+from harness.models.hf import load_hf
+from harness.training.loop import batch_loss
+from harness.training.packing import PackingCheck, check_packing
+from harness.training.special_tokens import _read_token_ids
+
+from .conftest import write_yaml
+from .test_architectures import SMALL, _example, local_gpt2, tok  # noqa: F401 (fixtures)
+
+TASKS = ["repeat", "other"]
+
+
+def _varied(i: int):
+    """Examples of different lengths and two tasks (so task weights and per-example reduction matter)."""
+    example = _example(i)
+    if i % 3 == 0:
+        example.messages[1]["content"] = " ".join([example.messages[1]["content"]] * 3)
+    example.task = TASKS[i % 2]
+    return example
+
+
+@pytest.fixture(scope="module")
+def groups(tok):  # noqa: F811
+    encoded = encode_examples(tok, [_varied(i) for i in range(24)])
+    return [encoded[i:i + 8] for i in range(0, 24, 8)]
+
+
+def test_packed_batch_holds_the_same_examples_with_restarting_positions(tok, groups):  # noqa: F811
+    padded, packed = collate(groups[0], tok.pad_token_id), pack_encoded(groups[0], tok.pad_token_id, factor=2)
+    assert packed.packed and not padded.packed
+    assert packed.tasks == padded.tasks and packed.n_real_tokens == padded.n_real_tokens
+    assert packed.n_padded_tokens < padded.n_padded_tokens  # less padding (the point)
+    assert packed.input_ids.shape[0] < padded.input_ids.shape[0]
+    for (ids, labels), e in zip(examples_of(packed), groups[0]):
+        assert np.array_equal(ids, e.input_ids) and np.array_equal(labels, e.labels)
+    for row, start, n in packed.layout.spans:
+        assert packed.position_ids[row, start:start + n].tolist() == list(range(n))
+    # the supervised tokens come in the padded batch's order: the same targets, the same examples
+    assert torch.equal(packed.labels.flatten()[packed.supervised], padded.labels.flatten()[padded.supervised])
+    assert torch.equal(packed.example_of_token, padded.example_of_token)
+    one_row = pack_encoded(groups[0], tok.pad_token_id, factor=None)
+    assert one_row.input_ids.shape[0] == 1 and one_row.n_padded_tokens == one_row.n_real_tokens
+
+
+def test_balanced_rows_spread_examples_evenly():
+    lengths = [30, 10, 22, 17, 25, 9, 14, 28]
+    rows = balanced_rows(lengths, 3)
+    assert sorted(i for row in rows for i in row) == list(range(8))
+    filled = [sum(lengths[i] for i in row) for row in rows]
+    assert max(filled) - min(filled) <= min(lengths)  # LPT: the rows differ by at most one short example
+    assert all(row == sorted(row) for row in rows)  # sampler order within a row
+
+
+LOSSES = {
+    "ce": LossSpec(),
+    "first_token_weight": LossSpec(first_token_weight=3.0),
+    "task_weights": LossSpec(task_weights={"other": 0.25}),
+    "reduction_example": LossSpec(reduction="example", first_token_weight=2.0),
+    "gem": LossSpec(name="gem", beta=0.7),
+}
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_packed_loss_and_gradient_equal_the_padded_ones(tok, groups, name):  # noqa: F811
+    model = build_builtin(ModelSpec(builtin="qwen2-tiny", config=SMALL["qwen2-tiny"]), tok, seed=0)
+    spec = LOSSES[name]
+    outcomes = []
+    for batch in (collate(groups[1], tok.pad_token_id), pack_encoded(groups[1], tok.pad_token_id, factor=2)):
+        task_ids = torch.tensor([TASKS.index(t) for t in batch.tasks])
+        loss, ce, task_of_token = batch_loss(model, batch, spec, task_ids, TASKS)
+        loss.backward()
+        grad = model.get_input_embeddings().weight.grad.clone()
+        model.zero_grad(set_to_none=True)
+        outcomes.append((loss.detach(), ce, task_of_token, grad))
+    (loss_a, ce_a, tasks_a, grad_a), (loss_b, ce_b, tasks_b, grad_b) = outcomes
+    assert torch.equal(tasks_a, tasks_b)
+    assert torch.allclose(ce_a, ce_b, rtol=1e-5, atol=0)
+    assert torch.allclose(loss_a, loss_b, rtol=1e-6, atol=0)
+    assert ((grad_a - grad_b).norm() / grad_a.norm()).item() < 1e-5
+
+
+def test_packed_rows_read_only_their_own_examples_tokens(tok, groups):  # noqa: F811
+    """The special-token gradient check's "tokens read before a supervised position": the same set packed (a
+    row's earlier example does not count as read by the later example's supervised tokens)."""
+    padded, packed = collate(groups[2], tok.pad_token_id), pack_encoded(groups[2], tok.pad_token_id, factor=None)
+    assert _read_token_ids(packed) == _read_token_ids(padded)
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_the_check_on_every_builtin(tok, groups, name):  # noqa: F811
+    model = build_builtin(ModelSpec(builtin=name, config=SMALL[name]), tok, seed=0)
+    padded = [collate(g, tok.pad_token_id) for g in groups]
+    packed = [pack_encoded(g, tok.pad_token_id) for g in groups]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = check_packing(model, padded, packed, LossSpec(), TASKS)
+    assert model.training and all(p.grad is None for p in model.parameters())  # left as it was
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert result.noise < result.tolerance and result.floor > 0
+    if name == "qwen3_5-tiny":  # Gated DeltaNet and its convolution carry state across the row's examples
+        assert not result.exact and result.leaked == "attention"
+        assert "qwen3_5_text" in result.why() and "attention" in result.why()
+    else:
+        assert result.exact and result.leaked is None, result
+
+
+def test_the_check_on_a_local_hf_gpt2_with_learned_positions(local_gpt2, groups, tok):  # noqa: F811
+    directory, _ = local_gpt2
+    model, tokenizer, _ = load_hf(ModelSpec(hf=str(directory)), return_added=True)
+    encoded = encode_examples(tokenizer, [_varied(i) for i in range(16)])
+    padded = [collate(encoded[i:i + 8], tokenizer.pad_token_id) for i in (0, 8)]
+    packed = [pack_encoded(encoded[i:i + 8], tokenizer.pad_token_id) for i in (0, 8)]
+    assert check_packing(model, padded, packed, LossSpec(), TASKS).exact
+
+    class RowPositions(torch.nn.Module):
+        """A broken model: learned positions looked up by the position in the row (the mask is still right)."""
+
+        def __init__(self, wpe):
+            super().__init__()
+            self.wpe = wpe
+
+        def forward(self, position_ids):
+            return self.wpe(torch.arange(position_ids.shape[-1]).expand_as(position_ids))
+
+    model.transformer.wpe = RowPositions(model.transformer.wpe)
+    result = check_packing(model, padded, packed, LossSpec(), TASKS)
+    assert not result.exact and result.leaked == "positions", result
+    assert result.max_rel_diff > 100 * result.tolerance
+
+
+def test_a_forward_with_a_cache_is_caught(tok, groups, monkeypatch):  # noqa: F811
+    """transformers turns off its packed-sequence detection when a cache is passed: attention then crosses the
+    row's examples. Caught, and named."""
+    from harness.training import forward
+
+    model = build_builtin(ModelSpec(builtin="llama-tiny", config=SMALL["llama-tiny"]), tok, seed=0)
+    monkeypatch.setattr(forward, "model_inputs", lambda ids, mask, positions=None: (
+        {"input_ids": ids, "attention_mask": mask} if positions is None
+        else {"input_ids": ids, "position_ids": positions, "use_cache": True}))
+    padded = [collate(g, tok.pad_token_id) for g in groups]
+    packed = [pack_encoded(g, tok.pad_token_id) for g in groups]
+    result = check_packing(model, padded, packed, LossSpec(), TASKS)
+    assert not result.exact and result.leaked == "attention"
+
+
+def test_tolerance_comes_from_the_measured_noise_and_the_rounding_floor():
+    check = PackingCheck("x", max_rel_diff=1e-6, noise=3e-7, floor=1e-7)
+    assert check.tolerance == pytest.approx(4 * 3e-7) and check.exact
+    assert PackingCheck("x", 1e-6, noise=0.0, floor=1e-7).tolerance == pytest.approx(4e-7)
+
+
+def test_a_ranks_slice_of_a_packed_batch_is_packed_anew(tok, groups):  # noqa: F811
+    from harness.training.parallel.ddp import DataParallel
+
+    packed = pack_encoded(groups[0], tok.pad_token_id)
+    slices = []
+    for rank in range(3):
+        hooks = DataParallel.__new__(DataParallel)
+        hooks.rank, hooks.world = rank, 3
+        slices.append(hooks.shard(packed))
+    assert all(s.packed for s in slices)
+    assert [t for s in slices for t in s.tasks] == packed.tasks
+    together = [pair for s in slices for pair in examples_of(s)]
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(together, examples_of(packed)))
+    assert examples_of(repacked(packed, 2, 5))[0][0].tolist() == groups[0][2].input_ids.tolist()
+    assert sum(s.supervised.numel() for s in slices) == packed.supervised.numel()
+    assert all((s.labels.flatten()[s.supervised] != IGNORE_INDEX).all() for s in slices)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# In a run
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _run(tmp_path, data, name):
+    from harness.core.store import read_metrics
+    from harness.runs.runner import run_experiment
+
+    exp = load_experiment(write_yaml(tmp_path / f"{name}.yaml", data))
+    run_experiment(exp, tmp_path / name)
+    return read_metrics(tmp_path / name)
+
+
+def _values(frame, metric):
+    rows = frame.filter((frame["metric"] == metric) & frame["task"].is_null()).sort(["step", "stage"])
+    return rows["value"].to_list()
+
+
+def test_a_run_packs_by_default_and_trains_as_padded(tiny, tmp_path):
+    tiny["train"]["log_every"] = 1
+    packed = _run(tmp_path, tiny, "packed")
+    assert _values(packed, "packed") == [1.0, 1.0]  # both stages checked, both packed
+    diffs, tolerances = _values(packed, "packing_max_rel_diff"), _values(packed, "packing_tolerance")
+    assert all(d <= t for d, t in zip(diffs, tolerances))
+    tiny["train"]["packing"] = False
+    padded = _run(tmp_path, tiny, "padded")
+    assert _values(padded, "packed") == []  # false: no check
+    a, b = np.array(_values(packed, "loss")), np.array(_values(padded, "loss"))
+    assert len(a) == 8 and np.allclose(a, b, rtol=1e-5, atol=0)
+    assert np.mean(_values(packed, "pad_fraction")) < np.mean(_values(padded, "pad_fraction"))
+
+
+def test_auto_pads_a_model_that_leaks_with_one_warning(tiny, tmp_path, caplog):
+    tiny["model"] = {"builtin": "qwen3_5-tiny", "config": SMALL["qwen3_5-tiny"], "tokenizer": {"vocab_size": 400}}
+    tiny["stages"] = tiny["stages"][:1]
+    with caplog.at_level(logging.WARNING, logger="harness.runs.packing"):
+        frame = _run(tmp_path, tiny, "hybrid")
+    warnings = [r.getMessage() for r in caplog.records if r.name == "harness.runs.packing"]
+    assert len(warnings) == 1 and "qwen3_5_text" in warnings[0] and "attention" in warnings[0]
+    assert _values(frame, "packed") == [0.0]
+    assert _values(frame, "packing_max_rel_diff")[0] > _values(frame, "packing_tolerance")[0]
+    assert _values(frame, "pad_fraction")[0] > 0  # trained padded
+
+
+def test_packing_true_on_a_model_that_leaks_exits_2(tiny, tmp_path):
+    from .conftest import run_cli
+
+    tiny["model"] = {"builtin": "qwen3_5-tiny", "config": SMALL["qwen3_5-tiny"], "tokenizer": {"vocab_size": 400}}
+    tiny["stages"] = tiny["stages"][:1]
+    tiny["train"]["packing"] = True
+    result = run_cli("run", str(write_yaml(tmp_path / "hybrid.yaml", tiny)), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert "qwen3_5_text" in line and "attention" in line and "train.packing: true" in line
+
+
+def test_packing_stays_out_of_dumps_unless_set(tiny, tmp_path):
+    """Experiments that do not set train.packing keep their resolved config (and so their stage-cache keys)."""
+    exp = load_experiment(write_yaml(tmp_path / "a.yaml", tiny))
+    resolved = exp.resolved_dict()
+    assert "packing" not in resolved["train"] and all("packing" not in s for s in resolved["stages"])
+    assert exp.resolved_stages()[0].train.packing == "auto"
+    tiny["stages"][1]["packing"] = False
+    exp = load_experiment(write_yaml(tmp_path / "b.yaml", tiny))
+    assert [s.get("packing") for s in exp.resolved_dict()["stages"]] == [None, False]
+    tiny["train"]["packing"] = "sometimes"
+    with pytest.raises(Exception, match="packing"):
+        load_experiment(write_yaml(tmp_path / "c.yaml", tiny))
