@@ -6,15 +6,20 @@ labels), trained for ``--steps`` optimiser steps of ``--batch-size`` examples, f
 / eps / weight decay, constant schedule, no warmup, gradient clipping at 1.0, the same initial weights and the same
 examples, by:
 
-- ``harness``: the code path ``harness run`` takes — :func:`harness.runs.prepare.plan_stage` (mixture stream, length
-  grouping, collation) and :func:`harness.training.loop.train_stage` (the loop, with its default non-finite guard and
+- ``harness``: the code path ``harness run`` takes at its defaults — :func:`harness.runs.prepare.plan_stage` (mixture
+  stream, collation), :func:`harness.runs.packing.stage_batches` (``train.packing: auto``: the exactness check, then
+  packed batches) and :func:`harness.training.loop.train_stage` (the loop, with its default non-finite guard and
   health metrics), logging into a :class:`harness.runs.tracking.Tracker` (wandb disabled, as TRL reports to nothing);
+- ``harness-nopacking``: the same with ``train.packing: false`` (the defaults before packing); ``harness-grouped``:
+  no packing, length grouping on (window 50, stratified by task: the bench's configuration before packing);
 - ``harness-noguard`` / ``harness-nodiag`` / ``harness-bare``: the same with ``train.nonfinite: off``,
   ``train.diagnostics: false``, or both — what the guard and the health metrics cost;
 - ``trl-default``: TRL's ``SFTTrainer`` with its defaults (gradient checkpointing on, random batches padded to
   their longest example); ``trl-padding-free``: ``padding_free=True``; ``trl-group-by-length``:
   ``train_sampling_strategy="group_by_length"``; ``trl-group-by-length-nockpt``: that, with gradient
-  checkpointing off (TRL tuned as far as its documented options go on a CPU).
+  checkpointing off (TRL tuned as far as its documented options go on a CPU); ``trl-bfd`` / ``trl-bfd-nockpt``:
+  ``packing=True`` with its best-fit-decreasing strategy (padding-free rows, restarting position ids), one row per
+  step of the harness's mean tokens per step.
 
 Every configuration runs in a fresh process, interleaved (A B C … A B C …), and the table reports medians of real
 (non-pad) tokens/s, supervised tokens/s, pad fraction, s/step and peak RSS, timed from the end of step
@@ -65,7 +70,9 @@ from bench.train_speed_limits import harness_flops, matmul_throughput, profile_k
 from bench.train_speed_loops import harness_train, plan_examples, trl_dataset, trl_train  # noqa: E402
 
 HARNESS_CONFIGS = {
-    "harness": {},
+    "harness": {},  # the defaults: packing auto (packs once proven exact), no length grouping
+    "harness-nopacking": {"packing": False},  # the defaults before train.packing
+    "harness-grouped": {"packing": False, "length_grouping": 50},  # length grouping instead (the bench until then)
     "harness-noguard": {"nonfinite": "off"},
     "harness-nodiag": {"diagnostics": False},
     "harness-bare": {"nonfinite": "off", "diagnostics": False},
@@ -76,8 +83,13 @@ TRL_CONFIGS = {
     "trl-padding-free": {"padding_free": True},
     "trl-group-by-length": {"sampling": "group_by_length"},
     "trl-group-by-length-nockpt": {"sampling": "group_by_length", "gradient_checkpointing": False},
+    # best-fit-decreasing packing (TRL's default strategy; padding-free with restarting position ids): one row of
+    # the harness's mean tokens per step each step
+    "trl-bfd": {"packing": True, "packing_strategy": "bfd"},
+    "trl-bfd-nockpt": {"packing": True, "packing_strategy": "bfd", "gradient_checkpointing": False},
 }
-DEFAULT_CONFIGS = ["harness", "trl-default", "trl-padding-free", "trl-group-by-length", "trl-group-by-length-nockpt",
+DEFAULT_CONFIGS = ["harness", "harness-nopacking", "harness-grouped", "trl-default", "trl-padding-free", "trl-bfd",
+                   "trl-group-by-length", "trl-group-by-length-nockpt", "trl-bfd-nockpt",
                    "harness-compile", "harness-noguard", "harness-nodiag", "harness-bare"]
 
 
@@ -128,6 +140,7 @@ def child(args) -> None:
         "pad_fraction": 1 - real / padded, "s_per_step": seconds / (len(times) - w),
         "setup_s": times[w - 1] - started,  # loading, (compiling) and the untimed first steps
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else 0.0,
         "threads": torch.get_num_threads(),
     }))
 
@@ -294,12 +307,13 @@ def print_medians(args, results: dict[str, list[dict]]) -> dict[str, dict]:
            for name, rs in results.items() if rs}
     print(f"\nmedians of {args.reps} interleaved runs, fresh process each")
     header = (f"{'config':<28}{'real tok/s':>11}{'sup tok/s':>11}{'pad frac':>10}{'s/step':>9}{'peak RSS MB':>13}"
-              f"{'setup s':>9}")
+              f"{'peak GPU MB':>13}{'setup s':>9}")
     print(header)
     for name, m in med.items():
         print(f"{name:<28}{m['real_tps']:>11.0f}{m['supervised_tps']:>11.0f}{m['pad_fraction']:>10.3f}"
-              f"{m['s_per_step']:>9.4f}{m['peak_rss_mb']:>13.0f}{m['setup_s']:>9.1f}")
-    print(f"(setup s: loading, compiling and the {args.warmup} untimed first steps)")
+              f"{m['s_per_step']:>9.4f}{m['peak_rss_mb']:>13.0f}{m.get('peak_gpu_mb', 0.0):>13.0f}"
+              f"{m['setup_s']:>9.1f}")
+    print(f"(setup s: loading, compiling, the packing check and the {args.warmup} untimed first steps)")
     return med
 
 
@@ -312,10 +326,9 @@ def print_ratios_and_goals(med: dict[str, dict]) -> None:
     """Harness / TRL real tokens/s for every TRL configuration measured, and the goals (needs ``harness``)."""
     ours = med["harness"]["real_tps"]
     trl_names = [n for n in med if n in TRL_CONFIGS]
-    if not trl_names:
-        return
+    others = [n for n in ("harness-nopacking", "harness-grouped") if n in med] + trl_names
     print("\n" + f"{'real tokens/s ratio':<32}" + "".join(f"{n:>17}" for n in ours_names(med)))
-    for name in trl_names:
+    for name in others:
         print(f"  vs {name:<28}" + "".join(f"{med[n]['real_tps'] / med[name]['real_tps']:>16.2f}×"
                                            for n in ours_names(med)))
 
@@ -323,17 +336,20 @@ def print_ratios_and_goals(med: dict[str, dict]) -> None:
         return "met" if ok else "NOT met"
 
     goals = []
+    if "harness-nopacking" in med:
+        r = ours / med["harness-nopacking"]["real_tps"]
+        goals.append(f"vs the defaults without packing (harness-nopacking) {r:.2f}× (goal ≥ 1.25: {verdict(r >= 1.25)})")
     if "trl-default" in med:
         r = ours / med["trl-default"]["real_tps"]
         goals.append(f"vs TRL's default {r:.2f}× (goal ≥ 3.5: {verdict(r >= 3.5)})")
     stock = [n for n in trl_names if TRL_CONFIGS[n].get("gradient_checkpointing", True)]
-    if stock:  # TRL's own defaults, plus padding_free or group_by_length
+    if stock:  # TRL's own defaults, plus padding_free, BFD packing or group_by_length
         best = max(stock, key=lambda n: med[n]["real_tps"])
         r = ours / med[best]["real_tps"]
-        goals.append(f"vs the best of TRL's default / padding_free / group_by_length ({best}) {r:.2f}× "
-                     f"(goal ≥ 1.5: {verdict(r >= 1.5)})")
-    best = max(trl_names, key=lambda n: med[n]["real_tps"])
-    if best not in stock:
+        goals.append(f"vs the best of TRL's default / padding_free / bfd packing / group_by_length ({best}) "
+                     f"{r:.2f}× (goal ≥ 1.5: {verdict(r >= 1.5)})")
+    best = max(trl_names, key=lambda n: med[n]["real_tps"]) if trl_names else None
+    if best is not None and best not in stock:
         r = ours / med[best]["real_tps"]
         goals.append(f"vs the best TRL configuration measured, gradient checkpointing off as well ({best}) "
                      f"{r:.2f}× (≥ 1.5: {verdict(r >= 1.5)})")

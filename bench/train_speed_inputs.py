@@ -35,9 +35,9 @@ def experiment(args) -> dict:
             "yesno": task("yesno"), "short_qa": task("short_qa"), "assistant_qa": task("assistant_qa", turns=2),
             "math": task("math_reversed", digits=3), "spell": task("spell"), "count": task("count"),
         },
-        # Length grouping on (window 50, transformers' group_by_length): the speed the harness can reach; the
-        # default is off since it slows learning (bench/plain_vs_harness.py).
-        "train": {"batch_size": args.batch_size, "max_length": 81, "length_grouping": 50,
+        # The harness's defaults: no length grouping (it slows learning, bench/plain_vs_harness.py), packing auto;
+        # the configurations of bench/train_speed.py change them (harness-grouped: window 50, no packing).
+        "train": {"batch_size": args.batch_size, "max_length": 81,
                   "precision": "bf16-autocast" if args.device == "cuda" else "fp32",
                   "optim": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0, "warmup": 0,
                             "schedule": "constant", "grad_clip": 1.0}},

@@ -23,6 +23,7 @@ def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None
     """Plan the stage and train it with :func:`harness.training.loop.train_stage` as :func:`harness.runs.runner.run_experiment`
     does. Returns ``(per-step end times, (real, padded, supervised) tokens per batch, logged rows, the model)``."""
     from harness.training.special_tokens import stage_special_tokens
+    from harness.runs.packing import stage_batches
     from harness.runs.prepare import plan_stage
     from harness.core.store import Row
     from harness.runs.tracking import Tracker
@@ -32,7 +33,8 @@ def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None
     model, tokenizer = load_model(workdir, device)
     stage = exp.resolved_stages()[0]
     plan = plan_stage(exp, stage, 0, pools, tokenizer.pad_token_id)
-    batches = plan.batches[:steps] if steps else plan.batches
+    if steps:
+        plan.batches, plan.examples = plan.batches[:steps], plan.examples[:steps]
     run_dir = Path(tempfile.mkdtemp(prefix="harness-bench-run-"))
     tracker = Tracker(exp, run_dir, "bench", exp.resolved_dict())
     rows: list[Row] = []
@@ -40,6 +42,9 @@ def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None
     def log(new_rows, step):
         tracker.log(new_rows, step)
         rows.extend(new_rows)
+
+    # train.packing as the runner decides it: the exactness check on this model, then packed or padded batches
+    batches = stage_batches(plan, model, list(exp.tasks), tokenizer.pad_token_id, 0, log)
 
     times: list[float] = []
     train_stage(model, batches, StageLoop(
@@ -117,17 +122,25 @@ def trl_train(workdir: Path, device: str, settings: dict, steps: int, dataset=No
     model, tokenizer = load_model(workdir, device)
     optim = exp.train.optim
     settings = dict(settings)
+    batch_size = exp.train.batch_size
+    if settings.get("packing"):  # TRL packs rows of max_length tokens: one row per step, as many tokens as a
+        # harness step holds on average, so a step is the same work
+        kept = [e for task in exp.tasks for e in pools[task] if e.length <= exp.train.max_length]
+        max_length = round(batch_size * sum(e.length for e in kept) / len(kept))
+        batch_size = 1
+    else:
+        max_length = None
     sampling = settings.pop("sampling", None)
     if sampling is not None:  # transformers 5: train_sampling_strategy; 4.x: group_by_length (no sequential)
         fields = SFTConfig.__dataclass_fields__
         settings.update({"train_sampling_strategy": sampling} if "train_sampling_strategy" in fields
                         else {"group_by_length": sampling == "group_by_length"})
     config = SFTConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=exp.train.batch_size,
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=batch_size,
         max_steps=steps, learning_rate=optim.lr, adam_beta1=optim.betas[0], adam_beta2=optim.betas[1],
         adam_epsilon=optim.eps, weight_decay=optim.weight_decay, lr_scheduler_type="constant", warmup_steps=0,
         max_grad_norm=optim.grad_clip, bf16=device == "cuda", fp16=False, use_cpu=device == "cpu",
-        completion_only_loss=True, max_length=None, save_strategy="no", report_to="none", disable_tqdm=True,
+        completion_only_loss=True, max_length=max_length, save_strategy="no", report_to="none", disable_tqdm=True,
         seed=exp.seed, dataloader_num_workers=0, **settings,
     )
     times: list[float] = []
