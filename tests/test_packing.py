@@ -165,22 +165,54 @@ def test_tolerance_comes_from_the_measured_noise_and_the_rounding_floor():
     assert PackingCheck("x", 1e-6, noise=0.0, floor=1e-7).tolerance == pytest.approx(4e-7)
 
 
-def test_a_ranks_slice_of_a_packed_batch_is_packed_anew(tok, groups):  # noqa: F811
+def _shards(batch, world):
     from harness.training.parallel.ddp import DataParallel
 
-    packed = pack_encoded(groups[0], tok.pad_token_id)
-    slices = []
-    for rank in range(3):
-        hooks = DataParallel.__new__(DataParallel)
-        hooks.rank, hooks.world = rank, 3
-        slices.append(hooks.shard(packed))
-    assert all(s.packed for s in slices)
-    assert [t for s in slices for t in s.tasks] == packed.tasks
-    together = [pair for s in slices for pair in examples_of(s)]
-    assert all(np.array_equal(a[0], b[0]) for a, b in zip(together, examples_of(packed)))
+    out = []
+    for rank in range(world):
+        hooks = DataParallel.__new__(DataParallel)  # the hooks without a process group
+        hooks.rank, hooks.world = rank, world
+        out.append(hooks.shard(batch))
+    return out
+
+
+def _same_examples(shards, batch):
+    pairs = sorted((t, a.tobytes(), b.tobytes()) for s in shards for t, (a, b) in zip(s.tasks, examples_of(s)))
+    return pairs == sorted((t, a.tobytes(), b.tobytes()) for t, (a, b) in zip(batch.tasks, examples_of(batch)))
+
+
+def test_ranks_take_whole_rows_of_a_packed_batch(tok, groups):  # noqa: F811
+    """Each rank computes its rows exactly as one process does: the same rows, the same width, the same
+    per-token losses."""
+    model = build_builtin(ModelSpec(builtin="qwen2-tiny", config=SMALL["qwen2-tiny"]), tok, seed=0)
+    packed = pack_encoded(groups[0], tok.pad_token_id, factor=1)
+    assert packed.input_ids.shape[0] >= 2
+    shards = _shards(packed, 2)
+    assert all(s.packed and s.input_ids.shape[1] == packed.input_ids.shape[1] for s in shards)
+    assert _same_examples(shards, packed)
+    assert sum(s.supervised.numel() for s in shards) == packed.supervised.numel()
+
+    def token_losses(batch, first_row=0):  # {(row in the whole batch, position): CE}
+        task_ids = torch.tensor([TASKS.index(t) for t in batch.tasks])
+        _, ce, _ = batch_loss(model, batch, LossSpec(), task_ids, TASKS)
+        width = batch.input_ids.shape[1]
+        return {(int(f) // width + first_row, int(f) % width): v for f, v in zip(batch.supervised, ce.tolist())}
+
+    with torch.no_grad():
+        whole = token_losses(packed)
+        parts = {**token_losses(shards[0]), **token_losses(shards[1], shards[0].input_ids.shape[0])}
+    assert whole.keys() == parts.keys()
+    assert all(abs(whole[k] - parts[k]) <= 1e-6 * abs(whole[k]) for k in whole)
+
+
+def test_a_packed_batch_with_fewer_rows_than_ranks_is_sliced_by_example(tok, groups):  # noqa: F811
+    packed = pack_encoded(groups[0], tok.pad_token_id, factor=None)  # one row
+    shards = _shards(packed, 3)
+    assert all(s.packed for s in shards)
+    assert [t for s in shards for t in s.tasks] == packed.tasks  # contiguous slices, in sampler order
+    assert _same_examples(shards, packed)
     assert examples_of(repacked(packed, 2, 5))[0][0].tolist() == groups[0][2].input_ids.tolist()
-    assert sum(s.supervised.numel() for s in slices) == packed.supervised.numel()
-    assert all((s.labels.flatten()[s.supervised] != IGNORE_INDEX).all() for s in slices)
+    assert all((s.labels.flatten()[s.supervised] != IGNORE_INDEX).all() for s in shards)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -252,3 +284,29 @@ def test_packing_stays_out_of_dumps_unless_set(tiny, tmp_path):
     tiny["train"]["packing"] = "sometimes"
     with pytest.raises(Exception, match="packing"):
         load_experiment(write_yaml(tmp_path / "c.yaml", tiny))
+
+
+def test_image_batches_are_padded_and_packing_true_is_refused(tiny, tmp_path):
+    from types import SimpleNamespace
+
+    from harness.runs.packing import stage_batches
+    from harness.runs.prepare import DataError, plan_stage
+
+    def example(i):
+        ids = np.arange(5 + i % 3, dtype=np.int64)
+        labels = np.concatenate([np.full(3, IGNORE_INDEX), ids[4:], [IGNORE_INDEX]])
+        return SimpleNamespace(task="repeat", input_ids=ids, labels=labels, length=len(ids),
+                               n_supervised=int((labels != IGNORE_INDEX).sum()),
+                               pixel_values=np.zeros((3, 8, 8), dtype=np.float32))
+
+    pools = {"repeat": [example(i) for i in range(16)]}
+    exp = load_experiment(write_yaml(tmp_path / "auto.yaml", tiny))
+    plan = plan_stage(exp, exp.resolved_stages()[0], 0, pools, pad_id=0)
+    assert plan.has_images
+    rows = []
+    assert stage_batches(plan, None, ["repeat"], 0, 0, lambda r, s: rows.extend(r)) is plan.batches
+    assert rows == []  # no check: image batches are padded under auto
+    tiny["train"]["packing"] = True
+    exp = load_experiment(write_yaml(tmp_path / "true.yaml", tiny))
+    with pytest.raises(DataError, match=r"stage 'a': train.packing: true, but its batches hold images"):
+        plan_stage(exp, exp.resolved_stages()[0], 0, pools, pad_id=0)

@@ -103,6 +103,31 @@ def examples_of(batch: Batch) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(ids[r, :n], labels[r, :n]) for r, n in enumerate(lengths)]
 
 
+def rows_of(batch: Batch, start: int, end: int) -> Batch:
+    """Rows ``start:end`` of a packed ``batch``, with the examples they hold (in sampler order): a data-parallel
+    rank's share that computes each row exactly as one process does (same rows, same width) — the counterpart of
+    a padded batch's row slice. The ranks hold different examples than contiguous slices would give them, which
+    changes nothing: the loss is the global token mean (:meth:`harness.training.parallel.ddp.DataParallel.global_mean`),
+    and every example lies within one row (``reduction: example`` normalises within the rank)."""
+    import torch
+
+    width = batch.input_ids.shape[1]
+    kept = [i for i, (row, _, _) in enumerate(batch.layout.spans) if start <= row < end]
+    labels = batch.labels[start:end]
+    supervised, example_of_token, spans = [], [], []
+    for k, i in enumerate(kept):
+        row, offset, n = batch.layout.spans[i]
+        at = torch.nonzero(labels[row - start, offset:offset + n] != IGNORE_INDEX).flatten()
+        supervised.append(at + (row - start) * width + offset)
+        example_of_token.append(torch.full((len(at),), k, dtype=torch.int64))
+        spans.append((row - start, offset, n))
+    mask = batch.attention_mask[start:end]
+    return Batch(batch.input_ids[start:end], mask, labels, [batch.tasks[i] for i in kept], int(mask.sum()),
+                 int(mask.numel()), torch.cat(supervised), position_ids=batch.position_ids[start:end],
+                 example_of_token=torch.cat(example_of_token),
+                 layout=Layout(tuple(spans), batch.layout.pad_id, batch.layout.factor))
+
+
 def repacked(batch: Batch, start: int, end: int) -> Batch:
     """The packed batch of examples ``start:end`` of a packed ``batch`` (a data-parallel rank's slice), laid out
     as the whole batch was."""

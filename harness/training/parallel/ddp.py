@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from harness.data.batches import Batch
-from harness.data.packing import repacked
+from harness.data.packing import repacked, rows_of
 from harness.training.adapters import unwrap
 from harness.training.forward import supervised_logits
 
@@ -82,8 +82,13 @@ class DataParallel:
         optimizer.load_state_dict(state)
 
     def shard(self, batch: Batch) -> Batch:
-        """This rank's contiguous slice of the examples of a global batch: of its rows when padded (same padded
-        width as the whole batch), the same examples packed anew when packed (:mod:`harness.data.packing`)."""
+        """This rank's contiguous slice of the rows of a global batch (same width as the whole batch): of a padded
+        batch, its examples; of a packed one (:mod:`harness.data.packing`), the examples those rows hold, so that
+        each row is computed as in one process. A packed batch with fewer rows than ranks gives each rank its
+        contiguous slice of the examples instead, packed anew."""
+        if batch.packed and batch.input_ids.shape[0] >= self.world:
+            rows = batch.input_ids.shape[0]
+            return rows_of(batch, rows * self.rank // self.world, rows * (self.rank + 1) // self.world)
         rows = len(batch.tasks)
         if rows < self.world:
             raise ValueError(f"train.batch_size {rows} is smaller than the {self.world} ranks: each needs a row")
