@@ -310,3 +310,20 @@ def test_image_batches_are_padded_and_packing_true_is_refused(tiny, tmp_path):
     exp = load_experiment(write_yaml(tmp_path / "true.yaml", tiny))
     with pytest.raises(DataError, match=r"stage 'a': train.packing: true, but its batches hold images"):
         plan_stage(exp, exp.resolved_stages()[0], 0, pools, pad_id=0)
+
+
+def test_auto_pads_a_compiled_stage(tok, groups, tiny, tmp_path, monkeypatch):  # noqa: F811
+    from harness.runs import packing
+    from harness.runs.prepare import StagePlan
+
+    exp = load_experiment(write_yaml(tmp_path / "x.yaml", tiny))
+    plan = StagePlan(exp.resolved_stages()[0], [collate(g, tok.pad_token_id) for g in groups], {}, groups)
+    model = build_builtin(ModelSpec(builtin="qwen2-tiny", config=SMALL["qwen2-tiny"]), tok, seed=0)
+    rows = []
+    monkeypatch.setattr(packing, "compile_decision", lambda setting, steps, device: True)
+    assert packing.stage_batches(plan, model, TASKS, tok.pad_token_id, 0, lambda r, s: rows.extend(r)) is plan.batches
+    assert rows == []
+    monkeypatch.setattr(packing, "compile_decision", lambda setting, steps, device: False)
+    packed = packing.stage_batches(plan, model, TASKS, tok.pad_token_id, 0, lambda r, s: rows.extend(r))
+    assert all(b.packed for b in packed) and [r.metric for r in rows] == ["packing_max_rel_diff",
+                                                                          "packing_tolerance", "packed"]

@@ -4,7 +4,8 @@ plan's padded batches, or the same examples packed (:mod:`harness.data.packing`)
 
 ``auto`` (the default) packs when exact and otherwise pads, with one warning line naming the model type and what
 leaked; ``true`` stops with :class:`~harness.training.packing.PackingError` (exit 2) instead; ``false`` pads
-without checking. Image batches are padded (``true`` is refused when the stage is planned, before training).
+without checking. Image batches are padded (``true`` is refused when the stage is planned, before training), and
+so are stages that compile their forward under ``auto`` (packed compiled steps are slow: docs/packing.md).
 The check's result is a store row at the stage's first step: ``train/packing_max_rel_diff`` (and the tolerance it
 was held to, ``train/packing_tolerance``; ``train/packed`` 1 or 0 says which batches trained).
 """
@@ -17,6 +18,7 @@ from typing import Any, Callable, Optional
 from harness.core.store import Row
 from harness.data.packing import ROW_WIDTH_FACTOR, pack_encoded
 from harness.runs.prepare import StagePlan
+from harness.training.compiling import compile_decision
 from harness.training.packing import PackingError, check_packing
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,12 @@ def stage_batches(plan: StagePlan, model, tasks: list[str], pad_id: int, step: i
     stage = plan.stage
     setting = stage.train.packing
     if setting is False or plan.has_images or not plan.examples:
+        return plan.batches
+    device = next(model.parameters()).device.type
+    if setting == "auto" and compile_decision(stage.train.compile, len(plan.batches), device):
+        # Compiled, packed steps ran ~100x slower on a CPU (bench/train_speed.py, harness-compile, 12 steps): the
+        # cause is not measured yet (recompiles on the rows' shapes?). Until it is solved, auto keeps them padded.
+        log.info("stage %r: compiled stages train on padded batches (train.packing: auto)", stage.name)
         return plan.batches
     packed = [pack_encoded(examples, pad_id, row_factor(model)) for examples in plan.examples]
     result = check_packing(model, plan.batches, packed, stage.train.loss, tasks, stage.train.precision)
