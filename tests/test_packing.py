@@ -327,3 +327,24 @@ def test_auto_pads_a_compiled_stage(tok, groups, tiny, tmp_path, monkeypatch):  
     packed = packing.stage_batches(plan, model, TASKS, tok.pad_token_id, 0, lambda r, s: rows.extend(r))
     assert all(b.packed for b in packed) and [r.metric for r in rows] == ["packing_max_rel_diff",
                                                                           "packing_tolerance", "packed"]
+
+
+def test_two_ranks_train_packed_batches_like_one_process(tiny, tmp_path):
+    """DDP on packed batches: each rank takes whole rows of the step's packed batch; the first stage's per-step
+    losses equal one process's to float order (as for padded batches, tests/test_distributed.py)."""
+    from harness.core.store import read_metrics
+
+    from .conftest import run_cli
+
+    tiny["train"].update(batch_size=12, log_every=1, stage_cache=False)
+    tiny["stages"] = [{"name": "a", "steps": 4, "mixture": {"repeat": 0.4, "yesno": 0.3, "math": 0.3}}]
+    path = write_yaml(tmp_path / "x.yaml", tiny)
+    env = {"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    for name, extra in (("one", []), ("two", ["--nproc", "2"])):
+        result = run_cli("run", str(path), "--out", str(tmp_path / name), *extra, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+    one, two = (read_metrics(tmp_path / n) for n in ("one", "two"))
+    assert _values(one, "packed") == _values(two, "packed") == [1.0]
+    a, b = np.array(_values(one, "loss")), np.array(_values(two, "loss"))
+    assert len(a) == 4 and np.allclose(a, b, rtol=1e-5, atol=0)
+    assert np.allclose(_values(one, "pad_fraction"), _values(two, "pad_fraction"))  # the same rows, split
