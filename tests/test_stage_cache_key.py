@@ -7,6 +7,7 @@ Keys only: nothing here trains, so the whole schema is walked in seconds."""
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import typing
 from dataclasses import dataclass
@@ -302,3 +303,12 @@ def test_the_code_hash_names_the_layers_that_shape_numbers():
             "harness/runs/runner.py", "harness/core/stats.py", "harness/config/schema.py",
             "data_recipes/count.py"} <= files
     assert not {"harness/runs/console.py", "harness/runs/tracking.py", "harness/cli/app.py"} & files
+
+
+def test_file_digests_are_remembered_by_path_size_and_mtime(code_copy, tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    first = code_identity.fingerprint_of(code_copy, code_identity.shaping_files(code_copy))
+    memo = json.loads((tmp_path / "cache" / code_identity.MEMO).read_text())
+    assert len(memo) == len(code_identity.shaping_files(code_copy))  # copied files keep their (old) mtimes
+    monkeypatch.setattr(code_identity, "file_digest", lambda path: pytest.fail(f"{path} parsed again"))
+    assert code_identity.fingerprint_of(code_copy, code_identity.shaping_files(code_copy)) == first

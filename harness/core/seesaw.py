@@ -7,7 +7,10 @@ Two rules (``eval.seesaw_test``):
   metrics (0/1 per item), a seeded sign-flip permutation test for the others — every p-value of the run is
   Benjamini–Hochberg corrected together, and an event needs both changes ≥ δ *and* both significant after the
   correction at ``alpha``. Under the quickstart's null (accuracy 0.5, 24 items, 20 % of items flipping between
-  evaluations) the untested rule fires in ~90 % of runs; this one in ≤ α (``tests/test_seesaw_power.py``);
+  evaluations) the untested rule fires in ~90 % of runs; this one in ≤ α (``tests/test_seesaw_power.py``; also at
+  200 items with a small δ, where the correction, not δ, decides: without it ~20 % of null runs report an event).
+  What the events control (≥ 1 event in a run with no real change: ≤ α; no per-event bound otherwise):
+  :func:`paired_seesaw_events`;
 - **none** (:func:`seesaw_events`): the untested threshold rule on metric values alone. Kept for the cases where
   no per-item outcomes exist — runs stored before they were recorded, and rows re-read from ``metrics.parquet``
   by the analysis — and for exploratory runs with pools so small (≲ 30 items) that no test can reach

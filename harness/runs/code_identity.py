@@ -18,16 +18,25 @@ and prunes entries), ``runs.code_identity`` (this file), and the layers above ``
 ``studies`` — which start runs but do not compute inside one.
 
 Python files are hashed as their syntax tree without docstrings (``ast.dump``), so editing a comment, a docstring
-or the layout does not invalidate the cache; any change to the code does. Other files are hashed as bytes.
+or the layout does not invalidate the cache; any change to the code does. Other files are hashed as bytes. Parsing
+~80 files takes a second or more, so each file's digest is remembered in ``$HARNESS_CACHE/code-digests.json``
+under its path, size and modification time (a file that changes gets a new mtime), and a process computes the
+whole fingerprint once.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import json
+import os
+import tempfile
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
+
+from harness.runs.pretrain import cache_root
 
 REPO = Path(__file__).resolve().parents[2]
 SHAPING_PACKAGES = ("harness/core", "harness/config", "harness/data", "harness/models", "harness/training",
@@ -65,11 +74,46 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+MEMO = "code-digests.json"
+RACY_NS = 2_000_000_000
+
+
 def fingerprint_of(root: Path, files: Iterable[Path]) -> str:
-    digest = hashlib.sha256()
+    """The hash of ``files`` (relative to ``root``): each one's path and :func:`file_digest`, read from the memo
+    when the file's path, size and mtime are remembered there."""
+    memo_path = cache_root() / MEMO
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    digest, changed = hashlib.sha256(), False
     for rel in files:
-        digest.update(f"{rel.as_posix()}\0{file_digest(root / rel)}\n".encode())
+        path = (root / rel).resolve()
+        stat = path.stat()
+        stamp = [stat.st_size, stat.st_mtime_ns]
+        known = memo.get(str(path))
+        if not known or known[:2] != stamp:
+            known = [*stamp, file_digest(path)]
+            # as git does with "racily clean" files: one modified in the last seconds could change again within
+            # the filesystem's timestamp tick, keeping size and mtime — it is hashed afresh until it has settled
+            if time.time_ns() - stat.st_mtime_ns > RACY_NS:
+                memo[str(path)], changed = known, True
+        digest.update(f"{rel.as_posix()}\0{known[2]}\n".encode())
+    if changed:
+        _write_memo(memo_path, memo)
     return digest.hexdigest()
+
+
+def _write_memo(path: Path, memo: dict) -> None:
+    """Replace the memo atomically (a reader sees the old or the new one); a cache it may not write is skipped."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{MEMO}.", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(memo, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 @lru_cache(maxsize=None)
