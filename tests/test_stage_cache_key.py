@@ -211,7 +211,8 @@ CASES = cases()
 
 def test_the_walk_covers_every_section_and_the_defect_field():
     paths = {".".join(map(str, c.path)) for c in CASES}
-    assert {"train.max_length", "stages.1.max_length", "stages.1.optim.lr", "model.pretrain.steps", "tasks.repeat.params",
+    assert {"train.max_length", "stages.1.max_length", "stages.1.optim.lr", "model.pretrain.steps",
+            "tasks.repeat.params",
             "eval.seesaw_alpha", "debug.inject_nonfinite.module", "tracking.wandb.project", "data.too_long",
             "world.people", "data_seed"} <= paths
     assert len(CASES) > 100

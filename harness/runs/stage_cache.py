@@ -10,7 +10,8 @@ with its size and SHA-256; an entry that does not match it is ignored with a war
 
 The key chains: stage k's key hashes stage k-1's key with stage k's resolved spec (every train field except those
 that only say what to keep on disk: ``checkpoint``, ``checkpoint_every``, ``keep_checkpoints``, ``stage_cache``;
-``compile`` as decided, :func:`harness.training.compiling.compile_decision`, so ``auto`` and ``true`` share a compiled stage),
+``compile`` as decided, :func:`harness.training.compiling.compile_decision`, so ``auto`` and ``true`` share a
+compiled stage),
 and stage 0's hashes what every stage depends on: the whole resolved experiment except the stages and the fields in
 :data:`NOT_SHAPING` (each listed with why it cannot change a stage's numbers; a field added to the schema is in the
 key unless it is added there), so the top-level ``train`` section too (evaluation items are fitted with its

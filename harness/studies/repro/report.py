@@ -146,8 +146,8 @@ def markdown(result: dict[str, Any], command: str, figure: Optional[str]) -> str
 
 
 def figure(result: dict[str, Any], path: Path, x_label: Optional[str] = None, x_log: bool = False) -> Path:
-    """One panel per metric: arms with an ``x`` as a line over x, the others as bars; mean with its interval across seeds
-    and each seed's value as a dot."""
+    """One panel per metric: arms with an ``x`` as a line over x, the others as bars; mean with its interval across
+    seeds and each seed's value as a dot."""
     import matplotlib  # plotting only when a figure is written
 
     matplotlib.use("Agg")
