@@ -1,9 +1,13 @@
 """Seed groups (``harness run --seeds``): per-task final scores across replicates and seesaw events that recur.
 
 - :func:`final_scores`: for every task × split, each seed's final score (the last stage's last evaluation), their
-  mean with a Student-t 95 % interval across seeds (``t_low`` / ``t_high``: how much the score moves between
-  trainings; clipped to [0, 1] for a rate), next to the 95 % Wilson interval one run of ``n`` items would give at
-  that mean (``within_low`` / ``within_high``: how much it moves between eval pools of that size), the eval pool's
+  mean with a 95 % interval across seeds (``across_low`` / ``across_high``; ``across`` says how it was made): for a
+  rate, one that accounts for both the seeds and the items they share (:func:`harness.core.stats.seeds_items_interval`
+  on the per-item outcomes of ``samples.jsonl``, :func:`~harness.core.stats.seeds_rates_interval` when a run has
+  none), inside [0, 1] and never zero-width while items vary; for other values a Student-t interval over the seeds;
+  none from one seed ("none: one seed" — its Wilson interval is the within-run one). Next to it the 95 % Wilson
+  interval one run of ``n`` items would give at that mean (``within_low`` / ``within_high``: how much it moves
+  between eval pools of that size), the eval pool's
   baseline (best constant answer, majority first token or chance: the items are the same in every seed) and
   ``above_in`` = ``k/N``, the replicates whose final score is significantly above it (each run's one-sided exact
   binomial test, Benjamini–Hochberg over its tasks at α = 0.05, as the run report decides it);
@@ -23,7 +27,7 @@ from analysis.frames import final_against_baselines
 from analysis.loading import AnalysisError, PathLike, load_run, load_samples, read_summary
 from harness.core.metrics import PROPORTION_METRICS
 from harness.core.metrics import GROUP_FILE
-from harness.core.stats import t_interval, wilson_interval
+from harness.core.stats import Interval, seeds_items_interval, seeds_rates_interval, t_interval, wilson_interval
 
 
 def is_group_dir(path: PathLike) -> bool:
@@ -65,13 +69,45 @@ def _above_baseline(run_dir: Path, metric: str, splits: set[str]) -> dict[tuple[
     return out
 
 
+def _final_outcomes(run_dir: Path, metric: str) -> dict[tuple[str, str], dict[int, float]]:
+    """``{(split, task): {item index: 0/1}}`` of ``metric`` at the run's last evaluation (samples' ``outcomes``)."""
+    samples = load_samples(run_dir)
+    if samples.is_empty() or "outcomes" not in samples.columns:
+        return {}
+    last = samples.filter(pl.col("step") == samples["step"].max())
+    out: dict[tuple[str, str], dict[int, float]] = {}
+    for r in last.select("split", "task", "index", "outcomes").iter_rows(named=True):
+        value = (r["outcomes"] or {}).get(metric)
+        if value is not None:
+            out.setdefault((r["split"], r["task"]), {})[int(r["index"])] = float(value)
+    return out
+
+
+def _across(metric: str, values: dict[int, float], outcomes: dict[int, dict[int, float]], n: int | None
+            ) -> tuple[Interval, str]:
+    """The across-seed interval of one task × split and how it was made."""
+    if len(values) < 2:
+        return Interval(next(iter(values.values()), float("nan")), float("nan"), float("nan"), n or 0), \
+            "none: one seed"
+    if metric not in PROPORTION_METRICS:
+        return t_interval(list(values.values())), "t over seeds"
+    items = [outcomes.get(seed) for seed in values]
+    if all(items) and all(i.keys() == items[0].keys() for i in items):
+        order = sorted(items[0])
+        return seeds_items_interval([[i[k] for k in order] for i in items]), "seeds × items"
+    if n:
+        return seeds_rates_interval(list(values.values()), n), "seeds × items (from rates)"
+    return Interval(float("nan"), float("nan"), float("nan"), 0), "none: no item count"
+
+
 def final_scores(group_dir: PathLike, metric: str = "greedy") -> pl.DataFrame:
-    """One row per split × task: ``seeds`` (replicates with a value), ``mean``, ``t_low``/``t_high`` (across
-    seeds), ``n`` (items per run), ``within_low``/``within_high`` (one run's Wilson interval at the mean),
-    ``baseline`` and ``above_in`` (``k/N``: of the N seeds that logged baselines, k are significantly above it;
-    both null without a baseline) and
-    ``values`` (per seed)."""
+    """One row per split × task: ``seeds`` (replicates with a value), ``mean``, ``across_low``/``across_high``
+    and ``across`` (the interval across seeds and how it was made; see the module docstring), ``n`` (items per
+    run), ``within_low``/``within_high`` (one run's Wilson interval at the mean), ``baseline`` and ``above_in``
+    (``k/N``: of the N seeds that logged baselines, k are significantly above it; both null without a baseline)
+    and ``values`` (per seed)."""
     per_seed: dict[tuple[str, str], dict[int, float]] = {}
+    outcomes: dict[tuple[str, str], dict[int, dict[int, float]]] = {}
     counts: dict[tuple[str, str], int] = {}
     tested: dict[tuple[str, str], dict[int, tuple[float, bool]]] = {}
     for seed, run_dir in replicate_runs(group_dir).items():
@@ -81,19 +117,19 @@ def final_scores(group_dir: PathLike, metric: str = "greedy") -> pl.DataFrame:
                 if metric in values:
                     per_seed.setdefault((split, task), {})[seed] = float(values[metric])
         counts.update({(s, t): n for (t, s), n in _item_counts(run_dir).items()})
+        for key, items in _final_outcomes(run_dir, metric).items():
+            outcomes.setdefault(key, {})[seed] = items
         for key, result in _above_baseline(run_dir, metric, set(final)).items():
             tested.setdefault(key, {})[seed] = result
     rows = []
     for (split, task), values in sorted(per_seed.items()):
-        across = t_interval(list(values.values()))
         n = counts.get((split, task))
-        within = wilson_interval(round(across.estimate * n), n) if n else None
+        across, how = _across(metric, values, outcomes.get((split, task), {}), n)
+        mean = sum(values.values()) / len(values)
+        within = wilson_interval(round(mean * n), n) if n and metric in PROPORTION_METRICS else None
         base = tested.get((split, task), {})
-        low, high = across.low, across.high
-        if metric in PROPORTION_METRICS and low is not None:  # a rate's interval ends at 0 and 1
-            low, high = max(0.0, low), min(1.0, high)
-        rows.append({"split": split, "task": task, "seeds": len(values), "mean": across.estimate,
-                     "t_low": low, "t_high": high, "n": n,
+        rows.append({"split": split, "task": task, "seeds": len(values), "mean": mean,
+                     "across_low": across.low, "across_high": across.high, "across": how, "n": n,
                      "within_low": within.low if within else None, "within_high": within.high if within else None,
                      "baseline": max(b for b, _ in base.values()) if base else None,
                      "above_in": f"{sum(a for _, a in base.values())}/{len(base)}" if base else None,

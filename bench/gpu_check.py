@@ -118,7 +118,7 @@ def main() -> int:
         smoke(2, args.seq)
         return 0
     if not torch.cuda.is_available():
-        print("no GPU visible: nothing to check (the CPU tests cover correctness; see README)")
+        print("no GPU visible: nothing to check (the CPU tests cover correctness; see docs/distributed.md)")
         return 1
     print(f"torch {torch.__version__}, {torch.cuda.device_count()} GPU(s); batch {args.batch} × {args.seq} tokens")
     for i in range(torch.cuda.device_count()):

@@ -40,3 +40,36 @@ def test_a_run_with_stderr_redirected_prints_progress_lines(tiny, tmp_path):
     assert [step for step, _ in evals] == ["0", "10", "20"]
     assert all(re.fullmatch(r"repeat [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4 · yesno [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4 · math [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4", cells)
                for _, cells in evals)
+
+
+def _summary(task: str, run_dir: str) -> dict:
+    metrics = {"greedy": 0.125, "mode_ok": 0.5, "tf_first": 0.25, "ft_rank_mean": 3.5, "ft_hijack": 0.0625}
+    intervals = {m: {"n": 200, "ci_low": 0.0123, "ci_high": 0.9876} for m in ("greedy", "mode_ok", "tf_first",
+                                                                               "ft_hijack")}
+    stage = lambda name: {"name": name, "metrics": {"heldout": {task: metrics, "yesno": metrics}},  # noqa: E731
+                          "intervals": {"heldout": {task: intervals, "yesno": intervals}}}
+    event = {"metric": "greedy", "split": "heldout", "step_from": 100, "step_to": 150, "stage_from": "a_long_stage",
+             "stage_to": "a_long_stage", "rose": task, "rose_by": 0.25, "fell": "yesno", "fell_by": 0.1875,
+             "p_value": 0.0031}
+    return {"stages": [stage("a_long_stage"), stage("another_long_stage")], "seesaw_events": [event],
+            "seesaw": {"test": "paired", "tests": 66, "alpha": 0.05}, "timing": {"total_s": 12.5, "eval_share": 0.2},
+            "run_dir": run_dir}
+
+
+def test_the_final_table_is_printed_whole_when_stderr_is_not_a_terminal(capsys):
+    """In a log, rich would lay the table out in 80 (or any fixed number of) columns and cut the cells ("assist…",
+    "[0.00,0…"): every cell, event line and the run directory must be there in full."""
+    from harness.runs.console import Console
+
+    task = "assistant_qa_with_a_name_long_enough_to_need_a_wide_table"
+    run_dir = "/a/run/directory/" + "deep/" * 30 + "run"
+    Console(enabled=True).final_report(_summary(task, run_dir), ["heldout"])
+    err = capsys.readouterr().err
+    assert "…" not in err, err
+    rows = [line for line in err.splitlines() if task in line]
+    assert len(rows) == 2, err  # the table's row and the event's line, each whole on one line
+    table_row = next(line for line in rows if "a_long_stage" in line and "↑" not in line)
+    assert table_row.count("[0.01,0.99]") == 4 and "3.500" in table_row, table_row
+    assert re.search(rf"^greedy/heldout +step 100→150 \(a_long_stage\) +{task} ↑0\.250 +yesno ↓0\.188 +p=0\.0031$",
+                     err, re.M), err
+    assert f"→ {run_dir}\n" in err

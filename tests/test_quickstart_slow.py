@@ -10,7 +10,7 @@ constant-answer baseline of the same pool (``summary.json``'s ``baselines``). Th
   asked with phrasings never trained on. Their ``heldout`` split asks about people never seen in SFT, whose facts
   the tiny base saw only in pretraining; the quickstart does not claim those (see its comments).
 
-Minutes on 2 CPU cores (the README's Quickstart paragraph); a miss here is a finding about the default, to report,
+Minutes on 2 CPU cores (docs/quickstart.md); a miss here is a finding about the default, to report,
 not a threshold to loosen."""
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ import math
 import polars as pl
 import pytest
 
-from analysis.group import final_scores, is_group_dir, recurring_events
+from analysis.group import _across, final_scores, is_group_dir, recurring_events
+from harness.core.stats import wilson_interval
 from analysis.loading import load_samples
 from analysis.report import write_report
 from harness.config import ConfigError, validate_data
@@ -77,8 +78,9 @@ def test_two_seed_group_runs_and_reports_across_seed_intervals(tiny, tmp_path):
     for r in scores.iter_rows(named=True):
         a, b = (float(v.split(": ")[1]) for v in r["values"].split(", "))
         assert r["mean"] == pytest.approx((a + b) / 2, abs=1e-3)
-        assert a == b or (r["t_low"] < r["mean"] < r["t_high"] and not math.isnan(r["t_low"]))
-        assert 0.0 <= r["t_low"] and r["t_high"] <= 1.0, "a rate's interval is clipped to [0, 1]"
+        assert r["across"] == "seeds × items", "tf_first's per-item outcomes are in samples.jsonl"
+        assert 0.0 <= r["across_low"] <= r["mean"] <= r["across_high"] <= 1.0
+        assert r["across_high"] > r["across_low"], "never zero-width (the items vary, or Wilson's when none do)"
         assert r["within_low"] <= r["mean"] <= r["within_high"]
     # each score next to its eval pool's baseline, and the seeds significantly above it counted
     summary = json.loads((group / "seed-1" / "summary.json").read_text())
@@ -89,8 +91,22 @@ def test_two_seed_group_runs_and_reports_across_seed_intervals(tiny, tmp_path):
         values = [float(v.split(": ")[1]) for v in r["values"].split(", ")]
         assert total == 2 and k <= sum(v > r["baseline"] for v in values)
     html = write_report(group, metric="tf_first").read_text()
-    assert "95% across seeds (t)" in html and "95% one run (Wilson)" in html and "recurs_in" in html
+    assert "95% across seeds" in html and "95% one run (Wilson)" in html and "recurs_in" in html
     assert "above baseline in" in html
+
+
+def test_across_seed_intervals_one_seed_agreeing_seeds_and_rates_only():
+    """One seed: no interval (it was [0, 1]: NaN clipped); seeds agreeing on 0/n: the items' Wilson interval (it
+    was [0, 0]); rates outside [0, 1] never; runs without per-item outcomes: from the rates."""
+    one, how = _across("greedy", {0: 0.25}, {0: {0: 1.0, 1: 0.0, 2: 0.0, 3: 0.0}}, 4)
+    assert how == "none: one seed" and math.isnan(one.low) and math.isnan(one.high)
+    zeros = {s: {i: 0.0 for i in range(64)} for s in range(3)}
+    agree, how = _across("greedy", {0: 0.0, 1: 0.0, 2: 0.0}, zeros, 64)
+    assert how == "seeds × items" and (agree.low, agree.high) == pytest.approx(wilson_interval(0, 64)[1:3])
+    spread, how = _across("greedy", {0: 0.05, 1: 0.5, 2: 0.95}, {}, 20)
+    assert how == "seeds × items (from rates)" and 0.0 <= spread.low < spread.high <= 1.0
+    ranks, how = _across("ft_rank_mean", {0: 2.0, 1: 4.0}, {}, 20)
+    assert how == "t over seeds" and ranks.low < 3.0 < ranks.high
 
 
 def _fake_group(tmp_path, events_per_seed):

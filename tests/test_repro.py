@@ -15,7 +15,8 @@ from harness.studies.repro import plan as repro_mod
 from harness.config import ConfigError
 from harness.runs.prepare import build_task_data
 from harness.studies.repro.plan import arm_experiment, available, load_repro, parse_seeds, run_repro
-from harness.studies.repro.report import paired_difference, paired_items, t_interval, wilson_interval, write_outputs
+from harness.core import stats
+from harness.studies.repro.report import across_seeds, markdown, paired_difference, paired_items, write_outputs
 from tests.conftest import run_cli, write_yaml
 
 NAMES = available()
@@ -51,7 +52,9 @@ def test_micro_run_writes_table_figure_and_results(name, tmp_path):
             run = m["runs"][0]
             assert run["n"] > 0 and 0.0 <= run["value"] <= 1.0
             assert run["wilson"][0] <= run["value"] <= run["wilson"][1]
+            assert m["across"] == "none: one seed" and math.isnan(m["low"]), "one seed: no interval, not [0, 1]"
     assert "| " + arms[0] + " |" in md.read_text()
+    assert "(one seed: its Wilson interval; no interval across seeds)" in md.read_text()
 
 
 def test_finished_runs_are_reused_not_rerun(tmp_path, monkeypatch):
@@ -168,14 +171,30 @@ def test_optional_arms_run_only_when_named(tmp_path, monkeypatch):
     assert ran == ["repro_reversed_addition_reversed"]
 
 
-def test_wilson_and_t_intervals_match_textbook_values():
-    low, high = wilson_interval(0, 16)
-    assert low == 0.0 and high == pytest.approx(0.194, abs=1e-3)
-    low, high = wilson_interval(45, 50)
-    assert (low, high) == pytest.approx((0.7864, 0.9565), abs=1e-3)
-    mean, low, high = t_interval([0.1, 0.2, 0.3])
-    assert mean == pytest.approx(0.2) and high - mean == pytest.approx(4.3027 * 0.1 / math.sqrt(3), rel=1e-3)
-    assert math.isnan(t_interval([0.4])[1])
+def _runs(values, n=64, items=None, data_seeds=(0, 1, 2)):
+    return [repro_mod.RunOutcome("a", s, {"m": v}, {"m": n}, items={"m": items[i]} if items else {},
+                                 data_seed=data_seeds[i]) for i, (s, v) in enumerate(zip(range(len(values)), values))]
+
+
+def test_across_seeds_intervals_stay_in_0_1_and_are_never_zero_width():
+    # docs/repro/dmt.md printed "0.000 [0.000, 0.000]" for three seeds at 0/64: now the pooled items' Wilson
+    agree = across_seeds(_runs([0.0, 0.0, 0.0]), "m")
+    assert (agree["low"], agree["high"]) == pytest.approx(stats.wilson_interval(0, 3 * 64)[1:3]) and agree["high"] > 0
+    spread = across_seeds(_runs([0.05, 0.5, 0.95], n=16), "m")  # a t-interval printed [-0.57, 1.73] for such seeds
+    assert 0.0 <= spread["low"] < spread["mean"] < spread["high"] <= 1.0
+    same = [{i: i % 2 == 0 for i in range(10)}] * 3  # same data seed, same outcomes on items that differ
+    shared = across_seeds(_runs([0.5] * 3, n=10, items=same, data_seeds=(4, 4, 4)), "m")
+    assert shared["method"] == "seeds × items" and shared["high"] - shared["low"] > 0.3
+    one = across_seeds(_runs([0.25]), "m")
+    assert one["method"] == "none: one seed" and math.isnan(one["low"]) and math.isnan(one["high"])
+
+
+def test_the_table_says_when_there_is_no_interval_across_seeds():
+    result = {"title": "t", "source": "s", "published": "p", "arms": {"a": {"x": None, "metrics": {
+        "m": {"mean": 0.25, "low": math.nan, "high": math.nan, "across": "none: one seed",
+              "runs": [{"seed": 0, "value": 0.25, "n": 16, "wilson": [0.1, 0.5]}]}}}}}
+    text = markdown(result, "cmd", None)
+    assert "0.250 (one seed: its Wilson interval; no interval across seeds)" in text and "[0.000, 1.000]" not in text
 
 
 def test_paired_difference_has_the_sign_and_seeds_of_the_data():

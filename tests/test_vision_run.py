@@ -15,7 +15,9 @@ from harness.training.adapters import prepare_stage_model
 from harness.config import ConfigError, load_experiment
 from harness.runs.runner import run_experiment
 from harness.checks.sanity import run_sanity
+from harness.core.seesaw import change_tests
 from harness.core.store import read_metrics
+from harness.evaluation.evidence import outcome_rows
 from harness.models.tokenizer import train_tokenizer
 from harness.models.image_text import build_llava_tiny, model_part
 from harness.data.images import collate_mixed, encode_image_examples
@@ -76,6 +78,31 @@ def test_micro_vision_samples_name_their_images(vision_run):
     assert image_samples and all(s["image_id"] and s["swapped_with"] != s["image_id"] for s in image_samples)
     assert all("pred_blank" in s and "image" not in s for s in image_samples)
     assert all("image_id" not in s for s in samples if s["task"] == "repeat")
+
+
+def test_image_tasks_enter_the_paired_seesaw_test(vision_run):
+    """Image samples carry their 0/1 greedy outcome, so the run's paired test covers image tasks (they were
+    silently left out: no outcomes, no tests)."""
+    samples = [json.loads(line) for line in (vision_run / "samples.jsonl").read_text().splitlines()]
+    frame = read_metrics(vision_run)
+    for task in ("caption", "shapes_qa"):
+        mine = [s for s in samples if s["task"] == task]
+        assert mine and all(s["outcomes"] == {"greedy": int(s["correct"])} for s in mine)
+        for (step, stage, split), group in _by_evaluation(mine).items():  # the outcomes give the stored greedy value
+            stored = frame.filter((frame["task"] == task) & (frame["metric"] == "greedy") & (frame["step"] == step)
+                                  & (frame["stage"] == stage) & (frame["split"] == split))["value"].to_list()
+            assert stored == [sum(s["outcomes"]["greedy"] for s in group) / len(group)]
+    tests = change_tests(outcome_rows(samples), ["greedy"])
+    assert {"caption", "shapes_qa", "repeat"} <= {t["task"] for t in tests}
+    summary = json.loads((vision_run / "summary.json").read_text())
+    assert summary["seesaw"]["tests"] == len(change_tests(outcome_rows(samples)))  # the run tested them too
+
+
+def _by_evaluation(samples: list[dict]) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = {}
+    for s in samples:
+        out.setdefault((s["step"], s["stage"], s["split"]), []).append(s)
+    return out
 
 
 def test_vision_checkpoint_reloads_with_its_processor(vision_run):

@@ -1,5 +1,6 @@
-"""The report of a seed group (``harness report GROUP``): final scores with their across-seed t-interval next to
-one run's Wilson interval, and seesaw events with the number of seeds they recur in (:mod:`analysis.group`)."""
+"""The report of a seed group (``harness report GROUP``): final scores with their interval across seeds (over the
+seeds and the items they share, for a rate) next to one run's Wilson interval, and seesaw events with the number of
+seeds they recur in (:mod:`analysis.group`)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,21 @@ from analysis.report.page import Page, facts_table, fmt, table
 
 
 def _interval(low: Optional[float], high: Optional[float]) -> str:
-    return "–" if low is None or high is None else f"[{fmt(low)}, {fmt(high)}]"
+    return "–" if low is None or high is None or low != low or high != high else f"[{fmt(low)}, {fmt(high)}]"
+
+
+def _across(r: dict[str, Any]) -> str:
+    """The across-seed interval, or why there is none (one seed: its Wilson interval is the one-run column)."""
+    if r["across"].startswith("none"):
+        return r["across"].replace("none: ", "none (") + ")"
+    return f"{_interval(r['across_low'], r['across_high'])} {r['across']}"
 
 
 def score_table(scores: pl.DataFrame) -> pl.DataFrame:
     """The displayed columns: mean, across-seed interval, within-run interval, n, per-seed values."""
     return pl.DataFrame([{
         "task": r["task"], "seeds": r["seeds"], "mean": r["mean"],
-        "95% across seeds (t)": _interval(r["t_low"], r["t_high"]), "n items": r["n"],
+        "95% across seeds": _across(r), "n items": r["n"],
         "95% one run (Wilson)": _interval(r["within_low"], r["within_high"]),
         "baseline": r.get("baseline"), "above baseline in": r.get("above_in") or "–", "per seed": r["values"],
     } for r in scores.iter_rows(named=True)])
@@ -38,9 +46,11 @@ def group_report(group_dir: PathLike, out: Optional[PathLike] = None, *, metric:
     group, runs = read_group(group_dir), replicate_runs(group_dir)
     page = Page(out, f"{group['experiment']}: {len(runs)} seeds")
     page.section("Final scores across seeds", "scores")
-    page.p(f"{html.escape(metric)} at the end of the last stage. The t-interval across seeds measures how much the "
-           "score moves between trainings; the Wilson interval is what one run of n items would report at that "
-           "mean (eval-pool noise). Every replicate is scored on the same items (data_seed "
+    page.p(f"{html.escape(metric)} at the end of the last stage. The interval across seeds accounts for both how "
+           "much the score moves between trainings and which items the pool drew (for a rate: seeds × items "
+           "variance components, inside [0, 1]; a Student t over the seeds for other values; none from one seed); "
+           "the Wilson interval is what one run of n items would report at that mean (eval-pool noise). Every "
+           "replicate is scored on the same items (data_seed "
            f"{group['data_seed']}). The baseline is the pool's best constant answer, majority first token or "
            "chance; 'above baseline in' counts the seeds whose final score is significantly above it (one-sided "
            "exact binomial, Benjamini–Hochberg over the run's tasks, α = 0.05).", "note")

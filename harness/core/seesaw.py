@@ -7,7 +7,10 @@ Two rules (``eval.seesaw_test``):
   metrics (0/1 per item), a seeded sign-flip permutation test for the others — every p-value of the run is
   Benjamini–Hochberg corrected together, and an event needs both changes ≥ δ *and* both significant after the
   correction at ``alpha``. Under the quickstart's null (accuracy 0.5, 24 items, 20 % of items flipping between
-  evaluations) the untested rule fires in ~90 % of runs; this one in ≤ α (``tests/test_seesaw_power.py``);
+  evaluations) the untested rule fires in ~90 % of runs; this one in ≤ α (``tests/test_seesaw_power.py``; also at
+  200 items with a small δ, where the correction, not δ, decides: without it ~20 % of null runs report an event).
+  What the events control (≥ 1 event in a run with no real change: ≤ α; no per-event bound otherwise):
+  :func:`paired_seesaw_events`;
 - **none** (:func:`seesaw_events`): the untested threshold rule on metric values alone. Kept for the cases where
   no per-item outcomes exist — runs stored before they were recorded, and rows re-read from ``metrics.parquet``
   by the analysis — and for exploratory runs with pools so small (≲ 30 items) that no test can reach
@@ -215,7 +218,8 @@ def change_tests(rows: Iterable[Mapping[str, Any]], metrics: Iterable[str] = SEE
 
 def paired_seesaw_events(rows: Iterable[Mapping[str, Any]], delta: float,
                          metrics: Iterable[str] = SEESAW_METRICS, *, alpha: float = DEFAULT_ALPHA,
-                         seed: int = 0, tests: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+                         seed: int = 0, tests: list[dict[str, Any]] | None = None,
+                         correction: str = "bh") -> list[dict[str, Any]]:
     """The paired rule (``seesaw_test: paired``): events that pass a test, from per-item outcome rows (see
     :func:`change_tests`; pass ``tests`` to reuse a list it returned for the same rows).
 
@@ -225,11 +229,24 @@ def paired_seesaw_events(rows: Iterable[Mapping[str, Any]], delta: float,
     ``{metric, split, step_from, step_to, stage_from, stage_to, rose, rose_by, fell, fell_by, p_value, test}``,
     ``p_value`` being the larger of the two adjusted p-values (the event holds only if both changes do, so its
     evidence is that of the weaker one). Order as :func:`seesaw_events`.
+
+    What this controls: BH makes the expected share of false changes among the changes found ≤ ``alpha`` (the
+    false-discovery rate of changes, over the family above). An event is false when either of its changes is.
+    When no task really changes anywhere in the run, every change found is false, so BH's FDR is the probability
+    of finding any: the probability that a run reports ≥ 1 event is ≤ ``alpha`` (measured at 24 and 200 items:
+    ``tests/test_seesaw_power.py``, ``bench/seesaw_null.py``). When some tasks do change, there is no per-event
+    bound: one false change pairs with every real change of the opposite sign in the same interval, and the
+    changes of two consecutive intervals share an evaluation (they are negatively correlated, outside the
+    independence BH assumes); the false-event rate per run in that case is measured, not guaranteed.
+    ``correction="none"`` (simulations only) uses each change's own p-value: no control of either.
     """
     metrics = list(metrics)
     if tests is None:
         tests = change_tests(rows, metrics, seed=seed)
-    adjusted = benjamini_hochberg([t["p_raw"] for t in tests])
+    if correction not in ("bh", "none"):
+        raise ValueError(f"correction must be 'bh' or 'none', got {correction!r}")
+    raw = [t["p_raw"] for t in tests]
+    adjusted = benjamini_hochberg(raw) if correction == "bh" else np.asarray(raw, dtype=float)
     groups: dict[tuple, list[tuple[dict[str, Any], float]]] = {}
     for test, p_adj in zip(tests, adjusted):
         if p_adj <= alpha and abs(test["change"]) >= delta - TOLERANCE:

@@ -9,7 +9,9 @@ formula) is written here and says so.
   values;
 - :func:`above_rate_p` — one-sided exact binomial test of a proportion against a fixed rate (score vs baseline);
 - :func:`benjamini_hochberg` — BH-adjusted p-values (``scipy.stats.false_discovery_control``);
-- :func:`t_interval` — Student-t interval of a mean across replicates (seeds);
+- :func:`t_interval` — Student-t interval of a mean across replicates (seeds), for values that are not proportions;
+- :func:`seeds_items_interval` / :func:`seeds_rates_interval` — 95 % interval of a proportion measured by several
+  seeds on the same items, accounting for both (two-way crossed variance components); none from one seed;
 - :func:`min_detectable_difference` — the smallest paired change in a proportion that a pool of ``n`` items
   detects at 80 % power.
 """
@@ -132,6 +134,85 @@ def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Inter
         return Interval(mean, mean, mean, n)
     low, high = stats.t.interval(confidence, n - 1, loc=mean, scale=sem)
     return Interval(mean, float(low), float(high), n)
+
+
+def seeds_items_interval(outcomes: Sequence[Sequence[float]], confidence: float = CONFIDENCE) -> Interval:
+    """The proportion behind ``outcomes[seed][item]`` (0/1; every seed scored on the same items, in the same order)
+    with a 95 % interval that accounts for both the seeds (a training run is one draw of them) and the items (the
+    eval pool is one draw of them); ``n``: the items per seed.
+
+    The design is two-way crossed (seeds × items), so the grand mean's variance has a seed part, an item part and
+    a residual (Miller 2024, "Adding error bars to evals", arXiv:2411.00640, §3 on clustered items; Cameron,
+    Gelbach & Miller 2011, J. Bus. Econ. Stat. 29:238, two-way clustering). From the ANOVA mean squares of the
+    S × n table:
+
+    - seed part ``MS_seed / (S n)`` (estimates σ²_seed / S + σ²_res / (S n): it carries the residual too, so it is
+      never truncated), scaled by Student t with S − 1 degrees of freedom — few seeds say little about how much
+      seeds vary, and taking t from a Satterthwaite combination instead gave 92–93 % coverage at 3 seeds;
+    - item part ``max(MS_item − MS_res, 0) / (S n)`` (σ²_item / n), scaled by t with n − 1.
+
+    The half-width is ``sqrt(t²_{S−1} · seed part + t²_{n−1} · item part)``, at least that of ``S n`` independent
+    draws (so it is never zero-width while any outcome differs), and the interval is cut at 0 and 1. When every
+    outcome is the same (nothing varies, e.g. 0 of 64 items in each of 3 seeds) it is the Wilson interval of the
+    items: seeds that agree on every item add no information about the items. Coverage on simulated seeds × items
+    with a known truth: ``tests/test_stats.py``. One seed gives NaN bounds (there is no across-seed interval;
+    report that seed's :func:`wilson_interval`).
+    """
+    y = np.asarray(outcomes, dtype=float)
+    if y.ndim != 2 or y.shape[1] == 0 or np.isnan(y).any():
+        raise ValueError("seeds_items_interval needs a seeds × items table of 0/1 outcomes, the same items per seed")
+    seeds, items = y.shape
+    p = float(y.mean())
+    if seeds < 2:
+        return Interval(p, math.nan, math.nan, items)
+    if y.min() == y.max():
+        return Interval(p, *wilson_interval(int(round(p * items)), items, confidence)[1:3], items)
+    seed_means, item_means = y.mean(axis=1), y.mean(axis=0)
+    ms_seed = items * float(np.sum((seed_means - p) ** 2)) / (seeds - 1)
+    ms_item = seeds * float(np.sum((item_means - p) ** 2)) / (items - 1) if items > 1 else 0.0
+    residual = y - seed_means[:, None] - item_means[None, :] + p
+    ms_res = float(np.sum(residual ** 2)) / ((seeds - 1) * max(items - 1, 1))
+    cells = seeds * items
+    return _two_part(p, ms_seed / cells, max(ms_item - ms_res, 0.0) / cells, seeds, items, confidence)
+
+
+def seeds_rates_interval(rates: Sequence[float], n: int, confidence: float = CONFIDENCE, *,
+                         same_items: bool = True) -> Interval:
+    """A proportion across seeds when only each seed's rate over ``n`` items is known (no per-item outcomes).
+
+    ``same_items`` (every seed scored on the same items, as in a ``--seeds`` group): the seed part from the rates'
+    spread, the item part bounded above by ``p̂(1 − p̂) / n`` (the whole variance of one outcome, σ²_seed +
+    σ²_item + σ²_res, is at least σ²_item) — conservative, never narrower than :func:`seeds_items_interval`
+    would be. Otherwise (each seed draws its own items, as ``harness repro``'s seeds do) the seeds' rates are
+    independent draws that carry their items' noise, and their spread is the whole variance: ``s² / S``, with t
+    on S − 1 degrees of freedom (the cluster-robust interval with seeds as clusters), at least that of the
+    ``S · n`` items pooled. Either way cut at 0 and 1, the items' (pooled, when they differ) Wilson interval when
+    every rate is 0 or every rate is 1, and NaN bounds from one seed (or none).
+    """
+    r = np.asarray([v for v in rates if v is not None and not math.isnan(v)], dtype=float)
+    if r.size == 0 or n <= 0:
+        return Interval(math.nan, math.nan, math.nan, max(n, 0))
+    p = float(r.mean())
+    if r.size < 2:
+        return Interval(p, math.nan, math.nan, n)
+    pooled = n if same_items else n * int(r.size)
+    if p in (0.0, 1.0):
+        return Interval(p, *wilson_interval(int(round(p * pooled)), pooled, confidence)[1:3], n)
+    spread = float(np.var(r, ddof=1)) / r.size
+    if same_items:
+        return _two_part(p, spread, p * (1 - p) / n, int(r.size), n, confidence)
+    return _two_part(p, spread, 0.0, int(r.size), n, confidence)
+
+
+def _two_part(p: float, seed_part: float, item_part: float, seeds: int, items: int, confidence: float) -> Interval:
+    """``p`` ± sqrt(t²_{seeds−1}·seed_part + t²_{items−1}·item_part), the total variance at least that of
+    ``seeds · items`` independent draws (the shortfall added to the item part), cut at 0 and 1."""
+    floor = p * (1 - p) / (seeds * items)
+    item_part += max(0.0, floor - seed_part - item_part)
+    q = 0.5 + confidence / 2
+    t_items = stats.t.ppf(q, items - 1) if items > 1 else stats.norm.ppf(q)
+    half = math.sqrt(stats.t.ppf(q, seeds - 1) ** 2 * seed_part + t_items ** 2 * item_part)
+    return Interval(p, max(0.0, p - half), min(1.0, p + half), items)
 
 
 def mcnemar_power(n: int, difference: float, discordant: float, alpha: float = 0.05) -> float:

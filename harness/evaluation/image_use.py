@@ -18,7 +18,7 @@ on the prefill only); the harness's own decoder in ``evaluation/runner.py`` take
 
 :class:`ImageEval` runs it on every image task and eval split at each evaluation of a run: ``greedy`` (accuracy with
 the real image, so image tasks sit next to text tasks in reports and seesaw detection) and the ``img_*`` rows, and
-one sample per item with its ``image_id``.
+one sample per item with its ``image_id`` and its 0/1 ``greedy`` outcome (the paired seesaw test's data).
 """
 
 from __future__ import annotations
@@ -269,9 +269,12 @@ class ImageEval:
             rows += stats.rows()
             recipe = self.recipes[task]
             for index, (ex, item) in enumerate(zip(examples, stats.items)):
+                correct = bool(recipe.is_correct(item["pred_real"], ex.answer))
+                # outcomes: the item's 0/1 greedy result, as text tasks' samples carry theirs — what puts image
+                # tasks into the paired seesaw test (harness.evaluation.evidence.outcome_rows)
                 samples.append({"task": task, "split": split, "index": index, "prompt": ex.prompt,
-                                "gold": ex.answer, "pred": item["pred_real"],
-                                "correct": recipe.is_correct(item["pred_real"], ex.answer), **item})
+                                "gold": ex.answer, "pred": item["pred_real"], "correct": correct,
+                                "outcomes": {"greedy": int(correct)}, **item})
         return rows, samples
 
 

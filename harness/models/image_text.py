@@ -25,7 +25,7 @@ from harness.models.builtin import builtin_config
 IMAGE_TOKEN = "<image>"
 VISION_PARTS: tuple[str, ...] = ("vision_tower", "projector", "language_model")
 
-# How much the processor amplifies pixel values (SigLIP's normalisation divided by this). Measured (README, "Images"):
+# How much the processor amplifies pixel values (SigLIP's normalisation divided by this). Measured (docs/images.md):
 # at the default gain of 1 a from-scratch llava-tiny never reads its images — the scenes are mostly white, so the
 # patch embeddings differ little from image to image next to the position embeddings, and the language model
 # learns the answer prior and stops looking (img_dependence 0/64); at 20, with lr 1e-3, it reads them.

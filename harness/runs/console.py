@@ -3,7 +3,8 @@ task's main score with its 95 % interval and n), and the final table (scores wit
 
 When stderr is not a terminal (a batch job, a CI log, ``nohup``), rich draws no live bar, so progress is printed as
 plain lines instead — every :data:`PLAIN_EVERY_FRACTION` of a stage or :data:`PLAIN_EVERY_S` seconds, whichever
-comes first, as tqdm and the HF Trainer do in cluster logs.
+comes first, as tqdm and the HF Trainer do in cluster logs — and the final table is laid out at its own full width
+and the event lines are never wrapped (rich would otherwise cut both at its default 80 columns: "assist…").
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from rich.console import Console as RichConsole
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from harness.evaluation.evidence import format_score
 
 TABLE_METRICS = ("greedy", "mode_ok", "tf_first", "ft_rank_mean", "ft_hijack")
-TABLE_WIDTH = 140
 MAIN_SCORES = ("greedy", "tf_exact", "tf_first", "mode_ok")  # the evaluation line shows the first one measured
 PLAIN_EVERY_FRACTION = 0.1
 PLAIN_EVERY_S = 30.0
@@ -153,19 +154,30 @@ class Console:
                     cells = [format_score(values.get(m), cis.get(m, {}).get("ci_low"), cis.get(m, {}).get("ci_high"))
                              for m in TABLE_METRICS]
                     table.add_row(task if i == 0 else "", st["name"], "-" if n is None else str(n), *cells)
-            # a log file (stderr not a terminal) would cut the interval columns at rich's default 80 characters
-            self.rich.print(table, width=None if self.rich.is_terminal else max(self.rich.width, TABLE_WIDTH))
+            self._print_table(table)
         events = summary.get("seesaw_events", [])
         if events:
             from harness.core.seesaw import format_events
 
-            self.rich.print(f"[bold]seesaw events[/] ({len(events)}{_rule(summary)}):")
-            self.rich.print(format_events(events), markup=False)
+            self.rich.print(f"[bold]seesaw events[/] ({len(events)}{_rule(summary)}):", soft_wrap=True)
+            self.rich.print(format_events(events), markup=False, soft_wrap=True)
         else:
-            self.rich.print(f"no seesaw events{_rule(summary)}", markup=False)
+            self.rich.print(f"no seesaw events{_rule(summary)}", markup=False, soft_wrap=True)
         timing = summary["timing"]
         self.rich.print(f"done in {timing['total_s']:.1f}s (evaluation {100 * timing['eval_share']:.0f}%) → "
-                        f"{summary['run_dir']}")
+                        f"{summary['run_dir']}", markup=False, soft_wrap=True)
+
+    def _print_table(self, table: Table) -> None:
+        """A table as wide as the terminal allows; in a log (stderr not a terminal) at its natural width, however
+        wide: rich lays a table out within the console's width (80 columns when it cannot ask a terminal), and a
+        ``width=`` argument to ``print`` cannot exceed it, so a wide one goes through a console of its own width."""
+        if self.rich.is_terminal:
+            self.rich.print(table)
+            return
+        natural = Measurement.get(self.rich, self.rich.options.update_width(1 << 16), table).maximum
+        wide = RichConsole(file=self.rich.file, width=max(natural, self.rich.width), highlight=False,
+                           color_system=None, force_terminal=False)
+        wide.print(table)
 
 
 def _rule(summary: dict[str, Any]) -> str:

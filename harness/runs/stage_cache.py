@@ -10,11 +10,15 @@ with its size and SHA-256; an entry that does not match it is ignored with a war
 
 The key chains: stage k's key hashes stage k-1's key with stage k's resolved spec (every train field except those
 that only say what to keep on disk: ``checkpoint``, ``checkpoint_every``, ``keep_checkpoints``, ``stage_cache``;
-``compile`` as decided, :func:`harness.training.compiling.compile_decision`, so ``auto`` and ``true`` share a compiled stage),
-and stage 0's hashes what every stage depends on: the base model's key, the model / world / tasks / data / eval
-specs, the seed, the content of the task data, and the harness, torch and transformers versions and the device (on a CPU,
-with its torch thread count; with several data-parallel ranks, their number) (numerics differ across them). A run
-replays cached stages in order and stops at the first miss.
+``compile`` as decided, :func:`harness.training.compiling.compile_decision`, so ``auto`` and ``true`` share a
+compiled stage),
+and stage 0's hashes what every stage depends on: the whole resolved experiment except the stages and the fields in
+:data:`NOT_SHAPING` (each listed with why it cannot change a stage's numbers; a field added to the schema is in the
+key unless it is added there), so the top-level ``train`` section too (evaluation items are fitted with its
+``max_length``); the base model's key, the content of the task data, the hash of the code that shapes a stage's
+numbers (:func:`harness.runs.code_identity.code_fingerprint`), the harness, torch and transformers versions and the
+device (on a CPU, with its torch thread count; with several data-parallel ranks, their number) (numerics differ
+across them). A run replays cached stages in order and stops at the first miss.
 
 Entries are written into a temporary sibling and renamed into place: a reader sees none or a whole one; when two
 workers finish the same stage at once the second rename fails and that worker discards its copy.
@@ -47,16 +51,32 @@ from harness.training.checkpoint import SavedWeights, Start
 from harness.training.compiling import compile_decision
 from harness.config import Experiment, ResolvedStage, computing_debug
 from harness.evaluation import EVAL_METRICS
+from harness.runs.code_identity import code_fingerprint
 from harness.runs.pretrain import cache_root, content_hash
 from harness.core.store import Row
 
 # Bump when an entry's layout or what a key covers changes (2: samples carry per-item outcomes for the paired seesaw;
-# 3: rows keep their n and Wilson interval, which entries of 2 dropped)
-STAGE_CACHE_VERSION = "3"
+# 3: rows keep their n and Wilson interval, which entries of 2 dropped; 4: the key covers the whole experiment but
+# NOT_SHAPING, and the code — entries of 3 miss once)
+STAGE_CACHE_VERSION = "4"
 META = "meta.json"
 CHECKPOINT = "checkpoint"
-# Train fields that decide what a run keeps on disk, not what a stage computes.
-_NOT_SHAPING = frozenset({"checkpoint", "checkpoint_every", "keep_checkpoints", "stage_cache"})
+# Train fields that decide what a run keeps on disk, not what a stage computes: out of a stage's part of the key.
+STAGE_NOT_SHAPING = frozenset({"checkpoint", "checkpoint_every", "keep_checkpoints", "stage_cache"})
+# The only fields of an experiment left out of the stage-cache key, each with why it cannot change a stage's numbers
+# (paths as in the YAML; a ``train.X`` of STAGE_NOT_SHAPING also stands for ``stages[i].X``).
+# tests/test_stage_cache_key.py changes every field of the schema one at a time and checks that it misses unless it
+# is listed here.
+NOT_SHAPING = {
+    "name": "the experiment's label: it names the run directory and the entry's meta, not what is computed",
+    "seeds": "the list of replicates `harness run` starts; each replicate's own seed (seed) is in the key",
+    "tracking": "where rows go (wandb, console), not what they are",
+    **{f"train.{k}": "what the run keeps on disk (checkpoints, cache use), not what a stage computes"
+       for k in sorted(STAGE_NOT_SHAPING)},
+    "train.compile": "the top-level setting never runs as such: each stage's key holds its own compile decision "
+                     "(auto and false share an eager stage)",
+    "debug.kill_rank": "only stops a run; a stage it stopped is never stored",
+}
 # Every field of a Row: a replayed row must equal the computed one (n and the interval included)
 _ROW_SCHEMA = {"stage": pl.Utf8, "step": pl.Int64, "task": pl.Utf8, "split": pl.Utf8, "metric": pl.Utf8,
                "value": pl.Float64, "text": pl.Utf8, "n": pl.Int64, "ci_low": pl.Float64, "ci_high": pl.Float64}
@@ -109,22 +129,26 @@ def _ranks() -> int:
     return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
 
 
-def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str) -> list[str]:
-    """One key per stage, each covering its stage and every earlier one (see the module docstring)."""
+def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str, code: Optional[str] = None) -> list[str]:
+    """One key per stage, each covering its stage and every earlier one (see the module docstring). ``code``: the
+    hash of the code that shapes a stage (default :func:`harness.runs.code_identity.code_fingerprint`)."""
     resolved = exp.resolved_dict()
+    shared = {k: v for k, v in resolved.items() if k not in NOT_SHAPING and k != "stages"}
+    shared["train"] = {k: v for k, v in resolved["train"].items() if f"train.{k}" not in NOT_SHAPING}
+    # debug.kill_rank only stops a run (a stage it stopped is never stored): not part of the key
+    shared["debug"] = computing_debug(resolved["debug"])
     common = {"cache": STAGE_CACHE_VERSION, "harness": harness.__version__, "torch": torch.__version__,
-              "transformers": transformers.__version__, "device": device, "base": base, "seed": exp.seed,
+              "transformers": transformers.__version__, "device": device, "base": base,
+              "code": code if code is not None else code_fingerprint(),
               # on a CPU the intra-op thread count changes the order of float sums: a stage computed with 2 threads
               # is not bit-identical to the same stage computed by a 1-thread sweep worker
               "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
-              "task_data": data_hash, **{k: resolved[k] for k in ("model", "world", "tasks", "data", "eval")},
-              # debug.kill_rank only stops a run (a stage it stopped is never stored): not part of the key
-              "debug": computing_debug(resolved["debug"]),
+              "task_data": data_hash, "experiment": shared,
               # data-parallel ranks add the same gradient terms in another order: not one process's stage either
               **({"ranks": _ranks()} if _ranks() > 1 else {})}
     keys, previous = [], content_hash(common)
     for index, stage in enumerate(resolved["stages"]):
-        shaping = {k: v for k, v in stage.items() if k not in _NOT_SHAPING}
+        shaping = {k: v for k, v in stage.items() if k not in STAGE_NOT_SHAPING}
         # What runs, not the setting: compiled kernels change the last bits, and auto decides per stage and machine
         shaping["compile"] = compile_decision(stage["compile"], stage["steps"], device)
         previous = content_hash({"previous": previous, "index": index, "stage": shaping})

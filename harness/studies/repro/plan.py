@@ -39,7 +39,7 @@ from harness.config.paths import PathError, parse_path, resolve_path, set_path
 from harness.config.yaml_io import load_raw
 from harness.studies.repro.jobs import PlannedRun, run_planned
 
-REPRO_ROOT = Path(__file__).resolve().parents[1] / "experiments" / "repro"
+REPRO_ROOT = Path(__file__).resolve().parents[3] / "experiments" / "repro"  # harness/studies/repro/ → the project
 SPEC_NAME = "repro.yaml"
 
 
@@ -169,6 +169,7 @@ class RunOutcome:
     run_dir: str = ""
     # greedy metrics: item index → correct, from samples.jsonl (for paired item-level tests between arms)
     items: dict[str, dict[int, bool]] = field(default_factory=dict)
+    data_seed: Optional[int] = None  # the task data's seed: runs with the same one were scored on the same items
 
 
 def _final_samples(run_dir: Path) -> list[dict[str, Any]]:
@@ -187,7 +188,8 @@ def collect_run(run_dir: Path, arm: str, seed: int, metrics: list[MetricRef], ex
     summary = json.loads((run_dir / "summary.json").read_text())
     table = summary["stages"][-1]["metrics"] if summary.get("stages") else {}
     samples = _final_samples(run_dir)
-    outcome = RunOutcome(arm, seed, seconds=summary.get("timing", {}).get("total_s", 0.0), run_dir=str(run_dir))
+    outcome = RunOutcome(arm, seed, seconds=summary.get("timing", {}).get("total_s", 0.0), run_dir=str(run_dir),
+                         data_seed=exp.data_seed if exp.data_seed is not None else exp.seed)
     for m in metrics:
         outcome.values[m.label] = float(table.get(m.split, {}).get(m.task, {}).get(m.metric, math.nan))
         mine = [r for r in samples if (r["task"], r["split"]) == (m.task, m.split)]

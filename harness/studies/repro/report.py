@@ -1,10 +1,12 @@
 """The output of ``harness repro``: the table (``NAME.md``), the figure (``NAME.png``) and ``results.json``.
 
-Per arm and metric: the mean over seeds with its 95 % t-interval (Student t, n_seeds − 1 degrees of freedom; none
-from one seed), and each run's rate with its 95 % Wilson interval and n. The published direction (``expect``)
-is tested as a paired difference across seeds (the arms of one seed share its data draw and initialisation).
+Per arm and metric: the mean over seeds with its 95 % interval across seeds (:func:`across_seeds`: over the seeds
+and the items, inside [0, 1], never zero-width while items vary; none from one seed, which the table says), and
+each run's rate with its 95 % Wilson interval and n. The published direction (``expect``) is tested as a paired
+difference across seeds (the arms of one seed share its data draw and initialisation): a Student-t interval of the
+per-seed differences, cut at −1 and 1.
 
-The intervals and the McNemar test are :mod:`harness.core.stats`'s; the wrappers here keep this module's tuple shape.
+Every interval and test is :mod:`harness.core.stats`'s.
 """
 
 from __future__ import annotations
@@ -23,20 +25,27 @@ from harness.studies.repro.plan import Repro, RunOutcome
 CONFIDENCE = 0.95
 
 
-def wilson_interval(successes: int, n: int) -> tuple[float, float]:
-    """95 % Wilson score interval of ``successes`` in ``n`` (:func:`harness.core.stats.wilson_interval`; ``(0, 1)``
-    when n is 0)."""
-    if n <= 0:
-        return 0.0, 1.0
-    ci = stats_.wilson_interval(int(successes), int(n), CONFIDENCE)
-    return ci.low, ci.high
-
-
-def t_interval(values: list[float]) -> tuple[float, float, float]:
-    """``(mean, low, high)``: the 95 % Student-t interval of the mean (:func:`harness.core.stats.t_interval`); low/high
-    NaN with fewer than 2 values."""
-    ci = stats_.t_interval(values, CONFIDENCE)
-    return ci.estimate, ci.low, ci.high
+def across_seeds(runs: list[RunOutcome], label: str) -> dict[str, Any]:
+    """``{mean, low, high, method}`` of one arm's rate ``label`` over its seeds. Runs on the same task data (one
+    data seed) with per-item outcomes: :func:`harness.core.stats.seeds_items_interval`; otherwise from the rates
+    (:func:`~harness.core.stats.seeds_rates_interval`, ``same_items`` when the data seeds are equal — conservative
+    — and not when each seed drew its own items, as ``seed=<s>`` alone does). One seed: no interval."""
+    kept = [o for o in runs if not math.isnan(o.values[label])]
+    values = [o.values[label] for o in kept]
+    if len(kept) < 2:
+        mean = values[0] if values else math.nan
+        return {"mean": mean, "low": math.nan, "high": math.nan, "method": "none: one seed"}
+    same_items = len({o.data_seed for o in kept}) == 1
+    items = [o.items.get(label) for o in kept]
+    if same_items and all(items) and all(i.keys() == items[0].keys() for i in items):
+        order = sorted(items[0])
+        ci = stats_.seeds_items_interval([[float(i[k]) for k in order] for i in items], CONFIDENCE)
+        method = "seeds × items"
+    else:
+        own = len({o.data_seed for o in kept}) == len(kept)
+        ci = stats_.seeds_rates_interval(values, min(o.n[label] for o in kept), CONFIDENCE, same_items=not own)
+        method = "seeds (own items each)" if own else "seeds × items (from rates)"
+    return {"mean": sum(values) / len(values), "low": ci.low, "high": ci.high, "method": method}
 
 
 def paired_difference(outcomes: list[RunOutcome], higher: str, lower: str, label: str) -> dict[str, Any]:
@@ -45,7 +54,9 @@ def paired_difference(outcomes: list[RunOutcome], higher: str, lower: str, label
     by = {(o.arm, o.seed): o.values.get(label, math.nan) for o in outcomes}
     seeds = sorted({s for a, s in by if a == higher} & {s for a, s in by if a == lower})
     diffs = [by[(higher, s)] - by[(lower, s)] for s in seeds]
-    mean, low, high = t_interval(diffs)
+    mean, low, high, _ = stats_.t_interval(diffs, CONFIDENCE)
+    if not math.isnan(low):  # a difference of two rates ends at −1 and 1; NaN (one seed) stays NaN, not [−1, 1]
+        low, high = max(-1.0, low), min(1.0, high)
     p = math.nan
     if len(seeds) >= 2 and np.std(diffs) > 0:
         p = float(stats.ttest_rel([by[(higher, s)] for s in seeds], [by[(lower, s)] for s in seeds]).pvalue)
@@ -79,16 +90,16 @@ def summarise(repro: Repro, outcomes: list[RunOutcome]) -> dict[str, Any]:
         runs = [o for o in outcomes if o.arm == arm]
         arms[arm] = {"x": spec.arm(arm).x, "metrics": {}}
         for m in spec.metrics:
-            values = [o.values[m.label] for o in runs]
-            mean, low, high = t_interval(values)
+            across = across_seeds(runs, m.label)
             per_run = []
             for o in runs:
                 n = o.n[m.label]
                 k = round(o.values[m.label] * n) if not math.isnan(o.values[m.label]) else 0
-                lo, hi = wilson_interval(k, n)
-                per_run.append({"seed": o.seed, "value": o.values[m.label], "n": n, "wilson": [lo, hi],
+                ci = stats_.wilson_interval(k, n, CONFIDENCE)  # NaN bounds when the run had no items
+                per_run.append({"seed": o.seed, "value": o.values[m.label], "n": n, "wilson": [ci.low, ci.high],
                                 "seconds": o.seconds})
-            arms[arm]["metrics"][m.label] = {"mean": mean, "t_low": low, "t_high": high, "runs": per_run}
+            arms[arm]["metrics"][m.label] = {"mean": across["mean"], "low": across["low"], "high": across["high"],
+                                             "across": across["method"], "runs": per_run}
     result: dict[str, Any] = {"name": repro.name, "title": spec.title, "source": spec.source,
                               "published": spec.published, "arms": arms}
     if spec.expect and spec.expect.higher in arms and spec.expect.lower in arms:
@@ -103,18 +114,24 @@ def _fmt(x: float) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
 
 
+def _across_text(m: dict[str, Any]) -> str:
+    if m["across"].startswith("none"):
+        return f"{_fmt(m['mean'])} (one seed: its Wilson interval; no interval across seeds)"
+    return f"{_fmt(m['mean'])} [{_fmt(m['low'])}, {_fmt(m['high'])}]"
+
+
 def markdown(result: dict[str, Any], command: str, figure: Optional[str]) -> str:
     """The reproduction's table as Markdown."""
     lines = [f"# {result['title']}", "", f"Source: {result['source']}. Published: {result['published']}", "",
              f"Command: `{command}`", "",
-             "| arm | metric | mean over seeds [95 % t-interval] | runs: seed value [95 % Wilson] (n) |",
+             "| arm | metric | mean over seeds [95 % interval across seeds and items] | runs: seed value "
+             "[95 % Wilson] (n) |",
              "|---|---|---|---|"]
     for arm, info in result["arms"].items():
         for label, m in info["metrics"].items():
             runs = "; ".join(f"s{r['seed']} {_fmt(r['value'])} [{_fmt(r['wilson'][0])}, {_fmt(r['wilson'][1])}] "
                              f"({r['n']})" for r in m["runs"])
-            lines.append(f"| {arm} | {label} | {_fmt(m['mean'])} [{_fmt(m['t_low'])}, {_fmt(m['t_high'])}] "
-                         f"| {runs} |")
+            lines.append(f"| {arm} | {label} | {_across_text(m)} | {runs} |")
     d = result.get("direction")
     if d:
         lines += ["", f"Published direction, {d['higher']} − {d['lower']} on {d['metric']} (paired over seeds "
@@ -129,8 +146,8 @@ def markdown(result: dict[str, Any], command: str, figure: Optional[str]) -> str
 
 
 def figure(result: dict[str, Any], path: Path, x_label: Optional[str] = None, x_log: bool = False) -> Path:
-    """One panel per metric: arms with an ``x`` as a line over x, the others as bars; mean with its t-interval
-    and each seed's value as a dot."""
+    """One panel per metric: arms with an ``x`` as a line over x, the others as bars; mean with its interval across
+    seeds and each seed's value as a dot."""
     import matplotlib  # plotting only when a figure is written
 
     matplotlib.use("Agg")
@@ -164,8 +181,8 @@ def figure(result: dict[str, Any], path: Path, x_label: Optional[str] = None, x_
 
 def _draw(ax, xs: list[float], metrics: list[dict[str, Any]], line: bool) -> None:
     means = [m["mean"] for m in metrics]
-    lows = [m["mean"] - m["t_low"] if not math.isnan(m["t_low"]) else 0.0 for m in metrics]
-    highs = [m["t_high"] - m["mean"] if not math.isnan(m["t_high"]) else 0.0 for m in metrics]
+    lows = [m["mean"] - m["low"] if not math.isnan(m["low"]) else 0.0 for m in metrics]
+    highs = [m["high"] - m["mean"] if not math.isnan(m["high"]) else 0.0 for m in metrics]
     ax.errorbar(xs, means, yerr=[lows, highs], fmt="-o" if line else "o", capsize=4)
     for x, m in zip(xs, metrics):
         ax.scatter([x] * len(m["runs"]), [r["value"] for r in m["runs"]], s=10, alpha=0.5, color="gray")
