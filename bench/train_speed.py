@@ -73,6 +73,9 @@ HARNESS_CONFIGS = {
     "harness": {},  # the defaults: packing auto (packs once proven exact), no length grouping
     "harness-nopacking": {"packing": False},  # the defaults before train.packing
     "harness-grouped": {"packing": False, "length_grouping": 50},  # length grouping instead (the bench until then)
+    # packed rows of another width (harness.data.packing.ROW_WIDTH_FACTOR, 4 by default; None: one row per step)
+    "harness-rows1x": {"row_factor": 1}, "harness-rows2x": {"row_factor": 2}, "harness-rows8x": {"row_factor": 8},
+    "harness-onerow": {"row_factor": None},
     "harness-noguard": {"nonfinite": "off"},
     "harness-nodiag": {"diagnostics": False},
     "harness-bare": {"nonfinite": "off", "diagnostics": False},

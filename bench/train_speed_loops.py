@@ -29,6 +29,11 @@ def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None
     from harness.runs.tracking import Tracker
     from harness.training.loop import StageLoop, train_stage
 
+    overrides = dict(overrides)
+    if "row_factor" in overrides:  # the width of packed rows (not a train setting): the runner's constant, here
+        from harness.runs import packing
+
+        packing.ROW_WIDTH_FACTOR = overrides.pop("row_factor")
     exp, pools = load_inputs(workdir, overrides)
     model, tokenizer = load_model(workdir, device)
     stage = exp.resolved_stages()[0]
