@@ -348,3 +348,12 @@ def test_two_ranks_train_packed_batches_like_one_process(tiny, tmp_path):
     a, b = np.array(_values(one, "loss")), np.array(_values(two, "loss"))
     assert len(a) == 4 and np.allclose(a, b, rtol=1e-5, atol=0)
     assert np.allclose(_values(one, "pad_fraction"), _values(two, "pad_fraction"))  # the same rows, split
+
+
+@pytest.mark.parametrize("trainable", ["lora", "hira"])
+def test_adapters_train_packed(tiny, tmp_path, trainable):
+    """The check runs on the stage's model, adapter included, and passes: LoRA and HiRA stages train packed."""
+    tiny["train"].update(trainable=trainable, stage_cache=False)
+    tiny["stages"] = tiny["stages"][:1]
+    frame = _run(tmp_path, tiny, trainable)
+    assert _values(frame, "packed") == [1.0]
