@@ -341,7 +341,8 @@ def print_ratios_and_goals(med: dict[str, dict]) -> None:
     goals = []
     if "harness-nopacking" in med:
         r = ours / med["harness-nopacking"]["real_tps"]
-        goals.append(f"vs the defaults without packing (harness-nopacking) {r:.2f}× (goal ≥ 1.25: {verdict(r >= 1.25)})")
+        goals.append(f"vs the defaults without packing (harness-nopacking) {r:.2f}× "
+                     f"(goal ≥ 1.25: {verdict(r >= 1.25)})")
     if "trl-default" in med:
         r = ours / med["trl-default"]["real_tps"]
         goals.append(f"vs TRL's default {r:.2f}× (goal ≥ 3.5: {verdict(r >= 3.5)})")

@@ -2,10 +2,10 @@
 for a user's mistake (``--debug``, anywhere on the command line, shows the traceback instead).
 
 Exit codes: 0 success; 2 invalid input (experiment / sweep file, ``--set`` value, task data, a run directory that
-is not empty or is in use, a corrupt samples file, ``train.compile: true`` where compiling fails, ``train.packing: true`` where packing is not exact); 3 stopped by
-the non-finite guard; 4 a special token's row would not train; 5 the file system refused (permission denied, disk
-full, read-only — also when a library such as safetensors or polars reports it in its own exception type); 1
-anything else (a bug: the traceback is printed).
+is not empty or is in use, a corrupt samples file, ``train.compile: true`` where compiling fails, ``train.packing:
+true`` on a model packed batches are not exact on); 3 stopped by the non-finite guard; 4 a special token's row
+would not train; 5 the file system refused (permission denied, disk full, read-only — also when a library such as
+safetensors or polars reports it in its own exception type); 1 anything else (a bug: the traceback is printed).
 """
 
 from __future__ import annotations
