@@ -35,6 +35,7 @@ from harness.data.batches import Batch
 from harness.training.health import GroupStats, gathered
 from harness.training.guard import Injector, NonFiniteError, first_nonfinite_module, nonfinite_grads
 from harness.training.losses import first_answer_tokens, token_losses_and_ce, token_weights, weighted_mean
+from harness.training.steering import Steering
 from harness.core.store import Row
 from harness.data.images import vision_supervised_logits
 
@@ -163,6 +164,8 @@ class LoopState:
     window: Optional[dict[str, Any]] = None
     optimizer: Optional[dict[str, Any]] = None
     scheduler: Optional[dict[str, Any]] = None
+    mixture: Optional[dict[str, Any]] = None  # an adaptive stage's stream (the same on every rank)
+    steer: Optional[dict[str, Any]] = None  # its per-task loss sums since the last update (this rank's own)
 
 
 @dataclass(init=False)
@@ -249,9 +252,10 @@ def _window_rows(loop: StageLoop, step: int, window: Window, lr: float, groups: 
     return out
 
 
-def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[LoopState] = None) -> int:
+def train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState] = None) -> int:
     """Train ``model`` on ``batches`` (one optimiser step each), from ``resume`` if given; returns the global
-    step at the end. Raises :class:`~harness.training.guard.NonFiniteError` when the guard stops the run, and
+    step at the end. ``batches`` is a list, or an adaptive mixture's stream
+    (:class:`harness.data.steering.stream.AdaptiveStream`), which draws each step's batch as the stage trains. Raises :class:`~harness.training.guard.NonFiniteError` when the guard stops the run, and
     :class:`~harness.training.compiling.CompileFailed` when ``train.compile: true`` cannot compile."""
     device = next(model.parameters()).device
     # Decided from the stage's length (not what is left of it: a resumed stage decides as its first run did).
@@ -291,27 +295,43 @@ def _skip_or_stop(report: dict[str, Any], state: LoopState, loop: StageLoop, opt
     loop.log([Row(loop.stage, step, None, "train", "nonfinite_skip", 1.0)], step)
 
 
-def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[LoopState],
+def _steering(batches, loop: StageLoop, state: LoopState, parallel) -> Optional[Steering]:
+    """The stage's steering when its batches come from an adaptive stream (resumed where ``state`` left it)."""
+    if isinstance(batches, list):
+        return None
+    if state.mixture is not None:
+        batches.load(state.mixture)
+    steering = Steering(batches, loop.tasks, loop.stage, parallel, state.steer)
+    if state.batch_index == 0:
+        loop.log(steering.weight_rows(loop.start_step), loop.start_step)
+    return steering
+
+
+def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState],
                  compiled: Union[bool, str]) -> int:
     train, task_index = loop.train, {t: i for i, t in enumerate(loop.tasks)}
     parallel = distributed.current(train.parallel)  # None in a single process
-    if parallel is not None:
+    state = resume or LoopState()
+    steering = _steering(batches, loop, state, parallel)
+    if parallel is not None and steering is None:
         batches = [parallel.shard(b) for b in batches]
     # What the optimiser trains: ``model`` itself, or under FSDP a sharded replica whose weights are synced back
     # into ``model`` before every evaluation and checkpoint (harness.training.parallel.fsdp).
     trained = parallel.trained_module(model, train.precision) if parallel is not None else model
     params = [p for p in trained.parameters() if p.requires_grad]
     groups = GroupStats(trained) if train.diagnostics else None
-    state = resume or LoopState()
     optimizer, scheduler = _optimizer_for(trained, train.optim, len(batches), state, parallel)
     window = Window.from_state(len(loop.tasks), state.window) if state.window else Window(len(loop.tasks))
     max_norm = train.optim.grad_clip if train.optim.grad_clip is not None else float("inf")
     guard = train.nonfinite.action != "off"
     device = next(model.parameters()).device
     trained.train()
-    upcoming = batches[state.batch_index].to(device) if state.batch_index < len(batches) else None
+    upcoming = batches[state.batch_index].to(device) if state.batch_index < len(batches) and steering is None \
+        else None
 
     for i in range(state.batch_index, len(batches)):
+        if steering is not None:  # drawn now: the weights of the last update decide it
+            upcoming = steering.next_batch(device)
         batch, step = upcoming, loop.start_step + i + 1
         task_ids = torch.tensor([task_index[t] for t in batch.tasks]).to(device)
         is_log_step = (i + 1) % train.log_every == 0 or i + 1 == len(batches)
@@ -324,7 +344,7 @@ def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[
         loss, ce, task_of_token = batch_loss(trained, batch, train.loss, task_ids, loop.tasks, train.precision,
                                              compiled, parallel)
         loss.backward()
-        if i + 1 < len(batches):  # on a GPU the next batch's copy overlaps this step's work
+        if i + 1 < len(batches) and steering is None:  # on a GPU the next batch's copy overlaps this step's work
             upcoming = batches[i + 1].to(device)
         if loop.injector is not None:
             loop.injector.after_backward(trained, step)
@@ -348,6 +368,8 @@ def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             window.add(ce, task_of_token, grad_norm, batch)
+            if steering is not None:
+                steering.add(ce, task_of_token)
 
         window.seconds += time.perf_counter() - started
         if is_log_step:
@@ -355,6 +377,9 @@ def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[
                 parallel.sum_window(window)
             loop.log(_window_rows(loop, step, window, scheduler.get_last_lr()[0], groups, before, group_grads), step)
             window = Window(len(loop.tasks))
+        steered = steering.after_step(i, step) if steering is not None else []
+        if steered:
+            loop.log(steered, step)
         if loop.progress is not None:
             loop.progress(1)
         if step % loop.eval_every == 0 or i + 1 == len(batches):
@@ -368,5 +393,6 @@ def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[
                 parallel.sync(model)
             loop.save_checkpoint(step, LoopState(i + 1, state.consecutive_skips, window.state(),
                                                  parallel.optimizer_state(optimizer) if parallel is not None
-                                                 else optimizer.state_dict(), scheduler.state_dict()))
+                                                 else optimizer.state_dict(), scheduler.state_dict(),
+                                                 *((batches.state(), steering.state()) if steering else ())))
     return loop.start_step + len(batches)
