@@ -26,8 +26,8 @@ class Steering:
         self.stream, self.stage, self.parallel = stream, stage, parallel
         self.columns = [loop_tasks.index(t) for t in stream.tasks]  # the stream's tasks among the loop's
         n = len(loop_tasks)
-        self.loss_sum = torch.tensor(state["loss_sum"]) if state else torch.zeros(n, dtype=torch.float64)
-        self.token_count = torch.tensor(state["token_count"]) if state else torch.zeros(n, dtype=torch.float64)
+        self.loss_sum = torch.tensor(state["loss_sum"] if state else [0.0] * n, dtype=torch.float64)
+        self.token_count = torch.tensor(state["token_count"] if state else [0.0] * n, dtype=torch.float64)
 
     def next_batch(self, device):
         """The step's batch: the stream's next global batch, this rank's slice of it, on ``device``."""

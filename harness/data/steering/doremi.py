@@ -10,7 +10,8 @@ Two changes for a stage of SFT, both stated: (1) the paper trains a small proxy 
 then trains the real model on the averaged ᾱ; here the stage itself samples its examples from the current α (the
 online variant, as ODM does); (2) the paper's reference is a reference *model* with per-token excess clipped at
 zero; here it is a per-task number — ``reference: start`` (default): each task's mean training loss over the first
-update's steps (the stage's starting point; the excess is then the loss *risen* above where the stage began — the
+``START_UPDATES`` updates in which it was drawn (the stage's starting point, averaged so that one noisy step does not
+set it; the weights stay put meanwhile; the excess is then the loss *risen* above where the stage began — the
 seesaw's forgetting), or ``{task: loss}`` (e.g. what a run trained on that task alone reached), or the directory of
 an earlier run, whose last per-task training loss is read (resolved by :mod:`harness.runs.prepare`). A task at its
 reference (a noise task whose reference is its own floor) has no excess and gains nothing; a task lagging behind its
@@ -24,6 +25,8 @@ from typing import Any, Optional
 import numpy as np
 
 from harness.data.steering.controller import Controller, positive_number
+
+START_UPDATES = 10  # reference: start — a task's reference is its mean loss over its first 10 updates
 
 
 def doremi_step(log_alpha: np.ndarray, excess: np.ndarray, eta: float, smoothing: float) -> np.ndarray:
@@ -42,8 +45,10 @@ class DoReMi(Controller):
     def __init__(self, start: np.ndarray, params: dict[str, Any], reference: Optional[np.ndarray] = None):
         super().__init__(start, params, reference)
         self.log_alpha = np.log(self.start)
-        if self.reference is None:
-            self.reference = np.full(len(self.start), np.nan)  # "start": each task's first observed loss
+        self.from_start = self.reference is None
+        if self.from_start:  # "start": each task's mean loss over its first START_UPDATES updates
+            self.reference = np.zeros(len(self.start))
+        self.seen = np.zeros(len(self.start))  # updates in which each task was drawn
 
     @classmethod
     def check(cls, key: str, value: Any, tasks: list[str]) -> Optional[str]:
@@ -65,16 +70,18 @@ class DoReMi(Controller):
 
     def update(self, losses: np.ndarray, examples: np.ndarray) -> None:
         seen = (examples > 0) & np.isfinite(losses)
-        unset = seen & np.isnan(self.reference)
-        self.reference[unset] = losses[unset]  # reference: start — the first loss observed is the reference
-        excess = np.where(seen, np.nan_to_num(losses) - np.nan_to_num(self.reference), 0.0)
+        ready = seen & (self.seen >= START_UPDATES) if self.from_start else seen
+        if self.from_start:  # the running mean of the first START_UPDATES losses of each task
+            warming = seen & (self.seen < START_UPDATES)
+            self.reference[warming] += (losses[warming] - self.reference[warming]) / (self.seen[warming] + 1)
+        self.seen += seen
+        excess = np.where(ready, np.nan_to_num(losses) - self.reference, 0.0)
         self.log_alpha = doremi_step(self.log_alpha, excess, float(self.params["eta"]),
                                      float(self.params["smoothing"]))
 
     def state(self) -> dict[str, Any]:
-        return {"log_alpha": self.log_alpha.tolist(),
-                "reference": [None if np.isnan(r) else float(r) for r in self.reference]}
+        return {"log_alpha": self.log_alpha.tolist(), "reference": self.reference.tolist(), "seen": self.seen.tolist()}
 
     def load(self, state: dict[str, Any]) -> None:
         self.log_alpha = np.array(state["log_alpha"])
-        self.reference = np.array([np.nan if r is None else r for r in state["reference"]], dtype=np.float64)
+        self.reference, self.seen = np.array(state["reference"]), np.array(state["seen"])

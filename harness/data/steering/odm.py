@@ -8,12 +8,13 @@ Per update t (the paper updates every step; here every ``every`` steps), with K 
     π_i   = (1 − K·ε_t) · p0_i·exp(ε_{t−1}·R̂_i) / Σ_j p0_j·exp(ε_{t−1}·R̂_j) + ε_t
     R̂_i  ← α·R̂_i + (1 − α)·L_i / π_i                                    (for the arm drawn; α: smoothing)
 
-The paper draws one domain per step, so its importance weight is 1/π_i for the domain drawn. A batch here mixes
-tasks example by example, so the reward estimate of task i is L_i·(n_i/N)/π_i — task i's mean loss times the share
-n_i/N of the N examples drawn since the last update that were task i's, over π_i — which is the paper's estimator
-for N = 1 and, like it, unbiased for L_i (E[n_i/N] = π_i). A task no step drew keeps its R̂ (the paper updates only
-the arm drawn). ``p0``, the start weights, is uniform in the paper; a non-uniform start is the exponential-weights
-prior p0 (the same algorithm from another starting distribution).
+The paper draws one domain per step and updates the R̂ of the domain drawn with its loss over its probability. A
+batch here mixes tasks example by example, so every task drawn since the last update gets that same update, with L_i
+its mean training loss over those steps; a task not drawn keeps its R̂ (as an arm not drawn does in the paper). The
+update counter t counts updates (the paper's steps). The scale is the paper's: R̂ of a task is an average of L/π,
+about K·L under a uniform π — (the unbiased L·(n_i/N)/π_i would be K times smaller, and then the decaying ε_t would
+let the policy barely leave uniform). ``p0``, the start weights, is uniform in the paper; a non-uniform start is the
+exponential-weights prior p0 (the same algorithm from another starting distribution).
 
 Hazard, as the reward says: a task whose loss cannot fall (noise, random labels) keeps a high loss, so ODM keeps
 sampling it (the unit tests show both sides: a learnable lagging task gains, and so does a noise task).
@@ -44,10 +45,9 @@ def odm_policy(prior: np.ndarray, rewards: np.ndarray, t: int) -> np.ndarray:
 
 def odm_rewards(rewards: np.ndarray, losses: np.ndarray, examples: np.ndarray, policy: np.ndarray,
                 alpha: float) -> np.ndarray:
-    """R̂ after observing per-task mean ``losses`` (nan: not drawn) over ``examples`` drawn under ``policy``."""
+    """R̂ after observing per-task mean ``losses`` (nan: not drawn) of the ``examples`` drawn under ``policy``."""
     drawn = (examples > 0) & np.isfinite(losses)
-    share = examples / max(1.0, float(examples.sum()))
-    estimate = np.where(drawn, np.nan_to_num(losses) * share / policy, 0.0)
+    estimate = np.where(drawn, np.nan_to_num(losses) / policy, 0.0)
     return np.where(drawn, alpha * rewards + (1.0 - alpha) * estimate, rewards)
 
 

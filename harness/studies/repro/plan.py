@@ -39,7 +39,7 @@ from harness.config.paths import PathError, parse_path, resolve_path, set_path
 from harness.config.yaml_io import load_raw
 from harness.studies.repro.jobs import PlannedRun, run_planned
 
-REPRO_ROOT = Path(__file__).resolve().parents[1] / "experiments" / "repro"
+REPRO_ROOT = Path(__file__).resolve().parents[3] / "experiments" / "repro"  # harness/studies/repro/ → the project
 SPEC_NAME = "repro.yaml"
 
 
