@@ -289,6 +289,14 @@ def test_an_adaptive_stage_logs_its_weights_and_its_composition(adaptive_run):
     assert sum(c["examples"] for c in summary["stages"][1]["composition"].values()) == 8 * 4
 
 
+def test_the_run_report_draws_the_weight_trajectory(adaptive_run, tmp_path):
+    from analysis.report.run import run_report
+
+    html = run_report(adaptive_run[1], tmp_path / "report").read_text()
+    assert (tmp_path / "report" / "mixture_weights.png").stat().st_size > 0
+    assert "mixture_weights.png" in html and "adaptive: odm over repeat, yesno, math" in html
+
+
 def test_an_adaptive_run_killed_mid_stage_resumes_to_the_same_store(adaptive_run, tmp_path):
     """Same seed ⇒ the same weight trajectory and losses; killed at step 10 (resume point: step 8, inside the
     adaptive stage, after four of its updates), resumed, the store equals the uninterrupted run's exactly."""
@@ -299,3 +307,23 @@ def test_an_adaptive_run_killed_mid_stage_resumes_to_the_same_store(adaptive_run
     resumed = run_cli("run", str(exp_file), "--resume", str(out))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _comparable(out).equals(_comparable(whole))
+
+
+def test_two_ranks_steer_like_one_process(adaptive_run, tmp_path):
+    """Under --nproc 2 (gloo) each rank feeds its controller the all-reduced per-task losses, so both draw the same
+    global batches as one process would: the same composition, and the same weights to float precision (a rank
+    steering on its own half's losses would move them by ~1e-2)."""
+    exp_file, whole = adaptive_run
+    out = tmp_path / "two"
+    result = run_cli("run", str(exp_file), "--out", str(out), "--nproc", "2",
+                     env={"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    one, two = (read_metrics(d).sort("step", "stage", "task", "metric") for d in (whole, out))
+
+    def rows(frame, metric):
+        return frame.filter(pl.col("metric") == metric).select("step", "task", "value")
+
+    a, b = rows(one, "mixture_weight"), rows(two, "mixture_weight")
+    assert a.select("step", "task").equals(b.select("step", "task")) and a.height == 27
+    assert (a["value"] - b["value"]).abs().max() < 1e-4
+    assert rows(one, "mix_examples").equals(rows(two, "mix_examples"))
