@@ -236,8 +236,9 @@ def test_the_adaptive_settings_are_in_the_stage_cache_key(tmp_path):
 
     odm = keys({"adaptive": {"method": "odm"}})
     assert odm[0] == keys({"adaptive": {"method": "doremi"}})[0]  # stages before it: unchanged
-    assert len({odm[1], keys({"adaptive": {"method": "doremi"}})[1], keys({"adaptive": {"method": "odm", "alpha": 0.5}})[1],
-                keys({"adaptive": {"method": "odm", "every": 3}})[1]}) == 4
+    others = [keys({"adaptive": {"method": "doremi"}}), keys({"adaptive": {"method": "odm", "alpha": 0.5}}),
+              keys({"adaptive": {"method": "odm", "every": 3}})]
+    assert len({odm[1], *(k[1] for k in others)}) == 4
 
 
 # ------------------------------------------------------------------------------------------------------------------

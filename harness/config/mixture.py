@@ -158,7 +158,7 @@ _SHARED_KEYS = ("method", "tasks", "start", "every", "floor", "signal")
 
 
 def parse_adaptive(raw: dict, path: str, tasks: list[str], errors: list[tuple[str, str]]) -> Mixture | None:
-    """``{adaptive: {method: …, …}}`` → a Mixture of kind ``adaptive``, every setting resolved; None if invalid."""
+    """``{adaptive: {method: …}}`` → a Mixture of kind ``adaptive``, every setting resolved; None if invalid."""
     n_before = len(errors)
     where = f"{path}.adaptive"
     for key in sorted(set(raw) - {"adaptive"}):
@@ -169,8 +169,9 @@ def parse_adaptive(raw: dict, path: str, tasks: list[str], errors: list[tuple[st
         return None
     method = spec["method"]
     if not isinstance(method, str) or method not in MIXTURE_CONTROLLERS:
-        errors.append((f"{where}.method", f"unknown method {method!r}{suggest(str(method), MIXTURE_CONTROLLERS.names())}"
-                                          f"; known: {', '.join(MIXTURE_CONTROLLERS.names())}"))
+        known = MIXTURE_CONTROLLERS.names()
+        errors.append((f"{where}.method", f"unknown method {method!r}{suggest(str(method), known)}; known: "
+                                          f"{', '.join(known)}"))
         return None
     controller = MIXTURE_CONTROLLERS.get(method)
     defaults = dict(controller.defaults)

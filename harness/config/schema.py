@@ -257,10 +257,8 @@ _MIXTURE_SCHEMA = {
             "counts": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
             "replace": {"type": "boolean"},
         }, "additionalProperties": False},
-        {"type": "object", "properties": {"adaptive": {
-            "type": "object", "required": ["method"], "description": "Weights a controller moves as the stage "
-            "trains (docs/steering.md): method odm | doremi, tasks, start (natural | {task: w}), every, floor, "
-            "signal, and the method's own settings (odm: alpha; doremi: eta, smoothing, reference)."}},
+        {"type": "object", "properties": {"adaptive": {"type": "object", "required": ["method"], "description":
+            "Weights a controller moves as the stage trains: method odm | doremi, … (docs/steering.md)."}},
          "required": ["adaptive"], "additionalProperties": False},
     ]
 }
@@ -271,7 +269,7 @@ class _StageCore(Strict):
     steps: Optional[int] = Field(None, ge=1, description="Optimiser steps (derived from counts if omitted).")
     init: str = Field("previous", description="previous | base | the name of an earlier stage.")
     mixture: Any = Field(..., description="weights {task: w} | natural | {natural: [tasks]} | {counts: {task: n}} "
-                                             "| {adaptive: {method: odm | doremi, ...}}",
+                                          "| {adaptive: …}",
                          json_schema_extra=_MIXTURE_SCHEMA)
 
     @field_validator("name")

@@ -313,6 +313,15 @@ class StagePlan:
     batches: Any  # list[Batch] | AdaptiveStream
     composition: dict[str, dict[str, float]]
 
+    def recorded(self, rows: list) -> "StagePlan":
+        """This plan, an adaptive stage's composition read from its ``mix_*`` rows when the stage was not trained in
+        this process (replayed from the stage cache, or finished before a resume point)."""
+        if not isinstance(self.batches, list) and not any(c["examples"] for c in self.composition.values()):
+            for r in rows:
+                if r.stage == self.stage.name and r.metric.startswith("mix_") and r.task in self.composition:
+                    self.composition[r.task][r.metric[len("mix_"):]] = r.value
+        return self
+
     def token_batches(self) -> Any:
         """Batches holding every token the stage can train on (the special-token check reads them)."""
         if isinstance(self.batches, list):

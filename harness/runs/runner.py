@@ -134,7 +134,8 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     model = _restore(model, start, stages, run)
 
     injector = Injector(**exp.debug.inject_nonfinite.model_dump()) if exp.debug.inject_nonfinite else None
-    summary_stages = [_stage_summary(plans[i], evals, i, plans) for i in range(start.stage_index)]
+    summary_stages = [_stage_summary(plans[i].recorded(tracker.store.rows()), evals, i, plans)
+                      for i in range(start.stage_index)]
     cache.annotate(summary_stages)
     step, loop_state, exit_code = start.step, start.loop_state, 1
     try:

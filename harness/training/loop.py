@@ -255,7 +255,8 @@ def _window_rows(loop: StageLoop, step: int, window: Window, lr: float, groups: 
 def train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState] = None) -> int:
     """Train ``model`` on ``batches`` (one optimiser step each), from ``resume`` if given; returns the global
     step at the end. ``batches`` is a list, or an adaptive mixture's stream
-    (:class:`harness.data.steering.stream.AdaptiveStream`), which draws each step's batch as the stage trains. Raises :class:`~harness.training.guard.NonFiniteError` when the guard stops the run, and
+    (:class:`harness.data.steering.stream.AdaptiveStream`), which draws each step's batch as the stage trains.
+    Raises :class:`~harness.training.guard.NonFiniteError` when the guard stops the run, and
     :class:`~harness.training.compiling.CompileFailed` when ``train.compile: true`` cannot compile."""
     device = next(model.parameters()).device
     # Decided from the stage's length (not what is left of it: a resumed stage decides as its first run did).
@@ -295,26 +296,24 @@ def _skip_or_stop(report: dict[str, Any], state: LoopState, loop: StageLoop, opt
     loop.log([Row(loop.stage, step, None, "train", "nonfinite_skip", 1.0)], step)
 
 
-def _steering(batches, loop: StageLoop, state: LoopState, parallel) -> Optional[Steering]:
-    """The stage's steering when its batches come from an adaptive stream (resumed where ``state`` left it)."""
+def _source(batches, loop: StageLoop, state: LoopState, parallel) -> tuple[LoopState, Any, Optional[Steering]]:
+    """``(state, batches, steering)``: a static stage's batches (this rank's slices), or an adaptive stream with
+    the steering that feeds it (resumed where ``state`` left it; its start weights logged when it begins)."""
     if isinstance(batches, list):
-        return None
+        return state, [parallel.shard(b) for b in batches] if parallel is not None else batches, None
     if state.mixture is not None:
         batches.load(state.mixture)
     steering = Steering(batches, loop.tasks, loop.stage, parallel, state.steer)
     if state.batch_index == 0:
         loop.log(steering.weight_rows(loop.start_step), loop.start_step)
-    return steering
+    return state, batches, steering
 
 
 def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState],
                  compiled: Union[bool, str]) -> int:
     train, task_index = loop.train, {t: i for i, t in enumerate(loop.tasks)}
     parallel = distributed.current(train.parallel)  # None in a single process
-    state = resume or LoopState()
-    steering = _steering(batches, loop, state, parallel)
-    if parallel is not None and steering is None:
-        batches = [parallel.shard(b) for b in batches]
+    state, batches, steering = _source(batches, loop, resume or LoopState(), parallel)
     # What the optimiser trains: ``model`` itself, or under FSDP a sharded replica whose weights are synced back
     # into ``model`` before every evaluation and checkpoint (harness.training.parallel.fsdp).
     trained = parallel.trained_module(model, train.precision) if parallel is not None else model
@@ -326,13 +325,11 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState],
     guard = train.nonfinite.action != "off"
     device = next(model.parameters()).device
     trained.train()
-    upcoming = batches[state.batch_index].to(device) if state.batch_index < len(batches) and steering is None \
-        else None
+    upcoming = batches[state.batch_index].to(device) if steering is None and state.batch_index < len(batches) else None
 
     for i in range(state.batch_index, len(batches)):
-        if steering is not None:  # drawn now: the weights of the last update decide it
-            upcoming = steering.next_batch(device)
-        batch, step = upcoming, loop.start_step + i + 1
+        # an adaptive stage's batch is drawn now: the weights of the last update decide it
+        batch, step = steering.next_batch(device) if steering is not None else upcoming, loop.start_step + i + 1
         task_ids = torch.tensor([task_index[t] for t in batch.tasks]).to(device)
         is_log_step = (i + 1) % train.log_every == 0 or i + 1 == len(batches)
         started, before = time.perf_counter(), None
@@ -377,8 +374,7 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState],
                 parallel.sum_window(window)
             loop.log(_window_rows(loop, step, window, scheduler.get_last_lr()[0], groups, before, group_grads), step)
             window = Window(len(loop.tasks))
-        steered = steering.after_step(i, step) if steering is not None else []
-        if steered:
+        if steering is not None and (steered := steering.after_step(i, step)):
             loop.log(steered, step)
         if loop.progress is not None:
             loop.progress(1)
@@ -389,10 +385,19 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState],
             trained.train()
         if loop.save_checkpoint is not None and train.checkpoint_every and step % train.checkpoint_every == 0 \
                 and i + 1 < len(batches):
-            if parallel is not None:
-                parallel.sync(model)
-            loop.save_checkpoint(step, LoopState(i + 1, state.consecutive_skips, window.state(),
-                                                 parallel.optimizer_state(optimizer) if parallel is not None
-                                                 else optimizer.state_dict(), scheduler.state_dict(),
-                                                 *((batches.state(), steering.state()) if steering else ())))
+            _checkpoint(model, loop, step, LoopState(i + 1, state.consecutive_skips, window.state()), optimizer,
+                        scheduler, parallel, steering)
     return loop.start_step + len(batches)
+
+
+def _checkpoint(model, loop: StageLoop, step: int, at: LoopState, optimizer, scheduler, parallel,
+                steering: Optional[Steering]) -> None:
+    """A resume point after ``step``: the loop's position ``at``, the optimiser and schedule, an adaptive stage's
+    stream and partial sums."""
+    if parallel is not None:
+        parallel.sync(model)
+    at.optimizer = parallel.optimizer_state(optimizer) if parallel is not None else optimizer.state_dict()
+    at.scheduler = scheduler.state_dict()
+    if steering is not None:
+        at.mixture, at.steer = steering.stream.state(), steering.state()
+    loop.save_checkpoint(step, at)

@@ -12,8 +12,8 @@ The paper draws one domain per step and updates the R̂ of the domain drawn with
 batch here mixes tasks example by example, so every task drawn since the last update gets that same update, with L_i
 its mean training loss over those steps; a task not drawn keeps its R̂ (as an arm not drawn does in the paper). The
 update counter t counts updates (the paper's steps). The scale is the paper's: R̂ of a task is an average of L/π,
-about K·L under a uniform π — (the unbiased L·(n_i/N)/π_i would be K times smaller, and then the decaying ε_t would
-let the policy barely leave uniform). ``p0``, the start weights, is uniform in the paper; a non-uniform start is the
+about K·L under a uniform π (the unbiased L·(n_i/N)/π_i would be K times smaller, and then the decaying ε_t
+would let the policy barely leave uniform). ``p0``, the start weights, is uniform in the paper; a non-uniform start is the
 exponential-weights prior p0 (the same algorithm from another starting distribution).
 
 Hazard, as the reward says: a task whose loss cannot fall (noise, random labels) keeps a high loss, so ODM keeps
@@ -36,7 +36,7 @@ def exploration(t: int, k: int) -> float:
 
 
 def odm_policy(prior: np.ndarray, rewards: np.ndarray, t: int) -> np.ndarray:
-    """π at update t from the reward estimates R̂ (exponents ε_{t−1}·R̂, mixed with ε_t of uniform exploration)."""
+    """π at update t from the reward estimates R̂ (exponents ε_{t−1}·R̂, mixed with ε_t of uniform)."""
     k = len(rewards)
     logits = np.log(prior) + exploration(t - 1, k) * rewards
     weights = np.exp(logits - logits.max())
