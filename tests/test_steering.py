@@ -328,3 +328,12 @@ def test_two_ranks_steer_like_one_process(adaptive_run, tmp_path):
     assert a.select("step", "task").equals(b.select("step", "task")) and a.height == 27
     assert (a["value"] - b["value"]).abs().max() < 1e-4
     assert rows(one, "mix_examples").equals(rows(two, "mix_examples"))
+
+
+def test_analysis_flattens_an_adaptive_mixture_as_its_own_kind():
+    from analysis.loading import flatten_config
+
+    flat = flatten_config({"tasks": {"a": {"train": 10}, "b": {"train": 30}}, "stages": [
+        {"name": "s", "mixture": {"adaptive": {"method": "odm", "tasks": ["a", "b"], "start": "natural"}}}]})
+    assert flat["stages.s.mixture.kind"] == "adaptive" and flat["stages.s.mixture.adaptive.method"] == "odm"
+    assert (flat["stages.s.mixture.a"], flat["stages.s.mixture.b"]) == (0.25, 0.75)  # the natural start

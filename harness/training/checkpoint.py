@@ -124,8 +124,9 @@ def save_stage_checkpoint(model, tokenizer, directory, meta: dict) -> dict:
 
 def save_resume_point(run_dir: Path, model, stage_index: int, stage: str, step: int, loop_state: LoopState,
                       keep: int) -> None:
-    """Model, optimiser, scheduler, RNG states, the data position and the loop's window, written atomically;
-    only the newest ``keep`` are kept.
+    """Model, optimiser, scheduler, RNG states, the data position and the loop's window (and an adaptive stage's
+    stream, ``mixture``, with each rank's partial per-task loss sums, ``steer``), written atomically; only the newest
+    ``keep`` are kept.
 
     With several data-parallel ranks every rank calls this: the model, optimiser and scheduler are the same on all
     of them, but each has its own torch RNG state and its own part of the metrics window (summed over ranks only
