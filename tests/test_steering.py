@@ -337,3 +337,54 @@ def test_analysis_flattens_an_adaptive_mixture_as_its_own_kind():
         {"name": "s", "mixture": {"adaptive": {"method": "odm", "tasks": ["a", "b"], "start": "natural"}}}]})
     assert flat["stages.s.mixture.kind"] == "adaptive" and flat["stages.s.mixture.adaptive.method"] == "odm"
     assert (flat["stages.s.mixture.a"], flat["stages.s.mixture.b"]) == (0.25, 0.75)  # the natural start
+
+
+def test_an_adaptive_stage_replayed_from_the_stage_cache_keeps_its_rows_and_composition(tmp_path):
+    """A second run of the same experiment replays both stages from the stage cache: the same store (weights
+    included) and, in summary.json, the adaptive stage's composition as the first run drew it."""
+    import copy
+    import json
+
+    from tests.conftest import TINY
+
+    exp = _adaptive_tiny(copy.deepcopy(TINY))
+    exp["train"]["stage_cache"] = True
+    exp_file = write_yaml(tmp_path / "cached.yaml", exp)
+    for name in ("first", "second"):
+        result = run_cli("run", str(exp_file), "--out", str(tmp_path / name))
+        assert result.returncode == 0, result.stderr[-3000:]
+    replayed = read_metrics(tmp_path / "second").filter(pl.col("stage") == "b",
+                                                        ~pl.col("metric").str.starts_with("seesaw"))
+    assert replayed.height and replayed["cached_from"].is_not_null().all()  # stage b replayed (seesaw: at run end)
+    first, second = (json.loads((tmp_path / n / "summary.json").read_text()) for n in ("first", "second"))
+    assert second["stages"][1]["composition"] == first["stages"][1]["composition"]
+    assert sum(c["examples"] for c in second["stages"][1]["composition"].values()) == 32
+    weights = [read_metrics(tmp_path / n).filter(pl.col("metric") == "mixture_weight")
+               .select("step", "task", "value").sort("step", "task") for n in ("first", "second")]
+    assert weights[0].height == 27 and weights[0].equals(weights[1])
+
+
+def test_doremi_reads_its_reference_from_an_earlier_run(tmp_path):
+    """``reference: <run dir>``: each task's last training loss in that run's store; a run without one, or no run
+    there, is a DataError naming the stage and the setting (before any training)."""
+    from harness.core.store import MetricsStore, Row
+    from harness.runs.prepare import DataError, reference_losses
+
+    store = MetricsStore(tmp_path / "ref", "r")
+    (tmp_path / "ref").mkdir()
+    store.log([Row("s", 10, "a", "train", "loss", 2.0), Row("s", 20, "a", "train", "loss", 1.5),
+               Row("s", 20, "b", "train", "loss", 0.7), Row("s", 20, "b", "heldout", "eval_loss", 9.0)])
+    store.flush()
+
+    def spec(reference):
+        return parse_mixture({"adaptive": {"method": "doremi", "reference": reference}}, "m", ["a", "b"], []).adaptive
+
+    assert reference_losses(spec(str(tmp_path / "ref")), "x") == {"a": 1.5, "b": 0.7}
+    assert reference_losses(spec({"a": 1.0, "b": 2.0}), "x") == {"a": 1.0, "b": 2.0}
+    assert reference_losses(spec("start"), "x") is None
+    with pytest.raises(DataError, match="stage 'x': mixture.adaptive.reference .*cannot read"):
+        reference_losses(spec(str(tmp_path / "nowhere")), "x")
+    only_a = parse_mixture({"adaptive": {"method": "doremi", "reference": str(tmp_path / "ref"), "tasks": ["a", "c"]}},
+                           "m", ["a", "b", "c"], []).adaptive
+    with pytest.raises(DataError, match="no training loss of task 'c'"):
+        reference_losses(only_a, "x")

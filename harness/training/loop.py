@@ -7,6 +7,10 @@ and per-task loss, lr, grad norm, update ratio, tokens/s, pad fraction, per-modu
 ``eval.every`` global steps and at the stage's end the ``evaluate`` callback runs; every ``checkpoint_every``
 steps a resumable checkpoint is written. Metrics are accumulated on-device and read back once per window.
 
+An adaptive stage (:mod:`harness.data.steering`) hands the loop a stream instead of a list: each step's global
+batch is drawn when the step begins, from the weights of the controller's last update, which
+:class:`harness.training.steering.Steering` makes from the per-task losses all-reduced over ranks.
+
 With several ranks (:mod:`harness.training.parallel.ddp`) the loop calls four hooks of ``DataParallel``: each rank takes its
 slice of every global batch, the forward goes through DDP, the loss is normalised by the global supervised-token
 count, and the window sums and the non-finite flag are all-reduced. Under ``train.parallel: fsdp``

@@ -13,8 +13,8 @@ batch here mixes tasks example by example, so every task drawn since the last up
 its mean training loss over those steps; a task not drawn keeps its R̂ (as an arm not drawn does in the paper). The
 update counter t counts updates (the paper's steps). The scale is the paper's: R̂ of a task is an average of L/π,
 about K·L under a uniform π (the unbiased L·(n_i/N)/π_i would be K times smaller, and then the decaying ε_t
-would let the policy barely leave uniform). ``p0``, the start weights, is uniform in the paper; a non-uniform start is the
-exponential-weights prior p0 (the same algorithm from another starting distribution).
+would let the policy barely leave uniform). ``p0``, the start weights, is uniform in the paper; a non-uniform start
+is the exponential-weights prior p0 (the same algorithm from another starting distribution).
 
 Hazard, as the reward says: a task whose loss cannot fall (noise, random labels) keeps a high loss, so ODM keeps
 sampling it (the unit tests show both sides: a learnable lagging task gains, and so does a noise task).
