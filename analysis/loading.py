@@ -116,9 +116,13 @@ def read_summary(run_dir: PathLike) -> dict[str, Any]:
 
 def mixture_shares(mixture: Any, tasks: Optional[dict[str, Any]] = None) -> dict[str, float]:
     """Nominal task shares of a resolved stage mixture, summing to 1: ``weights`` normalised, ``counts`` as
-    n_t / Σn, ``natural`` as pool sizes (``tasks.<t>.train``) over their sum. {} when unknown."""
+    n_t / Σn, ``natural`` as pool sizes (``tasks.<t>.train``) over their sum, ``adaptive`` as its start weights (the
+    controller moves them: the store's ``mixture_weight`` rows say where). {} when unknown."""
     if not isinstance(mixture, dict):
         return {}
+    if isinstance(mixture.get("adaptive"), dict):
+        start, names = mixture["adaptive"].get("start"), mixture["adaptive"].get("tasks") or []
+        mixture = {"weights": start} if isinstance(start, dict) else {"natural": names}
     if "weights" in mixture:
         raw = {t: float(w) for t, w in mixture["weights"].items()}
     elif "counts" in mixture:
@@ -136,7 +140,7 @@ def flatten_config(config: dict[str, Any]) -> dict[str, Any]:
     """A resolved experiment as flat ``{dotted.path: scalar}``.
 
     Stages are keyed by name, not index: ``stages.assistant.steps``, ``stages.assistant.optim.lr``. A stage's
-    mixture becomes ``stages.<stage>.mixture.kind`` (weights | natural | counts) and one *share* per task,
+    mixture becomes ``stages.<stage>.mixture.kind`` (weights | natural | counts | adaptive) and one *share* per task,
     ``stages.<stage>.mixture.<task>``, summing to 1 (weights normalised; counts n/Σn; natural: pool sizes), so
     runs with different mixture forms sit in the same columns; raw counts stay under
     ``stages.<stage>.mixture.counts.<task>``. Lists of scalars become JSON strings (``eval.splits``).
@@ -166,8 +170,8 @@ def flatten_config(config: dict[str, Any]) -> dict[str, Any]:
             if key == "name":
                 continue
             if key == "mixture":
-                kind = next((k for k in ("weights", "natural", "counts") if isinstance(value, dict) and k in value),
-                            "weights")
+                kind = next((k for k in ("weights", "natural", "counts", "adaptive")
+                             if isinstance(value, dict) and k in value), "weights")
                 flat[f"{prefix}.mixture.kind"] = kind
                 for task, share in mixture_shares(value, tasks).items():
                     flat[f"{prefix}.mixture.{task}"] = share
@@ -175,6 +179,8 @@ def flatten_config(config: dict[str, Any]) -> dict[str, Any]:
                     for task, n in value["counts"].items():
                         flat[f"{prefix}.mixture.counts.{task}"] = n
                     flat[f"{prefix}.mixture.replace"] = bool(value.get("replace", False))
+                if kind == "adaptive":  # its settings: method, every, floor, … (start shares are the task columns)
+                    walk(f"{prefix}.mixture.adaptive", value["adaptive"])
             else:
                 walk(f"{prefix}.{key}", value)
     return flat

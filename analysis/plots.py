@@ -286,6 +286,30 @@ def plot_composition(frame: pl.DataFrame, colors: Optional[dict[str, str]] = Non
     return fig
 
 
+def plot_mixture_weights(frame: pl.DataFrame, colors: Optional[dict[str, str]] = None) -> Figure:
+    """An adaptive mixture's weight trajectory: each task's sampling weight (``mixture_weight``) at every update."""
+    frame = _single_run(frame)
+    weights = frame.filter(pl.col("metric") == "mixture_weight", pl.col("split") == "train").sort("step")
+    if weights.is_empty():
+        raise AnalysisError("no mixture_weight rows (only adaptive mixtures log them)")
+    tasks = sorted(weights["task"].unique().to_list())
+    colors = colors or task_colors(tasks)
+    fig, ax = plt.subplots(figsize=(7.5, 3.0))
+    shade_stages(ax, stage_bounds(frame))
+    for task in tasks:
+        t = weights.filter(pl.col("task") == task)
+        for stage in t["stage"].unique(maintain_order=True).to_list():  # one line per stage: no bridge between them
+            part = t.filter(pl.col("stage") == stage)
+            ax.step(part["step"], part["value"], where="post", lw=1.4, color=colors.get(task),
+                    label=task if stage == t["stage"][0] else None)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("sampling weight")
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    return fig
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Sweeps
 # ----------------------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ NAMES = available()
 
 
 def test_four_reproductions_are_shipped():
-    assert set(NAMES) == {"reversed_addition", "seesaw", "dmt", "knowledge_extraction"}
+    assert set(NAMES) == {"reversed_addition", "seesaw", "dmt", "knowledge_extraction", "steering"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -41,7 +41,10 @@ def test_every_arm_validates_at_default_and_micro_size(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_micro_run_writes_table_figure_and_results(name, tmp_path):
     repro = load_repro(name)
-    arms = [repro.spec.expect.higher, repro.spec.expect.lower]  # the two arms the slow test compares
+    if repro.spec.expect:
+        arms = [repro.spec.expect.higher, repro.spec.expect.lower]  # the two arms the slow test compares
+    else:  # no published direction (steering: a comparison): its last two arms (the adaptive ones)
+        arms = [a for a in repro.spec.arms if not repro.spec.arm(a).optional][-2:]
     outcomes = run_repro(repro, [0], tmp_path, micro=True, arms=arms, echo=lambda _: None)
     md = write_outputs(repro, outcomes, tmp_path, f"harness repro {name} --micro")
     assert (tmp_path / f"{name}.png").stat().st_size > 0

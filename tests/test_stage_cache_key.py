@@ -12,7 +12,7 @@ import shutil
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import pytest
 from pydantic import BaseModel

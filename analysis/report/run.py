@@ -118,6 +118,8 @@ def _written_mixture(mixture: object) -> str:
         return ", ".join(f"{t} {w:g}" for t, w in mixture["weights"].items())
     if isinstance(mixture, dict) and "natural" in mixture:
         return "natural (pool sizes)"
+    if isinstance(mixture, dict) and "adaptive" in mixture:
+        return f"adaptive: {mixture['adaptive'].get('method')} over {', '.join(mixture['adaptive'].get('tasks', []))}"
     if isinstance(mixture, dict) and "counts" in mixture:
         return "counts " + ", ".join(f"{t} {n}" for t, n in mixture["counts"].items())
     return json.dumps(mixture) if mixture else "–"
@@ -348,6 +350,10 @@ def _curve_sections(page: Page, run: RunData) -> None:
     page.figure(lambda: P.plot_curves(frame, metric, splits, run.events, tasks, colors), f"curves_{metric}.png",
                 f"Per-task {escape(metric)} at every evaluation across the curriculum; grey bands are stages. "
                 f"▲/▼: a seesaw event (one task rose by ≥ {delta:g} while another fell by ≥ {delta:g}).")
+    if not frame.filter(pl.col("metric") == "mixture_weight").is_empty():  # an adaptive stage steered the mixture
+        page.figure(lambda: P.plot_mixture_weights(frame, colors), "mixture_weights.png",
+                    "Adaptive mixture: each task's sampling weight as the controller moved it (docs/steering.md), "
+                    "on the same steps as the curves above.")
     loss_metric = "eval_loss" if not F.eval_rows(frame, ["eval_loss"], splits).is_empty() else "loss"
     for m, caption in (("mode_ok", "Share of greedy answers in the task's form (yes/no answers start with yes/no, "
                                    "open answers must not…): a format collapse shows here before accuracy."),

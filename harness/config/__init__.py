@@ -3,7 +3,7 @@ overrides, cross-field checks, and error messages that name the YAML path (``sta
 
 - :mod:`~harness.config.schema`: the sections (``*Spec``), :class:`Experiment`, :class:`ResolvedStage`; a stage may
   override any field of ``train`` and :meth:`Experiment.resolved_stages` merges the two;
-- :mod:`~harness.config.mixture`: the stage mixture forms (weights, natural, counts);
+- :mod:`~harness.config.mixture`: the stage mixture forms (weights, natural, counts, adaptive);
 - :mod:`~harness.config.paths`: the dotted-path syntax of ``--set`` and sweep spaces;
 - :mod:`~harness.config.errors`: :class:`ConfigError` and pydantic errors as YAML paths;
 - :mod:`~harness.config.yaml_io`: reading and writing YAML;
@@ -13,7 +13,7 @@ overrides, cross-field checks, and error messages that name the YAML path (``sta
 
 from harness.config.errors import ConfigError, yaml_errors
 from harness.config.load import apply_overrides, load_experiment, semantic_errors, validate_data
-from harness.config.mixture import Mixture, parse_mixture
+from harness.config.mixture import AdaptiveSpec, Mixture, parse_mixture
 from harness.config.paths import PathError, format_path, parse_path, resolve_path, set_path
 from harness.config.schema import (
     EVAL_SPLITS,
@@ -44,7 +44,7 @@ from harness.config.yaml_io import dump_yaml, load_raw, safe_load
 
 __all__ = [
     "EVAL_SPLITS", "ConfigError", "DataSpec", "DebugSpec", "EvalSpec", "Experiment", "InjectSpec", "LossSpec",
-    "Mixture", "ModelSpec", "NonFiniteSpec", "OptimSpec", "PathError", "PretrainSpec", "ResolvedStage", "StageSpec",
+    "AdaptiveSpec", "Mixture", "ModelSpec", "NonFiniteSpec", "OptimSpec", "PathError", "PretrainSpec", "ResolvedStage", "StageSpec",
     "Strict", "TaskSpec", "TokenizerSpec", "TrackingSpec", "TrainSpec", "TrainableSpec", "WandbSpec", "WorldSpec",
     "apply_overrides", "computing_debug", "task_seed", "dump_yaml", "format_path", "load_experiment", "load_raw", "parse_mixture",
     "parse_path", "resolve_path", "safe_load", "semantic_errors", "set_path", "validate_data", "yaml_errors",

@@ -100,6 +100,12 @@ def _stage_errors(exp: Experiment) -> Errors:
                                        "lower the count, raise tasks." f"{task}.train, or set replace: true"))
         elif stage.steps is None:
             errors.append((f"{path}.steps", "required field is missing"))
+        if mixture.kind == "adaptive":
+            own = stage.model_dump(exclude_unset=True).get("length_grouping")
+            if (own or exp.train.length_grouping) > 1:
+                errors.append((f"{path}.length_grouping" if own else "train.length_grouping",
+                               f"length grouping needs the stage's future batches; stage {stage.name!r} draws its "
+                               "batches as it trains (adaptive mixture): set length_grouping: 1 for it"))
         for task in mixture.tasks:
             if exp.tasks[task].train == 0:
                 errors.append((f"{path}.mixture", f"task {task!r} has an empty training pool (tasks.{task}.train: 0)"))

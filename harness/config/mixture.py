@@ -1,5 +1,10 @@
-"""Stage mixtures: the three forms a stage's ``mixture`` takes (weights, natural, counts) and their parsing, with
-every error named by its YAML path (``stages[1].mixture.yesno``)."""
+"""Stage mixtures: the forms a stage's ``mixture`` takes (weights, natural, counts, adaptive) and their parsing, with
+every error named by its YAML path (``stages[1].mixture.yesno``).
+
+An adaptive mixture (``{adaptive: {method: odm}}``) is parsed into an :class:`AdaptiveSpec` whose every field is
+resolved (defaults filled), so the stage's resolved config — and with it the stage-cache key — names all of it. The
+method is looked up in :data:`harness.core.registry.MIXTURE_CONTROLLERS` (filled by :mod:`harness.data.steering`).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,38 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from harness.core.registry import suggest
+from harness.core.registry import MIXTURE_CONTROLLERS, suggest
+
+
+@dataclass(frozen=True)
+class AdaptiveSpec:
+    """A resolved adaptive mixture: the controller (``method``) and the settings every controller shares.
+
+    ``start``: ``{}`` for natural (pool sizes) over every task of ``tasks``, else the explicit start weights;
+    ``every``: steps between updates; ``floor``: each task's sampling probability is at least this (the controller's
+    output is mixed with the uniform distribution: p ← (1 − K·floor)·p + floor); ``signal``: what the controller
+    reads (``train_loss``: the per-task training cross-entropy of the steps since the last update); ``params``: the
+    method's own settings, defaults filled (odm: ``alpha``; doremi: ``eta``, ``smoothing``, ``reference``)."""
+
+    method: str
+    tasks: tuple[str, ...]
+    start: tuple[tuple[str, float], ...]  # empty: natural
+    every: int
+    floor: float
+    signal: str
+    params: tuple[tuple[str, Any], ...]
+
+    def param(self, name: str) -> Any:
+        return dict(self.params)[name]
+
+    def to_yaml(self) -> dict[str, Any]:
+        return {"method": self.method, "tasks": list(self.tasks),
+                "start": dict(self.start) if self.start else "natural", "every": self.every, "floor": self.floor,
+                "signal": self.signal, **{k: _yaml_value(v) for k, v in self.params}}
+
+
+def _yaml_value(value: Any) -> Any:
+    return dict(value) if isinstance(value, tuple) and value and isinstance(value[0], tuple) else value
 
 
 @dataclass(frozen=True)
@@ -16,13 +52,15 @@ class Mixture:
 
     - ``weights``: each example drawn picks task t with probability w_t / Σw (0 allowed);
     - ``natural``: the listed tasks' pools are concatenated and shuffled, so a task's share is its pool size;
-    - ``counts``: exactly n_t examples of task t in the stage, drawn without replacement unless ``replace``.
+    - ``counts``: exactly n_t examples of task t in the stage, drawn without replacement unless ``replace``;
+    - ``adaptive``: weights that a controller moves as the stage trains (``adaptive``); ``weights`` holds its tasks.
     """
 
-    kind: Literal["weights", "natural", "counts"]
+    kind: Literal["weights", "natural", "counts", "adaptive"]
     weights: dict[str, float]
     counts: dict[str, int]
     replace: bool = False
+    adaptive: AdaptiveSpec | None = None  # kind adaptive: the controller and its settings
 
     @property
     def tasks(self) -> list[str]:
@@ -38,6 +76,8 @@ class Mixture:
             return {"weights": dict(self.weights)}
         if self.kind == "natural":
             return {"natural": list(self.weights)}
+        if self.kind == "adaptive":
+            return {"adaptive": self.adaptive.to_yaml()}
         return {"counts": dict(self.counts), "replace": self.replace}
 
 
@@ -61,6 +101,8 @@ def parse_mixture(raw: Any, path: str, tasks: list[str], errors: list[tuple[str,
     if not isinstance(raw, dict) or not raw:
         return err(path, "mixture is empty; give {task: weight}, natural, {natural: [tasks]} or {counts: {task: n}}")
 
+    if "adaptive" in raw:
+        return parse_adaptive(raw, path, tasks, errors)
     keywords = {"weights", "natural", "counts", "replace"}
     if set(raw) & keywords:
         unknown = set(raw) - keywords
@@ -110,3 +152,94 @@ def parse_mixture(raw: Any, path: str, tasks: list[str], errors: list[tuple[str,
             return err(f"{path}.replace", "replace must be true or false")
         return Mixture("counts", {t: 1.0 for t in parsed}, {t: int(v) for t, v in parsed.items()}, replace)
     return Mixture("weights", parsed, {})
+
+
+_SHARED_KEYS = ("method", "tasks", "start", "every", "floor", "signal")
+
+
+def parse_adaptive(raw: dict, path: str, tasks: list[str], errors: list[tuple[str, str]]) -> Mixture | None:
+    """``{adaptive: {method: …}}`` → a Mixture of kind ``adaptive``, every setting resolved; None if invalid."""
+    n_before = len(errors)
+    where = f"{path}.adaptive"
+    for key in sorted(set(raw) - {"adaptive"}):
+        errors.append((f"{path}.{key}", "an adaptive mixture takes no other key"))
+    spec = raw["adaptive"]
+    if not isinstance(spec, dict) or "method" not in spec:
+        errors.append((where, f"adaptive needs a method: {{method: {' | '.join(MIXTURE_CONTROLLERS.names())}}}"))
+        return None
+    method = spec["method"]
+    if not isinstance(method, str) or method not in MIXTURE_CONTROLLERS:
+        known = MIXTURE_CONTROLLERS.names()
+        errors.append((f"{where}.method", f"unknown method {method!r}{suggest(str(method), known)}; known: "
+                                          f"{', '.join(known)}"))
+        return None
+    controller = MIXTURE_CONTROLLERS.get(method)
+    defaults = dict(controller.defaults)
+    for key in sorted(set(spec) - set(_SHARED_KEYS) - set(defaults)):
+        errors.append((f"{where}.{key}", f"unknown setting {key!r} of method {method}"
+                                         f"{suggest(key, [*_SHARED_KEYS, *defaults])}; settings: "
+                                         f"{', '.join([*_SHARED_KEYS[1:], *defaults])}"))
+    chosen = _adaptive_tasks(spec, where, tasks, errors)
+    start = _adaptive_start(spec.get("start", "natural"), f"{where}.start", chosen, errors)
+    every = spec.get("every", 1)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        errors.append((f"{where}.every", f"every must be a whole number of steps >= 1, got {every!r}"))
+    floor = spec.get("floor", 0.01)
+    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor * max(1, len(chosen)) < 1:
+        errors.append((f"{where}.floor", f"floor must be a number in [0, 1/K) for K = {len(chosen)} tasks, "
+                                         f"got {floor!r}"))
+    signal = spec.get("signal", controller.signals[0])
+    if signal not in controller.signals:
+        errors.append((f"{where}.signal", f"method {method} reads {' | '.join(controller.signals)}, got {signal!r}"))
+    params = []
+    for key, default in defaults.items():
+        value = spec.get(key, default)
+        problem = controller.check(key, value, chosen)
+        if problem:
+            errors.append((f"{where}.{key}", problem))
+        params.append((key, tuple(sorted(value.items())) if isinstance(value, dict) else value))
+    if len(errors) > n_before:
+        return None
+    adaptive = AdaptiveSpec(method, tuple(chosen), tuple(start.items()), every, float(floor), signal, tuple(params))
+    return Mixture("adaptive", {t: 1.0 for t in chosen}, {}, adaptive=adaptive)
+
+
+def _adaptive_tasks(spec: dict, where: str, tasks: list[str], errors: list[tuple[str, str]]) -> list[str]:
+    """The adaptive mixture's tasks: ``tasks`` if given, else those of explicit start weights, else every task."""
+    if "tasks" in spec:
+        chosen = spec["tasks"]
+        if not isinstance(chosen, list) or len(chosen) < 2:
+            errors.append((f"{where}.tasks", "tasks needs a list of at least two task names"))
+            return []
+    elif isinstance(spec.get("start"), dict):
+        chosen = [t for t, w in spec["start"].items()]
+    else:
+        chosen = list(tasks)
+    for name in chosen:
+        if name not in tasks:
+            errors.append((f"{where}.tasks", f"unknown task {name!r}{suggest(str(name), tasks)}; tasks: "
+                                             f"{', '.join(tasks)}"))
+    if len(chosen) < 2 and "tasks" not in spec:
+        errors.append((where, "an adaptive mixture needs at least two tasks"))
+    return [str(t) for t in chosen]
+
+
+def _adaptive_start(raw: Any, where: str, chosen: list[str], errors: list[tuple[str, str]]) -> dict[str, float]:
+    """``{}`` for natural, else the explicit start weights (every chosen task, each > 0)."""
+    if raw == "natural":
+        return {}
+    if not isinstance(raw, dict):
+        errors.append((where, f"start must be natural or {{task: weight}}, got {raw!r}"))
+        return {}
+    out = {}
+    for name in chosen:
+        value = raw.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            errors.append((f"{where}.{name}", f"start weight must be a number > 0 (a controller cannot raise a "
+                                              f"task from zero), got {value!r}"))
+        else:
+            out[name] = float(value)
+    for name in raw:
+        if name not in chosen:
+            errors.append((f"{where}.{name}", f"{name!r} is not one of the mixture's tasks ({', '.join(chosen)})"))
+    return out

@@ -266,6 +266,9 @@ _MIXTURE_SCHEMA = {
             "counts": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
             "replace": {"type": "boolean"},
         }, "additionalProperties": False},
+        {"type": "object", "properties": {"adaptive": {"type": "object", "required": ["method"], "description":
+            "Weights a controller moves as the stage trains: method odm | doremi, … (docs/steering.md)."}},
+         "required": ["adaptive"], "additionalProperties": False},
     ]
 }
 
@@ -274,7 +277,8 @@ class _StageCore(Strict):
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Stage name (used in paths and metrics).")
     steps: Optional[int] = Field(None, ge=1, description="Optimiser steps (derived from counts if omitted).")
     init: str = Field("previous", description="previous | base | the name of an earlier stage.")
-    mixture: Any = Field(..., description="weights {task: w} | natural | {natural: [tasks]} | {counts: {task: n}}",
+    mixture: Any = Field(..., description="weights {task: w} | natural | {natural: [tasks]} | {counts: {task: n}} "
+                                          "| {adaptive: …}",
                          json_schema_extra=_MIXTURE_SCHEMA)
 
     @field_validator("name")

@@ -23,7 +23,7 @@ def mixture_stream(mixture: Mixture, pool_sizes: dict[str, int], n_examples: int
         tasks = mixture.tasks
         probs = np.array([mixture.weights[t] for t in tasks], dtype=np.float64)
         choice = rng.choice(len(tasks), size=n_examples, p=probs / probs.sum())
-        cursors = {t: _Cycler(pool_sizes[t], rng) for t in tasks}
+        cursors = {t: Cycler(pool_sizes[t], rng) for t in tasks}
         return [(tasks[c], cursors[tasks[c]].next()) for c in choice]
     if mixture.kind == "natural":
         everything = [(t, i) for t in mixture.tasks for i in range(pool_sizes[t])]
@@ -42,7 +42,7 @@ def mixture_stream(mixture: Mixture, pool_sizes: dict[str, int], n_examples: int
     return [draws[j] for j in rng.permutation(len(draws))]
 
 
-class _Cycler:
+class Cycler:
     """Indices 0..n-1 in a random order, reshuffled at each pass."""
 
     def __init__(self, n: int, rng: np.random.Generator):

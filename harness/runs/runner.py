@@ -135,7 +135,8 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     model = _restore(model, start, stages, run)
 
     injector = Injector(**exp.debug.inject_nonfinite.model_dump()) if exp.debug.inject_nonfinite else None
-    summary_stages = [_stage_summary(plans[i], evals, i, plans) for i in range(start.stage_index)]
+    summary_stages = [_stage_summary(plans[i].recorded(tracker.store.rows()), evals, i, plans)
+                      for i in range(start.stage_index)]
     cache.annotate(summary_stages)
     step, loop_state, exit_code = start.step, start.loop_state, 1
     try:
@@ -152,7 +153,7 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
                 step = train_stage(model, batches, StageLoop(
                     stage=stage.name, start_step=step - loop_state.batch_index, tasks=list(exp.tasks),
                     log=tracker.log, evaluate=lambda s, name=stage.name: evals.run(model, name, s), train=stage.train,
-                    special_tokens=stage_special_tokens(tokenizer, plan.batches), eval_every=exp.eval.every,
+                    special_tokens=stage_special_tokens(tokenizer, plan.token_batches()), eval_every=exp.eval.every,
                     injector=injector, save_checkpoint=save_resume_point_at,
                     progress=after_progress(on_progress, advance), kill_at=distributed.kill_step(exp.debug.kill_rank),
                 ), resume=loop_state)
@@ -350,13 +351,20 @@ def _begin_stage(run: _Run, model, index: int, step: int):
                      Row(stage.name, step, None, "train", "trainable_share", report["share"])], step)
     run.console.info(f"stage {stage.name}: {format_trainable_report(report)}")
     run.console.info(f"stage {stage.name} ({index + 1}/{len(run.stages)}): {len(plan.batches)} steps, init "
-                     f"{stage.init}, mixture {stage.mixture.kind}: "
+                     f"{stage.init}, mixture {_mixture_said(stage.mixture)}: "
                      + ", ".join(f"{t} {c['share']:.2f}" for t, c in sorted(plan.composition.items())))
     if index > 0 and stage.init == "previous":
         run.evals.repeat_last(stage.name)
     else:
         run.evals.run(model, stage.name, step)
     return model
+
+
+def _mixture_said(mixture) -> str:
+    """``weights``, ``natural``, … or ``adaptive (odm, every 1 steps; shares so far)``."""
+    if mixture.kind != "adaptive":
+        return mixture.kind
+    return f"adaptive ({mixture.adaptive.method}, every {mixture.adaptive.every} steps; shares so far)"
 
 
 def _resume_saver(run: _Run, model, index: int) -> Callable[[int, LoopState], None]:

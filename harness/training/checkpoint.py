@@ -124,15 +124,16 @@ def save_stage_checkpoint(model, tokenizer, directory, meta: dict) -> dict:
 
 def save_resume_point(run_dir: Path, model, stage_index: int, stage: str, step: int, loop_state: LoopState,
                       keep: int) -> None:
-    """Model, optimiser, scheduler, RNG states, the data position and the loop's window, written atomically;
-    only the newest ``keep`` are kept.
+    """Model, optimiser, scheduler, RNG states, the data position and the loop's window (and an adaptive stage's
+    stream, ``mixture``, with each rank's partial per-task loss sums, ``steer``), written atomically; only the newest
+    ``keep`` are kept.
 
     With several data-parallel ranks every rank calls this: the model, optimiser and scheduler are the same on all
     of them, but each has its own torch RNG state and its own part of the metrics window (summed over ranks only
     when logged), so those are gathered to rank 0, which alone writes (``ranks`` in ``optimizer.pt``, ``world`` in
     ``state.json``)."""
     parallel = distributed.current()
-    own = {"torch_rng": torch.get_rng_state(), "window": loop_state.window}
+    own = {"torch_rng": torch.get_rng_state(), "window": loop_state.window, "steer": loop_state.steer}
     ranks = parallel.gather(own) if parallel is not None else None
     if parallel is not None and parallel.rank != 0:
         return
@@ -143,6 +144,7 @@ def save_resume_point(run_dir: Path, model, stage_index: int, stage: str, step: 
                     "torch_rng": own["torch_rng"], **({"ranks": ranks} if ranks else {})}, tmp / "optimizer.pt")
         state = {"stage_index": stage_index, "stage": stage, "step": step, "batch_index": loop_state.batch_index,
                  "consecutive_skips": loop_state.consecutive_skips, "window": loop_state.window,
+                 "mixture": loop_state.mixture, "steer": loop_state.steer,
                  "world": parallel.world if parallel is not None else 1}
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
     for old in sorted(root.glob("step-*"))[:-keep]:
@@ -214,6 +216,7 @@ def resume_start(point: Optional[Path], stages: Sequence[ResolvedStage], stage_l
     _check_world(point, parallel.world if parallel is not None else 1)
     if "ranks" in bundle:  # a data-parallel run: this rank's own RNG state and window
         state["window"] = bundle["ranks"][parallel.rank]["window"]
+        state["steer"] = bundle["ranks"][parallel.rank].get("steer")
         bundle["torch_rng"] = bundle["ranks"][parallel.rank]["torch_rng"]
     index, step = state["stage_index"], state["step"]
     weights = SavedWeights(point / "model.safetensors", index, bundle["torch_rng"])
@@ -221,7 +224,7 @@ def resume_start(point: Optional[Path], stages: Sequence[ResolvedStage], stage_l
     if state["batch_index"] >= stage_lengths[index]:  # the stage had finished: the next one begins
         return Start(index + 1, step, LoopState(), weights, keep, point.name)
     loop_state = LoopState(state["batch_index"], state["consecutive_skips"], state["window"], bundle["optimizer"],
-                           bundle["scheduler"])
+                           bundle["scheduler"], state.get("mixture"), state.get("steer"))
     return Start(index, step, loop_state, weights, keep, point.name)
 
 

@@ -7,6 +7,10 @@ and per-task loss, lr, grad norm, update ratio, tokens/s, pad fraction, per-modu
 ``eval.every`` global steps and at the stage's end the ``evaluate`` callback runs; every ``checkpoint_every``
 steps a resumable checkpoint is written. Metrics are accumulated on-device and read back once per window.
 
+An adaptive stage (:mod:`harness.data.steering`) hands the loop a stream instead of a list: each step's global
+batch is drawn when the step begins, from the weights of the controller's last update, which
+:class:`harness.training.steering.Steering` makes from the per-task losses all-reduced over ranks.
+
 With several ranks (:mod:`harness.training.parallel.ddp`) the loop calls four hooks of ``DataParallel``: each rank takes its
 slice of every global batch, the forward goes through DDP, the loss is normalised by the global supervised-token
 count, and the window sums and the non-finite flag are all-reduced. Under ``train.parallel: fsdp``
@@ -35,6 +39,7 @@ from harness.data.batches import Batch
 from harness.training.health import GroupStats, gathered
 from harness.training.guard import Injector, NonFiniteError, first_nonfinite_module, nonfinite_grads
 from harness.training.losses import first_answer_tokens, token_losses_and_ce, token_weights, weighted_mean
+from harness.training.steering import Steering
 from harness.core.store import Row
 from harness.data.images import vision_supervised_logits
 
@@ -167,6 +172,8 @@ class LoopState:
     window: Optional[dict[str, Any]] = None
     optimizer: Optional[dict[str, Any]] = None
     scheduler: Optional[dict[str, Any]] = None
+    mixture: Optional[dict[str, Any]] = None  # an adaptive stage's stream (the same on every rank)
+    steer: Optional[dict[str, Any]] = None  # its per-task loss sums since the last update (this rank's own)
 
 
 @dataclass(init=False)
@@ -253,9 +260,11 @@ def _window_rows(loop: StageLoop, step: int, window: Window, lr: float, groups: 
     return out
 
 
-def train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[LoopState] = None) -> int:
+def train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState] = None) -> int:
     """Train ``model`` on ``batches`` (one optimiser step each), from ``resume`` if given; returns the global
-    step at the end. Raises :class:`~harness.training.guard.NonFiniteError` when the guard stops the run, and
+    step at the end. ``batches`` is a list, or an adaptive mixture's stream
+    (:class:`harness.data.steering.stream.AdaptiveStream`), which draws each step's batch as the stage trains.
+    Raises :class:`~harness.training.guard.NonFiniteError` when the guard stops the run, and
     :class:`~harness.training.compiling.CompileFailed` when ``train.compile: true`` cannot compile."""
     device = next(model.parameters()).device
     # Decided from the stage's length (not what is left of it: a resumed stage decides as its first run did).
@@ -295,28 +304,40 @@ def _skip_or_stop(report: dict[str, Any], state: LoopState, loop: StageLoop, opt
     loop.log([Row(loop.stage, step, None, "train", "nonfinite_skip", 1.0)], step)
 
 
-def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[LoopState],
+def _source(batches, loop: StageLoop, state: LoopState, parallel) -> tuple[LoopState, Any, Optional[Steering]]:
+    """``(state, batches, steering)``: a static stage's batches (this rank's slices), or an adaptive stream with
+    the steering that feeds it (resumed where ``state`` left it; its start weights logged when it begins)."""
+    if isinstance(batches, list):
+        return state, [parallel.shard(b) for b in batches] if parallel is not None else batches, None
+    if state.mixture is not None:
+        batches.load(state.mixture)
+    steering = Steering(batches, loop.tasks, loop.stage, parallel, state.steer)
+    if state.batch_index == 0:
+        loop.log(steering.weight_rows(loop.start_step), loop.start_step)
+    return state, batches, steering
+
+
+def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState],
                  compiled: Union[bool, str]) -> int:
     train, task_index = loop.train, {t: i for i, t in enumerate(loop.tasks)}
     parallel = distributed.current(train.parallel)  # None in a single process
-    if parallel is not None:
-        batches = [parallel.shard(b) for b in batches]
+    state, batches, steering = _source(batches, loop, resume or LoopState(), parallel)
     # What the optimiser trains: ``model`` itself, or under FSDP a sharded replica whose weights are synced back
     # into ``model`` before every evaluation and checkpoint (harness.training.parallel.fsdp).
     trained = parallel.trained_module(model, train.precision) if parallel is not None else model
     params = [p for p in trained.parameters() if p.requires_grad]
     groups = GroupStats(trained) if train.diagnostics else None
-    state = resume or LoopState()
     optimizer, scheduler = _optimizer_for(trained, train.optim, len(batches), state, parallel)
     window = Window.from_state(len(loop.tasks), state.window) if state.window else Window(len(loop.tasks))
     max_norm = train.optim.grad_clip if train.optim.grad_clip is not None else float("inf")
     guard = train.nonfinite.action != "off"
     device = next(model.parameters()).device
     trained.train()
-    upcoming = batches[state.batch_index].to(device) if state.batch_index < len(batches) else None
+    upcoming = batches[state.batch_index].to(device) if steering is None and state.batch_index < len(batches) else None
 
     for i in range(state.batch_index, len(batches)):
-        batch, step = upcoming, loop.start_step + i + 1
+        # an adaptive stage's batch is drawn now: the weights of the last update decide it
+        batch, step = steering.next_batch(device) if steering is not None else upcoming, loop.start_step + i + 1
         task_ids = torch.tensor([task_index[t] for t in batch.tasks]).to(device)
         is_log_step = (i + 1) % train.log_every == 0 or i + 1 == len(batches)
         started, before = time.perf_counter(), None
@@ -328,7 +349,7 @@ def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[
         loss, ce, task_of_token = batch_loss(trained, batch, train.loss, task_ids, loop.tasks, train.precision,
                                              compiled, parallel)
         loss.backward()
-        if i + 1 < len(batches):  # on a GPU the next batch's copy overlaps this step's work
+        if i + 1 < len(batches) and steering is None:  # on a GPU the next batch's copy overlaps this step's work
             upcoming = batches[i + 1].to(device)
         if loop.injector is not None:
             loop.injector.after_backward(trained, step)
@@ -352,6 +373,8 @@ def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             window.add(ce, task_of_token, grad_norm, batch)
+            if steering is not None:
+                steering.add(ce, task_of_token)
 
         window.seconds += time.perf_counter() - started
         if is_log_step:
@@ -359,6 +382,8 @@ def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[
                 parallel.sum_window(window)
             loop.log(_window_rows(loop, step, window, scheduler.get_last_lr()[0], groups, before, group_grads), step)
             window = Window(len(loop.tasks))
+        if steering is not None and (steered := steering.after_step(i, step)):
+            loop.log(steered, step)
         if loop.progress is not None:
             loop.progress(1)
         if step % loop.eval_every == 0 or i + 1 == len(batches):
@@ -368,9 +393,19 @@ def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[
             trained.train()
         if loop.save_checkpoint is not None and train.checkpoint_every and step % train.checkpoint_every == 0 \
                 and i + 1 < len(batches):
-            if parallel is not None:
-                parallel.sync(model)
-            loop.save_checkpoint(step, LoopState(i + 1, state.consecutive_skips, window.state(),
-                                                 parallel.optimizer_state(optimizer) if parallel is not None
-                                                 else optimizer.state_dict(), scheduler.state_dict()))
+            _checkpoint(model, loop, step, LoopState(i + 1, state.consecutive_skips, window.state()), optimizer,
+                        scheduler, parallel, steering)
     return loop.start_step + len(batches)
+
+
+def _checkpoint(model, loop: StageLoop, step: int, at: LoopState, optimizer, scheduler, parallel,
+                steering: Optional[Steering]) -> None:
+    """A resume point after ``step``: the loop's position ``at``, the optimiser and schedule, an adaptive stage's
+    stream and partial sums."""
+    if parallel is not None:
+        parallel.sync(model)
+    at.optimizer = parallel.optimizer_state(optimizer) if parallel is not None else optimizer.state_dict()
+    at.scheduler = scheduler.state_dict()
+    if steering is not None:
+        at.mixture, at.steer = steering.stream.state(), steering.state()
+    loop.save_checkpoint(step, at)

@@ -125,6 +125,10 @@ class DataParallel:
             dist.all_reduce(t)
         window.real_tokens, window.padded_tokens = int(counts[0]), int(counts[1])
 
+    def all_reduce_sum(self, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` over ranks in place (an adaptive mixture's per-task statistics; on the model's device)."""
+        dist.all_reduce(tensor)
+
     def bad_ranks(self, loss_bad: bool, grad_bad: bool) -> list[int]:
         """The ranks where a non-finite step began: those whose loss was non-finite, else those whose gradient
         was (a NaN loss on one rank reaches every rank's gradient through the all-reduce). Every rank learns

@@ -1,0 +1,68 @@
+"""The loop's side of an adaptive mixture: per-task training-loss sums since the controller's last update (on the
+model's device, no per-step host copy), all-reduced over data-parallel ranks at each update so every rank feeds its
+stream the same numbers, and the weight trajectory as ``mixture_weight`` rows (split ``train``, one per task).
+
+The stream itself (:class:`harness.data.steering.stream.AdaptiveStream`) draws the global batch; each rank trains
+its slice of it (``parallel.shard``), exactly as with a precomputed static stream.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from harness.core.store import Row
+
+
+class Steering:
+    """Feeds ``stream`` (an AdaptiveStream) every ``stream.spec.every`` steps of the stage; ``state`` continues the
+    partial sums of a resumed stage (this rank's own)."""
+
+    def __init__(self, stream, loop_tasks: list[str], stage: str, parallel=None,
+                 state: Optional[dict[str, Any]] = None):
+        self.stream, self.stage, self.parallel = stream, stage, parallel
+        self.columns = [loop_tasks.index(t) for t in stream.tasks]  # the stream's tasks among the loop's
+        n = len(loop_tasks)
+        self.loss_sum = torch.tensor(state["loss_sum"] if state else [0.0] * n, dtype=torch.float64)
+        self.token_count = torch.tensor(state["token_count"] if state else [0.0] * n, dtype=torch.float64)
+
+    def next_batch(self, device):
+        """The step's batch: the stream's next global batch, this rank's slice of it, on ``device``."""
+        batch = self.stream.next_batch()
+        if self.parallel is not None:
+            batch = self.parallel.shard(batch)
+        return batch.to(device)
+
+    def add(self, ce: torch.Tensor, task_of_token: torch.Tensor) -> None:
+        """A trained step's per-token cross-entropy, summed per task."""
+        if self.loss_sum.device != ce.device:
+            self.loss_sum, self.token_count = self.loss_sum.to(ce.device), self.token_count.to(ce.device)
+        self.loss_sum.index_add_(0, task_of_token, ce.detach().double())
+        self.token_count.index_add_(0, task_of_token, torch.ones_like(ce, dtype=torch.float64))
+
+    def after_step(self, batch_index: int, step: int) -> list[Row]:
+        """At an update step (every ``every`` batches of the stage): all-reduce the sums, update the controller and
+        return the new weights' rows; otherwise nothing."""
+        if (batch_index + 1) % self.stream.spec.every:
+            return []
+        sums = torch.stack([self.loss_sum, self.token_count])
+        if self.parallel is not None:
+            self.parallel.all_reduce_sum(sums)
+        loss_sum, count = sums.cpu().numpy()[:, self.columns]
+        losses = np.where(count > 0, loss_sum / np.maximum(count, 1.0), math.nan)
+        self.stream.observe(losses)
+        self.loss_sum.zero_()
+        self.token_count.zero_()
+        return self.weight_rows(step)
+
+    def weight_rows(self, step: int) -> list[Row]:
+        """The weights the next draws use, one ``mixture_weight`` row per task."""
+        return [Row(self.stage, step, task, "train", "mixture_weight", float(w))
+                for task, w in zip(self.stream.tasks, self.stream.weights())]
+
+    def state(self) -> dict[str, Any]:
+        """This rank's partial sums since the last update (a resume point keeps each rank's own)."""
+        return {"loss_sum": self.loss_sum.tolist(), "token_count": self.token_count.tolist()}
