@@ -91,6 +91,11 @@ def make_optimizer(model, spec: OptimSpec, total_steps: int):
     return optimizer, scheduler
 
 
+def _task_share_max(tasks: list[str]) -> float:
+    """The largest single task's share of a batch's examples."""
+    return max(map(tasks.count, set(tasks))) / len(tasks)
+
+
 @dataclass
 class Window:
     """Training metrics accumulated over one logging window (on-device sums, read once per window)."""
@@ -111,7 +116,10 @@ class Window:
         self.token_count = torch.zeros(self.n_tasks) if self.token_count is None else self.token_count
         self.grad_norm_sum = torch.zeros(()) if self.grad_norm_sum is None else self.grad_norm_sum
 
-    def add(self, losses: torch.Tensor, task_of_token: torch.Tensor, grad_norm: torch.Tensor, batch: Batch) -> None:
+    def add(self, losses: torch.Tensor, task_of_token: torch.Tensor, grad_norm: torch.Tensor, batch: Batch,
+            task_share_max: Optional[float] = None) -> None:
+        """One successful step. ``task_share_max``: the global batch's (:func:`_task_share_max`), when ``batch``
+        is one rank's slice of it; else it is ``batch``'s own."""
         if self.loss_sum.device != losses.device:  # sums live where the losses are: no per-step host copy
             self.loss_sum, self.token_count, self.grad_norm_sum = (
                 t.to(losses.device) for t in (self.loss_sum, self.token_count, self.grad_norm_sum))
@@ -121,7 +129,7 @@ class Window:
         self.steps += 1
         self.real_tokens += batch.n_real_tokens
         self.padded_tokens += batch.n_padded_tokens
-        self.task_share_max_sum += max(map(batch.tasks.count, set(batch.tasks))) / len(batch.tasks)
+        self.task_share_max_sum += task_share_max if task_share_max is not None else _task_share_max(batch.tasks)
 
     def rows(self, tasks: list[str], stage: str, step: int, lr: float) -> list[Row]:
         counts = self.token_count.tolist()
@@ -291,12 +299,19 @@ def _skip_or_stop(report: dict[str, Any], state: LoopState, loop: StageLoop, opt
     loop.log([Row(loop.stage, step, None, "train", "nonfinite_skip", 1.0)], step)
 
 
+def _sharded(batches: list[Batch], parallel) -> tuple[list[Batch], Optional[list[float]]]:
+    """This rank's slices of the global batches, and each global batch's largest task share (the metric is about
+    the batch the mixture sampler drew, not one rank's slice of it); in one process the batches and None."""
+    if parallel is None:
+        return batches, None
+    return [parallel.shard(b) for b in batches], [_task_share_max(b.tasks) for b in batches]
+
+
 def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[LoopState],
                  compiled: Union[bool, str]) -> int:
     train, task_index = loop.train, {t: i for i, t in enumerate(loop.tasks)}
     parallel = distributed.current(train.parallel)  # None in a single process
-    if parallel is not None:
-        batches = [parallel.shard(b) for b in batches]
+    batches, shares = _sharded(batches, parallel)
     # What the optimiser trains: ``model`` itself, or under FSDP a sharded replica whose weights are synced back
     # into ``model`` before every evaluation and checkpoint (harness.training.parallel.fsdp).
     trained = parallel.trained_module(model, train.precision) if parallel is not None else model
@@ -347,7 +362,7 @@ def _train_stage(model, batches: list[Batch], loop: StageLoop, resume: Optional[
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            window.add(ce, task_of_token, grad_norm, batch)
+            window.add(ce, task_of_token, grad_norm, batch, shares[i] if shares is not None else None)
 
         window.seconds += time.perf_counter() - started
         if is_log_step:
