@@ -11,7 +11,10 @@ recorder standing in for ``torch.distributed.all_reduce`` sees where each tensor
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -98,7 +101,7 @@ def _loop_collectives(parallel) -> dict:
 
     from harness.config import NonFiniteSpec
     from harness.data.batches import Batch
-    from harness.training.guard import Injector
+    from harness.training.guard import Injector, NonFiniteError
     from harness.training.loop import StageLoop, train_stage
 
     torch.manual_seed(0)
@@ -111,16 +114,25 @@ def _loop_collectives(parallel) -> dict:
         labels[:, 3:] = ids[:, 3:]
         batches.append(Batch(ids, torch.ones_like(ids), labels, ["a", "a", "a", "b"], 24, 24))
     rows, calls = [], []
+
+    def stage(action: str):
+        return train_stage(model, batches, StageLoop(
+            "s", 0, ["a", "b"], lambda r, step: rows.extend(r), lambda step: None, log_every=1,
+            nonfinite=NonFiniteSpec(action=action),
+            injector=Injector(step=2, where="forward", module=r"layers\.0\.mlp$", rank=1)))
+
     saved = record_collectives(calls)
     try:
-        train_stage(model, batches, StageLoop(
-            "s", 0, ["a", "b"], lambda r, step: rows.extend(r), lambda step: None, log_every=1,
-            nonfinite=NonFiniteSpec(action="skip_step"),
-            injector=Injector(step=2, where="forward", module=r"layers\.0\.mlp$", rank=1)))
+        stage("skip_step")
+        try:  # the same NaN under nonfinite: stop: every rank stops with rank 1's report
+            stage("stop")
+            stopped = None
+        except NonFiniteError as e:
+            stopped = e.report
     finally:
         restore_collectives(saved)
     return {"calls": calls, "model_device": next(model.parameters()).device,
-            "hooks_device": getattr(parallel, "device", None),
+            "hooks_device": getattr(parallel, "device", None), "stopped": stopped,
             "rows": [(r.step, r.metric, r.task, r.value) for r in rows]}
 
 
@@ -293,6 +305,9 @@ def test_a_training_stage_hands_collectives_only_tensors_on_the_models_device(ra
         assert all(d == loop["model_device"] for _, devices in loop["calls"] for d in devices), loop["calls"]
         steps = {(step, metric) for step, metric, task, _ in loop["rows"] if task is None}
         assert (2, "nonfinite_skip") in steps and (2, "loss") not in steps and (3, "loss") in steps
+        stopped = loop["stopped"]  # the report as rank 1 saw it, on both ranks
+        assert stopped is not None and (stopped["rank"], stopped["step"], stopped["what"]) == (1, 2, "loss")
+        assert stopped["first_module"] == "model.layers.0.mlp", stopped
 
 
 class _Handed(Exception):
@@ -371,3 +386,13 @@ def test_a_stage_cache_entry_gives_every_rank_back_its_own_device_generator(rank
     for r in ranks:
         assert _result(r, "stage_cache")["replayed"] == _result(r, "stage_cache")["uninterrupted"]
     assert _result(ranks[0], "stage_cache")["uninterrupted"] != _result(ranks[1], "stage_cache")["uninterrupted"]
+
+
+def test_the_gpu_check_says_it_skipped_without_cuda():
+    """bench/gpu_check.py runs the harness's commands on GPUs; without CUDA it checks nothing and says so (exit 0)."""
+    from tests.conftest import ROOT
+
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py")], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "no CUDA device visible — skipped, nothing was checked" in done.stdout
