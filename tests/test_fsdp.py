@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from typing import Optional
 
 import numpy as np
 import polars as pl
@@ -117,7 +118,9 @@ def test_fsdp_predictions_differ_only_at_near_ties(micro_pair):
     assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())  # rank 0 alone writes
 
 
-def _check_near_ties(runs, differing: dict[int, list[tuple[str, str, int]]]) -> None:
+def _check_near_ties(runs, differing: dict[int, list[tuple[str, str, int]]], seen: Optional[list] = None) -> None:
+    """The check of :func:`test_fsdp_predictions_differ_only_at_near_ties`; ``seen`` (when given) receives
+    ``(step, key, margins, largest |ΔL| elsewhere)`` of every position where the models' choices part."""
     import torch
     from safetensors.torch import load_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -154,6 +157,8 @@ def _check_near_ties(runs, differing: dict[int, list[tuple[str, str, int]]]) -> 
                     a, b = (x[-1] for x in logits(ids))
                     x, y = int(a.argmax()), int(b.argmax())
                     margins = float(a[x] - a[y]) + float(b[y] - b[x])
+                    if seen is not None and x != y:
+                        seen.append((step, key, margins, elsewhere))
                     assert margins <= 2 * elsewhere, (
                         f"step {step} {key}: after {len(ids) - len(item.prompt_ids)} answer tokens the models "
                         f"choose {x} and {y} with margins adding up to {margins:.3g} > 2 × {elsewhere:.3g}, the "
