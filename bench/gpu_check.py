@@ -1,139 +1,173 @@
-"""GPU check, one short script: a Qwen2.5-0.5B-shaped model built from its config (random weights, no download),
-trained under bf16 autocast — full fine-tuning and LoRA (r=16 on every linear layer) — on every visible GPU in
-turn, printing tokens/s and MFU against the device's dense bf16 peak; then, when more than one GPU is visible, a
-2-step DDP and FSDP2 (``fully_shard``, bf16 parameters with fp32 gradient reduction) smoke test over all of them
-through torchrun.
+"""GPU check: the harness's own path on CUDA — ``harness run … --nproc 2`` (NCCL) with the non-finite guard on, a
+stage-cache replay, a killed rank and its ``--resume``, a NaN on one rank, and an fsdp run — each a ``python -m
+harness`` command on the micro experiment (tests/data/micro.yaml), checked against the first run. About 3–4 minutes
+on one H200; prints one line per check and exits 1 if any failed, 0 otherwise.
 
-    python bench/gpu_check.py                  # about a minute per GPU
-    python bench/gpu_check.py --steps 20 --seq 1024
+    python bench/gpu_check.py            # on a machine with CUDA; without one it says so and exits 0
+    python bench/gpu_check.py --cpu      # the same commands on the CPU (gloo): tries the script itself
 
-MFU counts 6·N FLOPs per token for full training and 4·N for LoRA (no weight gradients of frozen matrices; the
-adapters' own FLOPs are negligible), attention FLOPs left out — the usual approximation (PaLM, appendix B).
+With 2 or more GPUs every run uses 2 ranks (``--nproc 2``: NCCL, one GPU per rank). With one GPU the runs are one
+process on it: the guard, the stage cache, resume points and the CUDA generators are checked, the collectives are
+not (they need two ranks), and the output says so.
+
+The last stage trains a LoRA adapter with dropout 0.3 — dropout on a GPU draws from each rank's own CUDA generator —
+so the replay (stages 1–2 from the stage cache, stage 3 trained) and the resume (killed at step 100, resumed from its
+step-90 resume point) continue from the generators as they were: their stage-3 training losses must match the
+uninterrupted run's. Eager CUDA kernels are not all deterministic (atomic adds in backward passes), so "match" is
+a relative difference ≤ 1e-4 per step (a wrong dropout mask moves the loss by far more); exact equality is printed
+when it holds.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
-# Qwen/Qwen2.5-0.5B's config.json (the shape; weights are random).
-QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-                  tie_word_embeddings=True, rms_norm_eps=1e-6)
-# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched on the device name.
-BF16_PEAK = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
-             "4090": 165e12, "3090": 71e12, "V100": 125e12}
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def peak_of(name: str) -> float | None:
-    return next((v for k, v in BF16_PEAK.items() if k in name), None)
+ROOT = Path(__file__).resolve().parents[1]
+MICRO = ROOT / "tests" / "data" / "micro.yaml"
+# Every run: a log row every step, resume points every 15 steps (all kept), wandb off, the guard on (stop: exit 3)
+# and the last stage a LoRA adapter whose dropout draws from the CUDA generators.
+COMMON = ["--set", "train.log_every=1", "--set", "train.checkpoint_every=15", "--set", "train.keep_checkpoints=20",
+          "--set", "tracking.wandb.mode=disabled", "--set", "train.nonfinite=stop",
+          "--set", "stages.assistant.trainable={mode: lora, r: 8, dropout: 0.3}"]
+LORA_STEPS = range(81, 141)  # the LoRA stage's steps (40 + 40 before it)
+MATCH = 1e-4  # relative, per step
 
 
-def build(device, lora: bool):
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**QWEN25_05B, attn_implementation="sdpa")).to(device)
-    if lora:
-        from peft import LoraConfig, get_peft_model  # optional import: only the LoRA measurement needs peft
-
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=LORA_TARGETS))
-    return model
-
-
-def measure(device, lora: bool, batch: int, seq: int, steps: int, warmup: int = 3) -> dict:
-    model = build(device, lora)
-    n_params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
-    ids = torch.randint(0, QWEN25_05B["vocab_size"], (batch, seq), device=device)
-    for i in range(warmup + steps):
-        if i == warmup:
-            torch.cuda.synchronize(device)
-            started = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize(device)
-    tokens_s = batch * seq * steps / (time.perf_counter() - started)
-    peak = peak_of(torch.cuda.get_device_name(device))
-    flops = (4 if lora else 6) * n_params * tokens_s
-    del model, opt
-    torch.cuda.empty_cache()
-    return {"tokens_s": tokens_s, "mfu": flops / peak if peak else None, "loss": float(loss),
-            "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+def harness(out: Path, *args: str, env: dict, nproc: int, resume: bool = False) -> tuple[int, str, float]:
+    """``python -m harness run MICRO --out OUT …`` (``--resume OUT`` with ``resume``; ``--nproc`` when several
+    ranks); (exit code, stderr, seconds)."""
+    cmd = [sys.executable, "-m", "harness", "run", str(MICRO), "--resume" if resume else "--out", str(out), *COMMON,
+           *args]
+    if nproc > 1:
+        cmd += ["--nproc", str(nproc)]
+    started = time.monotonic()
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    return done.returncode, done.stderr, time.monotonic() - started
 
 
-def smoke(batch: int, seq: int) -> None:
-    """Under torchrun: 2 steps of DDP, then 2 of FSDP2, on every rank's GPU; rank 0 prints the losses."""
-    import torch.distributed as dist
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.nn.parallel import DistributedDataParallel
+def train_losses(run: Path, steps=None) -> dict[int, float]:
+    from harness.core.store import read_metrics
+    import polars as pl
 
-    dist.init_process_group("nccl")
-    rank = dist.get_rank()
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    torch.cuda.set_device(device)
-    ids = torch.randint(0, QWEN25_05B["vocab_size"], (batch, seq), device=device,
-                        generator=torch.Generator(device).manual_seed(rank))
-    for kind in ("ddp", "fsdp"):
-        model = build(device, lora=False)
-        if kind == "ddp":
-            model = DistributedDataParallel(model, device_ids=[device])
-        else:
-            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            for layer in model.model.layers:
-                fully_shard(layer, mp_policy=policy)
-            fully_shard(model, mp_policy=policy)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-        losses = []
-        for _ in range(2):
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=kind == "ddp"):
-                loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(float(loss))
-        if rank == 0:
-            print(f"{kind} on {dist.get_world_size()} GPUs: 2 steps, losses {losses[0]:.4f} → {losses[1]:.4f}",
-                  flush=True)
-        del model, opt
-    dist.destroy_process_group()
+    rows = read_metrics(run).filter(pl.col("split") == "train", pl.col("metric") == "loss", pl.col("task").is_null())
+    return {s: v for s, v in zip(rows["step"].to_list(), rows["value"].to_list()) if steps is None or s in steps}
+
+
+def compare(a: dict[int, float], b: dict[int, float]) -> tuple[bool, str]:
+    """Same steps and every loss within :data:`MATCH` (relative): (ok, what was measured)."""
+    if not a or a.keys() != b.keys():
+        return False, f"steps differ ({len(a)} vs {len(b)} rows)"
+    worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
+    exact = all(a[s] == b[s] for s in a)
+    return worst <= MATCH, f"{len(a)} steps, max relative difference {worst:.2e}" + (" (bit-identical)" if exact else "")
+
+
+class Report:
+    def __init__(self):
+        self.failed = 0
+
+    def line(self, name: str, ok: bool, detail: str) -> None:
+        self.failed += not ok
+        print(f"{'ok    ' if ok else 'FAILED'} {name}: {detail}", flush=True)
+
+
+def run_checks(work: Path, env: dict, nproc: int, report: Report) -> None:
+    full, replay, killed, nan, fsdp = (work / n for n in ("full", "replay", "killed", "nan", "fsdp"))
+    code, err, seconds = harness(full, env=env, nproc=nproc)
+    report.line("train (guard on, stage cache stores)", code == 0, f"exit {code}, {seconds:.0f} s" + _tail(code, err))
+    if code != 0:
+        return
+    losses = train_losses(full)
+    report.line("training losses finite", len(losses) == 140 and all(math.isfinite(v) for v in losses.values()),
+                f"{len(losses)} steps")
+
+    # Stages 1-2 replayed from the entries the first run stored; the LoRA stage trains from their generators.
+    code, err, seconds = harness(replay, "--set", "stages.assistant.stage_cache=false", env=env, nproc=nproc)
+    summary = json.loads((replay / "summary.json").read_text()) if code == 0 else {"stages": []}
+    cached = [s["name"] for s in summary["stages"] if s.get("cached_from")]
+    report.line("stage-cache replay", code == 0 and cached == ["repeat_only", "short"],
+                f"exit {code}, replayed {cached}, {seconds:.0f} s" + _tail(code, err))
+    if code == 0:
+        ok, detail = compare(train_losses(full, LORA_STEPS), train_losses(replay, LORA_STEPS))
+        report.line("replayed generators: LoRA-stage losses match the uninterrupted run", ok, detail)
+
+    # The last rank SIGKILLs itself before step 100; --resume continues from the step-90 resume point.
+    no_cache = ["--set", "train.stage_cache=false"]
+    code, err, _ = harness(killed, *no_cache, "--set", f"debug.kill_rank={{rank: {nproc - 1}, step: 100}}",
+                           env=env, nproc=nproc)
+    sigkill = 128 + 9 if nproc > 1 else -9  # the launcher's exit code, or the one process's own death
+    report.line("killed rank stops the run", code == sigkill, f"exit {code}" + _tail(code != sigkill, err))
+    code, err, seconds = harness(killed, *no_cache, env=env, nproc=nproc, resume=True)
+    report.line("--resume", code == 0, f"exit {code}, {seconds:.0f} s" + _tail(code, err))
+    if code == 0:
+        resumed_from = json.loads((killed / "summary.json").read_text()).get("resumed_from")
+        ok, detail = compare(train_losses(full, range(91, 141)), train_losses(killed, range(91, 141)))
+        report.line("resumed generators: losses after the resume point match", ok and resumed_from == "step-00000090",
+                    f"resumed from {resumed_from}; {detail}")
+
+    # A NaN in the last rank's forward at step 3: every rank stops (exit 3), the report names that rank.
+    code, err, _ = harness(nan, "--set", f"debug.inject_nonfinite={{step: 3, where: forward, module: "
+                           f"'layers\\.0\\.mlp$', rank: {nproc - 1}}}", env=env, nproc=nproc)
+    report_file = nan / "nonfinite.json"
+    named = json.loads(report_file.read_text()) if report_file.exists() else {}
+    report.line("NaN on one rank stops the run", code == 3 and named.get("step") == 3
+                and named.get("rank", 0) == nproc - 1 and named.get("first_module") == "model.layers.0.mlp",
+                f"exit {code}, report: rank {named.get('rank')}, step {named.get('step')}, "
+                f"module {named.get('first_module')}")
+
+    if nproc > 1:  # FSDP2 over the ranks: the first stage's losses as DDP's (another summation order)
+        code, err, seconds = harness(fsdp, *no_cache, "--set", "train.parallel=fsdp", env=env, nproc=nproc)
+        report.line("train.parallel: fsdp", code == 0, f"exit {code}, {seconds:.0f} s" + _tail(code, err))
+        if code == 0:
+            a, b = train_losses(full, range(1, 41)), train_losses(fsdp, range(1, 41))
+            worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a) if a.keys() == b.keys() else float("inf")
+            report.line("fsdp's first-stage losses within 1e-3 of ddp's", worst <= 1e-3, f"max relative {worst:.2e}")
+
+
+def _tail(failed, err: str) -> str:
+    return ("\n" + "\n".join("    " + line for line in err.strip().splitlines()[-8:])) if failed else ""
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--smoke", action="store_true", help="(internal) the torchrun smoke test")
+    parser.add_argument("--cpu", action="store_true", help="run the same commands on the CPU (2 gloo ranks)")
+    parser.add_argument("--keep", type=Path, help="work in this directory and keep it (default: a temporary one)")
     args = parser.parse_args()
-    if args.smoke:
-        smoke(2, args.seq)
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    if args.cpu:
+        env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+        nproc, where = 2, "the CPU (gloo; --cpu: a check of this script, not of CUDA)"
+    elif not torch.cuda.is_available():
+        print("gpu_check: no CUDA device visible — skipped, nothing was checked (the CPU tests cover the rest; "
+              "--cpu runs these commands on the CPU)")
         return 0
-    if not torch.cuda.is_available():
-        print("no GPU visible: nothing to check (the CPU tests cover correctness; see docs/distributed.md)")
-        return 1
-    print(f"torch {torch.__version__}, {torch.cuda.device_count()} GPU(s); batch {args.batch} × {args.seq} tokens")
-    for i in range(torch.cuda.device_count()):
-        name = torch.cuda.get_device_name(i)
-        for lora in (False, True):
-            r = measure(torch.device("cuda", i), lora, args.batch, args.seq, args.steps)
-            mfu = f"{100 * r['mfu']:.1f} %" if r["mfu"] is not None else "n/a (unknown peak)"
-            print(f"cuda:{i} {name}: {'lora' if lora else 'full'}: {r['tokens_s']:,.0f} tokens/s, MFU {mfu}, "
-                  f"peak memory {r['peak_mem_gib']:.1f} GiB, loss {r['loss']:.3f}", flush=True)
-    if torch.cuda.device_count() > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={torch.cuda.device_count()}", __file__, "--smoke", "--seq", str(args.seq)]
-        return subprocess.run(cmd).returncode
-    print("one GPU visible: DDP/FSDP smoke test skipped")
-    return 0
+    else:
+        gpus = torch.cuda.device_count()
+        nproc = 2 if gpus >= 2 else 1
+        names = sorted({torch.cuda.get_device_name(i) for i in range(gpus)})
+        where = (f"{gpus} GPU(s) ({', '.join(names)}), torch {torch.__version__}; "
+                 + ("2 ranks (NCCL, one GPU each)" if nproc == 2 else
+                    "one process on cuda:0 — one GPU: the collectives (NCCL) are NOT checked, only the guard, the "
+                    "stage cache, resume points and the CUDA generators"))
+    print(f"gpu_check on {where}", flush=True)
+    report, started = Report(), time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        env["HARNESS_CACHE"] = str(work / "cache")  # a fresh cache: the replay reads what the first run stored
+        run_checks(work, env, nproc, report)
+    print(f"gpu_check: {report.failed} failed, {time.monotonic() - started:.0f} s in all", flush=True)
+    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":

@@ -70,6 +70,16 @@ def auto_compiles(monkeypatch):
     monkeypatch.setattr(compiling, "can_compile", lambda device_type: True)
 
 
+def invoke(*args: str):
+    """``harness ARGS`` in this process (typer's runner: ``exit_code``, ``stdout``, ``stderr``): for commands that
+    stop before any work (validation, refusals), without a subprocess's start-up."""
+    from typer.testing import CliRunner
+
+    from harness.cli.app import app
+
+    return CliRunner().invoke(app, list(args))
+
+
 def write_yaml(path: Path, data: dict) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -79,6 +89,29 @@ def run_cli(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int 
     """``python -m harness ARGS`` in a subprocess (the real exit code and output)."""
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+# The data-parallel tests (tests/test_distributed.py, tests/test_fsdp.py) compare ranks with one process on the micro
+# experiment: single-threaded (torchrun gives each rank one thread; the comparison is about the data-parallel
+# arithmetic, not thread-count-dependent summation order), a training-metrics row every step, wandb off.
+PARALLEL_ENV = {"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+# Padded batches: the one-process vs two-rank bounds were measured on them; on packed batches (another float order,
+# amplified chaotically from stage 2 on: up to 1.3e-4) the first stage agrees to 2e-7 —
+# tests/test_packing.py::test_two_ranks_train_packed_batches_like_one_process.
+PARALLEL_SETTINGS = ["--set", "train.log_every=1", "--set", "tracking.wandb.mode=disabled", "--set", "train.packing=false"]
+# Resume points at every evaluation (eval.every is 20), all kept: the weights behind each evaluation's predictions.
+EVERY_EVAL_WEIGHTS = ["--set", "train.checkpoint_every=20", "--set", "train.keep_checkpoints=10"]
+
+
+@pytest.fixture(scope="session")
+def micro_one_process(tmp_path_factory) -> Path:
+    """One process on the micro experiment as the data-parallel tests compare it (above), with the weights of
+    every evaluation kept and without the stage cache (it must train); shared by both test files, run once."""
+    out = tmp_path_factory.mktemp("one_process") / "one"
+    result = run_cli("run", str(MICRO), "--out", str(out), *PARALLEL_SETTINGS, *EVERY_EVAL_WEIGHTS,
+                     "--set", "train.stage_cache=false", env=PARALLEL_ENV)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -327,14 +327,14 @@ def _inherited(stages: list[ResolvedStage], index: int) -> Optional[TrainableSpe
 
 def _restore(model, start: Start, stages: list[ResolvedStage], run: _Run):
     """The model of a resumed run as its resume point saved it: the structure (adapter or not) of the stage it was
-    in, then its weights and the torch RNG state. A new run's base model is returned as it is."""
+    in, then its weights and the random states. A new run's base model is returned as it is."""
     if start.weights is None:
         return model
     index = start.weights.stage_index
     model = prepare_stage_model(model, stages[index].train.trainable, run.added, _inherited(stages, index),
                                 run.undertrained_ids)
     load_model(model, str(start.weights.file))
-    torch.set_rng_state(start.weights.torch_rng)
+    start.weights.restore_rng()  # torch's CPU generator; from a resume point also this rank's others
     return model
 
 

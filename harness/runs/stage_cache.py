@@ -2,7 +2,8 @@
 first stages are the same starts after them instead of training them again.
 
 An entry holds everything the rest of a run reads from a stage: the model as the stage left it (``model.safetensors``,
-adapter included, in the stage's structure), the RNG states at its end (``rng.pt``: torch (+ CUDA);
+adapter included, in the stage's structure), the RNG states at its end (``rng.pt``: torch (+ CUDA: with several
+data-parallel ranks, each rank's own device generator);
 ``rng.json``: numpy's and Python's global generators), the store rows it wrote (``rows.parquet``), its
 ``samples.jsonl`` lines, the global step it ended at and, when the stage wrote one, its Hugging Face checkpoint
 (``checkpoint/``: later ``init: <stage>`` stages and ``train.checkpoint`` read it). ``meta.json`` lists every file
@@ -47,6 +48,7 @@ from safetensors.torch import save_model
 import harness
 from harness.training import compiling
 from harness.training import parallel as distributed
+from harness.training import rng
 from harness.training.checkpoint import SavedWeights, Start
 from harness.training.compiling import compile_decision
 from harness.config import Experiment, ResolvedStage, computing_debug
@@ -203,10 +205,14 @@ def _publish(tmp: Path, target: Path, has_checkpoint: bool) -> bool:
     return True
 
 
-def _rng_states() -> tuple[dict[str, Any], dict[str, Any]]:
-    """(torch states for ``rng.pt``, numpy's and Python's global states as JSON)."""
+def _rng_states(device_states: Optional[list] = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(torch states for ``rng.pt``, numpy's and Python's global states as JSON). ``device_states``: with several
+    data-parallel ranks, each rank's own CUDA generator state in rank order (``cuda_ranks``: rank r restores the
+    r-th; rank 0's ``get_rng_state_all`` is only its own view of the other devices)."""
     tensors = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
+    if device_states and device_states[0] is not None:
+        tensors["cuda_ranks"] = torch.stack(device_states)
+    elif torch.cuda.is_available():
         tensors["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
     name, keys, pos, has_gauss, gauss = np.random.get_state()
     version, state, gauss_next = random.getstate()
@@ -223,7 +229,10 @@ def _set_global_rng(entry: Path) -> torch.Tensor:
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
     version, state, gauss_next = states["python"]
     random.setstate((version, tuple(state), gauss_next))
-    if "cuda" in tensors and torch.cuda.is_available():
+    parallel = distributed.current()
+    if "cuda_ranks" in tensors and parallel is not None:  # this rank's own device generator, as it left the stage
+        rng.set_device_state(tensors["cuda_ranks"][parallel.rank].clone())
+    elif "cuda" in tensors and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(list(tensors["cuda"]))
     return tensors["torch"]
 
@@ -335,13 +344,14 @@ class StageCache:
                               "back to eager in this run; the key says compiled)")
             return
         began, stage = self.began.pop(index), self.stages[index]
-        if not self._rank_zero_stores(stage.name):
+        stores, device_states = self._rank_zero_stores(stage.name)
+        if not stores:
             return
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{self.keys[index]}.", dir=self.root))
         try:
             parts = _write_entry(tmp, model, tracker.existing_rows()[began.rows:], samples_path, began.samples,
-                                 self.run_dir / "checkpoints" / stage.name, step)
+                                 self.run_dir / "checkpoints" / stage.name, step, device_states)
             files = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _file_sha256(p)}
                      for p in sorted(tmp.rglob("*")) if p.is_file()}
             meta = {"key": self.keys[index], "stage": stage.name, "index": index, "end_step": step,
@@ -353,18 +363,19 @@ class StageCache:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
-    def _rank_zero_stores(self, stage: str) -> bool:
-        """Whether this process writes the entry: in a data-parallel run only rank 0 (the run the summary and
-        ``cached_from`` name), and only when every rank's torch RNG state is the same — an entry holds one, which a
-        replay gives every rank (they differ when dropout draws for unequal slices of a batch)."""
+    def _rank_zero_stores(self, stage: str) -> tuple[bool, Optional[list]]:
+        """Whether this process writes the entry, and every rank's own CUDA generator state (None in one process):
+        in a data-parallel run only rank 0 writes (the run the summary and ``cached_from`` name), and only when
+        every rank's torch CPU RNG state is the same — an entry holds one, which a replay gives every rank (they
+        differ when dropout draws for unequal slices of a batch). The device states are per rank in the entry."""
         parallel = distributed.current()
         if parallel is None:
-            return True
-        states = parallel.all_gather(torch.get_rng_state())  # every rank decides alike
-        same = all(torch.equal(states[0], other) for other in states[1:])
+            return True, None
+        states = parallel.all_gather((torch.get_rng_state(), rng.device_state()))  # every rank decides alike
+        same = all(torch.equal(states[0][0], other) for other, _ in states[1:])
         if not same and parallel.rank == 0:
             self.console.info(f"stage {stage}: not stored in the stage cache (the ranks' RNG states differ)")
-        return same and parallel.rank == 0
+        return same and parallel.rank == 0, [device for _, device in states]
 
     def annotate(self, summary_stages: list[dict[str, Any]]) -> None:
         """Mark the summary's cached stages with the run that computed them."""
@@ -373,10 +384,10 @@ class StageCache:
 
 
 def _write_entry(tmp: Path, model, rows: list[Row], samples_path: Path, samples_from: int, checkpoint: Path,
-                 step: int) -> list[str]:
+                 step: int, device_states: Optional[list] = None) -> list[str]:
     """Write a stage's outcome into ``tmp``; returns the optional parts written (``checkpoint``)."""
     save_model(model, str(tmp / "model.safetensors"))
-    tensors, states = _rng_states()
+    tensors, states = _rng_states(device_states)
     torch.save(tensors, tmp / "rng.pt")
     (tmp / "rng.json").write_text(json.dumps(states))
     frame = pl.DataFrame({c: [getattr(r, c) for r in rows] for c in _ROW_SCHEMA}, schema=_ROW_SCHEMA)

@@ -8,8 +8,9 @@ renamed into place, so a checkpoint directory is either absent or complete, neve
   :func:`save_stage_checkpoint`: the same for a stage's end, with the merged model and, for a peft model, the
   adapter under ``adapter/``.
 - :func:`save_resume_point` (every ``train.checkpoint_every`` steps, under ``checkpoints/resume/step-N``): model
-  weights, optimiser and scheduler state, torch RNG state, the data position and the loop's metrics window.
-  :func:`resume_start` reads the newest one back into a :class:`Start`.
+  weights, optimiser and scheduler state, every rank's random generators (torch CPU, its own CUDA device, numpy,
+  Python: :mod:`harness.training.rng`), the data position and the loop's metrics window. :func:`resume_start` reads
+  the newest one back into a :class:`Start`, whose :meth:`SavedWeights.restore_rng` sets this rank's generators.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from safetensors.torch import save_model
 from transformers import AutoModelForCausalLM
 
 from harness.training import parallel as distributed
+from harness.training import rng
 from harness.training.adapters import adapter_prefix, is_peft_model, merged_copy, trainable_report, vocab_parameters
 from harness.config import ResolvedStage
 from harness.training.loop import LoopState
@@ -129,11 +131,12 @@ def save_resume_point(run_dir: Path, model, stage_index: int, stage: str, step: 
     ``keep`` are kept.
 
     With several data-parallel ranks every rank calls this: the model, optimiser and scheduler are the same on all
-    of them, but each has its own torch RNG state and its own part of the metrics window (summed over ranks only
-    when logged), so those are gathered to rank 0, which alone writes (``ranks`` in ``optimizer.pt``, ``world`` in
-    ``state.json``)."""
+    of them, but each has its own random generators (its own CUDA device's among them) and its own part of the
+    metrics window (summed over ranks only when logged), so those are gathered to rank 0, which alone writes
+    (``ranks`` in ``optimizer.pt``, ``world`` in ``state.json``)."""
     parallel = distributed.current()
-    own = {"torch_rng": torch.get_rng_state(), "window": loop_state.window, "steer": loop_state.steer}
+    states = rng.capture()
+    own = {"torch_rng": states["torch"], "rng": states, "window": loop_state.window, "steer": loop_state.steer}
     ranks = parallel.gather(own) if parallel is not None else None
     if parallel is not None and parallel.rank != 0:
         return
@@ -141,7 +144,8 @@ def save_resume_point(run_dir: Path, model, stage_index: int, stage: str, step: 
     with atomic_directory(root / f"step-{step:08d}") as tmp:
         save_model(model, str(tmp / "model.safetensors"))
         torch.save({"optimizer": loop_state.optimizer, "scheduler": loop_state.scheduler,
-                    "torch_rng": own["torch_rng"], **({"ranks": ranks} if ranks else {})}, tmp / "optimizer.pt")
+                    "torch_rng": own["torch_rng"], "rng": states, **({"ranks": ranks} if ranks else {})},
+                   tmp / "optimizer.pt")
         state = {"stage_index": stage_index, "stage": stage, "step": step, "batch_index": loop_state.batch_index,
                  "consecutive_skips": loop_state.consecutive_skips, "window": loop_state.window,
                  "mixture": loop_state.mixture, "steer": loop_state.steer,
@@ -184,11 +188,21 @@ def _check_world(point: Path, world: int) -> None:
 @dataclass
 class SavedWeights:
     """A resume point's model: its weights file, the stage whose structure (adapter or not) they have, and the
-    torch RNG state saved with them."""
+    random states saved with them: torch's CPU state, and from a resume point this rank's other generators
+    (:func:`harness.training.rng.capture`; None from the stage cache, which sets those itself, and from resume
+    points written before they were saved)."""
 
     file: Path
     stage_index: int
     torch_rng: torch.Tensor
+    generators: Optional[dict] = None
+
+    def restore_rng(self) -> None:
+        """Set this process's generators as they were saved (call once the model is built: building an adapter
+        draws from torch's)."""
+        torch.set_rng_state(self.torch_rng)
+        if self.generators is not None:
+            rng.restore(self.generators)
 
 
 @dataclass
@@ -214,12 +228,12 @@ def resume_start(point: Optional[Path], stages: Sequence[ResolvedStage], stage_l
     bundle = torch.load(point / "optimizer.pt", weights_only=True)
     parallel = distributed.current()
     _check_world(point, parallel.world if parallel is not None else 1)
-    if "ranks" in bundle:  # a data-parallel run: this rank's own RNG state and window
-        state["window"] = bundle["ranks"][parallel.rank]["window"]
-        state["steer"] = bundle["ranks"][parallel.rank].get("steer")
-        bundle["torch_rng"] = bundle["ranks"][parallel.rank]["torch_rng"]
+    if "ranks" in bundle:  # a data-parallel run: this rank's own random states, window and steering sums
+        own = bundle["ranks"][parallel.rank]
+        state["window"], bundle["torch_rng"], bundle["rng"] = own["window"], own["torch_rng"], own.get("rng")
+        state["steer"] = own.get("steer")
     index, step = state["stage_index"], state["step"]
-    weights = SavedWeights(point / "model.safetensors", index, bundle["torch_rng"])
+    weights = SavedWeights(point / "model.safetensors", index, bundle["torch_rng"], bundle.get("rng"))
     keep = _rows_before({s.name: i for i, s in enumerate(stages)}, index, step)
     if state["batch_index"] >= stage_lengths[index]:  # the stage had finished: the next one begins
         return Start(index + 1, step, LoopState(), weights, keep, point.name)

@@ -100,6 +100,11 @@ def make_optimizer(model, spec: OptimSpec, total_steps: int):
     return optimizer, scheduler
 
 
+def _task_share_max(tasks: list[str]) -> float:
+    """The largest single task's share of a batch's examples."""
+    return max(map(tasks.count, set(tasks))) / len(tasks)
+
+
 @dataclass
 class Window:
     """Training metrics accumulated over one logging window (on-device sums, read once per window)."""
@@ -120,7 +125,10 @@ class Window:
         self.token_count = torch.zeros(self.n_tasks) if self.token_count is None else self.token_count
         self.grad_norm_sum = torch.zeros(()) if self.grad_norm_sum is None else self.grad_norm_sum
 
-    def add(self, losses: torch.Tensor, task_of_token: torch.Tensor, grad_norm: torch.Tensor, batch: Batch) -> None:
+    def add(self, losses: torch.Tensor, task_of_token: torch.Tensor, grad_norm: torch.Tensor, batch: Batch,
+            task_share_max: Optional[float] = None) -> None:
+        """One successful step. ``task_share_max``: the global batch's (:func:`_task_share_max`), when ``batch``
+        is one rank's slice of it; else it is ``batch``'s own."""
         if self.loss_sum.device != losses.device:  # sums live where the losses are: no per-step host copy
             self.loss_sum, self.token_count, self.grad_norm_sum = (
                 t.to(losses.device) for t in (self.loss_sum, self.token_count, self.grad_norm_sum))
@@ -130,7 +138,7 @@ class Window:
         self.steps += 1
         self.real_tokens += batch.n_real_tokens
         self.padded_tokens += batch.n_padded_tokens
-        self.task_share_max_sum += max(map(batch.tasks.count, set(batch.tasks))) / len(batch.tasks)
+        self.task_share_max_sum += task_share_max if task_share_max is not None else _task_share_max(batch.tasks)
 
     def rows(self, tasks: list[str], stage: str, step: int, lr: float) -> list[Row]:
         counts = self.token_count.tolist()
@@ -304,24 +312,29 @@ def _skip_or_stop(report: dict[str, Any], state: LoopState, loop: StageLoop, opt
     loop.log([Row(loop.stage, step, None, "train", "nonfinite_skip", 1.0)], step)
 
 
-def _source(batches, loop: StageLoop, state: LoopState, parallel) -> tuple[LoopState, Any, Optional[Steering]]:
-    """``(state, batches, steering)``: a static stage's batches (this rank's slices), or an adaptive stream with
-    the steering that feeds it (resumed where ``state`` left it; its start weights logged when it begins)."""
+def _source(batches, loop: StageLoop, state: LoopState, parallel
+            ) -> tuple[LoopState, Any, Optional[list[float]], Optional[Steering]]:
+    """``(state, batches, shares, steering)``: a static stage's batches (this rank's slices) with each global
+    batch's largest task share (the metric is about the batch the mixture sampler drew, not one rank's slice of it;
+    None in one process), or an adaptive stream with the steering that feeds it (resumed where ``state`` left it;
+    its start weights logged when it begins; it keeps the share of the global batch it drew last)."""
     if isinstance(batches, list):
-        return state, [parallel.shard(b) for b in batches] if parallel is not None else batches, None
+        if parallel is None:
+            return state, batches, None, None
+        return state, [parallel.shard(b) for b in batches], [_task_share_max(b.tasks) for b in batches], None
     if state.mixture is not None:
         batches.load(state.mixture)
     steering = Steering(batches, loop.tasks, loop.stage, parallel, state.steer)
     if state.batch_index == 0:
         loop.log(steering.weight_rows(loop.start_step), loop.start_step)
-    return state, batches, steering
+    return state, batches, None, steering
 
 
 def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState],
                  compiled: Union[bool, str]) -> int:
     train, task_index = loop.train, {t: i for i, t in enumerate(loop.tasks)}
     parallel = distributed.current(train.parallel)  # None in a single process
-    state, batches, steering = _source(batches, loop, resume or LoopState(), parallel)
+    state, batches, shares, steering = _source(batches, loop, resume or LoopState(), parallel)
     # What the optimiser trains: ``model`` itself, or under FSDP a sharded replica whose weights are synced back
     # into ``model`` before every evaluation and checkpoint (harness.training.parallel.fsdp).
     trained = parallel.trained_module(model, train.precision) if parallel is not None else model
@@ -372,7 +385,8 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState],
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            window.add(ce, task_of_token, grad_norm, batch)
+            share = shares[i] if shares is not None else steering.global_share if steering is not None else None
+            window.add(ce, task_of_token, grad_norm, batch, share)
             if steering is not None:
                 steering.add(ce, task_of_token)
 

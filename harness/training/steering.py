@@ -24,6 +24,7 @@ class Steering:
     def __init__(self, stream, loop_tasks: list[str], stage: str, parallel=None,
                  state: Optional[dict[str, Any]] = None):
         self.stream, self.stage, self.parallel = stream, stage, parallel
+        self.global_share: Optional[float] = None  # the last global batch's largest task share (next_batch)
         self.columns = [loop_tasks.index(t) for t in stream.tasks]  # the stream's tasks among the loop's
         n = len(loop_tasks)
         self.loss_sum = torch.tensor(state["loss_sum"] if state else [0.0] * n, dtype=torch.float64)
@@ -32,6 +33,8 @@ class Steering:
     def next_batch(self, device):
         """The step's batch: the stream's next global batch, this rank's slice of it, on ``device``."""
         batch = self.stream.next_batch()
+        # the largest task share of the global batch (train/batch_task_share_max), before this rank takes its slice
+        self.global_share = max(map(batch.tasks.count, set(batch.tasks))) / len(batch.tasks)
         if self.parallel is not None:
             batch = self.parallel.shard(batch)
         return batch.to(device)

@@ -17,7 +17,10 @@ A stage with ``train.parallel: fsdp`` trains a sharded replica through the same 
 (:mod:`harness.training.parallel.fsdp`).
 
 Collectives time out after ``HARNESS_DIST_TIMEOUT`` seconds (default 1800), so a rank that dies cannot leave
-the others waiting forever. The backend is nccl on GPUs, gloo on CPU.
+the others waiting forever. The backend is nccl on GPUs, gloo on CPU. NCCL takes only tensors on the rank's GPU, so
+every tensor the hooks hand a collective lives on :attr:`DataParallel.device`, the device of the model the stage
+trains (:meth:`DataParallel.trained_module` records it); the object collectives (``gather``, ``all_gather``,
+``report_of``) pickle through ``torch.cuda.current_device()``, which :func:`process_group` sets to the rank's GPU.
 """
 
 from __future__ import annotations
@@ -65,9 +68,14 @@ class DataParallel:
     def __init__(self):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self._wrapped: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+        # Where the hooks' own tensors live; :meth:`trained_module` sets it to the model's device at each stage.
+        self.device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
+            else torch.device("cpu")
 
     def trained_module(self, model: torch.nn.Module, precision: str) -> torch.nn.Module:
-        """The module whose parameters the stage's optimiser trains: ``model`` itself (FSDP: a sharded replica)."""
+        """The module whose parameters the stage's optimiser trains: ``model`` itself (FSDP: a sharded replica).
+        Records the model's device, where the hooks put what they hand a collective."""
+        self.device = next(model.parameters()).device
         return model
 
     def sync(self, model: torch.nn.Module) -> None:
@@ -118,12 +126,18 @@ class DataParallel:
         return (per_token * weights).sum() / total.clamp_min(1e-12).to(per_token.dtype) * self.world
 
     def sum_window(self, window) -> None:
-        """Sum a training-metrics window's per-task losses, token counts and token totals over ranks (in place);
-        the grad norm is the same on every rank after the all-reduce, so it stays."""
-        counts = torch.tensor([window.real_tokens, window.padded_tokens], dtype=torch.float64)
-        for t in (window.loss_sum, window.token_count, counts):
-            dist.all_reduce(t)
-        window.real_tokens, window.padded_tokens = int(counts[0]), int(counts[1])
+        """Sum a training-metrics window's per-task losses, token counts and token totals over ranks (in place),
+        as one float64 all-reduce on the model's device (a window without a successful step still has its sums
+        on the CPU, where they were made); the grad norm is the same on every rank after the all-reduce, so it
+        stays."""
+        n, dtype = window.loss_sum.numel(), window.loss_sum.dtype
+        packed = torch.cat([window.loss_sum.to(self.device, torch.float64),
+                            window.token_count.to(self.device, torch.float64),
+                            torch.tensor([window.real_tokens, window.padded_tokens], dtype=torch.float64,
+                                         device=self.device)])
+        dist.all_reduce(packed)
+        window.loss_sum, window.token_count = packed[:n].to(dtype), packed[n:2 * n].to(window.token_count.dtype)
+        window.real_tokens, window.padded_tokens = (int(v) for v in packed[2 * n:].tolist())
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         """Sum ``tensor`` over ranks in place (an adaptive mixture's per-task statistics; on the model's device)."""
@@ -133,7 +147,7 @@ class DataParallel:
         """The ranks where a non-finite step began: those whose loss was non-finite, else those whose gradient
         was (a NaN loss on one rank reaches every rank's gradient through the all-reduce). Every rank learns
         them; one host sync."""
-        flags = torch.zeros(self.world, dtype=torch.int32)
+        flags = torch.zeros(self.world, dtype=torch.int32, device=self.device)
         flags[self.rank] = 2 * int(loss_bad) + int(grad_bad)
         dist.all_reduce(flags)
         values = flags.tolist()

@@ -72,6 +72,7 @@ class FullyShardedDataParallel(DataParallel):
         if getattr(unwrap(model).config, "vision_config", None) is not None:
             # the image-text loss calls the model's parts directly (harness.data.images), outside a sharded root
             raise ParallelError("train.parallel: fsdp does not support image-text models yet; use ddp")
+        self.device = next(model.parameters()).device  # the hooks' collectives (DataParallel.device)
         replica = copy.deepcopy(model)
         rows = {name: masked_rows(p) for name, p in model.named_parameters() if masked_rows(p) is not None}
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
