@@ -31,7 +31,7 @@ from harness.config import (ConfigError, Experiment, ResolvedStage, TrainableSpe
                             safe_load)
 from harness.runs.console import Console
 from harness.data.encoding import position_limit
-from harness.runs.evallog import EvalLog
+from harness.runs.evallog import EvalLog, make_benchmarks
 from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_baselines, run_seesaw, seesaw_rows
 from harness.training.guard import Injector, NonFiniteError, write_report
 from harness.models.hf import count_parameters
@@ -128,7 +128,8 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     cache.replay(tracker, run_dir / "samples.jsonl", on_evaluation)  # after the baselines: the order of a whole run
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
                     console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep,
-                    run_id=run_id, image_eval=image_eval(exp, data, tokenizer), shard=distributed.current())
+                    run_id=run_id, image_eval=image_eval(exp, data, tokenizer), shard=distributed.current(),
+                    benchmarks=make_benchmarks(exp, data.world, tokenizer, run_dir, [len(p.batches) for p in plans]))
     run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals, _init_states(
         model, stages, start.stage_index, run_dir), baselines, undertrained, encoded.too_long_counts())
     model = _restore(model, start, stages, run)
@@ -428,7 +429,8 @@ def _evaluate_claimed(exp: Experiment, checkpoint: Path, run_dir: Path, console)
         console.info(note)
     tracker = Tracker(exp, run_dir, run_id, {**exp.resolved_dict(), "checkpoint": str(checkpoint)})
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
-                    console.evaluation_hook(encoded.eval_items), run_id=run_id)
+                    console.evaluation_hook(encoded.eval_items), run_id=run_id,
+                    benchmarks=make_benchmarks(exp, data.world, tokenizer, run_dir, [step]))
     try:
         baselines = _log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stage)
         evals.run(model, stage, step)

@@ -48,6 +48,7 @@ from harness.training.compiling import compile_decision
 from harness.config import Experiment, ResolvedStage, computing_debug
 from harness.evaluation import EVAL_METRICS
 from harness.runs.pretrain import cache_root, content_hash
+from harness.core.metrics import is_benchmark_task
 from harness.core.store import Row
 
 # Bump when an entry's layout or what a key covers changes (2: samples carry per-item outcomes for the paired seesaw;
@@ -381,7 +382,7 @@ def _append_samples(source: Path, target: Path, cached_from: str, run_id: str) -
 
 
 def _is_eval(row: Row) -> bool:
-    return row.task is not None and row.metric in EVAL_METRICS
+    return row.task is not None and (row.metric in EVAL_METRICS or is_benchmark_task(row.task))
 
 
 def _runs_of(rows: list[Row], key: Callable[[Row], Any]) -> list[tuple[Any, list[Row]]]:

@@ -1,0 +1,193 @@
+"""eval.benchmarks: lm-evaluation-harness tasks on the live model, as rows with intervals and per-document outcomes.
+
+One tiny run (shared by the tests here) evaluates the shipped offline ``world_mc`` and a user-style YAML task over a
+jsonl this file writes; its logged values must equal lm-eval's own ``simple_evaluate`` on the same weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from harness.config import ConfigError, validate_data
+
+from .conftest import TINY, run_cli, write_yaml
+
+lm_eval = pytest.importorskip("lm_eval")
+
+USER_TASK = """\
+task: my_facts
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+
+
+def _user_task(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = [{"question": f"Is {a} plus {b} equal to", "choices": [str(a + b), str(a + b + 1), str(a * b + 3)],
+             "answer": 0} for a in range(4) for b in range(3)]
+    data = directory / "facts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (directory / "my_facts.yaml").write_text(USER_TASK.format(data=data))
+    return directory
+
+
+def _experiment(tmp: Path, benchmarks: list[dict] | None) -> dict:
+    exp = json.loads(json.dumps(TINY))
+    if benchmarks is not None:
+        exp["eval"]["benchmarks"] = benchmarks
+    return exp
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("bench")
+    tasks = _user_task(tmp / "tasks")
+    exp = _experiment(tmp, [{"task": "world_mc", "limit": 16}, {"task": "my_facts", "include_path": str(tasks)}])
+    out = tmp / "run"
+    result = run_cli("run", str(write_yaml(tmp / "exp.yaml", exp)), "--out", str(out))
+    assert result.returncode == 0, result.stderr[-4000:]
+    return out
+
+
+def _bench_rows(run: Path) -> pl.DataFrame:
+    return pl.read_parquet(run / "metrics.parquet").filter(pl.col("split") == "bench")
+
+
+def test_shipped_benchmark_logged_at_the_start_and_every_stage_end_with_intervals(bench_run):
+    rows = _bench_rows(bench_run).filter(pl.col("task") == "bench:world_mc")
+    # stages a (steps 0-4) and b (4-8, init previous: its first rows repeat a's last): start, a's end, b's end
+    assert rows.select("stage", "step").rows() == [("a", 0), ("a", 4), ("b", 4), ("b", 8)]
+    assert set(rows["metric"]) == {"acc"}
+    for r in rows.iter_rows(named=True):
+        assert r["n"] == 16 and r["ci_low"] <= r["value"] <= r["ci_high"] and r["ci_high"] - r["ci_low"] > 0.2
+    summary = json.loads((bench_run / "summary.json").read_text())
+    last = summary["stages"][-1]
+    assert last["metrics"]["bench"]["bench:world_mc"]["acc"] == rows["value"][-1]
+    assert last["intervals"]["bench"]["bench:world_mc"]["acc"]["n"] == 16
+
+
+def test_logged_user_task_equals_lm_evals_own_simple_evaluate(bench_run):
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    checkpoint = bench_run / "checkpoints" / "b"  # the last stage's end: the weights of the last evaluation
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=TINY.get("eval", {}).get("batch_size", 64),
+              max_length=model.config.max_position_embeddings)
+    reference = simple_evaluate(model=lm, tasks=["my_facts"], log_samples=True,
+                                task_manager=TaskManager(include_path=str(bench_run.parent / "tasks")))
+    expected = reference["results"]["my_facts"]["acc,none"]
+    logged = _bench_rows(bench_run).filter((pl.col("task") == "bench:my_facts") & (pl.col("step") == 8)
+                                           & (pl.col("stage") == "b"))
+    assert logged["value"].to_list() == [expected]
+    assert logged["n"].to_list() == [12]
+    # per-document outcomes in samples.jsonl: lm-eval's own, document by document (the paired seesaw's data)
+    samples = [json.loads(line) for line in (bench_run / "samples.jsonl").read_text().splitlines()]
+    ours = {s["index"]: s["outcomes"]["acc"] for s in samples
+            if s["task"] == "bench:my_facts" and s["step"] == 8 and s["stage"] == "b"}
+    theirs = {d["doc_id"]: int(d["acc"]) for d in reference["samples"]["my_facts"]}
+    assert ours == theirs
+
+
+def test_a_benchmark_changes_only_evaluation_rows(bench_run, tmp_path):
+    """lm-eval seeds python, numpy and torch: the run restores them, so training and our own evaluations are the
+    same with and without benchmarks (only the bench rows are added)."""
+    out = tmp_path / "plain"
+    result = run_cli("run", str(write_yaml(tmp_path / "exp.yaml", _experiment(tmp_path, None))), "--out", str(out))
+    assert result.returncode == 0, result.stderr[-4000:]
+    keep = ["stage", "step", "task", "split", "metric", "value"]
+    numeric = (pl.col("split") != "bench") & ~pl.col("metric").is_in(["train/tokens_per_s", "train/step_s"]) \
+        & ~pl.col("metric").str.contains("seconds|_s$|time")
+    with_bench = pl.read_parquet(bench_run / "metrics.parquet").filter(numeric).select(keep)
+    without = pl.read_parquet(out / "metrics.parquet").filter(numeric).select(keep)
+    assert with_bench.filter(pl.col("metric") == "loss").height > 0
+    assert with_bench.sort(keep[:5]).equals(without.sort(keep[:5]))
+
+
+def test_config_errors_name_the_field(tmp_path, monkeypatch):
+    exp = _experiment(tmp_path, [{"task": "world_mc", "every": 6}, {"task": "x", "include_path": str(tmp_path / "no")},
+                                 {"task": "world_mc"}])
+    with pytest.raises(ConfigError) as e:
+        validate_data(exp)
+    assert sorted(p for p, _ in e.value.errors) == ["eval.benchmarks[0].every", "eval.benchmarks[1].include_path",
+                                                    "eval.benchmarks[2].task"]
+    import harness.config.load as load
+
+    monkeypatch.setattr(load, "lm_eval_installed", lambda: False)
+    with pytest.raises(ConfigError) as e:
+        validate_data(_experiment(tmp_path, [{"task": "world_mc"}]))
+    assert e.value.errors == [("eval.benchmarks", "needs lm-evaluation-harness (lm-eval 0.4.x), which is not "
+                                                  "installed: pip install -e '.[benchmarks]'")]
+
+
+def test_missing_lm_eval_exits_2_with_one_line(tmp_path):
+    """Hide lm_eval from the child process: a one-line error naming eval.benchmarks, exit 2, before any training."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import importlib.util, sys\n_find = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda name, *a, **k: None if name == 'lm_eval' else _find(name, *a, **k)\n")
+    import os
+
+    exp = write_yaml(tmp_path / "exp.yaml", _experiment(tmp_path, [{"task": "world_mc"}]))
+    result = run_cli("validate", str(exp), env={"PYTHONPATH": f"{hide}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if "eval.benchmarks" in line]
+    assert len(lines) == 1 and "pip install -e '.[benchmarks]'" in lines[0]
+
+
+def test_unknown_task_names_its_field(tmp_path):
+    from harness.config import validate_data as validate
+    from harness.runs.evallog import make_benchmarks
+
+    from data_recipes import build_world
+
+    exp = validate(_experiment(tmp_path, [{"task": "world_mc"}, {"task": "my_fact", "include_path":
+                                                                  str(_user_task(tmp_path / "tasks"))}]))
+    with pytest.raises(ConfigError) as e:
+        make_benchmarks(exp, build_world(10, 0), None, tmp_path / "run", [4, 4])
+    assert e.value.errors == [("eval.benchmarks[1].task", "unknown lm-eval task 'my_fact' (did you mean 'my_facts'?)")]
+
+
+def test_benchmarks_stay_out_of_dumps_unless_set(tmp_path):
+    """Existing experiments dump (and so key the stage cache) exactly as before the field existed."""
+    plain = validate_data(_experiment(tmp_path, None))
+    assert "benchmarks" not in plain.resolved_dict()["eval"]
+    assert validate_data(_experiment(tmp_path, [{"task": "world_mc"}])).resolved_dict()["eval"]["benchmarks"] == [
+        {"task": "world_mc", "include_path": None, "limit": None, "num_fewshot": None, "every": "stage_end"}]
+
+
+def test_world_rows_are_seeded_four_option_questions():
+    from data_recipes import build_world
+    from data_recipes.world_bench import world_gen_rows, world_mc_rows
+
+    world = build_world(30, 1)
+    rows = world_mc_rows(world, 40)
+    assert rows == world_mc_rows(world, 40) and len(rows) == 40
+    for r in rows:
+        person = world.person(r["person"])
+        truth = getattr(person, r["attribute"])
+        assert len(set(r["choices"])) == 4 and r["choices"][r["answer"]].endswith(truth)
+        assert person.name in r["context"]
+    assert {r["answer"] for r in rows} == {0, 1, 2, 3}  # the true answer's position varies
+    gen = world_gen_rows(world, 10)
+    assert all(r["answer"] == str(world.person(r["person"]).birth_year) for r in gen)
