@@ -53,3 +53,77 @@ def test_rows_per_step_and_split_and_one_class_pools_left_out(tmp_path):
     assert positive_share([{"token": "maybe", "prob": 0.9}], "Yes", "No") == 0.5
     assert positive_share([{"token": "Yes", "prob": 0.2}, {"token": "No", "prob": 0.6}], "Yes", "No") == \
         pytest.approx(0.25)
+
+
+# ---- harness.core.stats.auc_test: the statistic behind choice_auc (run) and binary_choice_auc (analysis) ----------
+
+
+def test_auc_test_on_a_null_keeps_its_false_alarm_rate_and_coverage():
+    """P(Yes) independent of truth at the quickstart's pool (200 items, half true): the one-sided p < 0.05 fires in
+    about 5 % of pools, and the DeLong 95 % interval covers 0.5 in about 95 %."""
+    import numpy as np
+
+    from harness.core.stats import auc_test, wilson_interval
+
+    rng = np.random.default_rng(0)
+    trials, alarms, covered = 1000, 0, 0
+    for _ in range(trials):
+        shares = rng.beta(2, 5, size=200)  # leaning to "No", as the quickstart's yes/no does
+        result = auc_test(shares[:100], shares[100:])
+        alarms += result.p_value < 0.05
+        covered += result.low <= 0.5 <= result.high
+    alarm = wilson_interval(alarms, trials)
+    assert alarm.low <= 0.05 <= alarm.high or alarm.high < 0.05, alarm
+    coverage = wilson_interval(covered, trials)
+    assert coverage.low <= 0.95 <= coverage.high, coverage
+
+
+def test_auc_test_finds_a_planted_ranking_that_greedy_misses():
+    """True statements' P(Yes) share a little above the false ones' (the quickstart's AUC ~0.65), all below 0.5:
+    found in nearly every 200-item pool."""
+    import numpy as np
+
+    from harness.core.stats import auc_test
+
+    rng = np.random.default_rng(1)
+    found = 0
+    for _ in range(200):
+        true = np.clip(rng.normal(0.30, 0.08, 100), 0.0, 0.49)  # every share below 0.5: greedy says "No" always
+        false = np.clip(rng.normal(0.25, 0.08, 100), 0.0, 0.49)
+        result = auc_test(true, false)
+        found += result.p_value < 0.05 and result.low > 0.5
+    assert found / 200 > 0.9, found
+
+
+def test_auc_test_edges():
+    from harness.core.stats import auc_test
+
+    assert auc_test([0.9, 0.8], [0.1, 0.2])[:3] == (1.0, 1.0, 1.0)
+    assert auc_test([0.5, 0.5], [0.5, 0.5]).auc == 0.5
+    empty = auc_test([], [0.1])
+    assert empty.n == 1 and empty.auc != empty.auc  # NaN
+
+
+def test_first_token_probe_logs_choice_metrics_on_two_answer_tasks():
+    """The probe's choice rows from per-item P(Yes) shares: AUC with its interval, the p-value, the answered-Yes
+    share and the two-choice accuracy; none for a task without two answer classes."""
+    from types import SimpleNamespace
+
+    from harness.evaluation.components import FirstToken, ItemRecord
+
+    def record(gold_yes: bool, p: float) -> ItemRecord:
+        item = SimpleNamespace(gold_ids=[11 if gold_yes else 12], task="yesno", split="heldout")
+        return ItemRecord(item, gold_first_rank=1, top1_id=11, choice_ids=(11, 12), choice_p=p)
+
+    records = [record(True, 0.4), record(True, 0.45), record(True, 0.3), record(False, 0.2), record(False, 0.35),
+               record(False, 0.6)]
+    ctx = SimpleNamespace(hijack_ids=frozenset())
+    probe = FirstToken()
+    metrics = probe.metrics(records, None, ctx)
+    assert metrics["choice_auc"] == pytest.approx(5 / 9)  # 5 of the 9 true-false pairs ranked right
+    assert metrics["choice_yes"] == pytest.approx(1 / 6) and metrics["choice_acc"] == pytest.approx(2 / 6)
+    n, low, high = probe.intervals(records, None, ctx)["choice_auc"]
+    assert n == 6 and 0 <= low < 5 / 9 < high <= 1 and 0 < metrics["choice_auc_p"] < 1
+    for r in records:
+        r.choice_p = r.choice_ids = None
+    assert "choice_auc" not in probe.metrics(records, None, ctx) and probe.intervals(records, None, ctx) == {}
