@@ -191,3 +191,29 @@ def test_world_rows_are_seeded_four_option_questions():
     assert {r["answer"] for r in rows} == {0, 1, 2, 3}  # the true answer's position varies
     gen = world_gen_rows(world, 10)
     assert all(r["answer"] == str(world.person(r["person"]).birth_year) for r in gen)
+
+
+def _outcomes(step: int, stage: str, task: str, split: str, metric: str, ones: int, n: int = 40) -> dict:
+    return {"step": step, "stage": stage, "task": task, "split": split, "metric": metric,
+            "outcomes": {i: int(i < ones) for i in range(n)}}
+
+
+def test_paired_seesaw_pairs_a_falling_benchmark_with_a_rising_task():
+    """Benchmarks run at stage edges only (steps 0 and 8), the tasks also at step 4: a task that rises over 0 → 8
+    while the benchmark falls is an event of the benchmark family; no change, no event."""
+    from harness.evaluation.evidence import BENCH_FAMILY, run_seesaw
+
+    def run(bench_after: int) -> list[dict]:
+        rows = [_outcomes(0, "a", "yesno", "heldout", "greedy", 4), _outcomes(4, "a", "yesno", "heldout", "greedy", 20),
+                _outcomes(8, "a", "yesno", "heldout", "greedy", 36), _outcomes(0, "a", "math", "heldout", "greedy", 10),
+                _outcomes(4, "a", "math", "heldout", "greedy", 10), _outcomes(8, "a", "math", "heldout", "greedy", 10),
+                _outcomes(0, "a", "bench:world_mc", "bench", "acc", 30),
+                _outcomes(8, "a", "bench:world_mc", "bench", "acc", bench_after)]
+        events, n_tests = run_seesaw(rows, [], test="paired", delta=0.15, alpha=0.05, seed=0)
+        assert n_tests == 4 + 3  # yesno and math at 0→4, 4→8; the family at 0→8: yesno, math, world_mc
+        return events
+
+    [event] = run(bench_after=5)
+    assert (event["metric"], event["rose"], event["fell"]) == (BENCH_FAMILY, "yesno/heldout", "bench:world_mc/acc")
+    assert event["step_from"] == 0 and event["step_to"] == 8 and event["p_value"] < 0.05
+    assert run(bench_after=30) == []
