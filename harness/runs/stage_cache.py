@@ -52,8 +52,9 @@ from harness.core.metrics import is_benchmark_task
 from harness.core.store import Row
 
 # Bump when an entry's layout or what a key covers changes (2: samples carry per-item outcomes for the paired seesaw;
-# 3: rows keep their n and Wilson interval, which entries of 2 dropped)
-STAGE_CACHE_VERSION = "3"
+# 3: rows keep their n and Wilson interval, which entries of 2 dropped; 4: evaluations add the choice rows of
+# two-answer tasks, which entries of 3 lack)
+STAGE_CACHE_VERSION = "4"
 META = "meta.json"
 CHECKPOINT = "checkpoint"
 # Train fields that decide what a run keeps on disk, not what a stage computes.
