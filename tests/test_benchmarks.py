@@ -217,3 +217,11 @@ def test_paired_seesaw_pairs_a_falling_benchmark_with_a_rising_task():
     assert (event["metric"], event["rose"], event["fell"]) == (BENCH_FAMILY, "yesno/heldout", "bench:world_mc/acc")
     assert event["step_from"] == 0 and event["step_to"] == 8 and event["p_value"] < 0.05
     assert run(bench_after=30) == []
+
+
+def test_run_report_shows_the_benchmark_and_yes_no_ranking_curves(bench_run, tmp_path):
+    from analysis.report import run_report
+
+    page = run_report(bench_run, tmp_path / "report").read_text()
+    assert "bench_acc.png" in page and "curves_choice_auc.png" in page and "curves_choice_yes.png" in page
+    assert (tmp_path / "report" / "bench_acc.png").stat().st_size > 0

@@ -127,3 +127,21 @@ def test_first_token_probe_logs_choice_metrics_on_two_answer_tasks():
     for r in records:
         r.choice_p = r.choice_ids = None
     assert "choice_auc" not in probe.metrics(records, None, ctx) and probe.intervals(records, None, ctx) == {}
+
+
+def test_group_counts_the_seeds_whose_auc_is_significantly_above_half(tmp_path):
+    from analysis.group import choice_scores
+
+    finals = {0: (0.66, 0.58, 0.74, 1e-4), 1: (0.55, 0.47, 0.63, 0.1), 2: (0.71, 0.64, 0.78, 1e-6)}
+    (tmp_path / "group.json").write_text(json.dumps({"replicates": {str(s): f"seed-{s}" for s in finals}}))
+    for seed, (auc, low, high, p) in finals.items():
+        run = tmp_path / f"seed-{seed}"
+        run.mkdir()
+        stage = {"metrics": {"heldout_template": {"yesno": {"choice_auc": auc, "choice_auc_p": p, "choice_yes": 0.2},
+                                                  "math": {"greedy": 0.9}}},
+                 "intervals": {"heldout_template": {"yesno": {"choice_auc": {"n": 200, "ci_low": low,
+                                                                             "ci_high": high}}}}}
+        (run / "summary.json").write_text(json.dumps({"stages": [stage]}))
+    [row] = choice_scores(tmp_path).iter_rows(named=True)
+    assert (row["split"], row["task"], row["seeds"], row["above_half_in"]) == ("heldout_template", "yesno", 3, "2/3")
+    assert row["mean"] == pytest.approx((0.66 + 0.55 + 0.71) / 3) and row["t_low"] < row["mean"] < row["t_high"]
