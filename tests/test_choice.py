@@ -145,3 +145,31 @@ def test_group_counts_the_seeds_whose_auc_is_significantly_above_half(tmp_path):
     [row] = choice_scores(tmp_path).iter_rows(named=True)
     assert (row["split"], row["task"], row["seeds"], row["above_half_in"]) == ("heldout_template", "yesno", 3, "2/3")
     assert row["mean"] == pytest.approx((0.66 + 0.55 + 0.71) / 3) and row["t_low"] < row["mean"] < row["t_high"]
+
+
+def test_quickstart_criterion_judges_yes_no_by_its_ranking_and_math_by_its_baseline():
+    """The slow quickstart test's verdict on a summary: yes/no passes on its AUC whatever greedy says; math needs
+    its Wilson interval above the baseline, not 0.9."""
+    from .test_quickstart_slow import criterion_misses
+
+    def summary(auc_low: float, math_low: float) -> dict:
+        metrics = {"heldout": {"math": {"greedy": 0.85}, "repeat": {"greedy": 0.4}},
+                   "heldout_template": {"yesno": {"greedy": 0.5, "choice_auc": 0.65, "choice_auc_p": 1e-4},
+                                        "short_qa": {"greedy": 0.15}, "assistant_qa": {"greedy": 0.3}}}
+        ci = {"n": 200, "ci_high": 0.9}
+        intervals = {"heldout": {"math": {"greedy": {**ci, "ci_low": math_low}},
+                                 "repeat": {"greedy": {**ci, "ci_low": 0.33}}},
+                     "heldout_template": {"yesno": {"choice_auc": {**ci, "ci_low": auc_low}},
+                                          "short_qa": {"greedy": {**ci, "ci_low": 0.1}},
+                                          "assistant_qa": {"greedy": {**ci, "ci_low": 0.24}}}}
+        base = [{"metric": "greedy", "value": 0.05}]
+        baselines = {"heldout": {"math": [{"metric": "greedy", "value": 0.02}], "repeat": base},
+                     "heldout_template": {"yesno": [{"metric": "greedy", "value": 0.5}], "short_qa": base,
+                                         "assistant_qa": base}}
+        return {"stages": [{"metrics": metrics, "intervals": intervals}], "baselines": baselines}
+
+    assert criterion_misses(summary(auc_low=0.58, math_low=0.79)) == []  # math 0.85 < 0.9: still a pass
+    [miss] = criterion_misses(summary(auc_low=0.49, math_low=0.79), every_seed_only=True)
+    assert miss.startswith("yesno heldout_template: choice_auc 0.650 [0.490")
+    [miss] = criterion_misses(summary(auc_low=0.58, math_low=0.01))
+    assert miss.startswith("math heldout: greedy 0.850")
