@@ -225,3 +225,30 @@ def test_run_report_shows_the_benchmark_and_yes_no_ranking_curves(bench_run, tmp
     page = run_report(bench_run, tmp_path / "report").read_text()
     assert "bench_acc.png" in page and "curves_choice_auc.png" in page and "curves_choice_yes.png" in page
     assert (tmp_path / "report" / "bench_acc.png").stat().st_size > 0
+
+
+def test_running_benchmarks_leaves_random_states_and_module_modes_as_they_were(bench_run):
+    """simple_evaluate seeds python, numpy and torch (1234); mid-training that would change what follows (adapter
+    initialisation, sampling): Benchmarks.run restores all three, and every module's train/eval mode."""
+    import random
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from harness.config import validate_data as validate
+    from harness.evaluation.benchmarks import Benchmarks
+
+    checkpoint = bench_run / "checkpoints" / "b"
+    model = AutoModelForCausalLM.from_pretrained(checkpoint).train()
+    model.lm_head.eval()  # a module frozen in eval mode stays so
+    exp = validate(_experiment(bench_run, [{"task": "my_facts", "include_path": str(bench_run.parent / "tasks")}]))
+    bench = Benchmarks(exp.eval.benchmarks, [str(bench_run.parent / "tasks")], AutoTokenizer.from_pretrained(checkpoint))
+    torch.manual_seed(7), np.random.seed(7), random.seed(7)
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    torch.manual_seed(7), np.random.seed(7), random.seed(7)
+    result = bench.run(model)
+    assert [r[:3] for r in result.rows] == [("bench:my_facts", "bench", "acc")]
+    after = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(after[0], expected[0]) and np.array_equal(after[1], expected[1]) and after[2] == expected[2]
+    assert model.training and model.model.training and not model.lm_head.training

@@ -45,6 +45,7 @@ class EvalLog:
     history: list[Row] = field(default_factory=list)  # every evaluation row, in order
     outcomes: list[dict] = field(default_factory=list)  # per-item outcome rows (evidence.outcome_rows), in order
     seconds: float = 0.0
+    bench_seconds: float = 0.0  # the part of ``seconds`` spent in benchmarks
 
     def __post_init__(self):
         self.hijack_ids = hijack_token_ids(self.tokenizer, self.exp.eval.hijack_words)
@@ -83,7 +84,9 @@ class EvalLog:
         due = self.benchmarks.due(step) if self.benchmarks is not None else []
         if not due or (self.shard is not None and self.shard.rank != 0):
             return [], []
+        started = time.perf_counter()
         result = self.benchmarks.run(model, due)
+        self.bench_seconds += time.perf_counter() - started
         return result.rows, result.samples
 
     def repeat_last(self, stage: str) -> None:

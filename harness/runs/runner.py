@@ -251,7 +251,9 @@ def _close_run(run: _Run, step: int, stages: list[dict[str, Any]], base: dict[st
         "seesaw": {"test": spec.seesaw_test, "alpha": spec.seesaw_alpha, "delta": spec.seesaw_delta,
                    "tests": n_tests},
         "timing": {"total_s": total, "eval_s": run.evals.seconds, "base_s": base["seconds"],
-                   "eval_share": run.evals.seconds / total if total else 0.0},
+                   "eval_share": run.evals.seconds / total if total else 0.0,
+                   # of eval_s: the lm-eval benchmarks (eval.benchmarks), so their overhead reads off one run
+                   **({"bench_s": run.evals.bench_seconds} if run.exp.eval.benchmarks else {})},
         "resumed_from": resumed_from,
         "undertrained_tokens": run.undertrained,
         "too_long": run.too_long,  # evaluation items dropped as too long for the model, per "task/split"
