@@ -253,3 +253,26 @@ def test_running_benchmarks_leaves_random_states_and_module_modes_as_they_were(b
     after = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(after[0], expected[0]) and np.array_equal(after[1], expected[1]) and after[2] == expected[2]
     assert model.training and model.model.training and not model.lm_head.training
+
+
+def test_result_rows_of_a_two_filter_generation_task_and_a_stderr_metric():
+    """As gsm8k logs it: two filters (no "none"), one record per document carrying both filters' outcomes; a
+    metric that is not 0/1 per document gets lm-eval's stderr interval."""
+    from harness.evaluation.benchmarks import result_rows
+
+    def doc(i: int, flt: str, em: float, score: float) -> dict:
+        return {"doc_id": i, "filter": flt, "target": "42", "arguments": [["Q?", {}]], "filtered_resps": ["42"],
+                "exact_match": em, "score": score}
+
+    docs = [doc(i, f, float(i % 2 if f == "strict" else 1), 0.5 * i) for f in ("strict", "flex") for i in range(4)]
+    results = {"results": {"g": {"alias": "g", "exact_match,strict": 0.5, "exact_match_stderr,strict": 0.29,
+                                 "exact_match,flex": 1.0, "exact_match_stderr,flex": 0.0,
+                                 "score,strict": 0.75, "score_stderr,strict": 0.1, "score,flex": "N/A"}},
+               "samples": {"g": docs}}
+    rows, samples = result_rows(results)
+    by_metric = {r[2]: r for r in rows}
+    assert set(by_metric) == {"exact_match:strict", "exact_match:flex", "score:strict"}
+    assert by_metric["exact_match:strict"][4] == 4 and by_metric["exact_match:strict"][5] < 0.5  # Wilson, n = 4
+    assert by_metric["score:strict"][4:] == pytest.approx((4, 0.75 - 1.96 * 0.1, 0.75 + 1.96 * 0.1), abs=1e-3)
+    assert [s["index"] for s in samples] == [0, 1, 2, 3]
+    assert samples[1]["outcomes"] == {"exact_match:strict": 1, "exact_match:flex": 1}

@@ -191,11 +191,13 @@ def result_rows(results: dict[str, Any]) -> tuple[list[tuple], list[dict[str, An
             rows.append((task, BENCH_SPLIT, metric, float(value), *_interval(per_doc, float(value), stderr, entry)))
             if per_doc and all(v in (0.0, 1.0) for v in per_doc.values()):
                 outcomes[metric] = per_doc
-        for d in docs:
-            if d.get("filter") != "none" and any(d2.get("filter") == "none" for d2 in docs):
-                continue  # one record per document: the unfiltered one when there is one
-            records.append(_sample(task, d, {m: int(v[d["doc_id"]]) for m, v in outcomes.items()
-                                             if d["doc_id"] in v}))
+        # one record per document (lm-eval logs one per filter): the unfiltered one when there is one, with the
+        # outcomes of every filter's metrics
+        first: dict[int, dict[str, Any]] = {}
+        for d in sorted(docs, key=lambda d: d.get("filter") != "none"):
+            first.setdefault(d["doc_id"], d)
+        for doc_id, d in sorted(first.items()):
+            records.append(_sample(task, d, {m: int(v[doc_id]) for m, v in outcomes.items() if doc_id in v}))
     return rows, records
 
 
