@@ -11,6 +11,10 @@
   baseline (best constant answer, majority first token or chance: the items are the same in every seed) and
   ``above_in`` = ``k/N``, the replicates whose final score is significantly above it (each run's one-sided exact
   binomial test, Benjamini–Hochberg over its tasks at α = 0.05, as the run report decides it);
+- :func:`choice_scores`: for every two-answer task × split (yes/no), each seed's final ``choice_auc`` (the ranking of
+  P(Yes) between true and false statements) with its DeLong interval and p-value, their mean with a t-interval,
+  and ``above_half_in`` = ``k/N``, the replicates whose AUC is significantly above 0.5 (its interval's lower end
+  above 0.5);
 - :func:`recurring_events`: seesaw events matched across seeds on (split, rose task, fell task, stage transition),
   with ``recurs_in`` = ``k/N`` — the number of replicates in which the event happened.
 """
@@ -134,6 +138,34 @@ def final_scores(group_dir: PathLike, metric: str = "greedy") -> pl.DataFrame:
                      "baseline": max(b for b, _ in base.values()) if base else None,
                      "above_in": f"{sum(a for _, a in base.values())}/{len(base)}" if base else None,
                      "values": ", ".join(f"{s}: {v:.3f}" for s, v in values.items())})
+    return pl.DataFrame(rows)
+
+
+def choice_scores(group_dir: PathLike) -> pl.DataFrame:
+    """One row per split × two-answer task: ``seeds``, ``mean`` AUC with ``t_low`` / ``t_high`` across seeds,
+    ``above_half_in`` (``k/N``: seeds whose final ``choice_auc`` interval lies above 0.5), the mean answered-Yes
+    share ``yes_share`` and, per seed, ``AUC [low, high] p``."""
+    per_seed: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    for seed, run_dir in replicate_runs(group_dir).items():
+        final = read_summary(run_dir)["stages"][-1]
+        for split, tasks in final["metrics"].items():
+            for task, values in tasks.items():
+                if "choice_auc" in values:
+                    ci = final.get("intervals", {}).get(split, {}).get(task, {}).get("choice_auc", {})
+                    per_seed.setdefault((split, task), {})[seed] = {
+                        "auc": values["choice_auc"], "low": ci.get("ci_low"), "high": ci.get("ci_high"),
+                        "p": values.get("choice_auc_p"), "yes": values.get("choice_yes")}
+    rows = []
+    for (split, task), seeds in sorted(per_seed.items()):
+        across = t_interval([v["auc"] for v in seeds.values()])
+        above = sum(v["low"] is not None and v["low"] > 0.5 for v in seeds.values())
+        yes = [v["yes"] for v in seeds.values() if v["yes"] is not None]
+        rows.append({"split": split, "task": task, "seeds": len(seeds), "mean": across.estimate,
+                     "t_low": None if across.low != across.low else max(0.0, across.low),
+                     "t_high": None if across.high != across.high else min(1.0, across.high),
+                     "above_half_in": f"{above}/{len(seeds)}", "yes_share": sum(yes) / len(yes) if yes else None,
+                     "values": ", ".join(f"{s}: {v['auc']:.3f} [{v['low']:.2f}, {v['high']:.2f}] p={v['p']:.2g}"
+                                         for s, v in seeds.items() if v["low"] is not None and v["p"] is not None)})
     return pl.DataFrame(rows)
 
 

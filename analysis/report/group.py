@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import polars as pl
 
-from analysis.group import final_scores, read_group, recurring_events, replicate_runs
+from analysis.group import choice_scores, final_scores, read_group, recurring_events, replicate_runs
 from analysis.loading import PathLike
 from analysis.report.page import Page, facts_table, fmt, table
 
@@ -58,6 +58,18 @@ def group_report(group_dir: PathLike, out: Optional[PathLike] = None, *, metric:
     for split in scores["split"].unique(maintain_order=True).to_list() if not scores.is_empty() else []:
         page.h3(split)
         page.raw(table(score_table(scores.filter(pl.col("split") == split))))
+    choices = choice_scores(group_dir)
+    if not choices.is_empty():
+        page.section("Yes/no ranking across seeds", "choice")
+        page.p("choice_auc: the probability that a true statement gets a higher P(Yes) / (P(Yes) + P(No)) at the "
+               "first answer token than a false one (0.5: no ranking), at the end of the last stage; 'above 0.5 in' "
+               "counts the seeds whose DeLong 95 % interval lies above 0.5. Greedy accuracy is this ranking cut at "
+               "P(Yes) = P(No): a model leaning to one answer scores chance while it ranks right.", "note")
+        page.raw(table(pl.DataFrame([{
+            "split": r["split"], "task": r["task"], "seeds": r["seeds"], "mean AUC": r["mean"],
+            "95% across seeds (t)": _interval(r["t_low"], r["t_high"]), "above 0.5 in": r["above_half_in"],
+            "answered Yes (mean share)": r["yes_share"], "per seed: AUC [DeLong 95%] p": r["values"],
+        } for r in choices.iter_rows(named=True)])))
     page.section("Seesaw events across seeds", "events")
     page.p("Matched on split, rising task, falling task and stage transition; recurs_in counts the replicates "
            "whose run detected it (with the run's own rule: eval.seesaw_test).", "note")

@@ -19,6 +19,7 @@ from analysis import plots as P
 from analysis.loading import AnalysisError, PathLike, load_run, load_samples, read_config, read_summary
 from analysis.report.evidence import (baseline_findings, baseline_section, data_notes, interval_note,
                                       stage_end_intervals)
+from analysis.report.choice import choice_and_benchmark_curves
 from analysis.report.page import Page, facts_table, fmt, fmt_rank, table
 
 # The stage-end tables shown folded under the main metric's (each when the run logged it).
@@ -363,6 +364,8 @@ def _curve_sections(page: Page, run: RunData) -> None:
                                                   colors),
                         f"curves_{m}.png",
                         caption)
+
+    choice_and_benchmark_curves(page, run)
 
     page.section("First token", "first-token")
     hijack_words = (run.config.get("eval") or {}).get("hijack_words") or ["yes", "no"]

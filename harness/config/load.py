@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -124,10 +125,43 @@ def _parallel_errors(exp: Experiment) -> Errors:
     return [(path, "fsdp does not support image-text models yet; use ddp") for path in dict.fromkeys(paths)]
 
 
+def lm_eval_installed() -> bool:
+    """Whether lm-evaluation-harness can be imported (the ``benchmarks`` extra); found without importing it."""
+    return importlib.util.find_spec("lm_eval") is not None
+
+
+def _benchmark_errors(exp: Experiment) -> Errors:
+    """``eval.benchmarks``: lm-eval is installed, include paths are directories, a step cadence falls on
+    evaluations, no task twice, and no FSDP (lm-eval runs the whole model on rank 0). Task names are checked
+    against lm-eval's task index at the run's start (indexing it takes seconds)."""
+    specs = exp.eval.benchmarks or []
+    if not specs:
+        return []
+    if not lm_eval_installed():
+        return [("eval.benchmarks", "needs lm-evaluation-harness (lm-eval 0.4.x), which is not installed: "
+                                    "pip install -e '.[benchmarks]'")]
+    errors: Errors = []
+    seen: list[str] = []
+    for i, spec in enumerate(specs):
+        path = f"eval.benchmarks[{i}]"
+        if spec.task in seen:
+            errors.append((f"{path}.task", f"benchmark {spec.task!r} is listed twice"))
+        seen.append(spec.task)
+        if spec.include_path is not None and not Path(spec.include_path).is_dir():
+            errors.append((f"{path}.include_path", f"not a directory: {spec.include_path}"))
+        if isinstance(spec.every, int) and spec.every % exp.eval.every:
+            errors.append((f"{path}.every", f"{spec.every} is not a multiple of eval.every ({exp.eval.every}): "
+                                            "benchmarks run at evaluations only"))
+    if exp.train.parallel == "fsdp" or any(s.model_dump(exclude_unset=True).get("parallel") == "fsdp"
+                                           for s in exp.stages):
+        errors.append(("eval.benchmarks", "not with fsdp: lm-eval runs the whole model on rank 0; use ddp"))
+    return errors
+
+
 def semantic_errors(exp: Experiment) -> Errors:
     """The second pass: checks that need the whole file and the registries, in the file's order of sections."""
-    return (_recipe_errors(exp) + _model_errors(exp) + _component_errors(exp) + _stage_errors(exp)
-            + _parallel_errors(exp))
+    return (_recipe_errors(exp) + _model_errors(exp) + _component_errors(exp) + _benchmark_errors(exp)
+            + _stage_errors(exp) + _parallel_errors(exp))
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
@@ -178,10 +212,11 @@ def resolve_data_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     """``raw`` with the file paths of file-reading recipes (jsonl, parquet, …) made absolute against ``base_dir``
     (the experiment file's directory), so a run does not depend on the directory it is started from. Tasks whose
     recipe is unknown or whose params are not a mapping are left for validation to report."""
-    tasks = raw.get("tasks")
+    out = _benchmark_paths(raw, base_dir)
+    tasks = out.get("tasks")
     if not isinstance(tasks, dict):
-        return raw
-    out = copy.deepcopy(raw)
+        return out
+    out = copy.deepcopy(out)
     for task in out["tasks"].values():
         if not isinstance(task, dict) or not isinstance(task.get("params"), dict):
             continue
@@ -191,4 +226,16 @@ def resolve_data_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
             continue
         if hasattr(recipe, "resolve_paths"):
             task["params"] = recipe.resolve_paths(task["params"], str(base_dir))
+    return out
+
+
+def _benchmark_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """``raw`` with every ``eval.benchmarks[].include_path`` made absolute against ``base_dir``."""
+    specs = raw.get("eval", {}).get("benchmarks") if isinstance(raw.get("eval"), dict) else None
+    if not isinstance(specs, list):
+        return raw
+    out = copy.deepcopy(raw)
+    for spec in out["eval"]["benchmarks"]:
+        if isinstance(spec, dict) and isinstance(spec.get("include_path"), str):
+            spec["include_path"] = str((base_dir / spec["include_path"]).resolve())
     return out

@@ -16,6 +16,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_serializer, model_validator
 
+from harness.config.benchmark_spec import BenchmarkSpec
 from harness.config.mixture import Mixture, parse_mixture
 from harness.core.names import check_safe_name
 
@@ -314,6 +315,10 @@ class EvalSpec(Strict):
         "none: the untested threshold rule (exploratory runs with pools too small for any test; its events are "
         "movements, not findings).")
     samples: int = Field(4, ge=0, description="Samples per task and split in each wandb samples table.")
+    benchmarks: Optional[list[BenchmarkSpec]] = Field(
+        None, description="lm-evaluation-harness tasks run on the live model (see docs/benchmarks.md).")
+
+    _omit_added = _omitted_unless_set("benchmarks")
 
 
 class WandbSpec(Strict):

@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from harness.core.metrics import CHOICE_METRICS
 from harness.core.registry import EVALUATORS, PROBES
 
 NEED_GREEDY = "greedy"
@@ -70,6 +71,9 @@ class ItemRecord:
     top1_id: int | None = None
     top1_token: str | None = None
     top5: list[dict[str, Any]] | None = None  # [{token, id, prob}], most likely first
+    # two-answer tasks (yes/no): the two classes' first token ids, and P(first) / (P(first) + P(second)) there
+    choice_ids: tuple[int, int] | None = None
+    choice_p: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -106,6 +110,8 @@ class ItemRecord:
             "first_nonfinite": self.first_nonfinite,
             "top5": self.top5 if self.top5 is not None else [],
         }
+        if self.choice_p is not None:
+            out["choice_p"] = self.choice_p
         out.update(self.extra)
         return out
 
@@ -124,6 +130,12 @@ class Component:
         return {}
 
     def item_values(self, records: list[ItemRecord], recipe: Any, ctx: EvalContext) -> dict[str, list[float]]:
+        return {}
+
+    def intervals(self, records: list[ItemRecord], recipe: Any, ctx: EvalContext
+                  ) -> dict[str, tuple[int, float, float]]:
+        """``{metric: (n, low, high)}`` for metrics that are not proportions but have an interval of their own
+        (``choice_auc``: DeLong); proportions get Wilson's from :meth:`item_values`."""
         return {}
 
     def __repr__(self) -> str:
@@ -207,7 +219,8 @@ class FirstToken(Component):
 
     name = "first_token"
     needs = frozenset({NEED_FIRST_LOGITS})
-    metric_names = ("ft_rank_mean", "ft_rank_median", "ft_mrr", "ft_hijack", "ft_top1", "ft_nonfinite")
+    metric_names = ("ft_rank_mean", "ft_rank_median", "ft_mrr", "ft_hijack", "ft_top1", "ft_nonfinite",
+                    *CHOICE_METRICS)
 
     def metrics(self, records, recipe, ctx):
         ranks = [r.gold_first_rank for r in records if r.gold_first_rank is not None]
@@ -222,7 +235,15 @@ class FirstToken(Component):
         }
         if "ft_nonfinite" in per_item:
             out["ft_nonfinite"] = _mean(per_item["ft_nonfinite"])
+        auc = _choice_auc(records)
+        if auc is not None:
+            out.update(choice_auc=auc.auc, choice_auc_p=auc.p_value, choice_yes=_mean(per_item["choice_yes"]),
+                       choice_acc=_mean(per_item["choice_acc"]))
         return out
+
+    def intervals(self, records, recipe, ctx):
+        auc = _choice_auc(records)
+        return {} if auc is None else {"choice_auc": (auc.n, auc.low, auc.high)}
 
     def item_values(self, records, recipe, ctx):
         # NaN where an item has no gold first token, so the list stays aligned with the records
@@ -230,6 +251,9 @@ class FirstToken(Component):
                "ft_hijack": [float(r.top1_id in ctx.hijack_ids) for r in records]}
         if records and all(r.first_nonfinite is not None for r in records):
             out["ft_nonfinite"] = [float(r.first_nonfinite) for r in records]
+        if _choice_auc(records) is not None:
+            out["choice_yes"] = [float(r.choice_p > 0.5) for r in records]
+            out["choice_acc"] = [float((r.choice_p > 0.5) == _gold_is_first(r)) for r in records]
         return out
 
     def tables(self, records, recipe, ctx):
@@ -241,6 +265,22 @@ class FirstToken(Component):
         counts = Counter(r.top1_id for r in records if r.top1_id is not None)
         names = {r.top1_id: r.top1_token for r in records}
         return [(i, names[i] or "", c) for i, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+def _gold_is_first(record: ItemRecord) -> bool:
+    return record.gold_first_id == record.choice_ids[0]
+
+
+def _choice_auc(records: list[ItemRecord]):
+    """:func:`harness.core.stats.auc_test` of the records' ``choice_p`` between gold-first-class items and the
+    others; None unless every record has a ``choice_p`` and both classes are present (no ranking to measure)."""
+    if not records or any(r.choice_p is None for r in records):
+        return None
+    from harness.core.stats import auc_test  # scipy: imported on use, not with harness.evaluation
+
+    first = [r.choice_p for r in records if _gold_is_first(r)]
+    second = [r.choice_p for r in records if not _gold_is_first(r)]
+    return auc_test(first, second) if first and second else None
 
 
 EVALUATORS.add("greedy", Greedy())

@@ -13,7 +13,7 @@ import json
 import math
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from harness.core.metrics import BASELINE_PREFIX, SEESAW_TESTS_METRIC
+from harness.core.metrics import BASELINE_PREFIX, BENCH_TASK_PREFIX, SEESAW_TESTS_METRIC, is_benchmark_task
 from harness.core.seesaw import SEESAW_METRICS, change_tests, paired_seesaw_events, seesaw_events
 from harness.core.store import Row
 from harness.evaluation.baselines import Baseline, strongest_baselines, task_baselines
@@ -36,12 +36,44 @@ def run_seesaw(outcomes: list[dict[str, Any]], values: list[dict[str, Any]], *, 
                alpha: float, seed: int, metrics: Sequence[str] = SEESAW_METRICS
                ) -> tuple[list[dict[str, Any]], int]:
     """``(events, number of paired tests made)`` for a run: the paired rule on per-item ``outcomes`` rows
-    (:func:`outcome_rows`), or with ``test == "none"`` the untested threshold rule on metric ``values`` rows
-    (``{step, stage, task, split, metric, value}``; 0 tests)."""
+    (:func:`outcome_rows`), benchmarks included (:func:`benchmark_family`), or with ``test == "none"`` the untested
+    threshold rule on metric ``values`` rows (``{step, stage, task, split, metric, value}``; 0 tests; our tasks
+    only)."""
     if test == "none":
         return seesaw_events(values, delta, metrics), 0
     tests = change_tests(outcomes, metrics, seed=seed)
-    return paired_seesaw_events(outcomes, delta, metrics, alpha=alpha, seed=seed, tests=tests), len(tests)
+    family = benchmark_family(outcomes)
+    if family:  # benchmarks: their changes and the tasks' over the same spans, in the same BH family
+        tests += change_tests(family, [BENCH_FAMILY], seed=seed)
+    events = paired_seesaw_events(outcomes, delta, metrics, alpha=alpha, seed=seed, tests=tests)
+    return [e for e in events if e["metric"] != BENCH_FAMILY or BENCH_TASK_PREFIX in e["rose"] + e["fell"]], \
+        len(tests)
+
+
+#: The seesaw family in which benchmarks meet the tasks (event metric and split; see :func:`benchmark_family`)
+BENCH_FAMILY = "bench_vs_greedy"
+
+
+def benchmark_family(outcomes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Outcome rows that let the paired seesaw pair a benchmark with a task: at every evaluation where benchmarks
+    ran (the run's start and stage ends by default: sparser than the tasks'), each benchmark metric's per-document
+    outcomes (task ``bench:world_mc/acc``) and each task's ``greedy`` per split (``yesno/heldout``), all under
+    metric and split :data:`BENCH_FAMILY` — so a benchmark's change between two such evaluations is tested against
+    every task's change over the same span. Events between two tasks in this family are dropped by
+    :func:`run_seesaw` (the tasks' own families report them at their finer spans)."""
+    points = {(o["step"], o["stage"]) for o in outcomes if is_benchmark_task(o["task"])}
+    out = []
+    for o in outcomes:
+        if (o["step"], o["stage"]) not in points:
+            continue
+        if is_benchmark_task(o["task"]):
+            task = f"{o['task']}/{o['metric']}"
+        elif o["metric"] == "greedy":
+            task = f"{o['task']}/{o['split']}"
+        else:
+            continue
+        out.append({**o, "task": task, "metric": BENCH_FAMILY, "split": BENCH_FAMILY})
+    return out
 
 
 def seesaw_rows(events: list[dict[str, Any]], n_tests: int, spec: Any, stage: str, step: int) -> list[Row]:

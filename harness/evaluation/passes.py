@@ -191,6 +191,10 @@ class _TokenNames:
 def _fill_first(records: list[ItemRecord], logits: torch.Tensor, names: _TokenNames) -> None:
     golds = [r.gold_first_id for r in records]
     facts = first_token_facts(logits, golds)
+    for row, rec in enumerate(records):
+        if rec.choice_ids is not None:  # P(first) / (P(first) + P(second)) = sigmoid of the two logits' difference
+            first, second = rec.choice_ids
+            rec.choice_p = float(torch.sigmoid(logits[row, first].float() - logits[row, second].float()))
     names.learn([*facts["top1"], *(i for ids, _ in facts["top5"] for i in ids), *(g for g in golds if g is not None)])
     for rec, rank, nonfinite, top1, (ids, probs) in zip(records, facts["rank"], facts["nonfinite"], facts["top1"],
                                                         facts["top5"]):
@@ -268,6 +272,23 @@ def _prompt_pass(model, io, records, tokenizer, spec, names: _TokenNames, part: 
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def choice_token_ids(items: list, recipes: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """``{task: (first class's first token id, second's)}`` for two-answer tasks (``recipe.answer_classes()`` of
+    length 2, e.g. yes/no), read off the eval items' gold tokens (the first answer token as the chat template
+    encodes it); a task whose pools lack one class, or whose two classes share a first token, has no entry."""
+    first_ids: dict[tuple[str, str], int] = {}
+    for item in items:
+        if item.gold_ids:
+            first_ids.setdefault((item.task, item.gold_text), item.gold_ids[0])
+    out = {}
+    for task in dict.fromkeys(item.task for item in items):
+        classes = tuple(recipes[task].answer_classes()) if task in recipes else ()
+        ids = [first_ids.get((task, c)) for c in classes]
+        if len(ids) == 2 and None not in ids and ids[0] != ids[1]:
+            out[task] = (ids[0], ids[1])
+    return out
+
+
 def _components(spec) -> list[Component]:
     out: list[Component] = []
     for registry, names in ((EVALUATORS, spec.evaluators), (PROBES, spec.probes)):
@@ -299,6 +320,9 @@ def run_evaluation(model, tokenizer, items: list, recipes: dict[str, Any], spec,
         raise KeyError(f"no recipe for task(s) {', '.join(missing)} (recipes given: {', '.join(sorted(recipes))})")
     ctx = EvalContext(tokenizer, frozenset(hijack_ids), spec)
     records = [ItemRecord(item) for item in items]
+    choices = choice_token_ids(items, recipes)
+    for rec in records:
+        rec.choice_ids = choices.get(rec.item.task)
     names = _TokenNames(tokenizer)
     part = (shard.rank, shard.world) if shard is not None else (0, 1)
 
@@ -338,6 +362,8 @@ def run_evaluation(model, tokenizer, items: list, recipes: dict[str, Any], spec,
         for component in components:
             for metric, value in component.metrics(group, recipe, ctx).items():
                 result.metrics.append((task, split, metric, float(value)))
+            for metric, interval in component.intervals(group, recipe, ctx).items():
+                result.intervals[(task, split, metric)] = interval
             for table, rows in component.tables(group, recipe, ctx).items():
                 result.tables.setdefault(table, {})[(task, split)] = rows
             for metric, values in component.item_values(group, recipe, ctx).items():

@@ -28,6 +28,8 @@ class EvalResult:
     tables: dict[str, dict[tuple[str, str], list[tuple[str, int]]]] = field(default_factory=dict)
     samples: list[dict[str, Any]] = field(default_factory=list)
     item_values: dict[tuple[str, str, str], list[float]] = field(default_factory=dict)
+    #: ``{(task, split, metric): (n, low, high)}``: intervals of non-proportions that have one (``choice_auc``)
+    intervals: dict[tuple[str, str, str], tuple[int, float, float]] = field(default_factory=dict)
 
     @property
     def top1(self) -> dict[tuple[str, str], list[tuple[str, int]]]:
@@ -49,10 +51,13 @@ class EvalResult:
         return out
 
     def interval(self, task: str, split: str, metric: str) -> Optional["Interval"]:
-        """The 95 % Wilson interval (with ``n``) of a proportion metric from its per-item outcomes; None for other
-        metrics or when no per-item values were kept."""
-        from harness.core.stats import wilson_interval  # scipy: imported on use, not with harness.evaluation
+        """The 95 % Wilson interval (with ``n``) of a proportion metric from its per-item outcomes, or the interval
+        a component gave (``choice_auc``); None for other metrics or when no per-item values were kept."""
+        from harness.core.stats import Interval, wilson_interval  # scipy: imported on use, not with evaluation
 
+        given = self.intervals.get((task, split, metric))
+        if given is not None:
+            return Interval(self.value(task, split, metric), given[1], given[2], given[0])
         values = self.item_values.get((task, split, metric))
         if metric not in PROPORTION_METRICS or values is None:
             return None

@@ -1,5 +1,5 @@
 """What people see: progress bars per stage, a few status lines, one line per split after each evaluation (each
-task's main score with its 95 % interval and n), and the final table (scores with intervals) with seesaw events. (The console is for people; the store is for programs.)
+task's main score with its 95 % interval and n; a line for the yes/no ranking and one for benchmarks), and the final table (scores with intervals) with seesaw events. (The console is for people; the store is for programs.)
 
 When stderr is not a terminal (a batch job, a CI log, ``nohup``), rich draws no live bar, so progress is printed as
 plain lines instead — every :data:`PLAIN_EVERY_FRACTION` of a stage or :data:`PLAIN_EVERY_S` seconds, whichever
@@ -19,6 +19,7 @@ from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from harness.core.metrics import BENCH_TASK_PREFIX, is_benchmark_task
 from harness.evaluation.evidence import format_score
 
 TABLE_METRICS = ("greedy", "mode_ok", "tf_first", "ft_rank_mean", "ft_hijack")
@@ -72,7 +73,35 @@ def evaluation_lines(stage: str, step: int, rows: Iterable[Any], n_items: dict[t
             cells.append(f"{task} {format_score(row.value, low, high, n)}")
         metric = next(iter(tasks.values())).metric
         lines.append(f"eval {stage}@{step} {split} ({metric}): " + " · ".join(cells))
+    return lines + choice_lines(stage, step, rows) + benchmark_lines(stage, step, rows)
+
+
+def _score(row: Any) -> str:
+    return format_score(row.value, getattr(row, "ci_low", None), getattr(row, "ci_high", None),
+                        getattr(row, "n", None))
+
+
+def choice_lines(stage: str, step: int, rows: Iterable[Any]) -> list[str]:
+    """One line per split with two-answer tasks: each one's ``choice_auc`` with its interval, n and p-value, and
+    the share of items where "Yes" is the likelier answer (``choice_yes``) — the ranking greedy hides."""
+    found: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        if row.task is not None and row.metric in ("choice_auc", "choice_auc_p", "choice_yes"):
+            found.setdefault(row.split, {}).setdefault(row.task, {})[row.metric] = row
+    lines = []
+    for split, tasks in found.items():
+        cells = [f"{task} {_score(m['choice_auc'])} p={m['choice_auc_p'].value:.2g}, yes {_score(m['choice_yes'])}"
+                 for task, m in tasks.items() if {"choice_auc", "choice_auc_p", "choice_yes"} <= m.keys()]
+        if cells:
+            lines.append(f"choice {stage}@{step} {split} (auc of P(yes), yes share): " + " · ".join(cells))
     return lines
+
+
+def benchmark_lines(stage: str, step: int, rows: Iterable[Any]) -> list[str]:
+    """One line with every benchmark metric of the evaluation (``eval.benchmarks``), intervals and n."""
+    cells = [f"{row.task[len(BENCH_TASK_PREFIX):]} {row.metric} {_score(row)}" for row in rows
+             if is_benchmark_task(row.task)]
+    return [f"bench {stage}@{step}: " + " · ".join(cells)] if cells else []
 
 
 class Console:

@@ -1,7 +1,8 @@
 """The run's evaluation log: runs the evaluators on the fixed eval items at a step and sends every result where it
 belongs — metric rows (with ``n`` and a Wilson interval on proportions) to the tracker (store, wandb), predictions
 with their per-item outcomes to ``samples.jsonl``, tables to wandb — and keeps the history the stage summaries and
-the seesaw detection read (metric values, and per-item outcomes for the paired test).
+the seesaw detection read (metric values, and per-item outcomes for the paired test). The lm-eval benchmarks due at
+an evaluation (``eval.benchmarks``) run with it and go the same ways (:func:`make_benchmarks`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from harness.config import Experiment
 from harness.evaluation import EVAL_METRICS, hijack_token_ids, run_evaluation
 from harness.evaluation.evidence import outcome_rows
 from harness.core.jsonl import append_jsonl, read_jsonl
+from harness.core.metrics import is_benchmark_task
 from harness.core.store import Row, atomic_write_text
 
 
@@ -39,9 +41,11 @@ class EvalLog:
     run_id: Optional[str] = None  # written first on every sample line
     image_eval: Optional[Callable[[Any], tuple[list, list]]] = None  # harness.runs.images.ImageEval
     shard: Any = None  # data-parallel ranks share out the eval batches (harness.evaluation.sharding.Shard)
+    benchmarks: Any = None  # eval.benchmarks (harness.evaluation.benchmarks.Benchmarks): lm-eval tasks, when due
     history: list[Row] = field(default_factory=list)  # every evaluation row, in order
     outcomes: list[dict] = field(default_factory=list)  # per-item outcome rows (evidence.outcome_rows), in order
     seconds: float = 0.0
+    bench_seconds: float = 0.0  # the part of ``seconds`` spent in benchmarks
 
     def __post_init__(self):
         self.hijack_ids = hijack_token_ids(self.tokenizer, self.exp.eval.hijack_words)
@@ -65,13 +69,25 @@ class EvalLog:
             ci = result.interval(task, split, metric)
             interval = tuple(given) if given else (ci.n, ci.low, ci.high) if ci is not None else ()
             rows.append(Row(stage, step, task, split, metric, value, text, *interval))
-        samples = [{"stage": stage, "step": step, **sample} for sample in samples]
+        bench_rows, bench_samples = self._benchmarks(model, step)
+        rows += [Row(stage, step, *row[:4], None, *row[4:]) for row in bench_rows]
+        samples = [{"stage": stage, "step": step, **sample} for sample in samples + bench_samples]
         # One write + flush + fsync per evaluation: a kill leaves at most an unfinished last line, which readers skip.
         append_jsonl(self.samples_path, samples, run_id=self.run_id)
         self.outcomes.extend(outcome_rows(samples))
         self._log_tables(result, step)
         self.seconds += time.perf_counter() - started
         self._record(rows, step)
+
+    def _benchmarks(self, model, step: int) -> tuple[list[tuple], list[dict]]:
+        """The rows and samples of the benchmarks due at ``step``; with several ranks rank 0 alone runs them."""
+        due = self.benchmarks.due(step) if self.benchmarks is not None else []
+        if not due or (self.shard is not None and self.shard.rank != 0):
+            return [], []
+        started = time.perf_counter()
+        result = self.benchmarks.run(model, due)
+        self.bench_seconds += time.perf_counter() - started
+        return result.rows, result.samples
 
     def repeat_last(self, stage: str) -> None:
         """Record the previous evaluation again under ``stage`` (a stage starting from the previous one's
@@ -135,7 +151,8 @@ class EvalLog:
 
 def _is_eval_row(row: Row) -> bool:
     """Rows written by evaluations (the others are training metrics, compositions and seesaw events)."""
-    return row.task is not None and (row.metric in EVAL_METRICS or row.metric.startswith("img_"))
+    return row.task is not None and (row.metric in EVAL_METRICS or row.metric.startswith("img_")
+                                     or is_benchmark_task(row.task))
 
 
 def _relabelled(outcomes: list[dict], step: int, stage: str) -> list[dict]:
@@ -166,3 +183,26 @@ def _truncate_samples(path: Path, keep: Callable[[str, int, str], bool]) -> None
     # read_jsonl skips (with a warning) the unfinished last line a kill mid-write leaves.
     kept = [json.dumps(s, ensure_ascii=False) + "\n" for s in read_jsonl(path) if keep(s["stage"], s["step"], "")]
     atomic_write_text(path, "".join(kept))
+
+
+def make_benchmarks(exp: Experiment, world: Any, tokenizer: Any, run_dir: Path, stage_steps: list[int]):
+    """The run's :class:`harness.evaluation.benchmarks.Benchmarks` (None without ``eval.benchmarks``): the shipped
+    world tasks written into ``run_dir/benchmarks``, the stage edges from each stage's step count, and every task
+    name checked against lm-eval's index — an unknown one is a :class:`ConfigError` naming its field, before any
+    training."""
+    if not exp.eval.benchmarks:
+        return None
+    from harness.config import ConfigError
+    from harness.evaluation.benchmarks import Benchmarks, materialise
+
+    include = [str(materialise(exp.eval.benchmarks, world, run_dir / "benchmarks"))]
+    include += list(dict.fromkeys(s.include_path for s in exp.eval.benchmarks if s.include_path))
+    edges = {0}
+    for steps in stage_steps:
+        edges.add(max(edges) + steps)
+    benchmarks = Benchmarks(exp.eval.benchmarks, include, tokenizer, batch_size=exp.eval.batch_size,
+                            stage_edges=frozenset(edges))
+    unknown = benchmarks.unknown()
+    if unknown:
+        raise ConfigError(exp.name, [(f"eval.benchmarks[{i}].task", m) for i, m in unknown])
+    return benchmarks

@@ -46,6 +46,7 @@ class TaskData:
     recipes: dict[str, Any]  # task -> Recipe instance
     splits: dict[str, dict[str, list]]  # task -> split -> [Example]
     corpus: list[str]
+    world: Any = None  # the synthetic world (the shipped benchmarks ask about it)
 
 
 def build_task_data(exp: Experiment) -> TaskData:
@@ -63,7 +64,7 @@ def build_task_data(exp: Experiment) -> TaskData:
             splits[name] = with_system(name, splits[name], spec.system)
         recipes[name] = recipe
     return TaskData(recipes, splits, corpus(world, exp.world.seed, docs_per_person=exp.world.docs_per_person,
-                                            permute=exp.world.permute))
+                                            permute=exp.world.permute), world)
 
 
 def with_system(task: str, splits: dict[str, list], text: str) -> dict[str, list]:

@@ -31,7 +31,7 @@ from harness.config import (ConfigError, Experiment, ResolvedStage, TrainableSpe
                             safe_load)
 from harness.runs.console import Console
 from harness.data.encoding import position_limit
-from harness.runs.evallog import EvalLog
+from harness.runs.evallog import EvalLog, make_benchmarks
 from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_baselines, run_seesaw, seesaw_rows
 from harness.training.guard import Injector, NonFiniteError, write_report
 from harness.models.hf import count_parameters
@@ -129,7 +129,8 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     cache.replay(tracker, run_dir / "samples.jsonl", on_evaluation)  # after the baselines: the order of a whole run
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
                     console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep,
-                    run_id=run_id, image_eval=image_eval(exp, data, tokenizer), shard=distributed.current())
+                    run_id=run_id, image_eval=image_eval(exp, data, tokenizer), shard=distributed.current(),
+                    benchmarks=make_benchmarks(exp, data.world, tokenizer, run_dir, [len(p.batches) for p in plans]))
     run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals, _init_states(
         model, stages, start.stage_index, run_dir), baselines, undertrained, encoded.too_long_counts())
     model = _restore(model, start, stages, run)
@@ -254,7 +255,9 @@ def _close_run(run: _Run, step: int, stages: list[dict[str, Any]], base: dict[st
         "seesaw": {"test": spec.seesaw_test, "alpha": spec.seesaw_alpha, "delta": spec.seesaw_delta,
                    "tests": n_tests},
         "timing": {"total_s": total, "eval_s": run.evals.seconds, "base_s": base["seconds"],
-                   "eval_share": run.evals.seconds / total if total else 0.0},
+                   "eval_share": run.evals.seconds / total if total else 0.0,
+                   # of eval_s: the lm-eval benchmarks (eval.benchmarks), so their overhead reads off one run
+                   **({"bench_s": run.evals.bench_seconds} if run.exp.eval.benchmarks else {})},
         "resumed_from": resumed_from,
         "undertrained_tokens": run.undertrained,
         "too_long": run.too_long,  # evaluation items dropped as too long for the model, per "task/split"
@@ -439,7 +442,8 @@ def _evaluate_claimed(exp: Experiment, checkpoint: Path, run_dir: Path, console)
         console.info(note)
     tracker = Tracker(exp, run_dir, run_id, {**exp.resolved_dict(), "checkpoint": str(checkpoint)})
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
-                    console.evaluation_hook(encoded.eval_items), run_id=run_id)
+                    console.evaluation_hook(encoded.eval_items), run_id=run_id,
+                    benchmarks=make_benchmarks(exp, data.world, tokenizer, run_dir, [step]))
     try:
         baselines = _log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stage)
         evals.run(model, stage, step)

@@ -55,11 +55,13 @@ from harness.config import Experiment, ResolvedStage, computing_debug
 from harness.evaluation import EVAL_METRICS
 from harness.runs.code_identity import code_fingerprint
 from harness.runs.pretrain import cache_root, content_hash
+from harness.core.metrics import is_benchmark_task
 from harness.core.store import Row
 
 # Bump when an entry's layout or what a key covers changes (2: samples carry per-item outcomes for the paired seesaw;
 # 3: rows keep their n and Wilson interval, which entries of 2 dropped; 4: the key covers the whole experiment but
-# NOT_SHAPING, and the code — entries of 3 miss once)
+# NOT_SHAPING, and the code — entries of 3 miss once; evaluations add the choice rows of two-answer tasks, which
+# entries of 3 lack)
 STAGE_CACHE_VERSION = "4"
 META = "meta.json"
 CHECKPOINT = "checkpoint"
@@ -416,7 +418,7 @@ def _append_samples(source: Path, target: Path, cached_from: str, run_id: str) -
 
 
 def _is_eval(row: Row) -> bool:
-    return row.task is not None and row.metric in EVAL_METRICS
+    return row.task is not None and (row.metric in EVAL_METRICS or is_benchmark_task(row.task))
 
 
 def _runs_of(rows: list[Row], key: Callable[[Row], Any]) -> list[tuple[Any, list[Row]]]:
