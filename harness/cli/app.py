@@ -146,7 +146,7 @@ def eval_(
     """Evaluate a saved checkpoint alone, with the experiment's evaluators, probes and outputs."""
     from harness.config import ConfigError
     from harness.runs.prepare import DataError
-    from harness.runs.runner import eval_output_dir, evaluate_checkpoint
+    from harness.runs.checkpoint_eval import eval_output_dir, evaluate_checkpoint
 
     exp = _load(experiment, set_)
     run_dir = eval_output_dir(out, exp)

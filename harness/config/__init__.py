@@ -15,13 +15,11 @@ from harness.config.errors import ConfigError, yaml_errors
 from harness.config.load import apply_overrides, load_experiment, semantic_errors, validate_data
 from harness.config.mixture import AdaptiveSpec, Mixture, parse_mixture
 from harness.config.paths import PathError, format_path, parse_path, resolve_path, set_path
+from harness.config.run_specs import DataSpec, DebugSpec, InjectSpec, TrackingSpec, WandbSpec, computing_debug
 from harness.config.schema import (
     EVAL_SPLITS,
-    DataSpec,
-    DebugSpec,
     EvalSpec,
     Experiment,
-    InjectSpec,
     LossSpec,
     ModelSpec,
     NonFiniteSpec,
@@ -29,17 +27,14 @@ from harness.config.schema import (
     PretrainSpec,
     ResolvedStage,
     StageSpec,
-    Strict,
     TaskSpec,
     TokenizerSpec,
-    TrackingSpec,
     TrainableSpec,
     TrainSpec,
-    WandbSpec,
     WorldSpec,
-    computing_debug,
 )
 from harness.config.seeds import task_seed
+from harness.config.strict import Strict
 from harness.config.yaml_io import dump_yaml, load_raw, safe_load
 
 __all__ = [

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from harness.config.strict import Strict
 
 
-class BenchmarkSpec(BaseModel):
+class BenchmarkSpec(Strict):
     """One lm-evaluation-harness task run on the in-memory model during training (``pip install -e
     '.[benchmarks]'``); its rows are task ``bench:<task>``, split ``bench``."""
-
-    model_config = ConfigDict(extra="forbid")  # as every section (schema.Strict, which imports this module)
 
     task: str = Field(..., min_length=1, description="lm-eval task or group name: a shipped offline one (world_mc, "
                       "world_gen), one of lm-eval's own (mmlu, gsm8k, ifeval: need the hub's datasets), or one of "

@@ -20,7 +20,6 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 from safetensors.torch import load_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from harness.training import parallel as distributed
 from harness.training.adapters import drop_adapter, format_trainable_report, merged_state_dict, prepare_stage_model, trainable_report
@@ -104,7 +103,7 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     if resume:
         run_id, point = _reopen_run(exp, run_dir, console)
     else:
-        run_id, point = _open_run(exp, run_dir), None
+        run_id, point = open_run(exp, run_dir), None
         console.info(f"run {run_id} → {run_dir}")
     torch.manual_seed(exp.seed)
     np.random.seed(exp.seed % 2**32)  # third-party code that uses the global numpy RNG stays deterministic
@@ -125,7 +124,7 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     cache = StageCache.for_run(exp, stages, data, base_info, model, run_dir, run_id, console)
     start = resume_start(point, stages, [len(p.batches) for p in plans]) if resume else cache.start()
     tracker = Tracker(exp, run_dir, run_id, exp.resolved_dict(), resume_filter=start.keep)
-    baselines = _log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stages[0].name)
+    baselines = log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stages[0].name)
     cache.replay(tracker, run_dir / "samples.jsonl", on_evaluation)  # after the baselines: the order of a whole run
     evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
                     console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep,
@@ -142,25 +141,8 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     step, loop_state, exit_code = start.step, start.loop_state, 1
     try:
         for index in range(start.stage_index, len(stages)):
-            stage, plan = stages[index], plans[index]
-            if loop_state.batch_index == 0:  # the stage begins here (a resumed run may continue inside one)
-                cache.stage_began(index, tracker, run_dir / "samples.jsonl")
-                model = _begin_stage(run, model, index, step)
-            batches = stage_batches(plan, model, list(exp.tasks), tokenizer.pad_token_id, step,
-                                    tracker.log if loop_state.batch_index == 0 else None)
-            save_resume_point_at = _resume_saver(run, model, index)
-            with console.stage_progress(stage.name, len(plan.batches)) as advance:
-                advance(loop_state.batch_index)
-                step = train_stage(model, batches, StageLoop(
-                    stage=stage.name, start_step=step - loop_state.batch_index, tasks=list(exp.tasks),
-                    log=tracker.log, evaluate=lambda s, name=stage.name: evals.run(model, name, s), train=stage.train,
-                    special_tokens=stage_special_tokens(tokenizer, plan.token_batches()), eval_every=exp.eval.every,
-                    injector=injector, save_checkpoint=save_resume_point_at,
-                    progress=after_progress(on_progress, advance), kill_at=distributed.kill_step(exp.debug.kill_rank),
-                ), resume=loop_state)
-            _end_stage(run, model, index, step, save_resume_point_at)
-            cache.stage_ended(index, model, step, tracker, run_dir / "samples.jsonl")
-            summary_stages.append(_stage_summary(plan, evals, index, plans))
+            model, step = _run_stage(run, model, index, step, loop_state, cache, injector, on_progress)
+            summary_stages.append(_stage_summary(plans[index], evals, index, plans))
             loop_state = LoopState()  # the next stage begins at its first batch
         exit_code = 0
     except NonFiniteError as e:
@@ -172,7 +154,33 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
             tracker.close(exit_code)
 
     base = {**base_info, "seconds": base_seconds}
-    return _finish_run(exp, run_dir, _close_run(run, step, summary_stages, base, started, start.resumed_from), console)
+    return finish_run(exp, run_dir, _close_run(run, step, summary_stages, base, started, start.resumed_from), console)
+
+
+def _run_stage(run: _Run, model, index: int, step: int, loop_state: LoopState, cache: StageCache,
+               injector: Optional[Injector], on_progress: Optional[Callable[[], None]]) -> tuple[Any, int]:
+    """Stage ``index`` from where ``loop_state`` left it (its first batch, or inside it on a resume) to its end:
+    ``(model, step)`` after it."""
+    exp, stage, plan, tracker = run.exp, run.stages[index], run.plans[index], run.tracker
+    samples = run.run_dir / "samples.jsonl"
+    if loop_state.batch_index == 0:  # the stage begins here (a resumed run may continue inside one)
+        cache.stage_began(index, tracker, samples)
+        model = _begin_stage(run, model, index, step)
+    batches = stage_batches(plan, model, list(exp.tasks), run.tokenizer.pad_token_id, step,
+                            tracker.log if loop_state.batch_index == 0 else None)
+    save_resume_point_at = _resume_saver(run, model, index)
+    with run.console.stage_progress(stage.name, len(plan.batches)) as advance:
+        advance(loop_state.batch_index)
+        step = train_stage(model, batches, StageLoop(
+            stage=stage.name, start_step=step - loop_state.batch_index, tasks=list(exp.tasks),
+            log=tracker.log, evaluate=lambda s, name=stage.name: run.evals.run(model, name, s), train=stage.train,
+            special_tokens=stage_special_tokens(run.tokenizer, plan.token_batches()), eval_every=exp.eval.every,
+            injector=injector, save_checkpoint=save_resume_point_at,
+            progress=after_progress(on_progress, advance), kill_at=distributed.kill_step(exp.debug.kill_rank),
+        ), resume=loop_state)
+    _end_stage(run, model, index, step, save_resume_point_at)
+    cache.stage_ended(index, model, step, tracker, samples)
+    return model, step
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -180,7 +188,7 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _open_run(exp: Experiment, run_dir: Path, **identity: str) -> str:
+def open_run(exp: Experiment, run_dir: Path, **identity: str) -> str:
     """Create ``run_dir`` with the resolved experiment and ``run.json`` (a new run id, plus ``identity``);
     returns the run id."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -232,7 +240,7 @@ def _describe_base(exp: Experiment, data, model, tokenizer, added: list[int], co
     return flagged_summary(reports)
 
 
-def _log_baselines(tracker: Tracker, baselines: dict, stage: str) -> dict[str, Any]:
+def log_baselines(tracker: Tracker, baselines: dict, stage: str) -> dict[str, Any]:
     """Log the eval pools' baselines (``baseline_<metric>`` rows at step 0, unless a resumed run's store already has
     them); returns them for ``summary.json``."""
     if not any(r.metric.startswith("baseline_") for r in tracker.existing_rows()):
@@ -267,7 +275,7 @@ def _close_run(run: _Run, step: int, stages: list[dict[str, Any]], base: dict[st
     return summary
 
 
-def _finish_run(exp: Experiment, run_dir: Path, summary: dict[str, Any], console) -> RunResult:
+def finish_run(exp: Experiment, run_dir: Path, summary: dict[str, Any], console) -> RunResult:
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
     console.final_report(summary, exp.eval.splits)
     return RunResult(run_dir, summary)
@@ -403,55 +411,3 @@ def _stage_summary(plan: StagePlan, evals: EvalLog, index: int, plans: list[Stag
             "metrics": evals.stage_end_table(plan.stage.name), "intervals": evals.stage_end_intervals(plan.stage.name)}
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# A checkpoint alone
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def eval_output_dir(out: Optional[Path], exp: Experiment, root: Path = Path("runs")) -> Path:
-    """Where ``harness eval`` writes: ``out`` when it is new or empty, else a new ``eval-<time>-<hex>``
-    subdirectory of it (so ``--out RUN`` never touches the training run's own files); default
-    ``runs/<name>/eval-<time>-<hex>``."""
-    if out is None:
-        return root / exp.name / unique_run_name("eval")
-    if out.is_dir() and any(out.iterdir()):
-        return out / unique_run_name("eval")
-    return out
-
-
-def evaluate_checkpoint(exp: Experiment, checkpoint: Path, run_dir: Path, console=None) -> RunResult:
-    """Evaluate a saved checkpoint alone with the experiment's evaluators, probes and splits; writes the same
-    outputs as a run (store, samples.jsonl, summary.json, wandb) into ``run_dir``, which it claims (a non-empty or
-    busy directory raises :class:`~harness.runs.rundir.RunDirError`)."""
-    if not (checkpoint / "config.json").exists():
-        raise ConfigError(str(checkpoint), [("", "not a Hugging Face checkpoint directory (no config.json)")])
-    with claim_run_dir(run_dir, resume=False, force=False):
-        return _evaluate_claimed(exp, checkpoint, run_dir, console or Console(enabled=exp.tracking.console))
-
-
-def _evaluate_claimed(exp: Experiment, checkpoint: Path, run_dir: Path, console) -> RunResult:
-    run_id = _open_run(exp, run_dir, checkpoint=str(checkpoint))
-    meta_path = checkpoint / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    stage, step = meta.get("stage", "checkpoint"), int(meta.get("step", 0))
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, trust_remote_code=exp.model.trust_remote_code)
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=exp.model.trust_remote_code)
-    data = build_task_data(exp)
-    encoded = encode_task_data(exp, data, tokenizer, position_limit(model.config))
-    for note in encoded.notes():
-        console.info(note)
-    tracker = Tracker(exp, run_dir, run_id, {**exp.resolved_dict(), "checkpoint": str(checkpoint)})
-    evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
-                    console.evaluation_hook(encoded.eval_items), run_id=run_id,
-                    benchmarks=make_benchmarks(exp, data.world, tokenizer, run_dir, [step]))
-    try:
-        baselines = _log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stage)
-        evals.run(model, stage, step)
-    finally:
-        tracker.close()
-    summary = {"run_id": run_id, "experiment": exp.name, "run_dir": str(run_dir), "checkpoint": str(checkpoint),
-               "stages": [{"name": stage, "start_step": step, "end_step": step,
-                           "metrics": evals.stage_end_table(stage), "intervals": evals.stage_end_intervals(stage)}],
-               "baselines": baselines, "seesaw_events": [], "too_long": encoded.too_long_counts(),
-               "timing": {"total_s": evals.seconds, "eval_s": evals.seconds, "eval_share": 1.0}}
-    return _finish_run(exp, run_dir, summary, console)
