@@ -50,7 +50,7 @@ EXPLICIT: dict[str, Any] = {
     "tasks.recipe": "yesno", "tasks.params": {"max_words": 2}, "tasks.system": "Answer briefly.",
     "trainable.target_modules": ["q_proj"], "trainable.unfreeze": ["lm_head"], "loss.task_weights": {"math": 2.0},
     "optim.betas": [0.8, 0.9], "eval.evaluators": ["greedy"], "eval.probes": [], "eval.hijack_words": ["yes"],
-    "eval.splits": ["heldout", "train"], "tracking.wandb.project": "other", "tracking.wandb.entity": "me",
+    "eval.splits": ["heldout", "train"], "eval.benchmarks": [{"task": "world_mc", "limit": 10}], "tracking.wandb.project": "other", "tracking.wandb.entity": "me",
     "tracking.wandb.group": "g", "tracking.wandb.tags": ["t"], "name@stage": "renamed", "init@stage": "a",
     "mixture@stage": {"repeat": 0.3, "yesno": 0.7}, "debug.inject_nonfinite": {"step": 2, "module": "lm_head"},
     "debug.kill_rank": {"step": 2}, "debug.inject_nonfinite.module": "embed",
