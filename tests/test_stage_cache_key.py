@@ -22,7 +22,7 @@ from harness.runs import code_identity
 from harness.runs.prepare import build_task_data
 from harness.runs.stage_cache import NOT_SHAPING, STAGE_NOT_SHAPING, stage_keys, task_data_hash
 from harness.training import compiling
-from tests.conftest import TINY
+from tests.conftest import ROOT, TINY
 
 STAGE = 1  # the stage whose own fields are changed (of three)
 
@@ -304,6 +304,13 @@ def test_the_code_hash_names_the_layers_that_shape_numbers():
             "harness/runs/runner.py", "harness/core/stats.py", "harness/config/schema.py",
             "data_recipes/count.py"} <= files
     assert not {"harness/runs/console.py", "harness/runs/tracking.py", "harness/cli/app.py"} & files
+
+
+def test_every_run_module_is_placed_in_or_out_of_the_code_hash():
+    modules = {p.stem for p in (ROOT / "harness" / "runs").glob("*.py")}
+    shaping, not_shaping = set(code_identity.SHAPING_RUN_MODULES), set(code_identity.NOT_SHAPING_RUN_MODULES)
+    assert not shaping & not_shaping
+    assert modules == shaping | not_shaping, "place each module of harness/runs in one list of code_identity"
 
 
 def test_file_digests_are_remembered_by_path_size_and_mtime(code_copy, tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ Which source counts, by layer (``docs/design.md``, "Layers"):
   ``harness.data`` (encoding, batches), ``harness.models``, ``harness.training`` and ``harness.evaluation``: the
   layers a stage's training and evaluation run through;
 - the modules of ``harness.runs`` that shape numbers: ``prepare`` (task data, encoding, which eval items fit,
-  the stage plan), ``pretrain`` and ``images`` (the base model), ``runner`` (the stage loop, the evaluation
+  the stage plan), ``pretrain`` and ``images`` (the base model), ``packing`` (packed or padded batches), ``runner`` (the stage loop, the evaluation
   schedule), ``evallog`` (the rows and per-item outcomes an evaluation stores), ``ranks`` (a distributed run's
   session) and ``stage_cache`` itself (what an entry holds and how a replay restores RNG state);
 - every file under ``data_recipes/`` (a recipe makes the task data and scores its answers).
@@ -41,7 +41,18 @@ from harness.runs.pretrain import cache_root
 REPO = Path(__file__).resolve().parents[2]
 SHAPING_PACKAGES = ("harness/core", "harness/config", "harness/data", "harness/models", "harness/training",
                     "harness/evaluation", "data_recipes")
-SHAPING_RUN_MODULES = ("prepare", "pretrain", "images", "runner", "evallog", "ranks", "stage_cache")
+SHAPING_RUN_MODULES = ("prepare", "pretrain", "images", "packing", "runner", "evallog", "ranks", "stage_cache")
+# The other modules of harness/runs, each with why it cannot change a stored number (a new module must be placed in
+# one list or the other: tests/test_stage_cache_key.py)
+NOT_SHAPING_RUN_MODULES = {
+    "__init__": "the package's docstring",
+    "console": "prints",
+    "tracking": "forwards the rows it is given to the store and wandb",
+    "rundir": "claims run directories",
+    "cache_housekeeping": "lists and prunes cache entries",
+    "checkpoint_eval": "harness eval: evaluates a checkpoint outside any stage, stores no cache entry",
+    "code_identity": "this file",
+}
 
 
 def shaping_files(root: Path = REPO) -> list[Path]:
