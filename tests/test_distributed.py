@@ -90,11 +90,13 @@ def test_two_ranks_give_the_same_predictions_and_rank_0_alone_writes(one_and_two
     rows = [_samples(d / "samples.jsonl") for d in (one, two)]
     assert len(rows[0]) == len(rows[1]) > 0
     # Same lines in the same order, every field equal but the first-token probabilities (weights ~1e-7 apart): the
-    # top-5 probabilities within 1e-3, and the gold first token's rank among near-tied untrained tokens may move.
+    # top-5 probabilities and a two-answer task's P(first answer) (choice_p) within 1e-3, and the gold first token's
+    # rank among near-tied untrained tokens may move.
     for a, b in zip(*rows):
-        floats = ("top5", "gold_first_rank")
+        floats = ("top5", "gold_first_rank", "choice_p")
         assert {k: v for k, v in a.items() if k not in floats} == {k: v for k, v in b.items() if k not in floats}
         assert all(abs(x["prob"] - y["prob"]) < 1e-3 for x, y in zip(a["top5"], b["top5"]))
+        assert ("choice_p" in a) == ("choice_p" in b) and abs(a.get("choice_p", 0) - b.get("choice_p", 0)) < 1e-3
     assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())
     summary = json.loads((two / "summary.json").read_text())
     assert [s["name"] for s in summary["stages"]] == ["repeat_only", "short", "assistant"]
