@@ -18,6 +18,7 @@ import grimp
 import pytest
 
 from tests.conftest import ROOT
+from tests.test_import_graph import strongly_connected
 
 PACKAGES = ("harness", "analysis", "data_recipes")
 
@@ -32,46 +33,9 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
 
 def import_cycles(*packages: str) -> list[list[str]]:
     """Every set of modules that import each other (strongly connected components of more than one module of
-    grimp's import graph), each sorted."""
+    grimp's import graph, every import statement counted), each sorted."""
     graph = grimp.build_graph(*packages, cache_dir=None)
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    cycles: list[list[str]] = []
-    for root in sorted(graph.modules):  # Tarjan's algorithm, iteratively (no recursion limit)
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    cycles.append(sorted(component))
-    return cycles
+    return strongly_connected({m: graph.find_modules_directly_imported_by(m) for m in graph.modules})
 
 
 @pytest.fixture(scope="module")
