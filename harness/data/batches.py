@@ -124,3 +124,8 @@ def collate(examples: list[Encoded], pad_id: int) -> Batch:
     supervised = np.flatnonzero(labels != IGNORE_INDEX)
     return Batch(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(labels),
                  [e.task for e in examples], real, int(mask.size), torch.from_numpy(supervised))
+
+
+def task_share_max(tasks: list[str]) -> float:
+    """The largest single task's share of a batch's examples (``train/batch_task_share_max``)."""
+    return max(map(tasks.count, set(tasks))) / len(tasks)

@@ -35,7 +35,7 @@ from harness.training.special_tokens import check_special_token_gradients
 from harness.training.compiling import compile_decision, compiled_stage
 from harness.training.forward import supervised_logits
 from harness.config import LossSpec, OptimSpec, TrainSpec
-from harness.data.batches import Batch
+from harness.data.batches import Batch, task_share_max
 from harness.training.health import GroupStats, gathered
 from harness.training.guard import Injector, NonFiniteError, first_nonfinite_module, nonfinite_grads
 from harness.training.losses import first_answer_tokens, token_losses_and_ce, token_weights, weighted_mean
@@ -100,11 +100,6 @@ def make_optimizer(model, spec: OptimSpec, total_steps: int):
     return optimizer, scheduler
 
 
-def _task_share_max(tasks: list[str]) -> float:
-    """The largest single task's share of a batch's examples."""
-    return max(map(tasks.count, set(tasks))) / len(tasks)
-
-
 @dataclass
 class Window:
     """Training metrics accumulated over one logging window (on-device sums, read once per window)."""
@@ -126,8 +121,8 @@ class Window:
         self.grad_norm_sum = torch.zeros(()) if self.grad_norm_sum is None else self.grad_norm_sum
 
     def add(self, losses: torch.Tensor, task_of_token: torch.Tensor, grad_norm: torch.Tensor, batch: Batch,
-            task_share_max: Optional[float] = None) -> None:
-        """One successful step. ``task_share_max``: the global batch's (:func:`_task_share_max`), when ``batch``
+            global_share: Optional[float] = None) -> None:
+        """One successful step. ``global_share``: the global batch's (:func:`task_share_max`), when ``batch``
         is one rank's slice of it; else it is ``batch``'s own."""
         if self.loss_sum.device != losses.device:  # sums live where the losses are: no per-step host copy
             self.loss_sum, self.token_count, self.grad_norm_sum = (
@@ -138,7 +133,7 @@ class Window:
         self.steps += 1
         self.real_tokens += batch.n_real_tokens
         self.padded_tokens += batch.n_padded_tokens
-        self.task_share_max_sum += task_share_max if task_share_max is not None else _task_share_max(batch.tasks)
+        self.task_share_max_sum += global_share if global_share is not None else task_share_max(batch.tasks)
 
     def rows(self, tasks: list[str], stage: str, step: int, lr: float) -> list[Row]:
         counts = self.token_count.tolist()
@@ -321,7 +316,7 @@ def _source(batches, loop: StageLoop, state: LoopState, parallel
     if isinstance(batches, list):
         if parallel is None:
             return state, batches, None, None
-        return state, [parallel.shard(b) for b in batches], [_task_share_max(b.tasks) for b in batches], None
+        return state, [parallel.shard(b) for b in batches], [task_share_max(b.tasks) for b in batches], None
     if state.mixture is not None:
         batches.load(state.mixture)
     steering = Steering(batches, loop.tasks, loop.stage, parallel, state.steer)

@@ -14,6 +14,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from harness.data.batches import task_share_max
+
 from harness.core.store import Row
 
 
@@ -34,7 +36,7 @@ class Steering:
         """The step's batch: the stream's next global batch, this rank's slice of it, on ``device``."""
         batch = self.stream.next_batch()
         # the largest task share of the global batch (train/batch_task_share_max), before this rank takes its slice
-        self.global_share = max(map(batch.tasks.count, set(batch.tasks))) / len(batch.tasks)
+        self.global_share = task_share_max(batch.tasks)
         if self.parallel is not None:
             batch = self.parallel.shard(batch)
         return batch.to(device)
