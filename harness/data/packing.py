@@ -54,9 +54,10 @@ def row_count(lengths: Sequence[int], factor: Optional[int] = ROW_WIDTH_FACTOR) 
 
 
 def pack(examples: Sequence[tuple[np.ndarray, np.ndarray]], tasks: Sequence[str], pad_id: int,
-         factor: Optional[int] = ROW_WIDTH_FACTOR) -> Batch:
+         factor: Optional[int] = ROW_WIDTH_FACTOR, varlen: bool = False) -> Batch:
     """A packed :class:`~harness.data.batches.Batch` of ``examples`` (``(input_ids, labels)`` per example, labels
-    already shifted and ending with ``IGNORE_INDEX``) and their ``tasks``."""
+    already shifted and ending with ``IGNORE_INDEX``) and their ``tasks``; ``varlen``: the forward attends
+    example by example (:class:`~harness.data.batches.Layout`)."""
     import torch
 
     lengths = [len(ids) for ids, _ in examples]
@@ -86,12 +87,13 @@ def pack(examples: Sequence[tuple[np.ndarray, np.ndarray]], tasks: Sequence[str]
                  int(sum(lengths)), int(ids.size), torch.from_numpy(np.concatenate(supervised)),
                  position_ids=torch.from_numpy(positions),
                  example_of_token=torch.from_numpy(np.concatenate(example_of_token)),
-                 layout=Layout(tuple(spans), pad_id, factor))
+                 layout=Layout(tuple(spans), pad_id, factor, varlen))
 
 
-def pack_encoded(examples: Sequence, pad_id: int, factor: Optional[int] = ROW_WIDTH_FACTOR) -> Batch:
+def pack_encoded(examples: Sequence, pad_id: int, factor: Optional[int] = ROW_WIDTH_FACTOR,
+                 varlen: bool = False) -> Batch:
     """:func:`pack` of encoded examples (:class:`harness.data.encoding.Encoded`)."""
-    return pack([(e.input_ids, e.labels) for e in examples], [e.task for e in examples], pad_id, factor)
+    return pack([(e.input_ids, e.labels) for e in examples], [e.task for e in examples], pad_id, factor, varlen)
 
 
 def examples_of(batch: Batch) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -125,10 +127,11 @@ def rows_of(batch: Batch, start: int, end: int) -> Batch:
     return Batch(batch.input_ids[start:end], mask, labels, [batch.tasks[i] for i in kept], int(mask.sum()),
                  int(mask.numel()), torch.cat(supervised), position_ids=batch.position_ids[start:end],
                  example_of_token=torch.cat(example_of_token),
-                 layout=Layout(tuple(spans), batch.layout.pad_id, batch.layout.factor))
+                 layout=Layout(tuple(spans), batch.layout.pad_id, batch.layout.factor, batch.layout.varlen))
 
 
 def repacked(batch: Batch, start: int, end: int) -> Batch:
     """The packed batch of examples ``start:end`` of a packed ``batch`` (a data-parallel rank's slice), laid out
     as the whole batch was."""
-    return pack(examples_of(batch)[start:end], batch.tasks[start:end], batch.layout.pad_id, batch.layout.factor)
+    return pack(examples_of(batch)[start:end], batch.tasks[start:end], batch.layout.pad_id, batch.layout.factor,
+                batch.layout.varlen)

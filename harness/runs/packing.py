@@ -2,12 +2,15 @@
 plan's padded batches, or the same examples packed (:mod:`harness.data.packing`) once
 :func:`harness.training.packing.check_packing` has shown them exact on that model.
 
-``auto`` (the default) packs when exact and otherwise pads, with one warning line naming the model type and what
-leaked; ``true`` stops with :class:`~harness.training.packing.PackingError` (exit 2) instead; ``false`` pads
-without checking. Image batches are padded (``true`` is refused when the stage is planned, before training), and
-so are stages that compile their forward under ``auto`` (packed compiled steps are slow: docs/packing.md).
-The check's result is a store row at the stage's first step: ``train/packing_max_rel_diff`` (and the tolerance it
-was held to, ``train/packing_tolerance``; ``train/packed`` 1 or 0 says which batches trained).
+Packed layouts are tried best first (:func:`layouts`): under sdpa or eager attention one row attended example by
+example (:mod:`harness.models.packed_attention`), then rows with transformers' block-diagonal mask; under flash
+attention one row. ``auto`` (the default) packs with the first layout proven exact and otherwise pads, with one
+warning line naming the model type and what leaked; ``true`` stops with :class:`~harness.training.packing.PackingError`
+(exit 2) instead; ``false`` pads without checking. Image batches are padded (``true`` is refused when the stage is
+planned, before training), and so are stages that compile their forward under ``auto`` (packed compiled steps are
+slow: docs/packing.md). The check's result is a store row at the stage's first step: ``train/packing_max_rel_diff``
+(and the tolerance it was held to, ``train/packing_tolerance``; ``train/packed`` 1 or 0 says which batches trained,
+``train/packing_varlen`` 1 when they attend example by example).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any, Callable, Optional
 
 from harness.core.store import Row
 from harness.data.packing import ROW_WIDTH_FACTOR, pack_encoded
+from harness.models.packed_attention import UnsupportedAttention, can_replace
 from harness.runs.prepare import StagePlan
 from harness.training.compiling import compile_decision
 from harness.training.packing import PackingError, check_packing
@@ -33,15 +37,24 @@ def stage_batches(plan: StagePlan, model, tasks: list[str], pad_id: int, step: i
     if setting is False or plan.has_images or not plan.examples:
         return plan.batches
     device = next(model.parameters()).device.type
-    if setting == "auto" and compile_decision(stage.train.compile, len(plan.batches), device):
+    compiled = compile_decision(stage.train.compile, len(plan.batches), device)
+    if setting == "auto" and compiled:
         # Compiled, packed steps ran ~100x slower on a CPU (bench/train_speed.py, harness-compile, 12 steps): the
         # cause is not measured yet (recompiles on the rows' shapes?). Until it is solved, auto keeps them padded.
         log.info("stage %r: compiled stages train on padded batches (train.packing: auto)", stage.name)
         return plan.batches
-    packed = [pack_encoded(examples, pad_id, row_factor(model)) for examples in plan.examples]
-    result = check_packing(model, plan.batches, packed, stage.train.loss, tasks, stage.train.precision)
+    result = None
+    for varlen, factor in layouts(model, compiled):
+        packed = [pack_encoded(examples, pad_id, factor, varlen) for examples in plan.examples]
+        try:
+            result = check_packing(model, plan.batches, packed, stage.train.loss, tasks, stage.train.precision)
+        except UnsupportedAttention as error:  # the model's attention asks for more than harness_varlen does
+            log.info("stage %r: example-by-example attention unavailable (%s); trying masked rows", stage.name, error)
+            continue
+        if result.exact:
+            break
     if record is not None:
-        record(_rows(stage.name, step, result, result.exact), step)
+        record(_rows(stage.name, step, result, varlen), step)
     if result.exact:
         return packed
     if setting is True:
@@ -51,15 +64,21 @@ def stage_batches(plan: StagePlan, model, tasks: list[str], pad_id: int, step: i
     return plan.batches
 
 
-def row_factor(model) -> Optional[int]:
-    """One row under flash attention (its varlen kernels cost nothing for the boundaries); rows of
-    :data:`~harness.data.packing.ROW_WIDTH_FACTOR` × the longest example under sdpa / eager, whose block-diagonal
-    mask costs rows × width² (docs/packing.md has the measurement)."""
+def layouts(model, compiled: bool = False) -> list[tuple[bool, Optional[int]]]:
+    """The packed layouts to try, best first, as ``(varlen, row factor)``: under sdpa or eager attention, one row
+    attended example by example (:mod:`harness.models.packed_attention`: no padding, no mask; not in a compiled
+    forward, whose graph would be traced through the per-step plan), then rows of
+    :data:`~harness.data.packing.ROW_WIDTH_FACTOR` × the longest example with transformers' block-diagonal mask
+    (which costs rows × width²: docs/packing.md has the measurement); under flash attention one row (its varlen
+    kernels cost nothing for the boundaries)."""
     implementation = str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")
-    return None if implementation.startswith("flash") else ROW_WIDTH_FACTOR
+    if implementation.startswith("flash"):
+        return [(False, None)]
+    return ([(True, None)] if can_replace(model) and not compiled else []) + [(False, ROW_WIDTH_FACTOR)]
 
 
-def _rows(stage: str, step: int, result: Any, packed: bool) -> list[Row]:
+def _rows(stage: str, step: int, result: Any, varlen: bool) -> list[Row]:
     return [Row(stage, step, None, "train", "packing_max_rel_diff", result.max_rel_diff),
             Row(stage, step, None, "train", "packing_tolerance", result.tolerance),
-            Row(stage, step, None, "train", "packed", float(packed))]
+            Row(stage, step, None, "train", "packed", float(result.exact)),
+            Row(stage, step, None, "train", "packing_varlen", float(result.exact and varlen))]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Optional, Union
 
 import torch
 
+from harness.models.packed_attention import SEGMENTS_KWARG, packed_attention, segment_plan
 from harness.training.compiling import forward_of
 
 
@@ -26,16 +28,22 @@ def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 def supervised_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       selected: torch.Tensor, compiled: Union[bool, str] = False,
-                      position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                      position_ids: Optional[torch.Tensor] = None, varlen: bool = False) -> torch.Tensor:
     """Logits ``[N, V]`` at the ``selected`` flat positions (row × T + t, as :attr:`harness.data.batches.Batch.supervised`)
     only; they gather without a host sync. ``compiled``: run the forward through ``torch.compile``
     (:func:`harness.training.compiling.forward_of`: ``"auto"`` falls back to eager if compiling fails, ``True`` raises).
-    ``position_ids``: a packed batch's (:mod:`harness.data.packing`); ``attention_mask`` is then not passed."""
+    ``position_ids``: a packed batch's (:mod:`harness.data.packing`); ``attention_mask`` is then not passed.
+    ``varlen``: the packed batch attends example by example (:mod:`harness.models.packed_attention`)."""
     def pick(x: torch.Tensor) -> torch.Tensor:  # [B, T, …] → [N, …]
         return x.flatten(0, 1).index_select(0, selected)
 
     inputs = model_inputs(input_ids, attention_mask, position_ids)
-    if getattr(model.config, "model_type", None) in _HEAD_ONLY_TYPES and model.get_output_embeddings() is not None:
-        hidden = forward_of(model.base_model, compiled)(**inputs).last_hidden_state
-        return model.get_output_embeddings()(pick(hidden))
-    return pick(forward_of(model, compiled)(**inputs).logits)
+    attending = nullcontext()
+    if varlen and position_ids is not None:
+        inputs[SEGMENTS_KWARG] = segment_plan(position_ids)
+        attending = packed_attention(model)
+    with attending:
+        if getattr(model.config, "model_type", None) in _HEAD_ONLY_TYPES and model.get_output_embeddings() is not None:
+            hidden = forward_of(model.base_model, compiled)(**inputs).last_hidden_state
+            return model.get_output_embeddings()(pick(hidden))
+        return pick(forward_of(model, compiled)(**inputs).logits)

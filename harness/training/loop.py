@@ -54,15 +54,16 @@ def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, task
     batch) the forward runs through DDP and the loss is this rank's term of the global mean.
     """
     supervised = batch.supervised  # flat positions, found once at collation
+    varlen = bool(getattr(getattr(batch, "layout", None), "varlen", False))
     with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-autocast"):
         if getattr(batch, "pixel_values", None) is not None:  # an image-text batch (harness.data.images)
             logits = vision_supervised_logits(unwrap(model), batch, supervised)
         elif parallel is None:
             logits = supervised_logits(unwrap(model), batch.input_ids, batch.attention_mask, supervised, compiled,
-                                       batch.position_ids)
+                                       batch.position_ids, varlen)
         else:
             logits = parallel.logits_module(model)(batch.input_ids, batch.attention_mask, supervised, compiled,
-                                                   batch.position_ids)
+                                                   batch.position_ids, varlen)
     losses, ce = token_losses_and_ce(logits, batch.labels.flatten()[supervised], spec)
     example_of_token = batch.example_of_token  # the example (index into batch.tasks) of each supervised token
     task_of_token = task_ids[example_of_token]

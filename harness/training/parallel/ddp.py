@@ -56,8 +56,10 @@ class _SupervisedLogits(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, selected, compiled: bool = False, position_ids=None):
-        return supervised_logits(unwrap(self.model), input_ids, attention_mask, selected, compiled, position_ids)
+    def forward(self, input_ids, attention_mask, selected, compiled: bool = False, position_ids=None,
+                varlen: bool = False):
+        return supervised_logits(unwrap(self.model), input_ids, attention_mask, selected, compiled, position_ids,
+                                 varlen)
 
 
 class DataParallel:
