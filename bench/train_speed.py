@@ -73,7 +73,10 @@ HARNESS_CONFIGS = {
     "harness": {},  # the defaults: packing auto (packs once proven exact), no length grouping
     "harness-nopacking": {"packing": False},  # the defaults before train.packing
     "harness-grouped": {"packing": False, "length_grouping": 50},  # length grouping instead (the bench until then)
-    # packed rows of another width (harness.data.packing.ROW_WIDTH_FACTOR, 4 by default; None: one row per step)
+    # packed rows attended through transformers' block-diagonal mask (the layout before example-by-example
+    # attention, harness.models.packed_attention), rows of 4x the longest example (harness.data.packing.ROW_WIDTH_FACTOR,
+    # the fallback) or another width (None: one row per step)
+    "harness-masked": {"row_factor": 4},
     "harness-rows1x": {"row_factor": 1}, "harness-rows2x": {"row_factor": 2}, "harness-rows8x": {"row_factor": 8},
     "harness-onerow": {"row_factor": None},
     "harness-noguard": {"nonfinite": "off"},
@@ -91,7 +94,7 @@ TRL_CONFIGS = {
     "trl-bfd": {"packing": True, "packing_strategy": "bfd"},
     "trl-bfd-nockpt": {"packing": True, "packing_strategy": "bfd", "gradient_checkpointing": False},
 }
-DEFAULT_CONFIGS = ["harness", "harness-nopacking", "harness-grouped", "trl-default", "trl-padding-free", "trl-bfd",
+DEFAULT_CONFIGS = ["harness", "harness-masked", "harness-nopacking", "harness-grouped", "trl-default", "trl-padding-free", "trl-bfd",
                    "trl-group-by-length", "trl-group-by-length-nockpt", "trl-bfd-nockpt",
                    "harness-compile", "harness-noguard", "harness-nodiag", "harness-bare"]
 

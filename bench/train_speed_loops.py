@@ -30,10 +30,11 @@ def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None
     from harness.training.loop import StageLoop, train_stage
 
     overrides = dict(overrides)
-    if "row_factor" in overrides:  # the width of packed rows (not a train setting): the runner's constant, here
+    if "row_factor" in overrides:  # masked packed rows of another width instead of the runner's choice of layout
         from harness.runs import packing
 
-        packing.ROW_WIDTH_FACTOR = overrides.pop("row_factor")
+        factor = overrides.pop("row_factor")
+        packing.layouts = lambda model, compiled=False: [(False, factor)]
     exp, pools = load_inputs(workdir, overrides)
     model, tokenizer = load_model(workdir, device)
     stage = exp.resolved_stages()[0]
