@@ -18,7 +18,7 @@ from harness.data.packing import balanced_rows, examples_of, pack_encoded, repac
 from harness.models.builtin import build_builtin
 from harness.models.hf import load_hf
 from harness.training.loop import batch_loss
-from harness.training.packing import PackingCheck, check_packing
+from harness.training.packing import PackingCheck, _rel, check_packing
 from harness.training.special_tokens import _read_token_ids
 
 from .conftest import write_yaml
@@ -77,12 +77,18 @@ LOSSES = {
 }
 
 
+# (row factor, varlen): masked rows of 2x the longest example; one row attended example by example
+LAYOUTS = {"masked": (2, False), "varlen": (None, True)}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("name", list(LOSSES))
-def test_packed_loss_and_gradient_equal_the_padded_ones(tok, groups, name):  # noqa: F811
+def test_packed_loss_and_gradient_equal_the_padded_ones(tok, groups, name, layout):  # noqa: F811
     model = build_builtin(ModelSpec(builtin="qwen2-tiny", config=SMALL["qwen2-tiny"]), tok, seed=0)
     spec = LOSSES[name]
     outcomes = []
-    for batch in (collate(groups[1], tok.pad_token_id), pack_encoded(groups[1], tok.pad_token_id, factor=2)):
+    factor, varlen = LAYOUTS[layout]
+    for batch in (collate(groups[1], tok.pad_token_id), pack_encoded(groups[1], tok.pad_token_id, factor, varlen)):
         task_ids = torch.tensor([TASKS.index(t) for t in batch.tasks])
         loss, ce, task_of_token = batch_loss(model, batch, spec, task_ids, TASKS)
         loss.backward()
@@ -103,11 +109,12 @@ def test_packed_rows_read_only_their_own_examples_tokens(tok, groups):  # noqa: 
     assert _read_token_ids(packed) == _read_token_ids(padded)
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("name", list(SMALL))
-def test_the_check_on_every_builtin(tok, groups, name):  # noqa: F811
+def test_the_check_on_every_builtin(tok, groups, name, layout):  # noqa: F811
     model = build_builtin(ModelSpec(builtin=name, config=SMALL[name]), tok, seed=0)
     padded = [collate(g, tok.pad_token_id) for g in groups]
-    packed = [pack_encoded(g, tok.pad_token_id) for g in groups]
+    packed = [pack_encoded(g, tok.pad_token_id, *LAYOUTS[layout]) for g in groups]
     before = {k: v.clone() for k, v in model.state_dict().items()}
     result = check_packing(model, padded, packed, LossSpec(), TASKS)
     assert model.training and all(p.grad is None for p in model.parameters())  # left as it was
@@ -120,12 +127,13 @@ def test_the_check_on_every_builtin(tok, groups, name):  # noqa: F811
         assert result.exact and result.leaked is None, result
 
 
-def test_the_check_on_a_local_hf_gpt2_with_learned_positions(local_gpt2, groups, tok):  # noqa: F811
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_check_on_a_local_hf_gpt2_with_learned_positions(local_gpt2, groups, tok, layout):  # noqa: F811
     directory, _ = local_gpt2
     model, tokenizer, _ = load_hf(ModelSpec(hf=str(directory)), return_added=True)
     encoded = encode_examples(tokenizer, [_varied(i) for i in range(16)])
     padded = [collate(encoded[i:i + 8], tokenizer.pad_token_id) for i in (0, 8)]
-    packed = [pack_encoded(encoded[i:i + 8], tokenizer.pad_token_id) for i in (0, 8)]
+    packed = [pack_encoded(encoded[i:i + 8], tokenizer.pad_token_id, *LAYOUTS[layout]) for i in (0, 8)]
     assert check_packing(model, padded, packed, LossSpec(), TASKS).exact
 
     class RowPositions(torch.nn.Module):
@@ -159,10 +167,67 @@ def test_a_forward_with_a_cache_is_caught(tok, groups, monkeypatch):  # noqa: F8
     assert not result.exact and result.leaked == "attention"
 
 
+def test_varlen_attention_that_lets_examples_see_each_other_is_caught(tok, groups, monkeypatch):  # noqa: F811
+    """A planted bug in example-by-example attention: the plan treats the whole row as one example (positions
+    still restart). The check must name attention, not pass it."""
+    from harness.models import packed_attention
+    from harness.training import forward
+
+    def one_segment(position_ids):
+        return packed_attention.segment_plan(torch.arange(position_ids.numel()).view_as(position_ids))
+
+    model = build_builtin(ModelSpec(builtin="qwen2-tiny", config=SMALL["qwen2-tiny"]), tok, seed=0)
+    padded = [collate(g, tok.pad_token_id) for g in groups]
+    packed = [pack_encoded(g, tok.pad_token_id, None, True) for g in groups]
+    assert check_packing(model, padded, packed, LossSpec(), TASKS).exact
+    monkeypatch.setattr(forward, "segment_plan", one_segment)
+    result = check_packing(model, padded, packed, LossSpec(), TASKS)
+    assert not result.exact and result.leaked == "attention", result
+
+
+def test_segment_plan_covers_every_token_once_in_blocks_of_similar_length():
+    from harness.models.packed_attention import BLOCK_OVERHEAD_PAIRS, _blocks_of, segment_plan
+
+    lengths = [7, 30, 3, 12, 30, 5, 21, 9]
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    plan = segment_plan(positions)
+    assert plan.tokens == sum(lengths)
+    flat = torch.cat([b.gather for b in plan.blocks])
+    assert torch.equal(flat[plan.source], torch.arange(sum(lengths)))  # every token's output comes from itself
+    assert sum(b.n for b in plan.blocks) == len(lengths)
+    # every block's width is its longest example, and the blocks are the cheapest cut (brute force over cuts)
+    ordered = sorted(lengths, reverse=True)
+    runs = _blocks_of(ordered)
+    assert [b.length for b in plan.blocks] == [ordered[lo] for lo, _ in runs]
+
+    def cost(cuts):
+        bounds = [0, *cuts, len(ordered)]
+        return sum((hi - lo) * ordered[lo] ** 2 + BLOCK_OVERHEAD_PAIRS for lo, hi in zip(bounds, bounds[1:]))
+
+    from itertools import combinations
+
+    best = min(cost(c) for k in range(8) for c in combinations(range(1, len(ordered)), k))
+    assert cost([lo for lo, _ in runs[1:]]) == best
+    # a row's padded tail restarts its positions too: a segment of its own
+    two_rows = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 0]])
+    assert sum(b.n for b in segment_plan(two_rows).blocks) == 6
+
+
 def test_tolerance_comes_from_the_measured_noise_and_the_rounding_floor():
     check = PackingCheck("x", max_rel_diff=1e-6, noise=3e-7, floor=1e-7)
     assert check.tolerance == pytest.approx(4 * 3e-7) and check.exact
     assert PackingCheck("x", 1e-6, noise=0.0, floor=1e-7).tolerance == pytest.approx(4e-7)
+
+
+def test_an_example_the_model_already_fits_does_not_raise_a_false_alarm():
+    """Rounding moves a loss by an absolute amount set by the logits, not by the loss: on an example with a loss
+    near 0 that same rounding is measured against the batch's loss scale, while a real leak still shows."""
+    padded = torch.tensor([2.0, 1.5, 1e-5], dtype=torch.float64)
+    rounding = torch.tensor([2e-7, -1.5e-7, 1e-7], dtype=torch.float64)  # float32-sized absolute errors
+    assert _rel(padded + rounding, padded) < 2e-7  # the fitted example alone would say 1e-2
+    leaked = padded.clone()
+    leaked[1] += 0.01
+    assert _rel(leaked, padded) > 1e-3
 
 
 def _shards(batch, world):
@@ -238,6 +303,7 @@ def test_a_run_packs_by_default_and_trains_as_padded(tiny, tmp_path):
     tiny["train"]["log_every"] = 1
     packed = _run(tmp_path, tiny, "packed")
     assert _values(packed, "packed") == [1.0, 1.0]  # both stages checked, both packed
+    assert _values(packed, "packing_varlen") == [1.0, 1.0]  # example by example: one row, no mask
     diffs, tolerances = _values(packed, "packing_max_rel_diff"), _values(packed, "packing_tolerance")
     assert all(d <= t for d, t in zip(diffs, tolerances))
     tiny["train"]["packing"] = False
@@ -258,6 +324,15 @@ def test_auto_pads_a_model_that_leaks_with_one_warning(tiny, tmp_path, caplog):
     assert _values(frame, "packed") == [0.0]
     assert _values(frame, "packing_max_rel_diff")[0] > _values(frame, "packing_tolerance")[0]
     assert _values(frame, "pad_fraction")[0] > 0  # trained padded
+
+
+def test_attention_varlen_cannot_do_falls_back_to_masked_rows(tiny, tmp_path):
+    """A sliding window (harness_varlen does not do one) packs through transformers' mask instead."""
+    tiny["model"]["config"] = {**tiny["model"]["config"], "num_hidden_layers": 2, "use_sliding_window": True,
+                               "sliding_window": 4, "max_window_layers": 1}  # the second layer slides
+    tiny["stages"] = tiny["stages"][:1]
+    frame = _run(tmp_path, tiny, "window")
+    assert _values(frame, "packed") == [1.0] and _values(frame, "packing_varlen") == [0.0]
 
 
 def test_packing_true_on_a_model_that_leaks_exits_2(tiny, tmp_path):
@@ -325,8 +400,8 @@ def test_auto_pads_a_compiled_stage(tok, groups, tiny, tmp_path, monkeypatch):  
     assert rows == []
     monkeypatch.setattr(packing, "compile_decision", lambda setting, steps, device: False)
     packed = packing.stage_batches(plan, model, TASKS, tok.pad_token_id, 0, lambda r, s: rows.extend(r))
-    assert all(b.packed for b in packed) and [r.metric for r in rows] == ["packing_max_rel_diff",
-                                                                          "packing_tolerance", "packed"]
+    assert all(b.packed and b.layout.varlen for b in packed)
+    assert [r.metric for r in rows] == ["packing_max_rel_diff", "packing_tolerance", "packed", "packing_varlen"]
 
 
 def test_two_ranks_train_packed_batches_like_one_process(tiny, tmp_path):
