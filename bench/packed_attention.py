@@ -11,6 +11,7 @@ example supervised), CE summed and back-propagated. Layouts are timed interleave
 
     python bench/packed_attention.py                  # ~2 minutes on 2 cores
     python bench/packed_attention.py --threads 1 --batch 64
+    python bench/packed_attention.py --batch 16 --lengths 64,512   # longer examples: attention's share grows
 """
 
 from __future__ import annotations
@@ -36,13 +37,13 @@ from harness.training.forward import supervised_logits  # noqa: E402
 VOCAB = 2048
 
 
-def examples(batch: int, seed: int) -> list[Encoded]:
+def examples(batch: int, seed: int, lengths: tuple[int, int] = (15, 81)) -> list[Encoded]:
     import numpy as np
 
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(batch):
-        n = int(rng.integers(15, 82))
+        n = int(rng.integers(lengths[0], lengths[1] + 1))
         ids = rng.integers(0, VOCAB, n)
         labels = np.concatenate([np.full(n // 2, IGNORE_INDEX), ids[n // 2 + 1:], [IGNORE_INDEX]])
         out.append(Encoded("t", ids, labels))
@@ -73,11 +74,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="steps (different examples) per round")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--lengths", default="15,81", help="shortest,longest example (uniform between)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     net = model()
-    steps = [examples(args.batch, seed) for seed in range(args.steps)]
+    lengths = tuple(int(x) for x in args.lengths.split(","))
+    steps = [examples(args.batch, seed, lengths) for seed in range(args.steps)]
     layouts = {
         "padded": ([collate(s, 0) for s in steps], None),
         "masked rows 1x": ([pack_encoded(s, 0, 1) for s in steps], None),
@@ -99,7 +102,7 @@ def main() -> None:
                 step(net, batch, overhead)
             times[name].append((time.perf_counter() - started) / len(batches) * 1000)
     base = statistics.median(times["padded"])
-    print(f"batch {args.batch}, {args.steps} steps x {args.reps} rounds, threads {torch.get_num_threads()}")
+    print(f"batch {args.batch}, lengths {lengths[0]}-{lengths[1]}, {args.steps} steps x {args.reps} rounds, threads {torch.get_num_threads()}")
     print(f"{'layout':<28}{'ms/step':>9}{'min':>8}{'max':>8}{'vs padded':>11}")
     for name, values in times.items():
         median = statistics.median(values)
