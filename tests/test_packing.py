@@ -81,14 +81,20 @@ LOSSES = {
 LAYOUTS = {"masked": (2, False), "varlen": (None, True)}
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", [*LAYOUTS, "varlen, a block per length"])
 @pytest.mark.parametrize("name", list(LOSSES))
-def test_packed_loss_and_gradient_equal_the_padded_ones(tok, groups, name, layout):  # noqa: F811
+def test_packed_loss_and_gradient_equal_the_padded_ones(tok, groups, name, layout, monkeypatch):  # noqa: F811
+    from harness.models import packed_attention
+
     model = build_builtin(ModelSpec(builtin="qwen2-tiny", config=SMALL["qwen2-tiny"]), tok, seed=0)
     spec = LOSSES[name]
     outcomes = []
-    factor, varlen = LAYOUTS[layout]
-    for batch in (collate(groups[1], tok.pad_token_id), pack_encoded(groups[1], tok.pad_token_id, factor, varlen)):
+    factor, varlen = LAYOUTS.get(layout, LAYOUTS["varlen"])
+    packed = pack_encoded(groups[1], tok.pad_token_id, factor, varlen)
+    if layout == "varlen, a block per length":  # the gather, offsets and scatter of several blocks
+        monkeypatch.setattr(packed_attention, "BLOCK_OVERHEAD_PAIRS", 0)
+        assert len(packed_attention.segment_plan(packed.position_ids).blocks) > 1
+    for batch in (collate(groups[1], tok.pad_token_id), packed):
         task_ids = torch.tensor([TASKS.index(t) for t in batch.tasks])
         loss, ce, task_of_token = batch_loss(model, batch, spec, task_ids, TASKS)
         loss.backward()
@@ -185,12 +191,28 @@ def test_varlen_attention_that_lets_examples_see_each_other_is_caught(tok, group
     assert not result.exact and result.leaked == "attention", result
 
 
-def test_segment_plan_covers_every_token_once_in_blocks_of_similar_length():
-    from harness.models.packed_attention import BLOCK_OVERHEAD_PAIRS, _blocks_of, segment_plan
+def test_example_by_example_attention_is_not_offered_where_it_cannot_serve(tok):  # noqa: F811
+    from harness.models.packed_attention import can_replace
 
+    model = build_builtin(ModelSpec(builtin="qwen2-tiny", config=SMALL["qwen2-tiny"]), tok, seed=0)
+    assert can_replace(model)
+    model.gradient_checkpointing_enable()  # the backward's recomputation would attend across the whole row
+    assert not can_replace(model)
+    model.gradient_checkpointing_disable()
+    model.forward = lambda input_ids, position_ids=None: None  # no **kwargs: the plan could not reach attention
+    assert not can_replace(model)
+
+
+@pytest.mark.parametrize("overhead", [100, 16384])
+def test_segment_plan_covers_every_token_once_in_blocks_of_similar_length(overhead, monkeypatch):
+    from harness.models import packed_attention
+    from harness.models.packed_attention import _blocks_of, segment_plan
+
+    monkeypatch.setattr(packed_attention, "BLOCK_OVERHEAD_PAIRS", overhead)
     lengths = [7, 30, 3, 12, 30, 5, 21, 9]
     positions = torch.cat([torch.arange(n) for n in lengths])[None]
     plan = segment_plan(positions)
+    assert (len(plan.blocks) > 1) == (overhead == 100)  # a small overhead cuts blocks; the default does not here
     assert plan.tokens == sum(lengths)
     flat = torch.cat([b.gather for b in plan.blocks])
     assert torch.equal(flat[plan.source], torch.arange(sum(lengths)))  # every token's output comes from itself
@@ -202,7 +224,7 @@ def test_segment_plan_covers_every_token_once_in_blocks_of_similar_length():
 
     def cost(cuts):
         bounds = [0, *cuts, len(ordered)]
-        return sum((hi - lo) * ordered[lo] ** 2 + BLOCK_OVERHEAD_PAIRS for lo, hi in zip(bounds, bounds[1:]))
+        return sum((hi - lo) * ordered[lo] ** 2 + overhead for lo, hi in zip(bounds, bounds[1:]))
 
     from itertools import combinations
 

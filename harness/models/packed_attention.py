@@ -24,6 +24,7 @@ evaluation, generation and padded batches keep the model's own attention and mas
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -51,7 +52,8 @@ class UnsupportedAttention(ValueError):
 @dataclass(frozen=True)
 class Block:
     """Examples of similar length attended together: ``gather`` [n·L] flat token indices (example-major, each
-    example's tokens then its padding, which points at token 0 and is never attended), ``n`` examples of at most
+    example's tokens then its padding, which points at token 0 and is never attended by
+    an example's own queries: causality keeps it after them), ``n`` examples of at most
     ``length`` tokens."""
 
     gather: torch.Tensor
@@ -122,11 +124,15 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
         raise UnsupportedAttention("harness_varlen attention needs a segment plan and no mask or attention weights")
     if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
         raise UnsupportedAttention("harness_varlen attention does not do soft-capping or sliding windows")
+    if kwargs.get("s_aux") is not None or kwargs.get("position_bias") is not None:
+        raise UnsupportedAttention("harness_varlen attention does not do attention sinks or position biases")
+    if kwargs.get("is_causal") is False or getattr(module, "is_causal", True) is False:
+        raise UnsupportedAttention("harness_varlen attention is causal only")
     batch, heads, tokens, dim = query.shape
     if batch * tokens != plan.tokens:
         raise UnsupportedAttention(f"segment plan for {plan.tokens} tokens, attention over {batch * tokens}")
     groups = heads // key.shape[1]
-    # [B, H, T, d] → [B·T, H, d]: the projections' own memory order, so these are views
+    # [B, H, T, d] → [B·T, H, d]: usually the projections' own memory order, so usually views
     q, k, v = (x.transpose(1, 2).reshape(batch * tokens, x.shape[1], dim) for x in (query, key, value))
     outputs = []
     for block in plan.blocks:
@@ -144,8 +150,15 @@ AttentionInterface.register(NAME, varlen_attention_forward)
 
 
 def can_replace(model) -> bool:
-    """Whether a packed forward of ``model`` may run through this implementation (sdpa or eager attention)."""
-    return str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "") in REPLACES
+    """Whether a packed forward of ``model`` may run through this implementation: sdpa or eager attention, a
+    forward that passes extra keyword arguments on to attention (the plan travels as one), and no gradient
+    checkpointing (its recomputation in the backward would run outside :func:`packed_attention`)."""
+    if str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "") not in REPLACES:
+        return False
+    if getattr(model, "is_gradient_checkpointing", False):
+        return False
+    parameters = inspect.signature(model.forward).parameters.values()
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 @contextmanager
@@ -154,9 +167,12 @@ def packed_attention(model) -> Iterator[None]:
     transformers reads the implementation from the config at every forward, and builds no mask for an
     implementation without a registered mask function."""
     config = model.config
-    before = config._attn_implementation
+    # setting the implementation on a config sets it on its sub-configs too: each is restored to its own
+    subs = [sub for key in getattr(config, "sub_configs", {}) if (sub := getattr(config, key, None)) is not None]
+    before = [(config, config._attn_implementation)] + [(sub, sub._attn_implementation) for sub in subs]
     config._attn_implementation = NAME
     try:
         yield
     finally:
-        config._attn_implementation = before
+        for owner, implementation in before:
+            owner._attn_implementation = implementation

@@ -53,6 +53,9 @@ def stage_batches(plan: StagePlan, model, tasks: list[str], pad_id: int, step: i
             continue
         if result.exact:
             break
+    if result is None:  # no layout could be tried (a replaced layouts list): nothing proven, so padded
+        log.warning("stage %r: no packed layout could be checked; training on padded batches", stage.name)
+        return plan.batches
     if record is not None:
         record(_rows(stage.name, step, result, varlen), step)
     if result.exact:
