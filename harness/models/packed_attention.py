@@ -155,8 +155,8 @@ def can_replace(model) -> bool:
     checkpointing (its recomputation in the backward would run outside :func:`packed_attention`)."""
     if str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "") not in REPLACES:
         return False
-    if getattr(model, "is_gradient_checkpointing", False):
-        return False
+    if any(getattr(module, "gradient_checkpointing", False) is True for module in model.modules()):
+        return False  # transformers' own test (is_activation_checkpointing), under any wrapper and version
     parameters = inspect.signature(model.forward).parameters.values()
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
