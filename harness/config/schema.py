@@ -225,9 +225,10 @@ class TrainSpec(Strict):
         True, description="Keep the stage's outcome under $HARNESS_CACHE/stages and start from it when a later run "
                           "shares every stage up to it (true); only read it (read_only); neither (false).")
     packing: Union[bool, Literal["auto"]] = Field(
-        "auto", description="Padding-free batches: each step's examples (the same ones) laid end to end in a few "
-                            "rows, positions restarting per example, attention confined to each (harness/data/"
-                            "packing.py). Proven exact on the model at each stage's start against the same batches "
+        "auto", description="Padding-free batches: each step's examples (the same ones) laid end to end, "
+                            "positions restarting per example, attention confined to each: example by example under "
+                            "sdpa/eager (harness/models/packed_attention.py), else rows with a block-diagonal mask "
+                            "(harness/data/packing.py). Proven exact on the model at each stage's start against the same batches "
                             "padded (train/packing_max_rel_diff): auto (the default) packs when exact, else pads with "
                             "one warning line; true stops (exit 2) when not exact; false always pads. Image batches "
                             "are never packed (auto pads them; true is refused). docs/packing.md.")
