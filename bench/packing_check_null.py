@@ -89,9 +89,11 @@ def trial(name: str, tok, seed: int, fitted: bool) -> dict[tuple[str, str], floa
         packed = [pack_encoded(g, tok.pad_token_id, factor, varlen) for g in groups]
         for comparison, rel in COMPARISONS.items():
             packing._rel = rel
-            check = check_packing(model, padded, packed, LossSpec(), TASKS)
+            try:
+                check = check_packing(model, padded, packed, LossSpec(), TASKS)
+            finally:
+                packing._rel = COMPARISONS["this check"]
             ratios[layout, comparison] = check.max_rel_diff / check.tolerance
-    packing._rel = COMPARISONS["this check"]
     return ratios
 
 
