@@ -33,7 +33,8 @@ def supervised_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     only; they gather without a host sync. ``compiled``: run the forward through ``torch.compile``
     (:func:`harness.training.compiling.forward_of`: ``"auto"`` falls back to eager if compiling fails, ``True`` raises).
     ``position_ids``: a packed batch's (:mod:`harness.data.packing`); ``attention_mask`` is then not passed.
-    ``varlen``: the packed batch attends example by example (:mod:`harness.models.packed_attention`)."""
+    ``varlen``: the packed batch attends example by example (:mod:`harness.models.packed_attention`; its plan is
+    built on the host from ``position_ids``, one device sync per step on a GPU — not measured there yet)."""
     def pick(x: torch.Tensor) -> torch.Tensor:  # [B, T, …] → [N, …]
         return x.flatten(0, 1).index_select(0, selected)
 
