@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
@@ -73,23 +74,26 @@ class SegmentPlan:
 
 def _blocks_of(lengths: Sequence[int]) -> list[tuple[int, int]]:
     """Cut lengths sorted longest first into at most :data:`MAX_BLOCKS` runs ``(start, end)`` minimising
-    ``Σ n·L² + BLOCK_OVERHEAD_PAIRS`` per run (dynamic programming over the sorted lengths)."""
+    ``Σ n·L² + BLOCK_OVERHEAD_PAIRS`` per run (dynamic programming over the sorted lengths, each step over every
+    (start, end) pair at once: it runs at every packed forward, and a batch of 256 examples made the plain loops
+    cost 30 ms)."""
     n = len(lengths)
-    inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(MAX_BLOCKS + 1)]  # best[k][j]: first j lengths in k runs
-    cut = [[0] * (n + 1) for _ in range(MAX_BLOCKS + 1)]
-    best[0][0] = 0.0
+    longest = np.asarray(lengths, dtype=np.float64)
+    ends = np.arange(n + 1)
+    # span[i, j]: the run lengths[i:j] (its longest is lengths[i]); inf where it would be empty
+    span = np.where(ends[None, :] > ends[:n, None], (ends[None, :] - ends[:n, None]) * longest[:, None] ** 2, np.inf)
+    best = np.full((MAX_BLOCKS + 1, n + 1), np.inf)  # best[k, j]: the first j lengths in k runs
+    cut = np.zeros((MAX_BLOCKS + 1, n + 1), dtype=np.int64)
+    best[0, 0] = 0.0
     for k in range(1, MAX_BLOCKS + 1):
-        for j in range(1, n + 1):
-            for i in range(k - 1, j):  # the k-th run is lengths[i:j], its longest lengths[i]
-                cost = best[k - 1][i] + (j - i) * lengths[i] ** 2 + BLOCK_OVERHEAD_PAIRS
-                if cost < best[k][j]:
-                    best[k][j], cut[k][j] = cost, i
-    k = min(range(1, MAX_BLOCKS + 1), key=lambda m: best[m][n])
+        total = best[k - 1, :n, None] + span  # the k-th run is lengths[i:j]
+        cut[k] = total.argmin(axis=0)  # the first minimum: the shortest earlier runs win ties
+        best[k] = total.min(axis=0) + BLOCK_OVERHEAD_PAIRS
+    k = int(best[1:, n].argmin()) + 1
     runs, j = [], n
     while k > 0:
-        runs.append((cut[k][j], j))
-        j, k = cut[k][j], k - 1
+        runs.append((int(cut[k, j]), j))
+        j, k = int(cut[k, j]), k - 1
     return runs[::-1]
 
 
