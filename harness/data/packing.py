@@ -21,6 +21,7 @@ loss, per-task sums) adds the same numbers in the same order as the padded batch
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional, Sequence
 
 import numpy as np
@@ -127,11 +128,16 @@ def rows_of(batch: Batch, start: int, end: int) -> Batch:
     return Batch(batch.input_ids[start:end], mask, labels, [batch.tasks[i] for i in kept], int(mask.sum()),
                  int(mask.numel()), torch.cat(supervised), position_ids=batch.position_ids[start:end],
                  example_of_token=torch.cat(example_of_token),
-                 layout=Layout(tuple(spans), batch.layout.pad_id, batch.layout.factor, batch.layout.varlen))
+                 layout=replace(batch.layout, spans=tuple(spans)))
+
+
+def pack_like(batch: Batch, examples: Sequence[tuple[np.ndarray, np.ndarray]], tasks: Sequence[str]) -> Batch:
+    """:func:`pack` of ``examples`` with the layout settings (pad id, row factor, attention) of packed ``batch``."""
+    layout = batch.layout
+    return pack(examples, tasks, layout.pad_id, layout.factor, layout.varlen)
 
 
 def repacked(batch: Batch, start: int, end: int) -> Batch:
     """The packed batch of examples ``start:end`` of a packed ``batch`` (a data-parallel rank's slice), laid out
     as the whole batch was."""
-    return pack(examples_of(batch)[start:end], batch.tasks[start:end], batch.layout.pad_id, batch.layout.factor,
-                batch.layout.varlen)
+    return pack_like(batch, examples_of(batch)[start:end], batch.tasks[start:end])

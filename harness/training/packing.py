@@ -36,7 +36,7 @@ import torch
 from harness.config import LossSpec
 from harness.data.batches import Batch, collate
 from harness.data.encoding import IGNORE_INDEX, Encoded
-from harness.data.packing import examples_of, pack
+from harness.data.packing import examples_of, pack_like
 from harness.training.loop import batch_loss
 
 SAFETY = 4.0
@@ -127,7 +127,7 @@ def _rotated_first(batch: Batch) -> tuple[Batch, list[int]]:
     changed = [(np.roll(ids, 1), labels) if i in firsts and batch.layout.spans[i][0] in rows_with_more
                else (ids, labels) for i, (ids, labels) in enumerate(examples)]
     others = [i for i, (_, start, _) in enumerate(batch.layout.spans) if start > 0]
-    return pack(changed, batch.tasks, batch.layout.pad_id, batch.layout.factor, batch.layout.varlen), others
+    return pack_like(batch, changed, batch.tasks), others
 
 
 def _outcome(model, batch: Batch, spec: LossSpec, tasks: list[str], precision: str,
