@@ -102,7 +102,8 @@ def main() -> None:
                 step(net, batch, overhead)
             times[name].append((time.perf_counter() - started) / len(batches) * 1000)
     base = statistics.median(times["padded"])
-    print(f"batch {args.batch}, lengths {lengths[0]}-{lengths[1]}, {args.steps} steps x {args.reps} rounds, threads {torch.get_num_threads()}")
+    print(f"batch {args.batch}, lengths {lengths[0]}-{lengths[1]}, {args.steps} steps x {args.reps} rounds, "
+          f"threads {torch.get_num_threads()}")
     print(f"{'layout':<28}{'ms/step':>9}{'min':>8}{'max':>8}{'vs padded':>11}")
     for name, values in times.items():
         median = statistics.median(values)

@@ -74,8 +74,8 @@ HARNESS_CONFIGS = {
     "harness-nopacking": {"packing": False},  # the defaults before train.packing
     "harness-grouped": {"packing": False, "length_grouping": 50},  # length grouping instead (the bench until then)
     # packed rows attended through transformers' block-diagonal mask (the layout before example-by-example
-    # attention, harness.models.packed_attention), rows of 4x the longest example (harness.data.packing.ROW_WIDTH_FACTOR,
-    # the fallback) or another width (None: one row per step)
+    # attention, harness.models.packed_attention), rows of 4x the longest example
+    # (harness.data.packing.ROW_WIDTH_FACTOR, the fallback) or another width (None: one row per step)
     "harness-masked": {"row_factor": 4},
     "harness-rows1x": {"row_factor": 1}, "harness-rows2x": {"row_factor": 2}, "harness-rows8x": {"row_factor": 8},
     "harness-onerow": {"row_factor": None},
@@ -94,7 +94,8 @@ TRL_CONFIGS = {
     "trl-bfd": {"packing": True, "packing_strategy": "bfd"},
     "trl-bfd-nockpt": {"packing": True, "packing_strategy": "bfd", "gradient_checkpointing": False},
 }
-DEFAULT_CONFIGS = ["harness", "harness-masked", "harness-nopacking", "harness-grouped", "trl-default", "trl-padding-free", "trl-bfd",
+DEFAULT_CONFIGS = ["harness", "harness-masked", "harness-nopacking", "harness-grouped", "trl-default",
+                   "trl-padding-free", "trl-bfd",
                    "trl-group-by-length", "trl-group-by-length-nockpt", "trl-bfd-nockpt",
                    "harness-compile", "harness-noguard", "harness-nodiag", "harness-bare"]
 
