@@ -40,7 +40,7 @@ SEGMENTS_KWARG = "harness_segments"  # the keyword argument that carries the pla
 # left alone: its varlen kernels already skip the boundaries).
 REPLACES = ("sdpa", "eager")
 # A block more costs about this many query-key pairs of work (kernel launches, gathers, forward and backward):
-# measured on the bench model (bench/train_speed.py, qwen2-tiny at batch 32; docs/packing.md).
+# measured with bench/packed_attention.py (qwen2-tiny shape, batch 32 of 15-81 tokens; docs/packing.md, Speed).
 BLOCK_OVERHEAD_PAIRS = 16384
 MAX_BLOCKS = 8
 
