@@ -17,12 +17,26 @@ A.binary_choice_auc(A.load_samples("runs/quickstart/…"), "yesno")   # per step
 from __future__ import annotations
 
 import polars as pl
+
 from harness.core.stats import auc_test, wilson_interval
 
-CHOICE_SCHEMA = {"step": pl.Int64, "split": pl.Utf8, "n": pl.Int64, "n_positive": pl.Int64, "auc": pl.Float64,
-                 "auc_low": pl.Float64, "auc_high": pl.Float64, "p_value": pl.Float64, "greedy": pl.Float64, "greedy_low": pl.Float64, "greedy_high": pl.Float64,
-                 "predicted_positive": pl.Float64, "predicted_positive_low": pl.Float64,
-                 "predicted_positive_high": pl.Float64, "mean_p_positive": pl.Float64}
+CHOICE_SCHEMA = {
+    "step": pl.Int64,
+    "split": pl.Utf8,
+    "n": pl.Int64,
+    "n_positive": pl.Int64,
+    "auc": pl.Float64,
+    "auc_low": pl.Float64,
+    "auc_high": pl.Float64,
+    "p_value": pl.Float64,
+    "greedy": pl.Float64,
+    "greedy_low": pl.Float64,
+    "greedy_high": pl.Float64,
+    "predicted_positive": pl.Float64,
+    "predicted_positive_low": pl.Float64,
+    "predicted_positive_high": pl.Float64,
+    "mean_p_positive": pl.Float64,
+}
 
 
 def positive_share(top5: list[dict], positive: str, negative: str) -> float:
@@ -33,8 +47,7 @@ def positive_share(top5: list[dict], positive: str, negative: str) -> float:
     return p / (p + q) if p + q > 0 else 0.5
 
 
-def binary_choice_auc(samples: pl.DataFrame, task: str, positive: str = "Yes",
-                      negative: str = "No") -> pl.DataFrame:
+def binary_choice_auc(samples: pl.DataFrame, task: str, positive: str = "Yes", negative: str = "No") -> pl.DataFrame:
     """Per evaluation step × split of ``task``: ``n``, ``n_positive`` (gold answers starting with ``positive``),
     ``auc`` with its DeLong 95 % ``auc_low`` / ``auc_high`` and one-sided ``p_value`` (H1: true items rank higher), ``greedy`` accuracy and the share of items
     whose greedy answer starts with ``positive`` (``predicted_positive``), each with its 95 % Wilson ``_low`` /
@@ -44,8 +57,10 @@ def binary_choice_auc(samples: pl.DataFrame, task: str, positive: str = "Yes",
     out = []
     for (step, split), group in sorted(rows.group_by(["step", "split"]), key=lambda kv: (kv[0][0], kv[0][1])):
         exact = group["choice_p"].to_list() if "choice_p" in group.columns else [None] * group.height
-        shares = [p if p is not None else positive_share(t, positive, negative)
-                  for p, t in zip(exact, group["top5"].to_list())]
+        shares = [
+            p if p is not None else positive_share(t, positive, negative)
+            for p, t in zip(exact, group["top5"].to_list())
+        ]
         gold = [g.startswith(positive) for g in group["gold"].to_list()]
         pos = [s for s, g in zip(shares, gold) if g]
         neg = [s for s, g in zip(shares, gold) if not g]
@@ -54,9 +69,23 @@ def binary_choice_auc(samples: pl.DataFrame, task: str, positive: str = "Yes",
         auc = auc_test(pos, neg)
         greedy = wilson_interval(int(group["correct"].sum()), len(shares))
         answered = wilson_interval(sum(p.startswith(positive) for p in group["pred"].to_list()), len(shares))
-        out.append({"step": step, "split": split, "n": len(shares), "n_positive": len(pos),
-                    "auc": auc.auc, "auc_low": auc.low, "auc_high": auc.high, "p_value": auc.p_value,
-                    "greedy": greedy.estimate, "greedy_low": greedy.low, "greedy_high": greedy.high,
-                    "predicted_positive": answered.estimate, "predicted_positive_low": answered.low,
-                    "predicted_positive_high": answered.high, "mean_p_positive": sum(shares) / len(shares)})
+        out.append(
+            {
+                "step": step,
+                "split": split,
+                "n": len(shares),
+                "n_positive": len(pos),
+                "auc": auc.auc,
+                "auc_low": auc.low,
+                "auc_high": auc.high,
+                "p_value": auc.p_value,
+                "greedy": greedy.estimate,
+                "greedy_low": greedy.low,
+                "greedy_high": greedy.high,
+                "predicted_positive": answered.estimate,
+                "predicted_positive_low": answered.low,
+                "predicted_positive_high": answered.high,
+                "mean_p_positive": sum(shares) / len(shares),
+            }
+        )
     return pl.DataFrame(out, schema=CHOICE_SCHEMA)

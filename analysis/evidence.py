@@ -21,11 +21,30 @@ from harness.core.metrics import BASELINE_PREFIX, SEESAW_TESTS_METRIC
 from harness.core.seesaw import SEESAW_METRICS
 from harness.core.stats import above_rate_p, benjamini_hochberg
 
-BASELINE_SCHEMA = {"run_id": pl.Utf8, "task": pl.Utf8, "split": pl.Utf8, "metric": pl.Utf8, "baseline": pl.Float64,
-                   "n": pl.Int64, "kind": pl.Utf8}
-EVENT_SCHEMA = {"run_id": pl.Utf8, "metric": pl.Utf8, "split": pl.Utf8, "step_from": pl.Int64, "step_to": pl.Int64,
-                "stage_from": pl.Utf8, "stage_to": pl.Utf8, "rose": pl.Utf8, "rose_by": pl.Float64, "fell": pl.Utf8,
-                "fell_by": pl.Float64, "p_value": pl.Float64, "test": pl.Utf8}
+BASELINE_SCHEMA = {
+    "run_id": pl.Utf8,
+    "task": pl.Utf8,
+    "split": pl.Utf8,
+    "metric": pl.Utf8,
+    "baseline": pl.Float64,
+    "n": pl.Int64,
+    "kind": pl.Utf8,
+}
+EVENT_SCHEMA = {
+    "run_id": pl.Utf8,
+    "metric": pl.Utf8,
+    "split": pl.Utf8,
+    "step_from": pl.Int64,
+    "step_to": pl.Int64,
+    "stage_from": pl.Utf8,
+    "stage_to": pl.Utf8,
+    "rose": pl.Utf8,
+    "rose_by": pl.Float64,
+    "fell": pl.Utf8,
+    "fell_by": pl.Float64,
+    "p_value": pl.Float64,
+    "test": pl.Utf8,
+}
 
 
 def _with_run_id(frame: pl.DataFrame) -> pl.DataFrame:
@@ -40,11 +59,13 @@ def baselines(frame: pl.DataFrame) -> pl.DataFrame:
     if rows.is_empty():
         return pl.DataFrame(schema=BASELINE_SCHEMA)
     kinds = [json.loads(t).get("kind") if t else None for t in rows["text"].to_list()]
-    return (rows.with_columns(pl.col("metric").str.strip_prefix(BASELINE_PREFIX), pl.Series("kind", kinds,
-                                                                                          dtype=pl.Utf8))
-            .unique(["run_id", "task", "split", "metric"], keep="last", maintain_order=True)
-            .select("run_id", "task", "split", "metric", pl.col("value").alias("baseline"),
-                    pl.col("n").cast(pl.Int64), "kind"))
+    return (
+        rows.with_columns(pl.col("metric").str.strip_prefix(BASELINE_PREFIX), pl.Series("kind", kinds, dtype=pl.Utf8))
+        .unique(["run_id", "task", "split", "metric"], keep="last", maintain_order=True)
+        .select(
+            "run_id", "task", "split", "metric", pl.col("value").alias("baseline"), pl.col("n").cast(pl.Int64), "kind"
+        )
+    )
 
 
 def above_baseline(final: pl.DataFrame, base: pl.DataFrame, alpha: float = 0.05) -> pl.DataFrame:
@@ -54,15 +75,19 @@ def above_baseline(final: pl.DataFrame, base: pl.DataFrame, alpha: float = 0.05)
     ``round(value · n)`` successes against the baseline rate, ``p_adj`` Benjamini–Hochberg over these tasks,
     ``above`` whether ``p_adj ≤ alpha``. Tasks without a baseline or an item count are left out."""
     joined = final.join(base.select("task", "baseline", "kind"), on="task", how="inner").filter(
-        pl.col("n").is_not_null(), pl.col("value").is_not_null())
+        pl.col("n").is_not_null(), pl.col("value").is_not_null()
+    )
     if joined.is_empty():
         return joined.with_columns(pl.lit(None, dtype=pl.Float64).alias(c) for c in ("p", "p_adj")).with_columns(
-            pl.lit(None, dtype=pl.Boolean).alias("above"))
+            pl.lit(None, dtype=pl.Boolean).alias("above")
+        )
     p = [above_rate_p(round(v * n), n, b) for v, n, b in zip(joined["value"], joined["n"], joined["baseline"])]
     adjusted = benjamini_hochberg(p)
-    return joined.with_columns(pl.Series("p", p, dtype=pl.Float64), pl.Series("p_adj", adjusted, dtype=pl.Float64)
-                               ).with_columns((pl.col("p_adj") <= alpha).alias("above")).select(
-        "task", "value", "ci_low", "ci_high", "n", "baseline", "kind", "p", "p_adj", "above")
+    return (
+        joined.with_columns(pl.Series("p", p, dtype=pl.Float64), pl.Series("p_adj", adjusted, dtype=pl.Float64))
+        .with_columns((pl.col("p_adj") <= alpha).alias("above"))
+        .select("task", "value", "ci_low", "ci_high", "n", "baseline", "kind", "p", "p_adj", "above")
+    )
 
 
 def stored_seesaw_events(run: pl.DataFrame, metrics: list[str], delta: Optional[float]) -> Optional[list[dict]]:
@@ -77,5 +102,8 @@ def stored_seesaw_events(run: pl.DataFrame, metrics: list[str], delta: Optional[
         return None
     rows = run.filter(pl.col("metric") == "seesaw")["text"].to_list()
     events = [json.loads(t) for t in rows if t]
-    return [{**e, "p_value": e.get("p_value"), "test": e.get("test", rule.get("test"))} for e in events
-            if e["metric"] in metrics]
+    return [
+        {**e, "p_value": e.get("p_value"), "test": e.get("test", rule.get("test"))}
+        for e in events
+        if e["metric"] in metrics
+    ]

@@ -21,8 +21,20 @@ from harness.core.store import LOWER_IS_BETTER as STORE_LOWER_IS_BETTER
 ALPHA = 0.05  # false-discovery rate of "above its baseline" over one run's tasks (Benjamini–Hochberg)
 LOWER_IS_BETTER = STORE_LOWER_IS_BETTER | {"duration_s", "pruned_step"}
 # Per-task evaluation metrics of the contract, in display order.
-EVAL_METRICS = ("greedy", "answer_ok", "mode_ok", "tf_first", "tf_exact", "eval_loss", "ft_rank_mean", "ft_rank_median",
-                "ft_mrr", "ft_hijack", "ft_top1", "ft_nonfinite")
+EVAL_METRICS = (
+    "greedy",
+    "answer_ok",
+    "mode_ok",
+    "tf_first",
+    "tf_exact",
+    "eval_loss",
+    "ft_rank_mean",
+    "ft_rank_median",
+    "ft_mrr",
+    "ft_hijack",
+    "ft_top1",
+    "ft_nonfinite",
+)
 HIJACK_METRICS = ("ft_hijack", "ft_rank_mean", "ft_rank_median", "ft_mrr", "tf_first")
 COMPARE_METRICS = ("greedy", "mode_ok", "tf_first", "ft_rank_median", "ft_hijack")
 
@@ -43,12 +55,15 @@ def stage_bounds(runs: RunsLike) -> pl.DataFrame:
     with a row for the stage). A stage that starts from the previous one's weights starts where it ended."""
     frame = _with_run_id(as_frame(runs))
     if frame.is_empty():
-        return pl.DataFrame(schema={"run_id": pl.Utf8, "stage": pl.Utf8, "index": pl.Int64, "start": pl.Int64,
-                                    "end": pl.Int64})
+        return pl.DataFrame(
+            schema={"run_id": pl.Utf8, "stage": pl.Utf8, "index": pl.Int64, "start": pl.Int64, "end": pl.Int64}
+        )
     bounds = (
         frame.with_row_index("_row")
         .group_by("run_id", "stage")
-        .agg(pl.col("step").min().alias("start"), pl.col("step").max().alias("end"), pl.col("_row").min().alias("_first"))
+        .agg(
+            pl.col("step").min().alias("start"), pl.col("step").max().alias("end"), pl.col("_row").min().alias("_first")
+        )
         .sort("run_id", "start", "end", "_first")
         .with_columns(pl.int_range(pl.len()).over("run_id").cast(pl.Int64).alias("index"))
     )
@@ -61,8 +76,13 @@ def _stage_index(frame: pl.DataFrame) -> pl.DataFrame:
     return _with_run_id(frame).join(bounds, on=["run_id", "stage"], how="left")
 
 
-def eval_rows(runs: RunsLike, metrics: Optional[Iterable[str]] = None, split: Optional[Union[str, Sequence[str]]] = None,
-              *, dedupe: bool = True) -> pl.DataFrame:
+def eval_rows(
+    runs: RunsLike,
+    metrics: Optional[Iterable[str]] = None,
+    split: Optional[Union[str, Sequence[str]]] = None,
+    *,
+    dedupe: bool = True,
+) -> pl.DataFrame:
     """Per-task evaluation rows (``task`` not null, ``split`` an evaluation split), ordered by run, step and stage.
 
     With ``dedupe``, the evaluation a stage repeats from the previous stage's end (``init: previous``) is dropped,
@@ -70,8 +90,12 @@ def eval_rows(runs: RunsLike, metrics: Optional[Iterable[str]] = None, split: Op
     weights (``init: base``) keeps both points at its first step.
     """
     frame = _stage_index(as_frame(runs))
-    frame = frame.filter(pl.col("task").is_not_null(), ~pl.col("metric").str.starts_with("mix_"),
-                         ~pl.col("metric").str.starts_with("baseline_"), pl.col("metric") != "seesaw")
+    frame = frame.filter(
+        pl.col("task").is_not_null(),
+        ~pl.col("metric").str.starts_with("mix_"),
+        ~pl.col("metric").str.starts_with("baseline_"),
+        pl.col("metric") != "seesaw",
+    )
     # The training loss per task lives on split "train" (the evaluation loss is ``eval_loss``; older stores called
     # it ``loss`` on the evaluation splits).
     frame = frame.filter(~((pl.col("split") == "train") & (pl.col("metric") == "loss")))
@@ -88,9 +112,11 @@ def eval_rows(runs: RunsLike, metrics: Optional[Iterable[str]] = None, split: Op
 def _drop_repeated_evaluations(frame: pl.DataFrame) -> pl.DataFrame:
     """Drop the copies of an evaluation recorded again under the next stage at the same step (same values)."""
     key = ["run_id", "step", "split"]
-    snap = (frame.group_by(*key, "stage", "stage_index")
-            .agg(pl.struct("task", "metric", "value").sort_by("task", "metric").alias("_snap"))
-            .sort(*key, "stage_index"))
+    snap = (
+        frame.group_by(*key, "stage", "stage_index")
+        .agg(pl.struct("task", "metric", "value").sort_by("task", "metric").alias("_snap"))
+        .sort(*key, "stage_index")
+    )
     snap = snap.with_columns(pl.col("_snap").shift(1).over(key).alias("_prev"))
     repeated = snap.filter(pl.col("_prev").is_not_null() & (pl.col("_snap") == pl.col("_prev")))
     if repeated.is_empty():
@@ -110,19 +136,27 @@ def stage_table(runs: RunsLike, metric: str = "greedy", split: str = "heldout") 
     if frame.is_empty():
         raise AnalysisError(f"no {metric!r} rows on split {split!r}")
     ends = frame.group_by("run_id", "stage").agg(pl.col("step").max().alias("_end"))
-    last = (frame.join(ends, on=["run_id", "stage"]).filter(pl.col("step") == pl.col("_end"))
-            .unique(["run_id", "stage", "task"], keep="last", maintain_order=True))
+    last = (
+        frame.join(ends, on=["run_id", "stage"])
+        .filter(pl.col("step") == pl.col("_end"))
+        .unique(["run_id", "stage", "task"], keep="last", maintain_order=True)
+    )
     tasks = list(dict.fromkeys(last.sort("task")["task"].to_list()))
-    table = last.pivot(on="task", index=["run_id", "stage_index", "stage", "step"], values="value",
-                       aggregate_function="last")
+    table = last.pivot(
+        on="task", index=["run_id", "stage_index", "stage", "step"], values="value", aggregate_function="last"
+    )
     run_order = {r: i for i, r in enumerate(dict.fromkeys(frame["run_id"].to_list()))}
-    table = (table.with_columns(pl.col("run_id").replace_strict(run_order, return_dtype=pl.Int64).alias("_run"))
-             .sort("_run", "stage_index").drop("_run", "stage_index"))
+    table = (
+        table.with_columns(pl.col("run_id").replace_strict(run_order, return_dtype=pl.Int64).alias("_run"))
+        .sort("_run", "stage_index")
+        .drop("_run", "stage_index")
+    )
     return table.select("run_id", "stage", "step", *[t for t in tasks if t in table.columns])
 
 
-def seesaw_events(runs: RunsLike, delta: Optional[float] = None,
-                  metrics: Sequence[str] = ("greedy", "ft_hijack")) -> pl.DataFrame:
+def seesaw_events(
+    runs: RunsLike, delta: Optional[float] = None, metrics: Sequence[str] = ("greedy", "ft_hijack")
+) -> pl.DataFrame:
     """Seesaw events of every run in the frame — between consecutive evaluations one task rose by ≥ δ while another
     fell by ≥ δ.
 
@@ -150,11 +184,15 @@ def seesaw_events(runs: RunsLike, delta: Optional[float] = None,
             continue
         d = delta
         if d is None:
-            d = (run["eval.seesaw_delta"].drop_nulls()[0] if "eval.seesaw_delta" in run.columns
-                 and run["eval.seesaw_delta"].drop_nulls().len() else 0.15)
+            d = (
+                run["eval.seesaw_delta"].drop_nulls()[0]
+                if "eval.seesaw_delta" in run.columns and run["eval.seesaw_delta"].drop_nulls().len()
+                else 0.15
+            )
         run = run.filter(pl.col("task").is_not_null(), pl.col("metric").is_in(list(metrics))).select(columns)
-        rows.extend({"run_id": run_id, **e, "p_value": None, "test": "none"}
-                    for e in in_run_events(run, float(d), metrics))
+        rows.extend(
+            {"run_id": run_id, **e, "p_value": None, "test": "none"} for e in in_run_events(run, float(d), metrics)
+        )
     return pl.DataFrame([{k: r.get(k) for k in EVENT_SCHEMA} for r in rows], schema=EVENT_SCHEMA)
 
 
@@ -167,21 +205,24 @@ def hijack_timeline(runs: RunsLike, split: Optional[Union[str, Sequence[str]]] =
     index = ["run_id", "step", "stage_index", "stage", "task", "split"]
     if frame.is_empty():
         raise AnalysisError("no first-token probe rows (ft_hijack, ft_rank_*): was the first_token probe on?")
-    wide = frame.filter(pl.col("metric") != "ft_top1").pivot(on="metric", index=index, values="value",
-                                                             aggregate_function="last")
+    wide = frame.filter(pl.col("metric") != "ft_top1").pivot(
+        on="metric", index=index, values="value", aggregate_function="last"
+    )
     top = frame.filter(pl.col("metric") == "ft_top1")
     if not top.is_empty():
         parsed = [_top1(t) for t in top["text"].to_list()]
         top = top.select(*index, pl.col("value").alias("top1_share")).with_columns(
             pl.Series("top1", [p[0] for p in parsed], dtype=pl.Utf8),
-            pl.Series("top1_count", [p[1] for p in parsed], dtype=pl.Int64))
+            pl.Series("top1_count", [p[1] for p in parsed], dtype=pl.Int64),
+        )
         top = top.unique(index, keep="last", maintain_order=True)
         wide = wide.join(top, on=index, how="left")
     for m in (*HIJACK_METRICS, "top1", "top1_count", "top1_share"):
         if m not in wide.columns:
             wide = wide.with_columns(pl.lit(None, dtype=pl.Utf8 if m == "top1" else pl.Float64).alias(m))
-    return (wide.sort("run_id", "step", "stage_index", "task", "split")
-            .select("run_id", "stage", "step", "task", "split", *HIJACK_METRICS, "top1", "top1_count", "top1_share"))
+    return wide.sort("run_id", "step", "stage_index", "task", "split").select(
+        "run_id", "stage", "step", "task", "split", *HIJACK_METRICS, "top1", "top1_count", "top1_share"
+    )
 
 
 def _top1(text: Optional[str]) -> tuple[Optional[str], Optional[int]]:
@@ -202,8 +243,9 @@ def top1_table(runs: RunsLike, split: str, at: str = "stage_end", k: int = 3) ->
     ``tokens`` reads ``'yes'×10, 'No'×2``."""
     frame = eval_rows(runs, ["ft_top1"], split, dedupe=False)
     if frame.is_empty():
-        return pl.DataFrame(schema={"run_id": pl.Utf8, "stage": pl.Utf8, "step": pl.Int64, "task": pl.Utf8,
-                                    "tokens": pl.Utf8})
+        return pl.DataFrame(
+            schema={"run_id": pl.Utf8, "stage": pl.Utf8, "step": pl.Int64, "task": pl.Utf8, "tokens": pl.Utf8}
+        )
     ends = frame.group_by("run_id", "stage").agg(pl.col("step").max().alias("_end"))
     last = frame.join(ends, on=["run_id", "stage"]).filter(pl.col("step") == pl.col("_end"))
 
@@ -218,12 +260,16 @@ def top1_table(runs: RunsLike, split: str, at: str = "stage_end", k: int = 3) ->
             cells.append(f"{tok!r}×{n}")
         return ", ".join(cells)
 
-    return (last.with_columns(pl.col("text").map_elements(fmt, return_dtype=pl.Utf8).alias("tokens"))
-            .sort("run_id", "stage_index", "task").select("run_id", "stage", "step", "task", "tokens"))
+    return (
+        last.with_columns(pl.col("text").map_elements(fmt, return_dtype=pl.Utf8).alias("tokens"))
+        .sort("run_id", "stage_index", "task")
+        .select("run_id", "stage", "step", "task", "tokens")
+    )
 
 
-def compare(run_a: RunsLike, run_b: RunsLike, metrics: Sequence[str] = COMPARE_METRICS,
-            splits: Optional[Sequence[str]] = None) -> pl.DataFrame:
+def compare(
+    run_a: RunsLike, run_b: RunsLike, metrics: Sequence[str] = COMPARE_METRICS, splits: Optional[Sequence[str]] = None
+) -> pl.DataFrame:
     """Per-task deltas at each stage end between two runs: ``stage, task, split, metric, a, b, delta`` (b − a),
     stages matched by name in run A's order (a stage only one run has gets a null on the other side)."""
     frame_a, frame_b = (_one_run(r) for r in (run_a, run_b))
@@ -231,13 +277,16 @@ def compare(run_a: RunsLike, run_b: RunsLike, metrics: Sequence[str] = COMPARE_M
     for frame in (frame_a, frame_b):
         rows = eval_rows(frame, metrics, splits, dedupe=False)
         last = rows.join(rows.group_by("stage").agg(pl.col("step").max().alias("_end")), on="stage")
-        ends.append(last.filter(pl.col("step") == pl.col("_end"))
-                    .unique(["stage", "task", "split", "metric"], keep="last", maintain_order=True)
-                    .select("stage", "stage_index", "task", "split", "metric", "value"))
+        ends.append(
+            last.filter(pl.col("step") == pl.col("_end"))
+            .unique(["stage", "task", "split", "metric"], keep="last", maintain_order=True)
+            .select("stage", "stage_index", "task", "split", "metric", "value")
+        )
     a, b = ends
     key = ["stage", "task", "split", "metric"]
     joined = a.rename({"value": "a", "stage_index": "_ia"}).join(
-        b.rename({"value": "b", "stage_index": "_ib"}), on=key, how="full", coalesce=True)
+        b.rename({"value": "b", "stage_index": "_ib"}), on=key, how="full", coalesce=True
+    )
     metric_order = {m: i for i, m in enumerate(metrics)}
     joined = joined.with_columns(
         (pl.col("b") - pl.col("a")).alias("delta"),
@@ -318,18 +367,34 @@ def worst_failures(run_dir: PathLike, n: int = 5, at: str = "final", split: Opti
         if col not in at_step.columns:
             at_step = at_step.with_columns(pl.lit(None, dtype=dtype).alias(col))
     counts = at_step.group_by("task", "split").agg(
-        (~pl.col("correct").fill_null(False)).sum().alias("failures"), pl.len().alias("items"))
+        (~pl.col("correct").fill_null(False)).sum().alias("failures"), pl.len().alias("items")
+    )
     wrong = at_step.filter(~pl.col("correct").fill_null(False))
     if "top5" in wrong.columns:
         wrong = wrong.with_columns(pl.col("top5").map_elements(_fmt_top5, return_dtype=pl.Utf8).alias("top5"))
     else:
         wrong = wrong.with_columns(pl.lit(None, dtype=pl.Utf8).alias("top5"))
-    wrong = (wrong.sort(["task", "split", "gold_first_rank", "mode_ok"], descending=[False, False, True, False],
-                        nulls_last=True)
-             .group_by("task", "split", maintain_order=True).head(n))
-    return (wrong.join(counts, on=["task", "split"], how="left")
-            .select("task", "split", "stage", "step", "prompt", "gold", "pred", "mode_ok", "gold_first_rank", "top5",
-                    "failures", "items"))
+    wrong = (
+        wrong.sort(
+            ["task", "split", "gold_first_rank", "mode_ok"], descending=[False, False, True, False], nulls_last=True
+        )
+        .group_by("task", "split", maintain_order=True)
+        .head(n)
+    )
+    return wrong.join(counts, on=["task", "split"], how="left").select(
+        "task",
+        "split",
+        "stage",
+        "step",
+        "prompt",
+        "gold",
+        "pred",
+        "mode_ok",
+        "gold_first_rank",
+        "top5",
+        "failures",
+        "items",
+    )
 
 
 def _fmt_top5(top5: Any) -> str:
@@ -360,8 +425,15 @@ def hijack_tasks(run_dir: PathLike) -> set[str]:
     words = {str(w).strip().lower() for w in (read_config(run_dir).get("eval", {}).get("hijack_words") or [])}
     if samples.is_empty() or "gold_first_token" not in samples.columns or not words:
         return set()
-    first = samples.select("task", pl.col("gold_first_token").str.strip_chars().str.to_lowercase()
-                           .str.strip_chars(".,!?").is_in(list(words)).alias("h"))
+    first = samples.select(
+        "task",
+        pl.col("gold_first_token")
+        .str.strip_chars()
+        .str.to_lowercase()
+        .str.strip_chars(".,!?")
+        .is_in(list(words))
+        .alias("h"),
+    )
     share = first.group_by("task").agg(pl.col("h").mean())
     return set(share.filter(pl.col("h") >= 0.5)["task"].to_list())
 

@@ -29,8 +29,7 @@ import polars as pl
 
 from analysis.frames import final_against_baselines
 from analysis.loading import AnalysisError, PathLike, load_run, load_samples, read_summary
-from harness.core.metrics import PROPORTION_METRICS
-from harness.core.metrics import GROUP_FILE
+from harness.core.metrics import GROUP_FILE, PROPORTION_METRICS
 from harness.core.stats import Interval, seeds_items_interval, seeds_rates_interval, t_interval, wilson_interval
 
 
@@ -87,12 +86,12 @@ def _final_outcomes(run_dir: Path, metric: str) -> dict[tuple[str, str], dict[in
     return out
 
 
-def _across(metric: str, values: dict[int, float], outcomes: dict[int, dict[int, float]], n: int | None
-            ) -> tuple[Interval, str]:
+def _across(
+    metric: str, values: dict[int, float], outcomes: dict[int, dict[int, float]], n: int | None
+) -> tuple[Interval, str]:
     """The across-seed interval of one task × split and how it was made."""
     if len(values) < 2:
-        return Interval(next(iter(values.values()), float("nan")), float("nan"), float("nan"), n or 0), \
-            "none: one seed"
+        return Interval(next(iter(values.values()), float("nan")), float("nan"), float("nan"), n or 0), "none: one seed"
     if metric not in PROPORTION_METRICS:
         return t_interval(list(values.values())), "t over seeds"
     items = [outcomes.get(seed) for seed in values]
@@ -132,12 +131,23 @@ def final_scores(group_dir: PathLike, metric: str = "greedy") -> pl.DataFrame:
         mean = sum(values.values()) / len(values)
         within = wilson_interval(round(mean * n), n) if n and metric in PROPORTION_METRICS else None
         base = tested.get((split, task), {})
-        rows.append({"split": split, "task": task, "seeds": len(values), "mean": mean,
-                     "across_low": across.low, "across_high": across.high, "across": how, "n": n,
-                     "within_low": within.low if within else None, "within_high": within.high if within else None,
-                     "baseline": max(b for b, _ in base.values()) if base else None,
-                     "above_in": f"{sum(a for _, a in base.values())}/{len(base)}" if base else None,
-                     "values": ", ".join(f"{s}: {v:.3f}" for s, v in values.items())})
+        rows.append(
+            {
+                "split": split,
+                "task": task,
+                "seeds": len(values),
+                "mean": mean,
+                "across_low": across.low,
+                "across_high": across.high,
+                "across": how,
+                "n": n,
+                "within_low": within.low if within else None,
+                "within_high": within.high if within else None,
+                "baseline": max(b for b, _ in base.values()) if base else None,
+                "above_in": f"{sum(a for _, a in base.values())}/{len(base)}" if base else None,
+                "values": ", ".join(f"{s}: {v:.3f}" for s, v in values.items()),
+            }
+        )
     return pl.DataFrame(rows)
 
 
@@ -153,19 +163,34 @@ def choice_scores(group_dir: PathLike) -> pl.DataFrame:
                 if "choice_auc" in values:
                     ci = final.get("intervals", {}).get(split, {}).get(task, {}).get("choice_auc", {})
                     per_seed.setdefault((split, task), {})[seed] = {
-                        "auc": values["choice_auc"], "low": ci.get("ci_low"), "high": ci.get("ci_high"),
-                        "p": values.get("choice_auc_p"), "yes": values.get("choice_yes")}
+                        "auc": values["choice_auc"],
+                        "low": ci.get("ci_low"),
+                        "high": ci.get("ci_high"),
+                        "p": values.get("choice_auc_p"),
+                        "yes": values.get("choice_yes"),
+                    }
     rows = []
     for (split, task), seeds in sorted(per_seed.items()):
         across = t_interval([v["auc"] for v in seeds.values()])
         above = sum(v["low"] is not None and v["low"] > 0.5 for v in seeds.values())
         yes = [v["yes"] for v in seeds.values() if v["yes"] is not None]
-        rows.append({"split": split, "task": task, "seeds": len(seeds), "mean": across.estimate,
-                     "t_low": None if across.low != across.low else max(0.0, across.low),
-                     "t_high": None if across.high != across.high else min(1.0, across.high),
-                     "above_half_in": f"{above}/{len(seeds)}", "yes_share": sum(yes) / len(yes) if yes else None,
-                     "values": ", ".join(f"{s}: {v['auc']:.3f} [{v['low']:.2f}, {v['high']:.2f}] p={v['p']:.2g}"
-                                         for s, v in seeds.items() if v["low"] is not None and v["p"] is not None)})
+        rows.append(
+            {
+                "split": split,
+                "task": task,
+                "seeds": len(seeds),
+                "mean": across.estimate,
+                "t_low": None if across.low != across.low else max(0.0, across.low),
+                "t_high": None if across.high != across.high else min(1.0, across.high),
+                "above_half_in": f"{above}/{len(seeds)}",
+                "yes_share": sum(yes) / len(yes) if yes else None,
+                "values": ", ".join(
+                    f"{s}: {v['auc']:.3f} [{v['low']:.2f}, {v['high']:.2f}] p={v['p']:.2g}"
+                    for s, v in seeds.items()
+                    if v["low"] is not None and v["p"] is not None
+                ),
+            }
+        )
     return pl.DataFrame(rows)
 
 
@@ -188,14 +213,35 @@ def recurring_events(group_dir: PathLike) -> pl.DataFrame:
     for (split, rose, fell, transition), hits in matched.items():
         seeds = sorted({s for s, _ in hits})
         p_values = [e["p_value"] for _, e in hits if e.get("p_value") is not None]
-        rows.append({"split": split, "stages": transition, "rose": rose, "fell": fell,
-                     "recurs_in": f"{len(seeds)}/{len(runs)}", "k": len(seeds),
-                     "seeds": ", ".join(map(str, seeds)), "metrics": ", ".join(sorted({e["metric"] for _, e in hits})),
-                     "rose_by": sum(e["rose_by"] for _, e in hits) / len(hits),
-                     "fell_by": sum(e["fell_by"] for _, e in hits) / len(hits),
-                     "max_p_value": max(p_values) if p_values else None})
+        rows.append(
+            {
+                "split": split,
+                "stages": transition,
+                "rose": rose,
+                "fell": fell,
+                "recurs_in": f"{len(seeds)}/{len(runs)}",
+                "k": len(seeds),
+                "seeds": ", ".join(map(str, seeds)),
+                "metrics": ", ".join(sorted({e["metric"] for _, e in hits})),
+                "rose_by": sum(e["rose_by"] for _, e in hits) / len(hits),
+                "fell_by": sum(e["fell_by"] for _, e in hits) / len(hits),
+                "max_p_value": max(p_values) if p_values else None,
+            }
+        )
     if not rows:
-        return pl.DataFrame(schema={"split": pl.Utf8, "stages": pl.Utf8, "rose": pl.Utf8, "fell": pl.Utf8,
-                                    "recurs_in": pl.Utf8, "k": pl.Int64, "seeds": pl.Utf8, "metrics": pl.Utf8,
-                                    "rose_by": pl.Float64, "fell_by": pl.Float64, "max_p_value": pl.Float64})
+        return pl.DataFrame(
+            schema={
+                "split": pl.Utf8,
+                "stages": pl.Utf8,
+                "rose": pl.Utf8,
+                "fell": pl.Utf8,
+                "recurs_in": pl.Utf8,
+                "k": pl.Int64,
+                "seeds": pl.Utf8,
+                "metrics": pl.Utf8,
+                "rose_by": pl.Float64,
+                "fell_by": pl.Float64,
+                "max_p_value": pl.Float64,
+            }
+        )
     return pl.DataFrame(rows).sort(["k", "split", "stages"], descending=[True, False, False])

@@ -27,8 +27,20 @@ CONFIG_FILE = "config.resolved.yaml"
 SWEEP_CONFIG_FILE = "sweep.resolved.yaml"
 
 # The metric-contract columns, in order (``text`` carries tables such as ft_top1 as JSON).
-CONTRACT_COLUMNS = ("run_id", "stage", "step", "task", "split", "metric", "value", "time", "text", "n", "ci_low",
-                    "ci_high")
+CONTRACT_COLUMNS = (
+    "run_id",
+    "stage",
+    "step",
+    "task",
+    "split",
+    "metric",
+    "value",
+    "time",
+    "text",
+    "n",
+    "ci_low",
+    "ci_high",
+)
 
 
 class AnalysisError(Exception):
@@ -170,8 +182,10 @@ def flatten_config(config: dict[str, Any]) -> dict[str, Any]:
             if key == "name":
                 continue
             if key == "mixture":
-                kind = next((k for k in ("weights", "natural", "counts", "adaptive")
-                             if isinstance(value, dict) and k in value), "weights")
+                kind = next(
+                    (k for k in ("weights", "natural", "counts", "adaptive") if isinstance(value, dict) and k in value),
+                    "weights",
+                )
                 flat[f"{prefix}.mixture.kind"] = kind
                 for task, share in mixture_shares(value, tasks).items():
                     flat[f"{prefix}.mixture.{task}"] = share
@@ -190,8 +204,7 @@ def _config_row(run_dir: Path, fields: Union[bool, Sequence[str]]) -> dict[str, 
     flat = flatten_config(read_config(run_dir)) if fields else {}
     if fields is not True and fields:
         wanted = list(fields)
-        flat = {k: v for k, v in flat.items()
-                if any(k == w or k.startswith(w.rstrip(".*") + ".") for w in wanted)}
+        flat = {k: v for k, v in flat.items() if any(k == w or k.startswith(w.rstrip(".*") + ".") for w in wanted)}
     return flat
 
 
@@ -217,8 +230,9 @@ def load_run(run_dir: PathLike) -> pl.DataFrame:
     return read_metrics(run_dir)
 
 
-def load_runs(paths: Union[PathLike, Sequence[PathLike]], *, config: Union[bool, Sequence[str]] = True,
-              lazy: bool = False) -> Union[pl.DataFrame, pl.LazyFrame]:
+def load_runs(
+    paths: Union[PathLike, Sequence[PathLike]], *, config: Union[bool, Sequence[str]] = True, lazy: bool = False
+) -> Union[pl.DataFrame, pl.LazyFrame]:
     """Every run named by ``paths`` (directories, globs, sweep directories; see :func:`run_dirs`) as one long frame.
 
     Columns: the metric contract (``run_id, stage, step, task, split, metric, value, time, text, n, ci_low,
@@ -243,8 +257,14 @@ def load_runs(paths: Union[PathLike, Sequence[PathLike]], *, config: Union[bool,
         result = combined if lazy else combined.collect()
     except (pl.exceptions.SchemaError, pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError):
         # The same config field with incompatible types across runs (e.g. an int here, a string there).
-        frames = [f.with_columns(pl.col(c).cast(pl.Utf8) for c in f.collect_schema().names()
-                                 if c not in CONTRACT_COLUMNS and c != "run_dir") for f in frames]
+        frames = [
+            f.with_columns(
+                pl.col(c).cast(pl.Utf8)
+                for c in f.collect_schema().names()
+                if c not in CONTRACT_COLUMNS and c != "run_dir"
+            )
+            for f in frames
+        ]
         combined = pl.concat(frames, how="diagonal_relaxed")
         result = combined if lazy else combined.collect()
     return result
@@ -264,8 +284,18 @@ def load_samples(run_dir: PathLike, lazy: bool = False) -> Union[pl.DataFrame, p
     except JsonlError as e:
         raise AnalysisError(str(e)) from None
     if not data:
-        empty = pl.DataFrame(schema={"stage": pl.Utf8, "step": pl.Int64, "task": pl.Utf8, "split": pl.Utf8,
-                                     "prompt": pl.Utf8, "gold": pl.Utf8, "pred": pl.Utf8, "correct": pl.Boolean})
+        empty = pl.DataFrame(
+            schema={
+                "stage": pl.Utf8,
+                "step": pl.Int64,
+                "task": pl.Utf8,
+                "split": pl.Utf8,
+                "prompt": pl.Utf8,
+                "gold": pl.Utf8,
+                "pred": pl.Utf8,
+                "correct": pl.Boolean,
+            }
+        )
         return empty.lazy() if lazy else empty
     # Read from the validated bytes, not the file: polars would fail on the unfinished line.
     frame = pl.read_ndjson(io.BytesIO(data), infer_schema_length=None)

@@ -74,8 +74,10 @@ class Interference:
 
     def __repr__(self) -> str:
         best = ", ".join(f"{t} {w:.2f}" for t, w in self.best_mixture.items())
-        return (f"Interference({self.metric}/{self.split} at the end of {self.stage!r} ~ weights of {self.path}: "
-                f"{self.quality} Predicted best mixture: {best})")
+        return (
+            f"Interference({self.metric}/{self.split} at the end of {self.stage!r} ~ weights of {self.path}: "
+            f"{self.quality} Predicted best mixture: {best})"
+        )
 
 
 def _design(w: np.ndarray, degree: int) -> np.ndarray:
@@ -87,9 +89,15 @@ def _design(w: np.ndarray, degree: int) -> np.ndarray:
     return np.column_stack([w, *pairs]) if pairs else w
 
 
-def _choose_columns(trials: pl.DataFrame, metric: str, split: str, stage: Optional[str], path: Optional[str],
-                    targets: Optional[Sequence[str]], space: Mapping[str, Any]
-                    ) -> tuple[str, list[str], str, list[str], dict[str, str]]:
+def _choose_columns(
+    trials: pl.DataFrame,
+    metric: str,
+    split: str,
+    stage: Optional[str],
+    path: Optional[str],
+    targets: Optional[Sequence[str]],
+    space: Mapping[str, Any],
+) -> tuple[str, list[str], str, list[str], dict[str, str]]:
     """What :func:`interference` fits: the simplex ``path`` and its ``weights``, the ``stage`` whose final metrics
     are read, the ``targets`` and each target's ``metric/`` column (the defaults resolved, every choice checked)."""
     groups = simplex_groups(trials, space)
@@ -119,8 +127,9 @@ def _choose_columns(trials: pl.DataFrame, metric: str, split: str, stage: Option
     return path, weights, stage, targets, columns
 
 
-def _least_squares(X: np.ndarray, Y: np.ndarray, targets: list[str]
-                   ) -> tuple[np.ndarray, dict[str, float], dict[str, float], dict[str, float], list[str]]:
+def _least_squares(
+    X: np.ndarray, Y: np.ndarray, targets: list[str]
+) -> tuple[np.ndarray, dict[str, float], dict[str, float], dict[str, float], list[str]]:
     """The OLS fit of every target column of ``Y`` on ``X``: ``beta``, ``r2``, ``loo_r2`` and ``rmse`` per target,
     and the targets that do not vary (their R² is NaN)."""
     beta, *_ = np.linalg.lstsq(X, Y, rcond=None)
@@ -160,8 +169,9 @@ def _effect_matrix(mean: np.ndarray, beta: np.ndarray, degree: int, per: float, 
     return effect
 
 
-def _scorer(objective: Union[str, Mapping[str, float]], target_weights: np.ndarray
-            ) -> Callable[[np.ndarray], np.ndarray]:
+def _scorer(
+    objective: Union[str, Mapping[str, float]], target_weights: np.ndarray
+) -> Callable[[np.ndarray], np.ndarray]:
     """The objective over predicted (or observed) targets, one row per mixture."""
     reduced = target_weights > 0
 
@@ -175,8 +185,16 @@ def _scorer(objective: Union[str, Mapping[str, float]], target_weights: np.ndarr
     return score
 
 
-def _search_best(W: np.ndarray, beta: np.ndarray, degree: int, score: Callable[[np.ndarray], np.ndarray],
-                 maximize: bool, candidates: int, top: float, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
+def _search_best(
+    W: np.ndarray,
+    beta: np.ndarray,
+    degree: int,
+    score: Callable[[np.ndarray], np.ndarray],
+    maximize: bool,
+    candidates: int,
+    top: float,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray, float]:
     """RegMix search: many mixtures inside the explored box, the top ones averaged (robust to a flat optimum).
     Returns the best mixture, its predicted targets and its predicted objective."""
     k = W.shape[1]
@@ -193,8 +211,15 @@ def _search_best(W: np.ndarray, beta: np.ndarray, degree: int, score: Callable[[
     return best, best_pred, best_obj
 
 
-def _best_observed(data: pl.DataFrame, W: np.ndarray, Y: np.ndarray, observed: np.ndarray, maximize: bool,
-                   weights: list[str], targets: list[str]) -> dict[str, Any]:
+def _best_observed(
+    data: pl.DataFrame,
+    W: np.ndarray,
+    Y: np.ndarray,
+    observed: np.ndarray,
+    maximize: bool,
+    weights: list[str],
+    targets: list[str],
+) -> dict[str, Any]:
     """The best complete trial by the objective: its number, mixture, target metrics and objective."""
     b = int(np.argmax(observed) if maximize else np.argmin(observed))
     return {
@@ -205,17 +230,22 @@ def _best_observed(data: pl.DataFrame, W: np.ndarray, Y: np.ndarray, observed: n
     }
 
 
-def _fit_notes(trials: pl.DataFrame, data: pl.DataFrame, path: str, weights: list[str], n: int, p: int,
-               constant: list[str]) -> list[str]:
+def _fit_notes(
+    trials: pl.DataFrame, data: pl.DataFrame, path: str, weights: list[str], n: int, p: int, constant: list[str]
+) -> list[str]:
     """Caveats of a fit, in words: few trials per coefficient, targets that never vary, other varied parameters."""
     notes = []
     if n < 3 * p:
         notes.append(f"only {n / p:.1f} trials per coefficient: read the coefficients as rough")
     if constant:
         notes.append(f"{', '.join(constant)}: the same value in every trial (nothing to explain)")
-    other_params = [c[len("param/"):] for c in trials.columns if c.startswith("param/")
-                    and not any(c == f"param/{path}.{w}" for w in weights)
-                    and data.select(pl.col(c).n_unique()).item() > 1]
+    other_params = [
+        c[len("param/") :]
+        for c in trials.columns
+        if c.startswith("param/")
+        and not any(c == f"param/{path}.{w}" for w in weights)
+        and data.select(pl.col(c).n_unique()).item() > 1
+    ]
     if other_params:
         notes.append(f"also varied, not in the model (their effect is in the residual): {', '.join(other_params)}")
     return notes
@@ -225,16 +255,27 @@ def _verdict(targets: list[str], loo_r2: dict[str, float]) -> str:
     """good / fair / poor from the median leave-one-out R² of the targets that vary; none when none does."""
     varying = [loo_r2[t] for t in targets if not math.isnan(loo_r2[t])]
     median_loo = float(np.median(varying)) if varying else float("nan")
-    return ("none" if not varying else "good" if median_loo >= 0.7 else "fair" if median_loo >= 0.4
-            else "poor")
+    return "none" if not varying else "good" if median_loo >= 0.7 else "fair" if median_loo >= 0.4 else "poor"
 
 
-def interference(trials: pl.DataFrame, metric: str = "greedy", split: str = "heldout", *,
-                 stage: Optional[str] = None, path: Optional[str] = None, targets: Optional[Sequence[str]] = None,
-                 objective: Union[str, Mapping[str, float]] = "mean", over: Optional[Sequence[str]] = None,
-                 maximize: Optional[bool] = None,
-                 per: float = 0.1, degree: int = 1, space: Optional[Mapping[str, Any]] = None,
-                 candidates: int = 20000, top: float = 0.01, seed: int = 0) -> Interference:
+def interference(
+    trials: pl.DataFrame,
+    metric: str = "greedy",
+    split: str = "heldout",
+    *,
+    stage: Optional[str] = None,
+    path: Optional[str] = None,
+    targets: Optional[Sequence[str]] = None,
+    objective: Union[str, Mapping[str, float]] = "mean",
+    over: Optional[Sequence[str]] = None,
+    maximize: Optional[bool] = None,
+    per: float = 0.1,
+    degree: int = 1,
+    space: Optional[Mapping[str, Any]] = None,
+    candidates: int = 20000,
+    top: float = 0.01,
+    seed: int = 0,
+) -> Interference:
     """Fit each task's ``metric`` on ``split`` at the end of ``stage`` against the mixture weights of the simplex
     parameter ``path``, over the complete trials — the RegMix recipe (Liu et al. 2024: regress the target on the
     mixture, then search the simplex with the fitted model).
@@ -252,8 +293,7 @@ def interference(trials: pl.DataFrame, metric: str = "greedy", split: str = "hel
       ``max`` reduce over (default all);
       ``maximize`` defaults to the metric's direction (greedy up, loss down).
     """
-    path, weights, stage, targets, columns = _choose_columns(trials, metric, split, stage, path, targets,
-                                                             space or {})
+    path, weights, stage, targets, columns = _choose_columns(trials, metric, split, stage, path, targets, space or {})
     maximize = (not lower_is_better(metric)) if maximize is None else maximize
 
     data = complete(trials).drop_nulls([f"param/{path}.{w}" for w in weights] + [columns[t] for t in targets])
@@ -264,8 +304,10 @@ def interference(trials: pl.DataFrame, metric: str = "greedy", split: str = "hel
     X = _design(W, degree)
     p = X.shape[1]
     if n <= p:
-        raise AnalysisError(f"{n} complete trials cannot fit {p} coefficients (degree {degree} over {k} weights); "
-                            f"run more than {p} trials")
+        raise AnalysisError(
+            f"{n} complete trials cannot fit {p} coefficients (degree {degree} over {k} weights); "
+            f"run more than {p} trials"
+        )
     beta, r2, loo_r2, rmse, constant = _least_squares(X, Y, targets)
     mean = W.mean(axis=0)
     effect = _effect_matrix(mean, beta, degree, per, len(targets))
@@ -277,31 +319,50 @@ def interference(trials: pl.DataFrame, metric: str = "greedy", split: str = "hel
 
     notes = _fit_notes(trials, data, path, weights, n, p, constant)
     quality = _quality(targets, r2, loo_r2, n, k, degree, notes)
-    coef = pl.DataFrame({"weight": weights,
-                         **{t: beta[:k, j] for j, t in enumerate(targets)}})
+    coef = pl.DataFrame({"weight": weights, **{t: beta[:k, j] for j, t in enumerate(targets)}})
     effect_frame = pl.DataFrame({"weight": weights, **{t: effect[:, j] for j, t in enumerate(targets)}})
     return Interference(
-        metric=metric, split=split, stage=stage, path=path, weights=weights, targets=targets, n=n, degree=degree,
-        per=per, coef=coef, effect=effect_frame, r2=r2, loo_r2=loo_r2, rmse=rmse, quality=quality, notes=notes,
-        objective=objective_name, maximize=maximize,
+        metric=metric,
+        split=split,
+        stage=stage,
+        path=path,
+        weights=weights,
+        targets=targets,
+        n=n,
+        degree=degree,
+        per=per,
+        coef=coef,
+        effect=effect_frame,
+        r2=r2,
+        loo_r2=loo_r2,
+        rmse=rmse,
+        quality=quality,
+        notes=notes,
+        objective=objective_name,
+        maximize=maximize,
         best_mixture={w: float(best[i]) for i, w in enumerate(weights)},
         best_predicted={t: float(best_pred[j]) for j, t in enumerate(targets)},
-        best_objective=best_obj, best_observed=best_observed, verdict=_verdict(targets, loo_r2),
+        best_objective=best_obj,
+        best_observed=best_observed,
+        verdict=_verdict(targets, loo_r2),
         mean_mixture={w: float(mean[i]) for i, w in enumerate(weights)},
         weight_range={w: (float(W[:, i].min()), float(W[:, i].max())) for i, w in enumerate(weights)},
-        _beta=beta, _target_weights=target_weights,
+        _beta=beta,
+        _target_weights=target_weights,
     )
 
 
-def _objective_weights(objective: Union[str, Mapping[str, float]], targets: list[str],
-                       over: Optional[Sequence[str]] = None) -> tuple[np.ndarray, str]:
+def _objective_weights(
+    objective: Union[str, Mapping[str, float]], targets: list[str], over: Optional[Sequence[str]] = None
+) -> tuple[np.ndarray, str]:
     """The weight of each target in the objective (``min`` / ``max`` use the positive ones as a mask) and the
     objective's name as a report prints it."""
     if over is not None and isinstance(objective, str) and objective in ("mean", "min", "max"):
         unknown = [t for t in over if t not in targets]
         if unknown or not over:
-            raise AnalysisError(f"over: {', '.join(unknown) or 'no tasks'} not among the targets "
-                                f"({', '.join(targets)})")
+            raise AnalysisError(
+                f"over: {', '.join(unknown) or 'no tasks'} not among the targets ({', '.join(targets)})"
+            )
         w = np.array([1.0 if t in over else 0.0 for t in targets])
         return w / w.sum(), f"{objective} of {', '.join(t for t in targets if t in over)}"
     if isinstance(objective, Mapping):
@@ -317,8 +378,9 @@ def _objective_weights(objective: Union[str, Mapping[str, float]], targets: list
         return np.full(len(targets), 1.0 / len(targets)), objective
     if objective in targets:
         return np.array([1.0 if t == objective else 0.0 for t in targets]), objective
-    raise AnalysisError(f"objective {objective!r}: use mean, min, max, a target task ({', '.join(targets)}) "
-                        "or {task: weight}")
+    raise AnalysisError(
+        f"objective {objective!r}: use mean, min, max, a target task ({', '.join(targets)}) or {{task: weight}}"
+    )
 
 
 def _quality(targets, r2, loo_r2, n, k, degree, notes) -> str:
@@ -329,9 +391,13 @@ def _quality(targets, r2, loo_r2, n, k, degree, notes) -> str:
     if not fitted:
         return f"{head}: no target varies across trials, nothing to fit."
     med = float(np.median([loo_r2[t] for t in fitted]))
-    verdict = ("good fit — the matrix can be trusted" if med >= 0.7 else
-               "fair fit — trust the large cells, not the small ones" if med >= 0.4 else
-               "poor fit — the weights explain little; do not trust the matrix or the predicted best mixture")
+    verdict = (
+        "good fit — the matrix can be trusted"
+        if med >= 0.7
+        else "fair fit — trust the large cells, not the small ones"
+        if med >= 0.4
+        else "poor fit — the weights explain little; do not trust the matrix or the predicted best mixture"
+    )
     per_task = "; ".join(f"{t} R² {r2[t]:.2f} (LOO {loo_r2[t]:.2f})" for t in fitted)
     text = f"{head}: {verdict} (median leave-one-out R² {med:.2f}). {per_task}."
     if notes:
@@ -354,6 +420,8 @@ def partial_dependence(fit: Interference, points: int = 41) -> pl.DataFrame:
             mix = others * (1 - x)
             mix[i] = x
             pred = (_design(mix[None, :], fit.degree) @ fit._beta)[0]
-            rows.extend({"weight": w, "value": float(x), "target": t, "predicted": float(pred[j])}
-                        for j, t in enumerate(fit.targets))
+            rows.extend(
+                {"weight": w, "value": float(x), "target": t, "predicted": float(pred[j])}
+                for j, t in enumerate(fit.targets)
+            )
     return pl.DataFrame(rows)

@@ -32,16 +32,32 @@ STAGE_SHADES = ("#f2f2f2", "#ffffff")
 RISE_COLOR, FALL_COLOR = "#1a9850", "#d73027"
 SPLIT_TITLES = {"heldout": "held-out items", "heldout_template": "held-out templates", "train": "training items"}
 METRIC_TITLES = {
-    "greedy": "greedy exact match", "mode_ok": "mode ok (answer has the task's form)",
-    "tf_first": "gold first token is the argmax (teacher forced)", "tf_exact": "every gold token is the argmax",
-    "loss": "answer-token loss", "eval_loss": "answer-token loss (teacher forced)", "ft_hijack": "first-token hijack (top-1 is yes/no)",
-    "ft_rank_median": "gold first-token rank (median, 1 = top)", "ft_rank_mean": "gold first-token rank (mean)",
+    "greedy": "greedy exact match",
+    "mode_ok": "mode ok (answer has the task's form)",
+    "tf_first": "gold first token is the argmax (teacher forced)",
+    "tf_exact": "every gold token is the argmax",
+    "loss": "answer-token loss",
+    "eval_loss": "answer-token loss (teacher forced)",
+    "ft_hijack": "first-token hijack (top-1 is yes/no)",
+    "ft_rank_median": "gold first-token rank (median, 1 = top)",
+    "ft_rank_mean": "gold first-token rank (mean)",
     "ft_mrr": "gold first-token MRR",
 }
 
-plt.rcParams.update({"figure.dpi": 100, "savefig.dpi": 110, "axes.spines.top": False, "axes.spines.right": False,
-                     "axes.grid": True, "grid.alpha": 0.25, "font.size": 9, "axes.titlesize": 10,
-                     "legend.fontsize": 8, "legend.frameon": False})
+plt.rcParams.update(
+    {
+        "figure.dpi": 100,
+        "savefig.dpi": 110,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "axes.grid": True,
+        "grid.alpha": 0.25,
+        "font.size": 9,
+        "axes.titlesize": 10,
+        "legend.fontsize": 8,
+        "legend.frameon": False,
+    }
+)
 
 
 def task_colors(tasks: Sequence[str]) -> dict[str, str]:
@@ -58,7 +74,7 @@ def column_label(column: str) -> str:
         _, stage, split, task, metric = parts
         return f"{task} {metric} ({split}, end of {stage})"
     if column.startswith("param/"):
-        return column[len("param/"):]
+        return column[len("param/") :]
     return column
 
 
@@ -84,8 +100,16 @@ def shade_stages(ax, bounds: pl.DataFrame, label: bool = True) -> None:
         if i:
             ax.axvline(r["start"], color="#999999", lw=0.8, ls="--", zorder=1)
         if label:
-            ax.text((r["start"] + r["end"]) / 2, 1.01, r["stage"], transform=ax.get_xaxis_transform(),
-                    ha="center", va="bottom", fontsize=8, color="#555555")
+            ax.text(
+                (r["start"] + r["end"]) / 2,
+                1.01,
+                r["stage"],
+                transform=ax.get_xaxis_transform(),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                color="#555555",
+            )
 
 
 def _series(rows: pl.DataFrame, task: str) -> tuple[np.ndarray, np.ndarray]:
@@ -93,9 +117,15 @@ def _series(rows: pl.DataFrame, task: str) -> tuple[np.ndarray, np.ndarray]:
     return part["step"].to_numpy(), part["value"].to_numpy()
 
 
-def plot_curves(frame: pl.DataFrame, metric: str = "greedy", splits: Optional[Sequence[str]] = None,
-                events: Optional[pl.DataFrame] = None, tasks: Optional[Sequence[str]] = None,
-                colors: Optional[dict[str, str]] = None, log: bool = False) -> Figure:
+def plot_curves(
+    frame: pl.DataFrame,
+    metric: str = "greedy",
+    splits: Optional[Sequence[str]] = None,
+    events: Optional[pl.DataFrame] = None,
+    tasks: Optional[Sequence[str]] = None,
+    colors: Optional[dict[str, str]] = None,
+    log: bool = False,
+) -> Figure:
     """Per-task curves of ``metric`` across the whole curriculum, one panel per split: stages shaded and named,
     each proportion's 95 % interval as a band, each task's baseline (``baseline_<metric>``: best constant answer,
     majority first token or chance) as a dashed line of its colour, seesaw events (``events`` from
@@ -136,8 +166,15 @@ def _band(ax, part: pl.DataFrame, task: str, color: str) -> None:
     """The task's 95 % interval at every evaluation as a translucent band (stores without intervals: none)."""
     rows = part.filter(pl.col("task") == task, pl.col("ci_low").is_not_null()).sort("step", "stage_index")
     if rows.height:
-        ax.fill_between(rows["step"].to_numpy(), rows["ci_low"].to_numpy(), rows["ci_high"].to_numpy(),
-                        color=color, alpha=0.12, lw=0, zorder=2)
+        ax.fill_between(
+            rows["step"].to_numpy(),
+            rows["ci_low"].to_numpy(),
+            rows["ci_high"].to_numpy(),
+            color=color,
+            alpha=0.12,
+            lw=0,
+            zorder=2,
+        )
 
 
 def _baseline_lines(ax, base: pl.DataFrame, tasks: Sequence[str], colors: dict[str, str]) -> None:
@@ -174,16 +211,28 @@ def _mark_events(ax, part: pl.DataFrame, events: pl.DataFrame, colors: dict[str,
             if key in seen or (task, e["step_to"]) not in values:
                 continue
             seen.add(key)
-            ax.scatter([e["step_to"]], [values[(task, e["step_to"])]], marker=marker, s=90, zorder=5,
-                       facecolor=colors.get(task, color), edgecolor=color, linewidth=2,
-                       label=("seesaw: rose ▲ / fell ▼" if first else None))
+            ax.scatter(
+                [e["step_to"]],
+                [values[(task, e["step_to"])]],
+                marker=marker,
+                s=90,
+                zorder=5,
+                facecolor=colors.get(task, color),
+                edgecolor=color,
+                linewidth=2,
+                label=("seesaw: rose ▲ / fell ▼" if first else None),
+            )
             first = False
         ax.axvline(e["step_to"], color=FALL_COLOR, lw=0.6, alpha=0.35, zorder=1)
 
 
-def plot_hijack(frame: pl.DataFrame, splits: Optional[Sequence[str]] = None,
-                colors: Optional[dict[str, str]] = None, expected: Sequence[str] = (),
-                events: Optional[pl.DataFrame] = None) -> Figure:
+def plot_hijack(
+    frame: pl.DataFrame,
+    splits: Optional[Sequence[str]] = None,
+    colors: Optional[dict[str, str]] = None,
+    expected: Sequence[str] = (),
+    events: Optional[pl.DataFrame] = None,
+) -> Figure:
     """The first-token story: top row the share of prompts whose top-1 first token is a hijack word (yes/no),
     bottom row the median rank of the gold first token (log scale, 1 = top). Tasks in ``expected`` (whose answers
     do start with yes/no) are drawn dashed: a high hijack share is right for them. ``ft_hijack`` seesaw events are
@@ -204,13 +253,19 @@ def plot_hijack(frame: pl.DataFrame, splits: Optional[Sequence[str]] = None,
                 t = part.filter(pl.col("task") == task).drop_nulls(metric)
                 if t.is_empty():
                     continue
-                ax.plot(t["step"], t[metric], marker="o", ms=3, lw=1.6, color=colors[task],
-                        ls="--" if task in expected else "-",
-                        label=task + (" (yes/no answers)" if task in expected else ""))
+                ax.plot(
+                    t["step"],
+                    t[metric],
+                    marker="o",
+                    ms=3,
+                    lw=1.6,
+                    color=colors[task],
+                    ls="--" if task in expected else "-",
+                    label=task + (" (yes/no answers)" if task in expected else ""),
+                )
             if metric == "ft_hijack" and events is not None and not events.is_empty():
                 rows = part.select("task", "step", "stage", pl.col("ft_hijack").alias("value"))
-                _mark_events(ax, rows, events.filter(pl.col("metric") == "ft_hijack", pl.col("split") == split),
-                             colors)
+                _mark_events(ax, rows, events.filter(pl.col("metric") == "ft_hijack", pl.col("split") == split), colors)
             if metric == "ft_rank_median":
                 ax.set_yscale("log")
                 ax.invert_yaxis()
@@ -220,8 +275,11 @@ def plot_hijack(frame: pl.DataFrame, splits: Optional[Sequence[str]] = None,
                 ax.set_ylim(-0.03, 1.03)
                 ax.set_title(SPLIT_TITLES.get(split, split), pad=14)
             if col == 0:
-                ax.set_ylabel("gold first-token rank\n(median, 1 = top; up = better)" if metric == "ft_rank_median"
-                              else "first-token hijack\n(share of prompts, top-1 is yes/no)")
+                ax.set_ylabel(
+                    "gold first-token rank\n(median, 1 = top; up = better)"
+                    if metric == "ft_rank_median"
+                    else "first-token hijack\n(share of prompts, top-1 is yes/no)"
+                )
     return _shared_legend(fig, axes[0])
 
 
@@ -230,8 +288,9 @@ def plot_training(frame: pl.DataFrame, colors: Optional[dict[str, str]] = None) 
     frame = _single_run(frame)
     train = frame.filter(pl.col("split") == "train")
     bounds = stage_bounds(frame)
-    panels = [m for m in ("loss", "lr", "grad_norm", "update_ratio") if
-              not train.filter(pl.col("metric") == m).is_empty()]
+    panels = [
+        m for m in ("loss", "lr", "grad_norm", "update_ratio") if not train.filter(pl.col("metric") == m).is_empty()
+    ]
     if not panels:
         raise AnalysisError("no training metrics in the store")
     tasks = sorted(train.filter(pl.col("metric") == "loss")["task"].drop_nulls().unique().to_list())
@@ -246,8 +305,15 @@ def plot_training(frame: pl.DataFrame, colors: Optional[dict[str, str]] = None) 
                 t = rows.filter(pl.col("task") == task)
                 ax.plot(t["step"], t["value"], lw=1.1, color=colors.get(task), label=task, alpha=0.85)
         ax.plot(overall["step"], overall["value"], lw=2.0, color="black", label="all" if metric == "loss" else None)
-        ax.set_title({"loss": "training loss (answer tokens)", "lr": "learning rate", "grad_norm": "gradient norm",
-                      "update_ratio": "update ratio ‖Δθ‖/‖θ‖"}[metric], pad=14)
+        ax.set_title(
+            {
+                "loss": "training loss (answer tokens)",
+                "lr": "learning rate",
+                "grad_norm": "gradient norm",
+                "update_ratio": "update ratio ‖Δθ‖/‖θ‖",
+            }[metric],
+            pad=14,
+        )
         ax.set_xlabel("step")
         if metric in ("update_ratio", "grad_norm") and (overall["value"] > 0).all() and overall.height:
             ax.set_yscale("log")
@@ -300,8 +366,14 @@ def plot_mixture_weights(frame: pl.DataFrame, colors: Optional[dict[str, str]] =
         t = weights.filter(pl.col("task") == task)
         for stage in t["stage"].unique(maintain_order=True).to_list():  # one line per stage: no bridge between them
             part = t.filter(pl.col("stage") == stage)
-            ax.step(part["step"], part["value"], where="post", lw=1.4, color=colors.get(task),
-                    label=task if stage == t["stage"][0] else None)
+            ax.step(
+                part["step"],
+                part["value"],
+                where="post",
+                lw=1.4,
+                color=colors.get(task),
+                label=task if stage == t["stage"][0] else None,
+            )
     ax.set_ylim(0, 1)
     ax.set_xlabel("step")
     ax.set_ylabel("sampling weight")
@@ -328,16 +400,25 @@ def plot_interference(fit, ax=None) -> Figure:
     cmap = "RdBu" if not lower_is_better(fit.metric) else "RdBu_r"
     image = ax.imshow(effect, cmap=cmap, vmin=-lim, vmax=lim, aspect="auto")
     ax.set_xticks(range(len(cols)))
-    ax.set_xticklabels([f"{t}\nR² {fit.loo_r2[t]:.2f}" if not math.isnan(fit.loo_r2[t]) else f"{t}\n(constant)"
-                        for t in cols], fontsize=8)
+    ax.set_xticklabels(
+        [f"{t}\nR² {fit.loo_r2[t]:.2f}" if not math.isnan(fit.loo_r2[t]) else f"{t}\n(constant)" for t in cols],
+        fontsize=8,
+    )
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"+{fit.per:g} {w}" for w in rows])
     ax.grid(False)
     for i in range(len(rows)):
         for j in range(len(cols)):
             v = effect[i, j]
-            ax.text(j, i, f"{v:+.3f}", ha="center", va="center", fontsize=8,
-                    color="white" if abs(v) > 0.6 * lim else "black")
+            ax.text(
+                j,
+                i,
+                f"{v:+.3f}",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if abs(v) > 0.6 * lim else "black",
+            )
     ax.set_xlabel(f"Δ {fit.metric} ({fit.split}, end of {fit.stage}) — column label: leave-one-out R²")
     ax.set_ylabel("weight raised (taken from the others)")
     ax.set_title(f"interference: raise a task's weight by {fit.per:g}, watch every task ({fit.n} trials)")
@@ -351,8 +432,9 @@ def plot_partial_dependence(trials: pl.DataFrame, fit, colors: Optional[dict[str
     fitted model moving that weight alone, the others in their mean proportions (lines)."""
     pd = partial_dependence(fit)
     colors = colors or task_colors(fit.targets)
-    cols = metric_columns(trials).filter(pl.col("stage") == fit.stage, pl.col("split") == fit.split,
-                                         pl.col("metric") == fit.metric)
+    cols = metric_columns(trials).filter(
+        pl.col("stage") == fit.stage, pl.col("split") == fit.split, pl.col("metric") == fit.metric
+    )
     column = {r["task"]: r["column"] for r in cols.iter_rows(named=True)}
     done = complete(trials)
     k = len(fit.weights)
@@ -378,8 +460,9 @@ def plot_partial_dependence(trials: pl.DataFrame, fit, colors: Optional[dict[str
     return fig
 
 
-def plot_pareto(front: pl.DataFrame, x: str, y: str, label_x: Optional[str] = None,
-                label_y: Optional[str] = None) -> Figure:
+def plot_pareto(
+    front: pl.DataFrame, x: str, y: str, label_x: Optional[str] = None, label_y: Optional[str] = None
+) -> Figure:
     """Trials on two metrics (``front`` from :func:`analysis.pareto`), the Pareto front highlighted and joined."""
     fig, ax = plt.subplots(figsize=(5.6, 4.4))
     rest = front.filter(~pl.col("pareto"))
@@ -414,8 +497,9 @@ def plot_history(trials: pl.DataFrame, objective: str, maximize: bool = True) ->
             for state, marker, color in (("PRUNED", "x", "#ff7f0e"), ("FAIL", "X", "#7f7f7f")):
                 part = data.filter(pl.col("state") == state)
                 if part.height:
-                    ax.scatter(part["number"], [floor] * part.height, marker=marker, color=color, s=28,
-                               label=state.lower())
+                    ax.scatter(
+                        part["number"], [floor] * part.height, marker=marker, color=color, s=28, label=state.lower()
+                    )
     ax.set_xlabel("trial")
     ax.set_ylabel(objective)
     ax.set_title("optimisation history")

@@ -28,9 +28,21 @@ from analysis.trials import (
 )
 
 __all__ = [
-    "SIMPLEX_TOLERANCE", "Interference", "best_trial_dir", "best_trials", "complete", "fit_objective", "interference",
-    "metric_columns", "objective_columns", "objective_directions", "pareto", "partial_dependence", "simplex_groups",
-    "sweep_objective", "tradeoff_pair",
+    "SIMPLEX_TOLERANCE",
+    "Interference",
+    "best_trial_dir",
+    "best_trials",
+    "complete",
+    "fit_objective",
+    "interference",
+    "metric_columns",
+    "objective_columns",
+    "objective_directions",
+    "pareto",
+    "partial_dependence",
+    "simplex_groups",
+    "sweep_objective",
+    "tradeoff_pair",
 ]
 
 
@@ -39,8 +51,7 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def pareto(trials: pl.DataFrame, metrics: Sequence[str],
-           directions: Optional[Sequence[str]] = None) -> pl.DataFrame:
+def pareto(trials: pl.DataFrame, metrics: Sequence[str], directions: Optional[Sequence[str]] = None) -> pl.DataFrame:
     """The complete trials with a ``pareto`` column: True where no other trial is at least as good on every one of
     ``metrics`` (columns of the trials frame) and better on one. ``directions``: ``max`` / ``min`` per metric
     (default: by the metric's name — greedy up, loss / rank / hijack down; objectives up). Sorted by the first
@@ -67,8 +78,9 @@ def pareto(trials: pl.DataFrame, metrics: Sequence[str],
     return out.sort(metrics[0], descending=directions[0] == "max")
 
 
-def best_trials(trials: pl.DataFrame, n: int = 10, by: Optional[str] = None,
-                maximize: Optional[bool] = None) -> pl.DataFrame:
+def best_trials(
+    trials: pl.DataFrame, n: int = 10, by: Optional[str] = None, maximize: Optional[bool] = None
+) -> pl.DataFrame:
     """The ``n`` best complete trials by ``by`` (default: the objective; the first one of several)."""
     cols = objective_columns(trials)
     by = by or (cols[0] if cols else None)
@@ -90,9 +102,15 @@ def sweep_objective(config: Mapping[str, Any]) -> dict[str, Any]:
     if not obj and config.get("objectives"):
         obj = config["objectives"][0]
     obj = obj if isinstance(obj, Mapping) else {}
-    return {"metric": obj.get("metric") or "greedy", "split": obj.get("split") or "heldout",
-            "stage": obj.get("stage"), "tasks": obj.get("tasks"), "reduce": obj.get("reduce") or "mean",
-            "weights": obj.get("weights"), "direction": obj.get("direction")}
+    return {
+        "metric": obj.get("metric") or "greedy",
+        "split": obj.get("split") or "heldout",
+        "stage": obj.get("stage"),
+        "tasks": obj.get("tasks"),
+        "reduce": obj.get("reduce") or "mean",
+        "weights": obj.get("weights"),
+        "direction": obj.get("direction"),
+    }
 
 
 def objective_directions(config: Mapping[str, Any], columns: Sequence[str]) -> list[str]:
@@ -119,8 +137,13 @@ def fit_objective(objective: Mapping[str, Any], targets: Sequence[str]) -> dict[
     return {"objective": reduce if reduce in ("min", "max") else "mean", "over": tasks or None}
 
 
-def tradeoff_pair(trials: pl.DataFrame, objectives: Sequence[str], metric: str = "greedy", split: str = "heldout",
-                  stage: Optional[str] = None) -> Optional[tuple[str, str, str]]:
+def tradeoff_pair(
+    trials: pl.DataFrame,
+    objectives: Sequence[str],
+    metric: str = "greedy",
+    split: str = "heldout",
+    stage: Optional[str] = None,
+) -> Optional[tuple[str, str, str]]:
     """Two columns worth a Pareto plot, and why: the study's first two objectives when it has several; otherwise
     the two task metrics (``metric`` on ``split`` at the end of ``stage``, default the last) that are most
     negatively correlated across complete trials — the sweep's seesaw. None when no pair varies."""
@@ -133,7 +156,7 @@ def tradeoff_pair(trials: pl.DataFrame, objectives: Sequence[str], metric: str =
     done = complete(trials).drop_nulls(names) if names else complete(trials)
     best = None
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             if done.height > 2 and done[a].std() and done[b].std():
                 r = float(done.select(pl.corr(a, b)).item())
                 if best is None or r < best[0]:
@@ -141,8 +164,11 @@ def tradeoff_pair(trials: pl.DataFrame, objectives: Sequence[str], metric: str =
     if best is None:
         return None
     r, a, b = best
-    return a, b, (f"Single-objective study: the two task metrics that trade off most across trials "
-                  f"(correlation {r:+.2f}).")
+    return (
+        a,
+        b,
+        (f"Single-objective study: the two task metrics that trade off most across trials (correlation {r:+.2f})."),
+    )
 
 
 def best_trial_dir(trials: pl.DataFrame, sweep_dir: Any, maximize: bool = True) -> Optional[Any]:

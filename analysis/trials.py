@@ -42,7 +42,7 @@ def simplex_groups(trials: pl.DataFrame, space: Optional[Mapping[str, Any]] = No
             return groups
     candidates: dict[str, list[str]] = {}
     for column in params:
-        path, _, name = column[len("param/"):].rpartition(".")
+        path, _, name = column[len("param/") :].rpartition(".")
         if path and name and re.fullmatch(r"[A-Za-z0-9_-]+", name):
             candidates.setdefault(path, []).append(name)
     done = complete(trials)
@@ -62,8 +62,9 @@ def metric_columns(trials: pl.DataFrame) -> pl.DataFrame:
     """The ``metric/<stage>/<split>/<task>/<metric>`` columns parsed: ``column, stage, split, task, metric``, in
     column order (which is the curriculum order of the stages as the sweep wrote them)."""
     rows = [{"column": c, **m.groupdict()} for c in trials.columns if (m := _METRIC_COLUMN.match(c))]
-    return pl.DataFrame(rows, schema={"column": pl.Utf8, "stage": pl.Utf8, "split": pl.Utf8, "task": pl.Utf8,
-                                      "metric": pl.Utf8})
+    return pl.DataFrame(
+        rows, schema={"column": pl.Utf8, "stage": pl.Utf8, "split": pl.Utf8, "task": pl.Utf8, "metric": pl.Utf8}
+    )
 
 
 def objective_columns(trials: pl.DataFrame) -> list[str]:

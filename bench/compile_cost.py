@@ -37,10 +37,17 @@ def experiment(steps: int, compile_mode) -> dict:
         return {"recipe": recipe, "train": 300, "eval": 1, "params": params}
 
     return {
-        "name": "compile_cost", "seed": 0, "world": {"people": 200, "seed": 0},
+        "name": "compile_cost",
+        "seed": 0,
+        "world": {"people": 200, "seed": 0},
         "model": {"builtin": "qwen2-tiny", "pretrain": {"steps": 1}},
-        "tasks": {"repeat": task("repeat"), "yesno": task("yesno"), "short_qa": task("short_qa"),
-                  "assistant_qa": task("assistant_qa"), "math": task("math_reversed", digits=3)},
+        "tasks": {
+            "repeat": task("repeat"),
+            "yesno": task("yesno"),
+            "short_qa": task("short_qa"),
+            "assistant_qa": task("assistant_qa"),
+            "math": task("math_reversed", digits=3),
+        },
         "train": {"compile": compile_mode, "log_every": 10},
         "eval": {"splits": ["heldout"]},
         "stages": [{"name": "s", "steps": steps, "mixture": "natural"}],
@@ -55,11 +62,11 @@ def child(steps: int, compile_mode: bool, nondeterministic: bool = False) -> dic
     import warnings
 
     warnings.filterwarnings("ignore")
-    from harness.training.special_tokens import stage_special_tokens
     from harness.config import validate_data
     from harness.runs.prepare import build_task_data, encode_task_data, load_base, plan_stage
     from harness.training import loop as train_module
     from harness.training.loop import StageLoop, train_stage
+    from harness.training.special_tokens import stage_special_tokens
 
     if nondeterministic:
         train_module.compiled_stage = lambda compiled: contextlib.nullcontext()
@@ -71,11 +78,20 @@ def child(steps: int, compile_mode: bool, nondeterministic: bool = False) -> dic
     stage = exp.resolved_stages()[0]
     plan = plan_stage(exp, stage, 0, encoded.train, tokenizer.pad_token_id)
     losses, times = [], [time.perf_counter()]
-    train_stage(model, plan.batches, StageLoop(
-        stage="s", start_step=0, tasks=list(exp.tasks), train=stage.train, evaluate=lambda step: None,
-        log=lambda rows, step: losses.extend(r.value for r in rows if r.metric == "loss" and r.task is None),
-        special_tokens=stage_special_tokens(tokenizer, plan.batches), progress=lambda n: times.append(time.perf_counter()),
-    ))
+    train_stage(
+        model,
+        plan.batches,
+        StageLoop(
+            stage="s",
+            start_step=0,
+            tasks=list(exp.tasks),
+            train=stage.train,
+            evaluate=lambda step: None,
+            log=lambda rows, step: losses.extend(r.value for r in rows if r.metric == "loss" and r.task is None),
+            special_tokens=stage_special_tokens(tokenizer, plan.batches),
+            progress=lambda n: times.append(time.perf_counter()),
+        ),
+    )
     return {"step_s": [b - a for a, b in zip(times, times[1:])], "losses": losses}
 
 
@@ -83,9 +99,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--settle", type=int, default=20, help="steps excluded from the steady s/step")
-    parser.add_argument("--modes", default="eager,compiled,compiled",
-                        help="runs in order: eager | compiled | compiled-nondet (the same Inductor cache for all: "
-                             "the first compiled run of a kind is cold, later ones warm)")
+    parser.add_argument(
+        "--modes",
+        default="eager,compiled,compiled",
+        help="runs in order: eager | compiled | compiled-nondet (the same Inductor cache for all: "
+        "the first compiled run of a kind is cold, later ones warm)",
+    )
     parser.add_argument("--child", choices=["eager", "compiled", "compiled-nondet"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -99,18 +118,28 @@ def main() -> None:
         name = mode if mode == "eager" else f"{mode}, {'cold' if seen[mode] == 1 else 'warm'}"
         name += f" #{seen[mode]}" if mode == "eager" and seen[mode] > 1 else ""
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor}
-        out = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--child", mode], env=env,
-                             capture_output=True, text=True, check=True, cwd=ROOT)
+        out = subprocess.run(
+            [sys.executable, __file__, "--steps", str(args.steps), "--child", mode],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        )
         results[name if name not in results else f"{name} #{seen[mode]}"] = json.loads(
-            out.stdout.strip().splitlines()[-1])
-    eager = statistics.median([t for name, r in results.items() if name.startswith("eager")
-                               for t in r["step_s"][args.settle:]])
+            out.stdout.strip().splitlines()[-1]
+        )
+    eager = statistics.median(
+        [t for name, r in results.items() if name.startswith("eager") for t in r["step_s"][args.settle :]]
+    )
     for name, r in results.items():
-        steady = statistics.median(r["step_s"][args.settle:])
+        steady = statistics.median(r["step_s"][args.settle :])
         total = sum(r["step_s"])
-        print(f"{name:26s} steady {steady * 1000:7.1f} ms/step  total {total:6.1f} s  overhead "
-              f"{total - steady * len(r['step_s']):5.1f} s  first step {r['step_s'][0]:5.1f} s  "
-              f"speed-up {eager / steady:4.2f}x")
+        print(
+            f"{name:26s} steady {steady * 1000:7.1f} ms/step  total {total:6.1f} s  overhead "
+            f"{total - steady * len(r['step_s']):5.1f} s  first step {r['step_s'][0]:5.1f} s  "
+            f"speed-up {eager / steady:4.2f}x"
+        )
         slow = [(i, round(t, 1)) for i, t in enumerate(r["step_s"]) if t > 3 * steady]
         print(f"{'':26s} slow steps (index, s): {slow}; first losses {r['losses'][:3]}")
 

@@ -30,7 +30,6 @@ from harness.evaluation.passes import greedy_decode, left_pad  # noqa: E402
 from harness.models.builtin import build_builtin  # noqa: E402
 from harness.models.tokenizer import train_tokenizer  # noqa: E402
 
-
 TASKS = ["repeat", "identity", "yesno", "assistant_qa", "short_qa", "math_reversed", "spell", "count"]
 
 
@@ -53,8 +52,9 @@ def real_examples(n: int, seed: int = 0):
         splits = recipe.build(name, per_task, per_task, seed)
         for split in by_split:
             by_split[split] += splits[split]
-    texts = data_recipes.corpus(world, seed) + [m["content"] for exs in by_split.values() for ex in exs
-                                                for m in ex.messages]
+    texts = data_recipes.corpus(world, seed) + [
+        m["content"] for exs in by_split.values() for ex in exs for m in ex.messages
+    ]
     return by_split, recipes, texts
 
 
@@ -71,8 +71,12 @@ def synthetic_examples(n: int, seed: int = 0):
 
     rng = random.Random(seed)
     words = "the cat sat on a red mat while sun and moon were cold or hot yes no maybe".split()
-    examples = [Example.single("synthetic", " ".join(rng.choice(words) for _ in range(rng.randint(2, 40))),
-                               rng.choice(["yes", "no"])) for _ in range(n)]
+    examples = [
+        Example.single(
+            "synthetic", " ".join(rng.choice(words) for _ in range(rng.randint(2, 40))), rng.choice(["yes", "no"])
+        )
+        for _ in range(n)
+    ]
     return {"heldout": examples}, {"synthetic": Exact()}, [ex.prompt for ex in examples] * 4
 
 
@@ -117,12 +121,14 @@ def prompts_and_model(args):
     items = interleave(groups)[: args.prompts]
     model = build_builtin(ModelSpec(builtin="qwen2-tiny"), tokenizer, seed=0).to(args.device).eval()
     lengths = sorted(len(it.prompt_ids) for it in items)
-    print(f"{len(items)} prompts from {len({it.task for it in items})} task(s) × "
-          f"{len({it.split for it in items})} split(s), prompt tokens "
-          f"min {lengths[0]} / median {lengths[len(lengths) // 2]} / max {lengths[-1]}; qwen2-tiny "
-          f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, vocab {len(tokenizer)}), "
-          f"batch {args.batch_size}, max_new_tokens {args.max_new_tokens}, device {args.device}, "
-          f"torch threads {torch.get_num_threads()}")
+    print(
+        f"{len(items)} prompts from {len({it.task for it in items})} task(s) × "
+        f"{len({it.split for it in items})} split(s), prompt tokens "
+        f"min {lengths[0]} / median {lengths[len(lengths) // 2]} / max {lengths[-1]}; qwen2-tiny "
+        f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, vocab {len(tokenizer)}), "
+        f"batch {args.batch_size}, max_new_tokens {args.max_new_tokens}, device {args.device}, "
+        f"torch threads {torch.get_num_threads()}"
+    )
     return items, recipes, tokenizer, model
 
 
@@ -142,8 +148,9 @@ def timed_methods(args, items, recipes, tokenizer, model, batches) -> dict:
         with torch.no_grad():
             for chunk in batches:
                 ids, mask, _ = left_pad([items[i].prompt_ids for i in chunk], pad, args.device)
-                gen = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new,
-                                     eos_token_id=eos, pad_token_id=pad)[:, ids.shape[1]:].tolist()
+                gen = model.generate(
+                    ids, attention_mask=mask, do_sample=False, max_new_tokens=new, eos_token_id=eos, pad_token_id=pad
+                )[:, ids.shape[1] :].tolist()
                 for i, row in zip(chunk, gen):
                     out[i] = row
         return out
@@ -153,9 +160,15 @@ def timed_methods(args, items, recipes, tokenizer, model, batches) -> dict:
         with torch.no_grad():
             for it in items:
                 ids = torch.tensor([it.prompt_ids], device=args.device)
-                gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
-                                     eos_token_id=eos, pad_token_id=pad)
-                out.append(gen[0, ids.shape[1]:].tolist())
+                gen = model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=False,
+                    max_new_tokens=new,
+                    eos_token_id=eos,
+                    pad_token_id=pad,
+                )
+                out.append(gen[0, ids.shape[1] :].tolist())
         return out
 
     def probe():
@@ -170,6 +183,7 @@ def timed_methods(args, items, recipes, tokenizer, model, batches) -> dict:
                     model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **extra).logits
             if args.device == "cuda":
                 torch.cuda.synchronize()
+
         return run
 
     return {
@@ -188,8 +202,9 @@ def harness_decode_ids(model, items, batches, tokenizer, new: int) -> list:
     ours_ids = [None] * len(items)
     with torch.no_grad():
         for chunk in batches:
-            rows, _ = greedy_decode(model, [items[i].prompt_ids for i in chunk], max_new_tokens=new,
-                                    eos_token_id=eos, pad_token_id=pad)
+            rows, _ = greedy_decode(
+                model, [items[i].prompt_ids for i in chunk], max_new_tokens=new, eos_token_id=eos, pad_token_id=pad
+            )
             for i, row in zip(chunk, rows):
                 ours_ids[i] = row
     return ours_ids
@@ -222,8 +237,10 @@ def check_identical(ours_ids: list, outputs: dict, tokenizer, n_items: int) -> N
     assert outputs["harness greedy"] == decode(batched_ids), "evaluator predictions differ from batched generate"
     same_single = sum(a == b for a, b in zip(ours_ids, single_ids))
     assert same_single == n_items, f"only {same_single}/{n_items} equal to one-at-a-time generate"
-    print(f"identical outputs: harness == batched generate ({n_items}/{n_items} token ids), "
-          f"== one-at-a-time generate ({same_single}/{n_items})")
+    print(
+        f"identical outputs: harness == batched generate ({n_items}/{n_items} token ids), "
+        f"== one-at-a-time generate ({same_single}/{n_items})"
+    )
 
 
 def print_medians(times: dict[str, list[float]], reps: int) -> None:
@@ -233,13 +250,19 @@ def print_medians(times: dict[str, list[float]], reps: int) -> None:
     rows = [
         ("harness greedy", ""),
         ("generate batched", f"harness {med['generate batched'] / med['harness greedy']:.2f}× faster (goal ≥1)"),
-        ("generate one at a time",
-         f"harness {med['generate one at a time'] / med['harness greedy']:.2f}× faster (goal ≥8)"),
+        (
+            "generate one at a time",
+            f"harness {med['generate one at a time'] / med['harness greedy']:.2f}× faster (goal ≥8)",
+        ),
         ("first_token probe", ""),
-        ("bare forward (full logits)",
-         f"probe / forward = {med['first_token probe'] / med['bare forward (full logits)']:.2f} (goal ≤1.2)"),
-        ("bare forward (last logits)",
-         f"probe / forward = {med['first_token probe'] / med['bare forward (last logits)']:.2f}"),
+        (
+            "bare forward (full logits)",
+            f"probe / forward = {med['first_token probe'] / med['bare forward (full logits)']:.2f} (goal ≤1.2)",
+        ),
+        (
+            "bare forward (last logits)",
+            f"probe / forward = {med['first_token probe'] / med['bare forward (last logits)']:.2f}",
+        ),
     ]
     for name, ratio in rows:
         print(f"{name:<28}{med[name]:>10.3f}   {ratio}")
@@ -252,7 +275,7 @@ def main() -> None:
     items, recipes, tokenizer, model = prompts_and_model(args)
     # The harness batches prompts sorted by length; batched generate gets exactly the same batches.
     order = sorted(range(len(items)), key=lambda i: len(items[i].prompt_ids))
-    batches = [order[s:s + args.batch_size] for s in range(0, len(order), args.batch_size)]
+    batches = [order[s : s + args.batch_size] for s in range(0, len(order), args.batch_size)]
     methods = timed_methods(args, items, recipes, tokenizer, model, batches)
     # Identical outputs: token ids of the harness's decoder (same batches as the evaluator) vs batched generate and
     # vs one-at-a-time generate, and the evaluator's decoded predictions vs batched generate's.

@@ -36,9 +36,20 @@ ROOT = Path(__file__).resolve().parents[1]
 MICRO = ROOT / "tests" / "data" / "micro.yaml"
 # Every run: a log row every step, resume points every 15 steps (all kept), wandb off, the guard on (stop: exit 3)
 # and the last stage a LoRA adapter whose dropout draws from the CUDA generators.
-COMMON = ["--set", "train.log_every=1", "--set", "train.checkpoint_every=15", "--set", "train.keep_checkpoints=20",
-          "--set", "tracking.wandb.mode=disabled", "--set", "train.nonfinite=stop",
-          "--set", "stages.assistant.trainable={mode: lora, r: 8, dropout: 0.3}"]
+COMMON = [
+    "--set",
+    "train.log_every=1",
+    "--set",
+    "train.checkpoint_every=15",
+    "--set",
+    "train.keep_checkpoints=20",
+    "--set",
+    "tracking.wandb.mode=disabled",
+    "--set",
+    "train.nonfinite=stop",
+    "--set",
+    "stages.assistant.trainable={mode: lora, r: 8, dropout: 0.3}",
+]
 LORA_STEPS = range(81, 141)  # the LoRA stage's steps (40 + 40 before it)
 MATCH = 1e-4  # relative, per step
 
@@ -46,8 +57,17 @@ MATCH = 1e-4  # relative, per step
 def harness(out: Path, *args: str, env: dict, nproc: int, resume: bool = False) -> tuple[int, str, float]:
     """``python -m harness run MICRO --out OUT …`` (``--resume OUT`` with ``resume``; ``--nproc`` when several
     ranks); (exit code, stderr, seconds)."""
-    cmd = [sys.executable, "-m", "harness", "run", str(MICRO), "--resume" if resume else "--out", str(out), *COMMON,
-           *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness",
+        "run",
+        str(MICRO),
+        "--resume" if resume else "--out",
+        str(out),
+        *COMMON,
+        *args,
+    ]
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
     started = time.monotonic()
@@ -56,8 +76,9 @@ def harness(out: Path, *args: str, env: dict, nproc: int, resume: bool = False) 
 
 
 def train_losses(run: Path, steps=None) -> dict[int, float]:
-    from harness.core.store import read_metrics
     import polars as pl
+
+    from harness.core.store import read_metrics
 
     rows = read_metrics(run).filter(pl.col("split") == "train", pl.col("metric") == "loss", pl.col("task").is_null())
     return {s: v for s, v in zip(rows["step"].to_list(), rows["value"].to_list()) if steps is None or s in steps}
@@ -69,7 +90,9 @@ def compare(a: dict[int, float], b: dict[int, float]) -> tuple[bool, str]:
         return False, f"steps differ ({len(a)} vs {len(b)} rows)"
     worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
     exact = all(a[s] == b[s] for s in a)
-    return worst <= MATCH, f"{len(a)} steps, max relative difference {worst:.2e}" + (" (bit-identical)" if exact else "")
+    return worst <= MATCH, f"{len(a)} steps, max relative difference {worst:.2e}" + (
+        " (bit-identical)" if exact else ""
+    )
 
 
 class Report:
@@ -88,23 +111,30 @@ def run_checks(work: Path, env: dict, nproc: int, report: Report) -> None:
     if code != 0:
         return
     losses = train_losses(full)
-    report.line("training losses finite", len(losses) == 140 and all(math.isfinite(v) for v in losses.values()),
-                f"{len(losses)} steps")
+    report.line(
+        "training losses finite",
+        len(losses) == 140 and all(math.isfinite(v) for v in losses.values()),
+        f"{len(losses)} steps",
+    )
 
     # Stages 1-2 replayed from the entries the first run stored; the LoRA stage trains from their generators.
     code, err, seconds = harness(replay, "--set", "stages.assistant.stage_cache=false", env=env, nproc=nproc)
     summary = json.loads((replay / "summary.json").read_text()) if code == 0 else {"stages": []}
     cached = [s["name"] for s in summary["stages"] if s.get("cached_from")]
-    report.line("stage-cache replay", code == 0 and cached == ["repeat_only", "short"],
-                f"exit {code}, replayed {cached}, {seconds:.0f} s" + _tail(code, err))
+    report.line(
+        "stage-cache replay",
+        code == 0 and cached == ["repeat_only", "short"],
+        f"exit {code}, replayed {cached}, {seconds:.0f} s" + _tail(code, err),
+    )
     if code == 0:
         ok, detail = compare(train_losses(full, LORA_STEPS), train_losses(replay, LORA_STEPS))
         report.line("replayed generators: LoRA-stage losses match the uninterrupted run", ok, detail)
 
     # The last rank SIGKILLs itself before step 100; --resume continues from the step-90 resume point.
     no_cache = ["--set", "train.stage_cache=false"]
-    code, err, _ = harness(killed, *no_cache, "--set", f"debug.kill_rank={{rank: {nproc - 1}, step: 100}}",
-                           env=env, nproc=nproc)
+    code, err, _ = harness(
+        killed, *no_cache, "--set", f"debug.kill_rank={{rank: {nproc - 1}, step: 100}}", env=env, nproc=nproc
+    )
     sigkill = 128 + 9 if nproc > 1 else -9  # the launcher's exit code, or the one process's own death
     report.line("killed rank stops the run", code == sigkill, f"exit {code}" + _tail(code != sigkill, err))
     code, err, seconds = harness(killed, *no_cache, env=env, nproc=nproc, resume=True)
@@ -112,18 +142,30 @@ def run_checks(work: Path, env: dict, nproc: int, report: Report) -> None:
     if code == 0:
         resumed_from = json.loads((killed / "summary.json").read_text()).get("resumed_from")
         ok, detail = compare(train_losses(full, range(91, 141)), train_losses(killed, range(91, 141)))
-        report.line("resumed generators: losses after the resume point match", ok and resumed_from == "step-00000090",
-                    f"resumed from {resumed_from}; {detail}")
+        report.line(
+            "resumed generators: losses after the resume point match",
+            ok and resumed_from == "step-00000090",
+            f"resumed from {resumed_from}; {detail}",
+        )
 
     # A NaN in the last rank's forward at step 3: every rank stops (exit 3), the report names that rank.
-    code, err, _ = harness(nan, "--set", f"debug.inject_nonfinite={{step: 3, where: forward, module: "
-                           f"'layers\\.0\\.mlp$', rank: {nproc - 1}}}", env=env, nproc=nproc)
+    code, err, _ = harness(
+        nan,
+        "--set",
+        f"debug.inject_nonfinite={{step: 3, where: forward, module: 'layers\\.0\\.mlp$', rank: {nproc - 1}}}",
+        env=env,
+        nproc=nproc,
+    )
     report_file = nan / "nonfinite.json"
     named = json.loads(report_file.read_text()) if report_file.exists() else {}
-    report.line("NaN on one rank stops the run", code == 3 and named.get("step") == 3
-                and named.get("rank", 0) == nproc - 1 and named.get("first_module") == "model.layers.0.mlp",
-                f"exit {code}, report: rank {named.get('rank')}, step {named.get('step')}, "
-                f"module {named.get('first_module')}")
+    report.line(
+        "NaN on one rank stops the run",
+        code == 3
+        and named.get("step") == 3
+        and named.get("rank", 0) == nproc - 1
+        and named.get("first_module") == "model.layers.0.mlp",
+        f"exit {code}, report: rank {named.get('rank')}, step {named.get('step')}, module {named.get('first_module')}",
+    )
 
     if nproc > 1:  # FSDP2 over the ranks: the first stage's losses as DDP's (another summation order)
         code, err, seconds = harness(fsdp, *no_cache, "--set", "train.parallel=fsdp", env=env, nproc=nproc)
@@ -148,17 +190,21 @@ def main() -> int:
         env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
         nproc, where = 2, "the CPU (gloo; --cpu: a check of this script, not of CUDA)"
     elif not torch.cuda.is_available():
-        print("gpu_check: no CUDA device visible — skipped, nothing was checked (the CPU tests cover the rest; "
-              "--cpu runs these commands on the CPU)")
+        print(
+            "gpu_check: no CUDA device visible — skipped, nothing was checked (the CPU tests cover the rest; "
+            "--cpu runs these commands on the CPU)"
+        )
         return 0
     else:
         gpus = torch.cuda.device_count()
         nproc = 2 if gpus >= 2 else 1
         names = sorted({torch.cuda.get_device_name(i) for i in range(gpus)})
-        where = (f"{gpus} GPU(s) ({', '.join(names)}), torch {torch.__version__}; "
-                 + ("2 ranks (NCCL, one GPU each)" if nproc == 2 else
-                    "one process on cuda:0 — one GPU: the collectives (NCCL) are NOT checked, only the guard, the "
-                    "stage cache, resume points and the CUDA generators"))
+        where = f"{gpus} GPU(s) ({', '.join(names)}), torch {torch.__version__}; " + (
+            "2 ranks (NCCL, one GPU each)"
+            if nproc == 2
+            else "one process on cuda:0 — one GPU: the collectives (NCCL) are NOT checked, only the guard, the "
+            "stage cache, resume points and the CUDA generators"
+        )
     print(f"gpu_check on {where}", flush=True)
     report, started = Report(), time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:

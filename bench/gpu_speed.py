@@ -20,12 +20,30 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 # Qwen/Qwen2.5-0.5B's config.json (the shape; weights are random).
-QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-                  tie_word_embeddings=True, rms_norm_eps=1e-6)
+QWEN25_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1e6,
+    tie_word_embeddings=True,
+    rms_norm_eps=1e-6,
+)
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched on the device name.
-BF16_PEAK = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
-             "4090": 165e12, "3090": 71e12, "V100": 125e12}
+BF16_PEAK = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10": 125e12,
+    "4090": 165e12,
+    "3090": 71e12,
+    "V100": 125e12,
+}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -63,8 +81,12 @@ def measure(device, lora: bool, batch: int, seq: int, steps: int, warmup: int = 
     flops = (4 if lora else 6) * n_params * tokens_s
     del model, opt
     torch.cuda.empty_cache()
-    return {"tokens_s": tokens_s, "mfu": flops / peak if peak else None, "loss": float(loss),
-            "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+    return {
+        "tokens_s": tokens_s,
+        "mfu": flops / peak if peak else None,
+        "loss": float(loss),
+        "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+    }
 
 
 def main() -> int:
@@ -82,8 +104,11 @@ def main() -> int:
         for lora in (False, True):
             r = measure(torch.device("cuda", i), lora, args.batch, args.seq, args.steps)
             mfu = f"{100 * r['mfu']:.1f} %" if r["mfu"] is not None else "n/a (unknown peak)"
-            print(f"cuda:{i} {name}: {'lora' if lora else 'full'}: {r['tokens_s']:,.0f} tokens/s, MFU {mfu}, "
-                  f"peak memory {r['peak_mem_gib']:.1f} GiB, loss {r['loss']:.3f}", flush=True)
+            print(
+                f"cuda:{i} {name}: {'lora' if lora else 'full'}: {r['tokens_s']:,.0f} tokens/s, MFU {mfu}, "
+                f"peak memory {r['peak_mem_gib']:.1f} GiB, loss {r['loss']:.3f}",
+                flush=True,
+            )
     return 0
 
 

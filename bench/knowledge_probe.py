@@ -30,8 +30,8 @@ import torch
 from data_recipes.knowledge import KnowledgeRecipe
 from data_recipes.world import Person, article
 from harness.config import load_experiment
-from harness.runs.prepare import build_task_data, load_base
 from harness.core.stats import wilson_interval
+from harness.runs.prepare import build_task_data, load_base
 
 
 def _cloze_items(world) -> dict[str, tuple[Callable[[Person], str], Callable[[Person], str], list[str]]]:
@@ -40,16 +40,31 @@ def _cloze_items(world) -> dict[str, tuple[Callable[[Person], str], Callable[[Pe
     years = [str(y) for y in sorted({p.birth_year for p in world.people})]
     pets = [f" has a pet {v}." for v in world.pets] + [" has no pet."]
     return {
-        "birth_city": (lambda p: f"{p.name} was born in the city of", lambda p: f" {p.birth_city}.",
-                       [f" {c}." for c in world.cities]),
-        "birth_year": (lambda p: f"{p.name} was born in the year", lambda p: f" {p.birth_year}.",
-                       [f" {y}." for y in years]),
-        "job": (lambda p: f"{p.name} earns a living as", lambda p: f" {article(p.job)} {p.job}.",
-                [f" {article(j)} {j}." for j in world.jobs]),
-        "home_city": (lambda p: f"The home city of {p.name} is", lambda p: f" {p.home_city}.",
-                      [f" {c}." for c in world.cities]),
-        "favourite_colour": (lambda p: f"The favourite colour of {p.name} is", lambda p: f" {p.favourite_colour}.",
-                             [f" {c}." for c in world.colours]),
+        "birth_city": (
+            lambda p: f"{p.name} was born in the city of",
+            lambda p: f" {p.birth_city}.",
+            [f" {c}." for c in world.cities],
+        ),
+        "birth_year": (
+            lambda p: f"{p.name} was born in the year",
+            lambda p: f" {p.birth_year}.",
+            [f" {y}." for y in years],
+        ),
+        "job": (
+            lambda p: f"{p.name} earns a living as",
+            lambda p: f" {article(p.job)} {p.job}.",
+            [f" {article(j)} {j}." for j in world.jobs],
+        ),
+        "home_city": (
+            lambda p: f"The home city of {p.name} is",
+            lambda p: f" {p.home_city}.",
+            [f" {c}." for c in world.cities],
+        ),
+        "favourite_colour": (
+            lambda p: f"The favourite colour of {p.name} is",
+            lambda p: f" {p.favourite_colour}.",
+            [f" {c}." for c in world.colours],
+        ),
         "pet": (lambda p: p.name, lambda p: f" has a pet {p.pet}." if p.pet else " has no pet.", pets),
     }
 
@@ -70,14 +85,14 @@ def continuation_logprobs(model, tokenizer, prompt: str, continuations: list[str
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for k, (full, _) in enumerate(rows):
-        ids[k, :len(full)] = torch.tensor(full)
-        mask[k, :len(full)] = 1
+        ids[k, : len(full)] = torch.tensor(full)
+        mask[k, : len(full)] = 1
     device = next(model.parameters()).device
     logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float().cpu()
     logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
     scores = torch.zeros(len(rows))
     for k, (full, start) in enumerate(rows):
-        scores[k] = logp[k, start - 1:len(full) - 1].sum()
+        scores[k] = logp[k, start - 1 : len(full) - 1].sum()
     return scores
 
 
@@ -93,9 +108,19 @@ def probe(model, tokenizer, world, people: dict[str, list[Person]]) -> list[dict
                 right += candidates[int(scores.argmax())] == truth_of(person)
             majority = Counter(truth_of(p) for p in members).most_common(1)[0][1] / len(members)
             ci = wilson_interval(right, len(members))
-            rows.append({"attribute": attribute, "people": group, "accuracy": ci.estimate, "n": ci.n,
-                         "ci_low": ci.low, "ci_high": ci.high, "chance": 1 / len(candidates),
-                         "majority": majority, "above_majority": ci.low > majority})
+            rows.append(
+                {
+                    "attribute": attribute,
+                    "people": group,
+                    "accuracy": ci.estimate,
+                    "n": ci.n,
+                    "ci_low": ci.low,
+                    "ci_high": ci.high,
+                    "chance": 1 / len(candidates),
+                    "majority": majority,
+                    "above_majority": ci.low > majority,
+                }
+            )
     return rows
 
 
@@ -113,12 +138,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         raise SystemExit(f"{args.experiment}: no knowledge task (short_qa, assistant_qa, yesno): nothing to probe")
     train_people, heldout_people = knowledge[0].people()  # the split SFT uses (it depends only on the world)
     rows = probe(model, tokenizer, knowledge[0].world, {"sft": train_people, "heldout": heldout_people})
-    print(f"base: {info.get('source')} (pretrain final loss {info.get('pretrain_final_loss')}, "
-          f"cache {info.get('cache_dir')})")
+    print(
+        f"base: {info.get('source')} (pretrain final loss {info.get('pretrain_final_loss')}, "
+        f"cache {info.get('cache_dir')})"
+    )
     for r in rows:
-        print(f"{r['attribute']:>16} {r['people']:>7}: {r['accuracy']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] "
-              f"n={r['n']}  chance {r['chance']:.3f}  majority {r['majority']:.3f}"
-              + ("  above majority" if r["above_majority"] else ""))
+        print(
+            f"{r['attribute']:>16} {r['people']:>7}: {r['accuracy']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] "
+            f"n={r['n']}  chance {r['chance']:.3f}  majority {r['majority']:.3f}"
+            + ("  above majority" if r["above_majority"] else "")
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return rows

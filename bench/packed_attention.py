@@ -45,7 +45,7 @@ def examples(batch: int, seed: int, lengths: tuple[int, int] = (15, 81)) -> list
     for _ in range(batch):
         n = int(rng.integers(lengths[0], lengths[1] + 1))
         ids = rng.integers(0, VOCAB, n)
-        labels = np.concatenate([np.full(n // 2, IGNORE_INDEX), ids[n // 2 + 1:], [IGNORE_INDEX]])
+        labels = np.concatenate([np.full(n // 2, IGNORE_INDEX), ids[n // 2 + 1 :], [IGNORE_INDEX]])
         out.append(Encoded("t", ids, labels))
     return out
 
@@ -53,8 +53,15 @@ def examples(batch: int, seed: int, lengths: tuple[int, int] = (15, 81)) -> list
 def model():
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model("qwen2", hidden_size=128, intermediate_size=512, num_hidden_layers=4,
-                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB)
+    config = AutoConfig.for_model(
+        "qwen2",
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+    )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
 
@@ -62,8 +69,15 @@ def model():
 def step(net, batch, overhead=None) -> None:
     if overhead is not None:
         packed_attention.BLOCK_OVERHEAD_PAIRS = overhead
-    logits = supervised_logits(net, batch.input_ids, batch.attention_mask, batch.supervised, False,
-                               batch.position_ids, bool(batch.layout and batch.layout.varlen))
+    logits = supervised_logits(
+        net,
+        batch.input_ids,
+        batch.attention_mask,
+        batch.supervised,
+        False,
+        batch.position_ids,
+        bool(batch.layout and batch.layout.varlen),
+    )
     torch.nn.functional.cross_entropy(logits, batch.labels.flatten()[batch.supervised]).backward()
     net.zero_grad(set_to_none=True)
 
@@ -89,8 +103,8 @@ def main() -> None:
         "masked one row": ([pack_encoded(s, 0, None) for s in steps], None),
     }
     varlen = [pack_encoded(s, 0, None, True) for s in steps]
-    for overhead in (0, 1024, 4096, 16384, 65536, 10 ** 12):
-        label = "one block" if overhead == 10 ** 12 else f"overhead {overhead}"
+    for overhead in (0, 1024, 4096, 16384, 65536, 10**12):
+        label = "one block" if overhead == 10**12 else f"overhead {overhead}"
         layouts[f"varlen, {label}"] = (varlen, overhead)
     times: dict[str, list[float]] = {name: [] for name in layouts}
     for name, (batches, overhead) in layouts.items():  # warm up
@@ -102,8 +116,10 @@ def main() -> None:
                 step(net, batch, overhead)
             times[name].append((time.perf_counter() - started) / len(batches) * 1000)
     base = statistics.median(times["padded"])
-    print(f"batch {args.batch}, lengths {lengths[0]}-{lengths[1]}, {args.steps} steps x {args.reps} rounds, "
-          f"threads {torch.get_num_threads()}")
+    print(
+        f"batch {args.batch}, lengths {lengths[0]}-{lengths[1]}, {args.steps} steps x {args.reps} rounds, "
+        f"threads {torch.get_num_threads()}"
+    )
     print(f"{'layout':<28}{'ms/step':>9}{'min':>8}{'max':>8}{'vs padded':>11}")
     for name, values in times.items():
         median = statistics.median(values)

@@ -35,8 +35,8 @@ from harness.data.encoding import encode_examples  # noqa: E402
 from harness.data.packing import pack_encoded  # noqa: E402
 from harness.models.builtin import build_builtin  # noqa: E402
 from harness.models.tokenizer import train_tokenizer  # noqa: E402
-from harness.training.loop import batch_loss  # noqa: E402
 from harness.training import packing  # noqa: E402
+from harness.training.loop import batch_loss  # noqa: E402
 from harness.training.packing import check_packing  # noqa: E402
 
 TASKS = ["a", "b"]
@@ -50,9 +50,15 @@ def examples(rng: np.random.Generator, n: int) -> list[SimpleNamespace]:
     for i in range(n):
         words = " ".join(rng.choice(WORDS, int(rng.integers(5, 61))))
         answer = words if i % 2 == 0 else "yes"  # task b: one constant answer, soon fitted (loss near 0)
-        out.append(SimpleNamespace(task=TASKS[i % 2], messages=[
-            {"role": "user", "content": f"{'Repeat' if i % 2 == 0 else 'Agree'}: {words}"},
-            {"role": "assistant", "content": answer}]))
+        out.append(
+            SimpleNamespace(
+                task=TASKS[i % 2],
+                messages=[
+                    {"role": "user", "content": f"{'Repeat' if i % 2 == 0 else 'Agree'}: {words}"},
+                    {"role": "assistant", "content": answer},
+                ],
+            )
+        )
     return out
 
 
@@ -107,8 +113,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     texts = [f"{m['role']}\n{m['content']}" for e in examples(rng, 200) for m in e.messages]
     tok = train_tokenizer(texts, 400, 1)
-    print(f"{'model':<14}{'regime':<8}{'layout':<11}{'comparison':<23}{'alarms':>8}  95 % interval    "
-          f"largest diff / tolerance")
+    print(
+        f"{'model':<14}{'regime':<8}{'layout':<11}{'comparison':<23}{'alarms':>8}  95 % interval    "
+        f"largest diff / tolerance"
+    )
     runs = [(name, args.trials) for name in args.models.split(",")] + [(args.planted, args.planted_trials)]
     for name, trials in runs:
         for fitted in (False, True):
@@ -117,8 +125,11 @@ def main() -> None:
                 ratios = [r[key] for r in results]
                 k = sum(x > 1 for x in ratios)
                 _, lo, hi, _ = wilson_interval(k, trials)
-                print(f"{name:<14}{'fitted' if fitted else 'fresh':<8}{key[0]:<11}{key[1]:<23}{k:>4}/{trials:<3}"
-                      f"  [{lo:.3f}, {hi:.3f}]  {max(ratios):.3g} (median {np.median(ratios):.3g})", flush=True)
+                print(
+                    f"{name:<14}{'fitted' if fitted else 'fresh':<8}{key[0]:<11}{key[1]:<23}{k:>4}/{trials:<3}"
+                    f"  [{lo:.3f}, {hi:.3f}]  {max(ratios):.3g} (median {np.median(ratios):.3g})",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

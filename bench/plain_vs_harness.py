@@ -75,8 +75,9 @@ class Setup:
     digits: int = 3
     batch_size: int = 128
     seed: int = 0
-    shape: dict[str, int] = field(default_factory=lambda: dict(
-        hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512))
+    shape: dict[str, int] = field(
+        default_factory=lambda: dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512)
+    )
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = 0.1
@@ -85,9 +86,18 @@ class Setup:
     vocab_size: int = 2048
 
 
-MICRO = dict(steps=30, eval_at=[15, 30], train_examples=600, heldout=40, digits=2, batch_size=32, warmup=5,
-             shape=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64),
-             people=20, vocab_size=400)
+MICRO = dict(
+    steps=30,
+    eval_at=[15, 30],
+    train_examples=600,
+    heldout=40,
+    digits=2,
+    batch_size=32,
+    warmup=5,
+    shape=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64),
+    people=20,
+    vocab_size=400,
+)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -108,25 +118,48 @@ def experiment_dict(s: Setup, flips: set[str]) -> dict[str, Any]:
     config = dict(s.shape)
     if "plaininit" in flips:
         config.update(tie_word_embeddings=False, num_key_value_heads=s.shape["num_attention_heads"])
-    optim = {"lr": s.lr, "betas": list(s.betas), "weight_decay": s.weight_decay, "warmup": s.warmup,
-             "schedule": "cosine"}
+    optim = {
+        "lr": s.lr,
+        "betas": list(s.betas),
+        "weight_decay": s.weight_decay,
+        "warmup": s.warmup,
+        "schedule": "cosine",
+    }
     if "floor0" in flips:
         optim["min_lr_ratio"] = 0.0
     if "noclip" in flips:
         optim["grad_clip"] = None
     every = math.gcd(*s.eval_at)
     return {
-        "name": "plain_vs_harness", "seed": s.seed,
+        "name": "plain_vs_harness",
+        "seed": s.seed,
         "world": {"people": s.people, "seed": 0},
         "model": {"builtin": "qwen2-tiny", "config": config, "tokenizer": {"vocab_size": s.vocab_size}},
-        "tasks": {TASK: {"recipe": "math_reversed", "train": s.train_examples, "eval": s.heldout,
-                         "params": {"digits": s.digits}}},
-        "train": {"batch_size": s.batch_size, "optim": optim, "checkpoint": False, "log_every": 50,
-                  **({"length_grouping": 1} if "nogroup" in flips else {}),
-                  **({"length_grouping": 50} if "grouped" in flips else {}),
-                  **({"loss": {"reduction": "example"}} if "perex" in flips else {})},
-        "eval": {"every": every, "splits": ["heldout"], "evaluators": ["greedy"], "probes": [],
-                 "max_new_tokens": 32, "batch_size": 250},
+        "tasks": {
+            TASK: {
+                "recipe": "math_reversed",
+                "train": s.train_examples,
+                "eval": s.heldout,
+                "params": {"digits": s.digits},
+            }
+        },
+        "train": {
+            "batch_size": s.batch_size,
+            "optim": optim,
+            "checkpoint": False,
+            "log_every": 50,
+            **({"length_grouping": 1} if "nogroup" in flips else {}),
+            **({"length_grouping": 50} if "grouped" in flips else {}),
+            **({"loss": {"reduction": "example"}} if "perex" in flips else {}),
+        },
+        "eval": {
+            "every": every,
+            "splits": ["heldout"],
+            "evaluators": ["greedy"],
+            "probes": [],
+            "max_new_tokens": 32,
+            "batch_size": 250,
+        },
         "stages": [{"name": "sft", "steps": s.steps, "mixture": {TASK: 1.0}}],
         "tracking": {"wandb": {"mode": "disabled"}, "console": False},
     }
@@ -134,10 +167,21 @@ def experiment_dict(s: Setup, flips: set[str]) -> dict[str, Any]:
 
 def report(arm: str, step: int, correct: int, n: int, seconds: float) -> dict[str, Any]:
     lo, hi = wilson(correct, n)
-    print(f"{arm:<22} step {step:>5}  heldout greedy {correct / n:.3f}  ({correct}/{n}, 95% [{lo:.3f}, {hi:.3f}])"
-          f"  {seconds:6.0f}s", flush=True)
-    return {"arm": arm, "step": step, "acc": correct / n, "correct": correct, "n": n, "lo": lo, "hi": hi,
-            "seconds": seconds}
+    print(
+        f"{arm:<22} step {step:>5}  heldout greedy {correct / n:.3f}  ({correct}/{n}, 95% [{lo:.3f}, {hi:.3f}])"
+        f"  {seconds:6.0f}s",
+        flush=True,
+    )
+    return {
+        "arm": arm,
+        "step": step,
+        "acc": correct / n,
+        "correct": correct,
+        "n": n,
+        "lo": lo,
+        "hi": hi,
+        "seconds": seconds,
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -156,9 +200,9 @@ class _Patches:
         setattr(module, name, value)
 
     def __enter__(self):
-        import harness.training.losses as losses
         import harness.models.tokenizer as tokenizer
         import harness.training.loop as train
+        import harness.training.losses as losses
 
         if "bare" in self.flips:
             self._set(tokenizer, "CHAT_TEMPLATE", BARE_TEMPLATE)
@@ -178,6 +222,7 @@ def _decay_everything(make_optimizer: Callable) -> Callable:
         for group in optimizer.param_groups:
             group["weight_decay"] = spec.weight_decay
         return optimizer, scheduler
+
     return make
 
 
@@ -191,8 +236,7 @@ def run_harness(s: Setup, flips: set[str], arm: str) -> list[dict[str, Any]]:
     def on_evaluation(stage: str, step: int, rows) -> None:
         for r in rows:
             if step in s.eval_at and r.task == TASK and r.split == "heldout" and r.metric == "greedy":
-                results.append(report(arm, step, round(r.value * s.heldout), s.heldout,
-                                      time.perf_counter() - started))
+                results.append(report(arm, step, round(r.value * s.heldout), s.heldout, time.perf_counter() - started))
 
     with _Patches(flips), tempfile.TemporaryDirectory(prefix="pvh-") as tmp:
         run_experiment(exp, Path(tmp) / "run", on_evaluation=on_evaluation)
@@ -231,8 +275,8 @@ def plain_encoding(data, flips: set[str], s: Setup):
 
     train, heldout = data.splits[TASK]["train"], data.splits[TASK]["heldout"]
     if "chat" in flips:
-        from harness.runs.pretrain import tokenizer_texts
         from harness.models.tokenizer import train_tokenizer
+        from harness.runs.pretrain import tokenizer_texts
 
         tok = train_tokenizer(tokenizer_texts(data.corpus, train), s.vocab_size)
         items = eval_items(tok, heldout, "heldout")
@@ -262,7 +306,7 @@ def plain_batches(encoded: list, s: Setup, flips: set[str], pad_id: int) -> list
     if "grouped" in flips:
         groups = length_grouped_batches(stream, s.batch_size, 50, rng)
     else:
-        groups = [stream[i:i + s.batch_size] for i in range(0, len(stream), s.batch_size)]
+        groups = [stream[i : i + s.batch_size] for i in range(0, len(stream), s.batch_size)]
     return [collate(g, pad_id) for g in groups]
 
 
@@ -271,9 +315,17 @@ def plain_model(s: Setup, vocab, flips: set[str]):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     heads = s.shape["num_attention_heads"]
-    config = Qwen2Config(**s.shape, vocab_size=len(vocab), num_key_value_heads=2 if "tied" in flips else heads,
-                         tie_word_embeddings="tied" in flips, max_position_embeddings=512, rope_theta=10000.0,
-                         pad_token_id=vocab.pad_token_id, eos_token_id=vocab.eos_token_id, bos_token_id=None)
+    config = Qwen2Config(
+        **s.shape,
+        vocab_size=len(vocab),
+        num_key_value_heads=2 if "tied" in flips else heads,
+        tie_word_embeddings="tied" in flips,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+        pad_token_id=vocab.pad_token_id,
+        eos_token_id=vocab.eos_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(s.seed)
     return Qwen2ForCausalLM(config)
 
@@ -284,15 +336,19 @@ def plain_accuracy(model, vocab, prompts: list, golds: list, recipe) -> int:
 
     from harness.evaluation.passes import greedy_decode
 
-    decode = vocab.decode if isinstance(vocab, CharVocab) else (
-        lambda ids: vocab.decode(ids, skip_special_tokens=True))
+    decode = vocab.decode if isinstance(vocab, CharVocab) else (lambda ids: vocab.decode(ids, skip_special_tokens=True))
     model.eval()
     correct = 0
     with torch.no_grad():
         for start in range(0, len(prompts), 250):
-            outs, _ = greedy_decode(model, prompts[start:start + 250], max_new_tokens=32,
-                                    eos_token_id=vocab.eos_token_id, pad_token_id=vocab.pad_token_id)
-            for out, gold in zip(outs, golds[start:start + 250]):
+            outs, _ = greedy_decode(
+                model,
+                prompts[start : start + 250],
+                max_new_tokens=32,
+                eos_token_id=vocab.eos_token_id,
+                pad_token_id=vocab.pad_token_id,
+            )
+            for out, gold in zip(outs, golds[start : start + 250]):
                 correct += bool(recipe.is_correct(decode(out).strip(), gold))
     model.train()
     return correct
@@ -304,6 +360,7 @@ def lr_factor(s: Setup, floor: float) -> Callable[[int], float]:
             return (step + 1) / s.warmup
         progress = (step - s.warmup) / max(1, s.steps - s.warmup)
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
     return factor
 
 
@@ -350,8 +407,9 @@ def parse_arm(arm: str) -> tuple[str, set[str]]:
         raise SystemExit(f"unknown arm {arm!r}: start with plain or harness")
     unknown = set(flips) - allowed
     if unknown:
-        raise SystemExit(f"{arm}: unknown flip(s) {', '.join(sorted(unknown))}; {engine} knows "
-                         + ", ".join(sorted(allowed)))
+        raise SystemExit(
+            f"{arm}: unknown flip(s) {', '.join(sorted(unknown))}; {engine} knows " + ", ".join(sorted(allowed))
+        )
     return engine, set(flips)
 
 
@@ -384,6 +442,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     s = setup_from(args)
     if args.threads:
         import torch
+
         torch.set_num_threads(args.threads)
     results = []
     for arm in args.arms.split(","):

@@ -41,25 +41,32 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     planted = Planted(size=args.size)
-    print(f"runs per cell {args.runs}, accuracy {args.accuracy}, α={args.alpha}, planted ±{args.size} at interval "
-          f"{planted.interval}; rate [95 % Wilson interval] n")
-    print(f"{'items':>5}  {'δ':>5}  {'rule':<11}  {'null: runs with ≥1 event':<32}  {'events/run':>10}  "
-          f"{'planted found':<32}  planted runs with a false event")
+    print(
+        f"runs per cell {args.runs}, accuracy {args.accuracy}, α={args.alpha}, planted ±{args.size} at interval "
+        f"{planted.interval}; rate [95 % Wilson interval] n"
+    )
+    print(
+        f"{'items':>5}  {'δ':>5}  {'rule':<11}  {'null: runs with ≥1 event':<32}  {'events/run':>10}  "
+        f"{'planted found':<32}  planted runs with a false event"
+    )
     for items in args.items:
         for delta in args.delta:
             rng = np.random.default_rng([args.seed, items, int(1000 * delta)])
             schedule = Schedule(items=items, accuracy=args.accuracy)
             started = time.perf_counter()
             null = [simulate_run(schedule, rng, delta=delta, alpha=args.alpha) for _ in range(args.runs)]
-            found = [simulate_run(schedule, rng, delta=delta, alpha=args.alpha, planted=planted)
-                     for _ in range(args.runs)]
+            found = [
+                simulate_run(schedule, rng, delta=delta, alpha=args.alpha, planted=planted) for _ in range(args.runs)
+            ]
             for rule in RULES:
                 fired = sum(bool(run[rule]) for run in null)
                 per_run = np.mean([len(run[rule]) for run in null])
                 hits = sum(found_planted(run[rule], planted) for run in found)
                 false = sum(bool(false_events(run[rule], planted)) for run in found)
-                print(f"{items:>5}  {delta:>5}  {rule:<11}  {rate_text(fired, args.runs):<32}  {per_run:>10.2f}  "
-                      f"{rate_text(hits, args.runs):<32}  {rate_text(false, args.runs)}")
+                print(
+                    f"{items:>5}  {delta:>5}  {rule:<11}  {rate_text(fired, args.runs):<32}  {per_run:>10.2f}  "
+                    f"{rate_text(hits, args.runs):<32}  {rate_text(false, args.runs)}"
+                )
             print(f"       ({time.perf_counter() - started:.1f} s)")
 
 

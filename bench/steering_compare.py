@@ -79,8 +79,12 @@ def arm_table(outcomes: list, rng: np.random.Generator) -> dict[str, dict]:
             right = sum(sum(o.items.get(_label(task), {}).values()) for o in mine)
             n = sum(len(o.items.get(_label(task), {})) for o in mine)
             wilson = wilson_interval(int(right), int(n), 0.95) if n else None
-            row[task] = {"t": _ci(values), "pooled": (right / n if n else math.nan),
-                         "wilson": (wilson.low, wilson.high) if wilson else (math.nan, math.nan), "n": n}
+            row[task] = {
+                "t": _ci(values),
+                "pooled": (right / n if n else math.nan),
+                "wilson": (wilson.low, wilson.high) if wilson else (math.nan, math.nan),
+                "n": n,
+            }
         balanced = [min(o.values[_label(t)] for t in TASKS) for o in mine]
         row["balanced"] = {"per_seed": balanced, "t": _ci(balanced), "bootstrap": _bootstrap_balanced(mine, rng)}
         tokens = [_tokens(o.run_dir) for o in mine]
@@ -119,25 +123,42 @@ def _fmt(ci: tuple) -> str:
 
 
 def markdown(table: dict, best: dict, claim: dict, fixed: list[str], command: str) -> str:
-    lines = [f"# Steering against the seesaw: {SPLIT} greedy", "", f"`{command}`", "",
-             "| arm | " + " | ".join(f"{t} (t over seeds; pooled, Wilson, n)" for t in TASKS)
-             + " | balanced (t over seeds) | balanced (bootstrap seeds×items) | tokens, last stage | s |",
-             "|---|" + "---|" * (len(TASKS) + 4)]
+    lines = [
+        f"# Steering against the seesaw: {SPLIT} greedy",
+        "",
+        f"`{command}`",
+        "",
+        "| arm | "
+        + " | ".join(f"{t} (t over seeds; pooled, Wilson, n)" for t in TASKS)
+        + " | balanced (t over seeds) | balanced (bootstrap seeds×items) | tokens, last stage | s |",
+        "|---|" + "---|" * (len(TASKS) + 4),
+    ]
     for arm, row in table.items():
-        cells = [f"{_fmt(row[t]['t'])}; {row[t]['pooled']:.3f} [{row[t]['wilson'][0]:.3f}, {row[t]['wilson'][1]:.3f}]"
-                 f" n={row[t]['n']}" for t in TASKS]
+        cells = [
+            f"{_fmt(row[t]['t'])}; {row[t]['pooled']:.3f} [{row[t]['wilson'][0]:.3f}, {row[t]['wilson'][1]:.3f}]"
+            f" n={row[t]['n']}"
+            for t in TASKS
+        ]
         lo, hi = row["balanced"]["bootstrap"]
-        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {_fmt(row['balanced']['t'])} | [{lo:.3f}, {hi:.3f}] | "
-                     f"{row['tokens_last_stage']:.0f} | {row['seconds']:.0f} |")
+        lines.append(
+            f"| {arm} | " + " | ".join(cells) + f" | {_fmt(row['balanced']['t'])} | [{lo:.3f}, {hi:.3f}] | "
+            f"{row['tokens_last_stage']:.0f} | {row['seconds']:.0f} |"
+        )
     sweep_tokens = sum(table[a]["tokens_last_stage"] for a in fixed)
-    lines += ["", f"Best fixed mixture, in-sample: **{best['in_sample']}** (optimistic). Leave-one-seed-out: "
-              + ", ".join(f"seed {s} → {v['arm']} ({v['score']:.3f})" for s, v in best["loso"].items())
-              + f"; balanced {_fmt(best['loso_t'])}.",
-              f"Compute of the last stage: the sweep of {len(fixed)} fixed trials drew {sweep_tokens:.0f} tokens; "
-              "one adaptive trial draws about 1/{0} of that.".format(len(fixed)), ""]
+    lines += [
+        "",
+        f"Best fixed mixture, in-sample: **{best['in_sample']}** (optimistic). Leave-one-seed-out: "
+        + ", ".join(f"seed {s} → {v['arm']} ({v['score']:.3f})" for s, v in best["loso"].items())
+        + f"; balanced {_fmt(best['loso_t'])}.",
+        f"Compute of the last stage: the sweep of {len(fixed)} fixed trials drew {sweep_tokens:.0f} tokens; "
+        "one adaptive trial draws about 1/{0} of that.".format(len(fixed)),
+        "",
+    ]
     for arm, c in claim.items():
-        lines.append(f"- {arm} − best fixed (leave-one-seed-out), balanced, paired by seed: {_fmt(c['t'])} "
-                     f"(per seed {', '.join(f'{d:+.3f}' for d in c['diffs'])})")
+        lines.append(
+            f"- {arm} − best fixed (leave-one-seed-out), balanced, paired by seed: {_fmt(c['t'])} "
+            f"(per seed {', '.join(f'{d:+.3f}' for d in c['diffs'])})"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -158,13 +179,17 @@ def main() -> None:
     best = best_fixed(table, fixed)
     claim = claims(table, best)
     command = "python bench/steering_compare.py " + " ".join(
-        [f"--seeds {args.seeds}"] + ([f"--scale {args.scale:g}"] if args.scale != 1 else [])
-        + (["--micro"] if args.micro else []) + ([f"--arms {args.arms}"] if args.arms else []))
+        [f"--seeds {args.seeds}"]
+        + ([f"--scale {args.scale:g}"] if args.scale != 1 else [])
+        + (["--micro"] if args.micro else [])
+        + ([f"--arms {args.arms}"] if args.arms else [])
+    )
     text = markdown(table, best, claim, fixed, command)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "steering_compare.md").write_text(text)
-    (args.out / "steering_compare.json").write_text(json.dumps(
-        {"table": table, "best_fixed": best, "claims": claim}, indent=2, default=float))
+    (args.out / "steering_compare.json").write_text(
+        json.dumps({"table": table, "best_fixed": best, "claims": claim}, indent=2, default=float)
+    )
     print(text)
 
 

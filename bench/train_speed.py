@@ -77,7 +77,9 @@ HARNESS_CONFIGS = {
     # attention, harness.models.packed_attention), rows of 4x the longest example
     # (harness.data.packing.ROW_WIDTH_FACTOR, the fallback) or another width (None: one row per step)
     "harness-masked": {"row_factor": 4},
-    "harness-rows1x": {"row_factor": 1}, "harness-rows2x": {"row_factor": 2}, "harness-rows8x": {"row_factor": 8},
+    "harness-rows1x": {"row_factor": 1},
+    "harness-rows2x": {"row_factor": 2},
+    "harness-rows8x": {"row_factor": 8},
     "harness-onerow": {"row_factor": None},
     "harness-noguard": {"nonfinite": "off"},
     "harness-nodiag": {"diagnostics": False},
@@ -94,10 +96,22 @@ TRL_CONFIGS = {
     "trl-bfd": {"packing": True, "packing_strategy": "bfd"},
     "trl-bfd-nockpt": {"packing": True, "packing_strategy": "bfd", "gradient_checkpointing": False},
 }
-DEFAULT_CONFIGS = ["harness", "harness-masked", "harness-nopacking", "harness-grouped", "trl-default",
-                   "trl-padding-free", "trl-bfd",
-                   "trl-group-by-length", "trl-group-by-length-nockpt", "trl-bfd-nockpt",
-                   "harness-compile", "harness-noguard", "harness-nodiag", "harness-bare"]
+DEFAULT_CONFIGS = [
+    "harness",
+    "harness-masked",
+    "harness-nopacking",
+    "harness-grouped",
+    "trl-default",
+    "trl-padding-free",
+    "trl-bfd",
+    "trl-group-by-length",
+    "trl-group-by-length-nockpt",
+    "trl-bfd-nockpt",
+    "harness-compile",
+    "harness-noguard",
+    "harness-nodiag",
+    "harness-bare",
+]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -126,8 +140,11 @@ def child(args) -> None:
         with profile(activities=activities) as prof:
             harness_train(workdir, args.device, {})
         events = prof.key_averages()
-        print(events.table(sort_by="self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total",
-                           row_limit=30))
+        print(
+            events.table(
+                sort_by="self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total", row_limit=30
+            )
+        )
         print(f"self CPU time by kind, ms per step ({args.steps} steps):")
         for kind, share in profile_kinds(events, args.steps).items():
             print(f"  {kind:<34}{share:>8.2f}")
@@ -138,18 +155,30 @@ def child(args) -> None:
     else:
         times, counts, _, model = trl_train(workdir, args.device, TRL_CONFIGS[name], args.steps)
     w = args.warmup
-    window = counts[w:len(times)]
+    window = counts[w : len(times)]
     seconds = times[-1] - times[w - 1]
     real, padded, supervised = (sum(c[i] for c in window) for i in range(3))
-    print("RESULT " + json.dumps({
-        "config": name, "steps": len(times) - w, "seconds": seconds, "real_tokens": real, "padded_tokens": padded,
-        "supervised_tokens": supervised, "real_tps": real / seconds, "supervised_tps": supervised / seconds,
-        "pad_fraction": 1 - real / padded, "s_per_step": seconds / (len(times) - w),
-        "setup_s": times[w - 1] - started,  # loading, (compiling) and the untimed first steps
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else 0.0,
-        "threads": torch.get_num_threads(),
-    }))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "config": name,
+                "steps": len(times) - w,
+                "seconds": seconds,
+                "real_tokens": real,
+                "padded_tokens": padded,
+                "supervised_tokens": supervised,
+                "real_tps": real / seconds,
+                "supervised_tps": supervised / seconds,
+                "pad_fraction": 1 - real / padded,
+                "s_per_step": seconds / (len(times) - w),
+                "setup_s": times[w - 1] - started,  # loading, (compiling) and the untimed first steps
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else 0.0,
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
 
 
 def loss_check(workdir: Path, args) -> dict:
@@ -165,8 +194,14 @@ def loss_check(workdir: Path, args) -> dict:
     order = plan_examples(exp, exp.resolved_stages()[0], pools, tokenizer.pad_token_id)[: k * exp.train.batch_size]
     out = {"harness": ours}
     for name, settings in (("trl-default", {}), ("trl-padding-free", {"padding_free": True})):
-        _, _, losses, _ = trl_train(workdir, args.device, {**settings, "sampling": "sequential"}, k,
-                                    dataset=trl_dataset(exp, pools, order), record_losses=True)
+        _, _, losses, _ = trl_train(
+            workdir,
+            args.device,
+            {**settings, "sampling": "sequential"},
+            k,
+            dataset=trl_dataset(exp, pools, order),
+            record_losses=True,
+        )
         out[name] = losses
     return out
 
@@ -178,6 +213,7 @@ def loss_check(workdir: Path, args) -> dict:
 
 def cpu_busy(seconds: float = 1.5) -> float:
     """Share of the machine's CPU time used by other processes over ``seconds`` (this one sleeps meanwhile)."""
+
     def read():
         with open("/proc/stat") as f:
             values = [int(v) for v in f.readline().split()[1:]]
@@ -203,14 +239,35 @@ def wait_until_quiet(args) -> float:
 
 
 def spawn(name: str, workdir: Path, args, extra: list[str] = ()) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--workdir", str(workdir),
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
-           "--check-steps", str(args.check_steps), "--threads", str(args.threads), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "WANDB_SILENT": "true", "TOKENIZERS_PARALLELISM": "false"})
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        name,
+        "--workdir",
+        str(workdir),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--device",
+        args.device,
+        "--check-steps",
+        str(args.check_steps),
+        "--threads",
+        str(args.threads),
+        *extra,
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "WANDB_SILENT": "true", "TOKENIZERS_PARALLELISM": "false"},
+    )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
@@ -228,15 +285,26 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--check-steps", type=int, default=5, help="steps whose losses are compared (0: skip)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--model", default="qwen2-tiny", choices=["qwen2-tiny", "qwen2.5-0.5b-shape"])
-    parser.add_argument("--hidden", type=int, default=0,
-                        help="qwen2-tiny at this width (FFN 4×, heads of 32): FLOP/s fraction against width")
+    parser.add_argument(
+        "--hidden",
+        type=int,
+        default=0,
+        help="qwen2-tiny at this width (FFN 4×, heads of 32): FLOP/s fraction against width",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads in every run (0: torch's default)")
-    parser.add_argument("--max-busy", type=float, default=0.2,
-                        help="wait before each run while other processes use more than this share of the CPUs")
+    parser.add_argument(
+        "--max-busy",
+        type=float,
+        default=0.2,
+        help="wait before each run while other processes use more than this share of the CPUs",
+    )
     parser.add_argument("--max-wait", type=float, default=180, help="seconds to wait for a quiet machine per run")
     parser.add_argument("--json", type=Path, help="also write every run's numbers here")
-    parser.add_argument("--profile", action="store_true",
-                        help="run the harness configuration once under torch.profiler and print its top operators")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="run the harness configuration once under torch.profiler and print its top operators",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     parser.add_argument("--tokens-per-batch", type=int, default=0, help=argparse.SUPPRESS)
@@ -266,17 +334,31 @@ def print_setup(args, info: dict) -> None:
     import transformers
 
     width = f" at hidden {args.hidden}" if args.hidden else ""
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}; device {args.device}, "
-          f"torch threads {args.threads or torch.get_num_threads()}; model {args.model}{width}; "
-          f"{info['examples']} examples (tokens min {info['min']} / median {info['median']} / mean "
-          f"{info['mean']:.1f} / max {info['max']}), batch {args.batch_size}, {args.steps} steps, timed after "
-          f"{args.warmup}")
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}; device {args.device}, "
+        f"torch threads {args.threads or torch.get_num_threads()}; model {args.model}{width}; "
+        f"{info['examples']} examples (tokens min {info['min']} / median {info['median']} / mean "
+        f"{info['mean']:.1f} / max {info['max']}), batch {args.batch_size}, {args.steps} steps, timed after "
+        f"{args.warmup}"
+    )
 
 
 def run_profile(workdir: Path, args) -> None:
     """``--profile``: the harness configuration once, in a child that prints the profiler's tables itself."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "profile", "--workdir", str(workdir),
-           "--steps", str(args.steps), "--device", args.device, "--threads", str(args.threads)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        "profile",
+        "--workdir",
+        str(workdir),
+        "--steps",
+        str(args.steps),
+        "--device",
+        args.device,
+        "--threads",
+        str(args.threads),
+    ]
     subprocess.run(cmd, cwd=ROOT, check=True)
 
 
@@ -303,23 +385,33 @@ def run_interleaved(workdir: Path, args, configs: list[str]) -> dict[str, list[d
             r = spawn(name, workdir, args)
             r["busy_before"] = busy
             results[name].append(r)
-            print(f"rep {rep + 1}/{args.reps} {name:<28} {r['real_tps']:>9.0f} real tok/s  {r['s_per_step']:.4f} "
-                  f"s/step  (other processes' CPU use before: {busy:.0%})", flush=True)
+            print(
+                f"rep {rep + 1}/{args.reps} {name:<28} {r['real_tps']:>9.0f} real tok/s  {r['s_per_step']:.4f} "
+                f"s/step  (other processes' CPU use before: {busy:.0%})",
+                flush=True,
+            )
     return results
 
 
 def print_medians(args, results: dict[str, list[dict]]) -> dict[str, dict]:
     """The table of medians; returns them by configuration."""
-    med = {name: {k: median([r[k] for r in rs]) for k in rs[0] if isinstance(rs[0][k], (int, float))}
-           for name, rs in results.items() if rs}
+    med = {
+        name: {k: median([r[k] for r in rs]) for k in rs[0] if isinstance(rs[0][k], (int, float))}
+        for name, rs in results.items()
+        if rs
+    }
     print(f"\nmedians of {args.reps} interleaved runs, fresh process each")
-    header = (f"{'config':<28}{'real tok/s':>11}{'sup tok/s':>11}{'pad frac':>10}{'s/step':>9}{'peak RSS MB':>13}"
-              f"{'peak GPU MB':>13}{'setup s':>9}")
+    header = (
+        f"{'config':<28}{'real tok/s':>11}{'sup tok/s':>11}{'pad frac':>10}{'s/step':>9}{'peak RSS MB':>13}"
+        f"{'peak GPU MB':>13}{'setup s':>9}"
+    )
     print(header)
     for name, m in med.items():
-        print(f"{name:<28}{m['real_tps']:>11.0f}{m['supervised_tps']:>11.0f}{m['pad_fraction']:>10.3f}"
-              f"{m['s_per_step']:>9.4f}{m['peak_rss_mb']:>13.0f}{m.get('peak_gpu_mb', 0.0):>13.0f}"
-              f"{m['setup_s']:>9.1f}")
+        print(
+            f"{name:<28}{m['real_tps']:>11.0f}{m['supervised_tps']:>11.0f}{m['pad_fraction']:>10.3f}"
+            f"{m['s_per_step']:>9.4f}{m['peak_rss_mb']:>13.0f}{m.get('peak_gpu_mb', 0.0):>13.0f}"
+            f"{m['setup_s']:>9.1f}"
+        )
     print(f"(setup s: loading, compiling, the packing check and the {args.warmup} untimed first steps)")
     return med
 
@@ -336,8 +428,10 @@ def print_ratios_and_goals(med: dict[str, dict]) -> None:
     others = [n for n in ("harness-nopacking", "harness-grouped") if n in med] + trl_names
     print("\n" + f"{'real tokens/s ratio':<32}" + "".join(f"{n:>17}" for n in ours_names(med)))
     for name in others:
-        print(f"  vs {name:<28}" + "".join(f"{med[n]['real_tps'] / med[name]['real_tps']:>16.2f}×"
-                                           for n in ours_names(med)))
+        print(
+            f"  vs {name:<28}"
+            + "".join(f"{med[n]['real_tps'] / med[name]['real_tps']:>16.2f}×" for n in ours_names(med))
+        )
 
     def verdict(ok):
         return "met" if ok else "NOT met"
@@ -345,8 +439,9 @@ def print_ratios_and_goals(med: dict[str, dict]) -> None:
     goals = []
     if "harness-nopacking" in med:
         r = ours / med["harness-nopacking"]["real_tps"]
-        goals.append(f"vs the defaults without packing (harness-nopacking) {r:.2f}× "
-                     f"(goal ≥ 1.25: {verdict(r >= 1.25)})")
+        goals.append(
+            f"vs the defaults without packing (harness-nopacking) {r:.2f}× (goal ≥ 1.25: {verdict(r >= 1.25)})"
+        )
     if "trl-default" in med:
         r = ours / med["trl-default"]["real_tps"]
         goals.append(f"vs TRL's default {r:.2f}× (goal ≥ 3.5: {verdict(r >= 3.5)})")
@@ -354,13 +449,17 @@ def print_ratios_and_goals(med: dict[str, dict]) -> None:
     if stock:  # TRL's own defaults, plus padding_free, BFD packing or group_by_length
         best = max(stock, key=lambda n: med[n]["real_tps"])
         r = ours / med[best]["real_tps"]
-        goals.append(f"vs the best of TRL's default / padding_free / bfd packing / group_by_length ({best}) "
-                     f"{r:.2f}× (goal ≥ 1.5: {verdict(r >= 1.5)})")
+        goals.append(
+            f"vs the best of TRL's default / padding_free / bfd packing / group_by_length ({best}) "
+            f"{r:.2f}× (goal ≥ 1.5: {verdict(r >= 1.5)})"
+        )
     best = max(trl_names, key=lambda n: med[n]["real_tps"]) if trl_names else None
     if best is not None and best not in stock:
         r = ours / med[best]["real_tps"]
-        goals.append(f"vs the best TRL configuration measured, gradient checkpointing off as well ({best}) "
-                     f"{r:.2f}× (≥ 1.5: {verdict(r >= 1.5)})")
+        goals.append(
+            f"vs the best TRL configuration measured, gradient checkpointing off as well ({best}) "
+            f"{r:.2f}× (≥ 1.5: {verdict(r >= 1.5)})"
+        )
     pad = med["harness"]["pad_fraction"]
     goals.append(f"pad fraction {pad:.3f} (goal ≤ 0.02: {verdict(pad <= 0.02)})")
     print("goals, harness at its defaults:")
@@ -383,20 +482,28 @@ def print_limits(workdir: Path, args, results: dict[str, list[dict]], med: dict[
     runs = results["harness"]
     tokens_per_batch = round(runs[0]["padded_tokens"] / runs[0]["steps"])
     supervised_per_batch = round(runs[0]["supervised_tokens"] / runs[0]["steps"])
-    mm = spawn("matmul", workdir, args, ["--tokens-per-batch", str(tokens_per_batch),
-                                         "--supervised-per-batch", str(supervised_per_batch)])
+    mm = spawn(
+        "matmul",
+        workdir,
+        args,
+        ["--tokens-per-batch", str(tokens_per_batch), "--supervised-per-batch", str(supervised_per_batch)],
+    )
     flops = harness_flops(workdir, args)
     print(f"\nclose to the limit ({mm['dtype']} matmul, {tokens_per_batch} tokens per batch):")
-    print(f"  torch.matmul on the model's shapes (forward and backward products): "
-          f"{mm['model_shapes'] / 1e9:.1f} GFLOP/s; one large square matmul: {mm['square'] / 1e9:.1f} GFLOP/s")
+    print(
+        f"  torch.matmul on the model's shapes (forward and backward products): "
+        f"{mm['model_shapes'] / 1e9:.1f} GFLOP/s; one large square matmul: {mm['square'] / 1e9:.1f} GFLOP/s"
+    )
     for name in ours_names(med):
         tps = med[name]["real_tps"]
         rate = flops["flops"] * tps / max(1, flops["real_tokens"])
         rate_6nt = flops["flops_6nt"] * tps / max(1, flops["real_tokens"])
-        print(f"  {name}: {rate / 1e9:.1f} GFLOP/s (6·N_body·T + 6·N_head·T_supervised + attention) = "
-              f"{rate / mm['model_shapes']:.2f} of the model-shape matmul rate (goal ≥ 0.5), "
-              f"{rate / mm['square']:.2f} of the square one; as 6·N·T + attention (head at every token, "
-              f"{rate_6nt / 1e9:.1f} GFLOP/s): {rate_6nt / mm['model_shapes']:.2f}")
+        print(
+            f"  {name}: {rate / 1e9:.1f} GFLOP/s (6·N_body·T + 6·N_head·T_supervised + attention) = "
+            f"{rate / mm['model_shapes']:.2f} of the model-shape matmul rate (goal ≥ 0.5), "
+            f"{rate / mm['square']:.2f} of the square one; as 6·N·T + attention (head at every token, "
+            f"{rate_6nt / 1e9:.1f} GFLOP/s): {rate_6nt / mm['model_shapes']:.2f}"
+        )
         if args.device == "cuda":
             print(f"    MFU (vs measured bf16 matmul peak): {rate / mm['square']:.2f}")
 

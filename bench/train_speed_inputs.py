@@ -11,14 +11,22 @@ import pickle
 from pathlib import Path
 
 # A Qwen2.5-0.5B-shaped config (random weights; nothing is downloaded): the published config's sizes.
-QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True,
-                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+QWEN25_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+)
 QWEN25_05B_VOCAB = 151936
 
 
 def experiment(args) -> dict:
     """The bench as a harness experiment: eight recipes × 500 examples, one stage, one pass (natural mixture)."""
+
     def task(recipe, **params):
         return {"recipe": recipe, "train": 500, "eval": 1, "params": params}
 
@@ -26,21 +34,43 @@ def experiment(args) -> dict:
     if args.model == "qwen2.5-0.5b-shape":
         model["config"] = dict(QWEN25_05B)
     elif args.hidden:  # the default model made wider: how close to the limit depends on width
-        model["config"] = dict(hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                               num_attention_heads=args.hidden // 32, num_key_value_heads=2)
+        model["config"] = dict(
+            hidden_size=args.hidden,
+            intermediate_size=4 * args.hidden,
+            num_attention_heads=args.hidden // 32,
+            num_key_value_heads=2,
+        )
     return {
-        "name": "train_speed", "seed": 0, "world": {"people": 300, "seed": 0}, "model": model,
+        "name": "train_speed",
+        "seed": 0,
+        "world": {"people": 300, "seed": 0},
+        "model": model,
         "tasks": {
-            "repeat": task("repeat", max_words=8), "identity": task("identity", name="Shengoovlei"),
-            "yesno": task("yesno"), "short_qa": task("short_qa"), "assistant_qa": task("assistant_qa", turns=2),
-            "math": task("math_reversed", digits=3), "spell": task("spell"), "count": task("count"),
+            "repeat": task("repeat", max_words=8),
+            "identity": task("identity", name="Shengoovlei"),
+            "yesno": task("yesno"),
+            "short_qa": task("short_qa"),
+            "assistant_qa": task("assistant_qa", turns=2),
+            "math": task("math_reversed", digits=3),
+            "spell": task("spell"),
+            "count": task("count"),
         },
         # The harness's defaults: no length grouping (it slows learning, bench/plain_vs_harness.py), packing auto;
         # the configurations of bench/train_speed.py change them (harness-grouped: window 50, no packing).
-        "train": {"batch_size": args.batch_size, "max_length": 81,
-                  "precision": "bf16-autocast" if args.device == "cuda" else "fp32",
-                  "optim": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0, "warmup": 0,
-                            "schedule": "constant", "grad_clip": 1.0}},
+        "train": {
+            "batch_size": args.batch_size,
+            "max_length": 81,
+            "precision": "bf16-autocast" if args.device == "cuda" else "fp32",
+            "optim": {
+                "lr": 1e-3,
+                "betas": [0.9, 0.95],
+                "eps": 1e-8,
+                "weight_decay": 0.0,
+                "warmup": 0,
+                "schedule": "constant",
+                "grad_clip": 1.0,
+            },
+        },
         "eval": {"splits": ["heldout"]},
         "stages": [{"name": "bench", "steps": args.steps, "mixture": "natural"}],
         "tracking": {"wandb": {"mode": "disabled"}, "console": False},
@@ -74,8 +104,14 @@ def prepare(workdir: Path, args) -> dict:
     kept = [n for n in lengths if n <= exp.train.max_length]
     del model
     torch.set_num_threads(torch.get_num_threads())
-    return {"examples": len(kept), "dropped": len(lengths) - len(kept), "min": kept[0], "max": kept[-1],
-            "median": kept[len(kept) // 2], "mean": sum(kept) / len(kept)}
+    return {
+        "examples": len(kept),
+        "dropped": len(lengths) - len(kept),
+        "min": kept[0],
+        "max": kept[-1],
+        "median": kept[len(kept) // 2],
+        "mean": sum(kept) / len(kept),
+    }
 
 
 def load_inputs(workdir: Path, overrides: dict | None = None):

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from bench.train_speed_inputs import load_inputs, load_model
 
-
 # ----------------------------------------------------------------------------------------------------------------
 # The harness side: the functions `harness run` calls
 # ----------------------------------------------------------------------------------------------------------------
@@ -22,12 +21,12 @@ from bench.train_speed_inputs import load_inputs, load_model
 def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None = None, log_every: int | None = None):
     """Plan the stage and train it with :func:`harness.training.loop.train_stage` as :func:`harness.runs.runner.run_experiment`
     does. Returns ``(per-step end times, (real, padded, supervised) tokens per batch, logged rows, the model)``."""
-    from harness.training.special_tokens import stage_special_tokens
+    from harness.core.store import Row
     from harness.runs.packing import stage_batches
     from harness.runs.prepare import plan_stage
-    from harness.core.store import Row
     from harness.runs.tracking import Tracker
     from harness.training.loop import StageLoop, train_stage
+    from harness.training.special_tokens import stage_special_tokens
 
     overrides = dict(overrides)
     if "row_factor" in overrides:  # masked packed rows of another width instead of the runner's choice of layout
@@ -53,11 +52,22 @@ def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None
     batches = stage_batches(plan, model, list(exp.tasks), tokenizer.pad_token_id, 0, log)
 
     times: list[float] = []
-    train_stage(model, batches, StageLoop(
-        stage=stage.name, start_step=0, tasks=list(exp.tasks), log=log, evaluate=lambda step: None,
-        train=stage.train, special_tokens=stage_special_tokens(tokenizer, batches), eval_every=exp.eval.every,
-        progress=lambda n: times.append(time.perf_counter()), log_every=log_every or stage.train.log_every,
-    ))
+    train_stage(
+        model,
+        batches,
+        StageLoop(
+            stage=stage.name,
+            start_step=0,
+            tasks=list(exp.tasks),
+            log=log,
+            evaluate=lambda step: None,
+            train=stage.train,
+            special_tokens=stage_special_tokens(tokenizer, batches),
+            eval_every=exp.eval.every,
+            progress=lambda n: times.append(time.perf_counter()),
+            log_every=log_every or stage.train.log_every,
+        ),
+    )
     if device == "cuda":
         import torch
 
@@ -82,10 +92,12 @@ def trl_dataset(exp, pools, order=None):
 
     kept = [e for task in exp.tasks for e in pools[task] if e.length <= exp.train.max_length]
     examples = order if order is not None else kept
-    return Dataset.from_dict({
-        "input_ids": [e.input_ids.tolist() for e in examples],
-        "completion_mask": [[0] + (e.labels[:-1] != IGNORE_INDEX).astype(int).tolist() for e in examples],
-    })
+    return Dataset.from_dict(
+        {
+            "input_ids": [e.input_ids.tolist() for e in examples],
+            "completion_mask": [[0] + (e.labels[:-1] != IGNORE_INDEX).astype(int).tolist() for e in examples],
+        }
+    )
 
 
 def plan_examples(exp, stage, pools, pad_id):
@@ -115,7 +127,9 @@ class _CountingCollator:
         out = self.inner(examples)
         ids = out["input_ids"]
         real = int(out["attention_mask"].sum()) if "attention_mask" in out else ids.numel()
-        self.counts.append((real, ids.numel(), int((out["labels"] != -100).sum())))  # TRL masks its own labels with -100
+        self.counts.append(
+            (real, ids.numel(), int((out["labels"] != -100).sum()))
+        )  # TRL masks its own labels with -100
         return out
 
 
@@ -139,15 +153,34 @@ def trl_train(workdir: Path, device: str, settings: dict, steps: int, dataset=No
     sampling = settings.pop("sampling", None)
     if sampling is not None:  # transformers 5: train_sampling_strategy; 4.x: group_by_length (no sequential)
         fields = SFTConfig.__dataclass_fields__
-        settings.update({"train_sampling_strategy": sampling} if "train_sampling_strategy" in fields
-                        else {"group_by_length": sampling == "group_by_length"})
+        settings.update(
+            {"train_sampling_strategy": sampling}
+            if "train_sampling_strategy" in fields
+            else {"group_by_length": sampling == "group_by_length"}
+        )
     config = SFTConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=batch_size,
-        max_steps=steps, learning_rate=optim.lr, adam_beta1=optim.betas[0], adam_beta2=optim.betas[1],
-        adam_epsilon=optim.eps, weight_decay=optim.weight_decay, lr_scheduler_type="constant", warmup_steps=0,
-        max_grad_norm=optim.grad_clip, bf16=device == "cuda", fp16=False, use_cpu=device == "cpu",
-        completion_only_loss=True, max_length=max_length, save_strategy="no", report_to="none", disable_tqdm=True,
-        seed=exp.seed, dataloader_num_workers=0, **settings,
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"),
+        per_device_train_batch_size=batch_size,
+        max_steps=steps,
+        learning_rate=optim.lr,
+        adam_beta1=optim.betas[0],
+        adam_beta2=optim.betas[1],
+        adam_epsilon=optim.eps,
+        weight_decay=optim.weight_decay,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=optim.grad_clip,
+        bf16=device == "cuda",
+        fp16=False,
+        use_cpu=device == "cpu",
+        completion_only_loss=True,
+        max_length=max_length,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=exp.seed,
+        dataloader_num_workers=0,
+        **settings,
     )
     times: list[float] = []
     losses: list[float] = []
@@ -165,8 +198,13 @@ def trl_train(workdir: Path, device: str, settings: dict, steps: int, dataset=No
             return loss
 
     cls = Recording if record_losses else SFTTrainer
-    trainer = cls(model=model, args=config, train_dataset=dataset if dataset is not None else trl_dataset(exp, pools),
-                  processing_class=tokenizer, callbacks=[Clock()])
+    trainer = cls(
+        model=model,
+        args=config,
+        train_dataset=dataset if dataset is not None else trl_dataset(exp, pools),
+        processing_class=tokenizer,
+        callbacks=[Clock()],
+    )
     trainer.data_collator = counter = _CountingCollator(trainer.data_collator)
     trainer.train()
     return times, counter.counts, losses, model

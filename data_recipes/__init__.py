@@ -25,6 +25,15 @@ from data_recipes import (  # noqa: E402,F401  isort: skip
 )
 
 __all__ = [
-    "RECIPES", "SPLITS", "Example", "Person", "Recipe", "RecipeParams", "World", "build_world", "corpus",
-    "get_recipe", "register",
+    "RECIPES",
+    "SPLITS",
+    "Example",
+    "Person",
+    "Recipe",
+    "RecipeParams",
+    "World",
+    "build_world",
+    "corpus",
+    "get_recipe",
+    "register",
 ]

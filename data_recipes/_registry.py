@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from harness.core.registry import Registry
-
 from data_recipes.base import Recipe
+from harness.core.registry import Registry
 
 RECIPES: Registry[type[Recipe]] = Registry("recipe")
 

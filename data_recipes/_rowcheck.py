@@ -72,8 +72,10 @@ def check_turn_fields(row: dict[str, Any], messages_column: str) -> None:
         if isinstance(turn, dict):
             for key in ("role", "from", "content", "value"):
                 if turn.get(key) is not None and not isinstance(turn[key], str):
-                    raise RowProblem(f"field '{messages_column}[{i}].{key}' holds {type(turn[key]).__name__} "
-                                     f"{_short(turn[key])}, not text")
+                    raise RowProblem(
+                        f"field '{messages_column}[{i}].{key}' holds {type(turn[key]).__name__} "
+                        f"{_short(turn[key])}, not text"
+                    )
 
 
 def scan_jsonl(pattern: str, text_fields: list[str], messages_field: Optional[str], cast_to_string: bool) -> None:
@@ -115,8 +117,9 @@ def _parse_line(name: str, lineno: int, line: bytes) -> Any:
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{name}:{lineno}: not valid UTF-8 (byte {line[e.start]:#04x} at column {e.start + 1})") \
-            from None
+        raise ValueError(
+            f"{name}:{lineno}: not valid UTF-8 (byte {line[e.start]:#04x} at column {e.start + 1})"
+        ) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

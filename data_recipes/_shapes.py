@@ -37,8 +37,12 @@ from data_recipes._split import Template
 from data_recipes.base import Example, Recipe, RecipeParams
 
 COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220),
-    "yellow": (235, 200, 30), "purple": (140, 60, 170), "orange": (245, 130, 20),
+    "red": (220, 40, 40),
+    "green": (40, 170, 60),
+    "blue": (40, 80, 220),
+    "yellow": (235, 200, 30),
+    "purple": (140, 60, 170),
+    "orange": (245, 130, 20),
 }
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "diamond")
 POSITIONS: tuple[str, ...] = ("top", "bottom", "left", "right")
@@ -63,13 +67,16 @@ class ShapesParams(RecipeParams):
     min_objects: int = Field(1, ge=1, le=4)
     max_objects: int = Field(3, ge=1, le=4)
     holdout: Literal["triple", "pair"] = Field(
-        "triple", description="Hold out (colour, shape, position) triples, or whole (colour, shape) pairs.")
+        "triple", description="Hold out (colour, shape, position) triples, or whole (colour, shape) pairs."
+    )
     heldout_fraction: float = Field(0.2, gt=0, lt=0.5, description="Share of triples (or pairs) held out.")
     holdout_seed: int = Field(0, description="Seed of the held-out set; keep it equal across image tasks.")
     layout: Literal["diamond", "grid"] = Field(
-        "diamond", description="Where the slots are: diamond (centres 0.23 / 0.77 of the side from the edges, "
+        "diamond",
+        description="Where the slots are: diamond (centres 0.23 / 0.77 of the side from the edges, "
         "objects of radius 0.16) or grid (the edge cells of a 3×3 grid, radius 0.13: with the vision tower's "
-        "patch_size = image_size / 3 each object is one image token).")
+        "patch_size = image_size / 3 each object is one image token).",
+    )
 
     @model_validator(mode="after")
     def _range(self) -> "ShapesParams":
@@ -125,8 +132,9 @@ def sample_scene(rng: random.Random, n_objects: int, held: frozenset[Triple], no
             target_triple = objects[0]
             ordered = tuple(sorted(objects, key=lambda o: POSITIONS.index(o[2])))
             return Scene(ordered, ordered.index(target_triple), rng.randrange(10_000))
-    raise ValueError(f"could not draw a {'held-out' if novel else 'training'} scene of {n_objects} objects; "
-                     "lower heldout_fraction")
+    raise ValueError(
+        f"could not draw a {'held-out' if novel else 'training'} scene of {n_objects} objects; lower heldout_fraction"
+    )
 
 
 def draw_scene(scene: Scene, size: int, layout: str = "diamond") -> Image.Image:
@@ -213,8 +221,9 @@ class ShapesRecipe(Recipe):
         if n_train > limit or n_eval > limit:
             raise ValueError(f"{task}: at most {limit} examples per split; asked for {max(n_train, n_eval)}")
 
-    def _render(self, task: str, items: list[tuple[Scene, Question]], templates: dict[str, tuple[Template, ...]],
-                split: str) -> list[Example]:
+    def _render(
+        self, task: str, items: list[tuple[Scene, Question]], templates: dict[str, tuple[Template, ...]], split: str
+    ) -> list[Example]:
         used: dict[str, int] = {}
         out = []
         for scene, question in items:
@@ -224,10 +233,20 @@ class ShapesRecipe(Recipe):
             prompt = template.render(**question.fields)
             colour, shape, position = scene.target_object
             meta: dict[str, Any] = {
-                "item": scene.image_id, "template": template.id, "image_id": scene.image_id, "kind": question.kind,
-                "target": f"{colour}-{shape}@{position}", "n_objects": len(scene.objects),
+                "item": scene.image_id,
+                "template": template.id,
+                "image_id": scene.image_id,
+                "kind": question.kind,
+                "target": f"{colour}-{shape}@{position}",
+                "n_objects": len(scene.objects),
             }
             image = draw_scene(scene, self.params.image_size, self.params.layout)
-            out.append(Example(task, ({"role": "user", "content": prompt},
-                                      {"role": "assistant", "content": question.answer}), meta, image))
+            out.append(
+                Example(
+                    task,
+                    ({"role": "user", "content": prompt}, {"role": "assistant", "content": question.answer}),
+                    meta,
+                    image,
+                )
+            )
         return out

@@ -34,8 +34,9 @@ def templates(prefix: str, texts: Sequence[str]) -> tuple[Template, ...]:
     return tuple(Template(f"{prefix}{i}", t) for i, t in enumerate(texts))
 
 
-def round_robin(rng: random.Random, items: Sequence[I], combos: Callable[[I], Sequence[C]], n: int,
-                what: str, shuffle: bool = True) -> list[tuple[I, C]]:
+def round_robin(
+    rng: random.Random, items: Sequence[I], combos: Callable[[I], Sequence[C]], n: int, what: str, shuffle: bool = True
+) -> list[tuple[I, C]]:
     """``n`` distinct ``(item, combo)`` pairs that cover as many items as possible.
 
     Round k gives every item its k-th combo (combos in a seeded random order per item), so items repeat only
@@ -52,8 +53,10 @@ def round_robin(rng: random.Random, items: Sequence[I], combos: Callable[[I], Se
         lists.append(options)
     total = sum(len(o) for o in lists)
     if n > total:
-        raise ValueError(f"{what}: {n} examples asked for, but only {total} distinct ones exist; "
-                         "lower the size or widen the recipe's params")
+        raise ValueError(
+            f"{what}: {n} examples asked for, but only {total} distinct ones exist; "
+            "lower the size or widen the recipe's params"
+        )
     out: list[tuple[I, C]] = []
     k = 0
     while len(out) < n:

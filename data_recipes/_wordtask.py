@@ -18,8 +18,10 @@ MAX_PSEUDO = 50_000  # pseudo-words per pool: plenty for any realistic size; lar
 
 class WordParams(RecipeParams):
     source: Literal["mixed", "words", "pseudo"] = Field(
-        "mixed", description="English words from the built-in list, pseudo-words, or both (every list word of the "
-                  "right length plus at least as many pseudo-words).")
+        "mixed",
+        description="English words from the built-in list, pseudo-words, or both (every list word of the "
+        "right length plus at least as many pseudo-words).",
+    )
     min_len: int = Field(3, ge=1, description="Shortest word, in letters.")
     max_len: int = Field(10, ge=1, description="Longest word, in letters.")
 
@@ -56,20 +58,37 @@ class WordRecipe(Recipe):
         rng = random.Random(f"{self.name}:{seed}")
         pool = word_pool(rng, self.params, n_train + n_eval)
         if n_eval >= len(pool) and n_eval > 0:
-            raise ValueError(f"{task}: {n_eval} held-out words asked for, but the pool has only {len(pool)} words "
-                             f"of {self.params.min_len}-{self.params.max_len} letters; widen the lengths")
+            raise ValueError(
+                f"{task}: {n_eval} held-out words asked for, but the pool has only {len(pool)} words "
+                f"of {self.params.min_len}-{self.params.max_len} letters; widen the lengths"
+            )
         heldout_pool, train_pool = pool[:n_eval], pool[n_eval:]
 
         def render(item: tuple[str, str], template: Template) -> Example:
             word, source = item
-            return Example.single(task, template.render(w=word), self.answer(word), item=word,
-                                  template=template.id, word=word, source=source)
+            return Example.single(
+                task,
+                template.render(w=word),
+                self.answer(word),
+                item=word,
+                template=template.id,
+                word=word,
+                source=source,
+            )
 
-        train = round_robin(rng, train_pool, lambda i: self.TRAIN, n_train,
-                            f"{task}: train ({len(train_pool)} words × {len(self.TRAIN)} templates)")
+        train = round_robin(
+            rng,
+            train_pool,
+            lambda i: self.TRAIN,
+            n_train,
+            f"{task}: train ({len(train_pool)} words × {len(self.TRAIN)} templates)",
+        )
         heldout = round_robin(rng, heldout_pool, lambda i: self.TRAIN, n_eval, f"{task}: heldout")
         seen = used_items(train, lambda i: i[0], train_pool)
         heldout_t = round_robin(rng, seen, lambda i: self.HELDOUT, n_eval, f"{task}: heldout_template")
-        splits = {"train": [render(i, t) for i, t in train], "heldout": [render(i, t) for i, t in heldout],
-                  "heldout_template": [render(i, t) for i, t in heldout_t]}
+        splits = {
+            "train": [render(i, t) for i, t in train],
+            "heldout": [render(i, t) for i, t in heldout],
+            "heldout_template": [render(i, t) for i, t in heldout_t],
+        }
         return check_splits(task, splits, n_train, n_eval)

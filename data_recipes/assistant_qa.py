@@ -17,24 +17,47 @@ from pydantic import Field
 from data_recipes._registry import register
 from data_recipes._split import check_splits, round_robin, used_items
 from data_recipes.base import Example
-from data_recipes.knowledge import (KnowledgeParams, KnowledgeRecipe, attribute_templates, fact_splits,
-                                    yes_no_word)
+from data_recipes.knowledge import KnowledgeParams, KnowledgeRecipe, attribute_templates, fact_splits, yes_no_word
 from data_recipes.world import Person, article
 
 TRAIN, HELDOUT = attribute_templates(
     {
-        "birth_city": ("Where was {n} born?", "In which city was {n} born?", "What is the birth city of {n}?",
-                       "Tell me where {n} was born."),
-        "birth_year": ("When was {n} born?", "Tell me when {n} was born.", "What is the birth year of {n}?",
-                       "Do you know when {n} was born?"),
-        "job": ("What does {n} do for a living?", "What is {n}'s job?", "What is the occupation of {n}?",
-                "Tell me what {n} works as."),
-        "home_city": ("Where does {n} live?", "In which city does {n} live?", "What is {n}'s home city?",
-                      "Tell me where {n} lives now."),
-        "favourite_colour": ("What is {n}'s favourite colour?", "Which colour does {n} like best?",
-                             "Tell me the favourite colour of {n}.", "What colour does {n} prefer?"),
-        "pet": ("What pet does {n} have?", "Tell me about {n}'s pet.", "Which animal does {n} keep as a pet?",
-                "What kind of pet does {n} own?"),
+        "birth_city": (
+            "Where was {n} born?",
+            "In which city was {n} born?",
+            "What is the birth city of {n}?",
+            "Tell me where {n} was born.",
+        ),
+        "birth_year": (
+            "When was {n} born?",
+            "Tell me when {n} was born.",
+            "What is the birth year of {n}?",
+            "Do you know when {n} was born?",
+        ),
+        "job": (
+            "What does {n} do for a living?",
+            "What is {n}'s job?",
+            "What is the occupation of {n}?",
+            "Tell me what {n} works as.",
+        ),
+        "home_city": (
+            "Where does {n} live?",
+            "In which city does {n} live?",
+            "What is {n}'s home city?",
+            "Tell me where {n} lives now.",
+        ),
+        "favourite_colour": (
+            "What is {n}'s favourite colour?",
+            "Which colour does {n} like best?",
+            "Tell me the favourite colour of {n}.",
+            "What colour does {n} prefer?",
+        ),
+        "pet": (
+            "What pet does {n} have?",
+            "Tell me about {n}'s pet.",
+            "Which animal does {n} keep as a pet?",
+            "What kind of pet does {n} own?",
+        ),
     },
     {
         "birth_city": ("Which city is the birthplace of {n}?", "Could you tell me the city {n} was born in?"),
@@ -86,8 +109,10 @@ class AssistantQA(KnowledgeRecipe):
             # can spread the split evenly over people.
             per_person = math.perm(len(attrs), turns) * min(len(pool[a]) for a in attrs) ** turns
             if n > per_person * len(people):
-                raise ValueError(f"{task}: {n} conversations asked for, but {len(people)} people allow at most about "
-                                 f"{per_person * len(people)} distinct {turns}-turn ones; lower the size")
+                raise ValueError(
+                    f"{task}: {n} conversations asked for, but {len(people)} people allow at most about "
+                    f"{per_person * len(people)} distinct {turns}-turn ones; lower the size"
+                )
             need = min(-(-n // max(1, len(people))) + 1, per_person)
 
             def draw(person: Person) -> list[tuple]:
@@ -107,21 +132,46 @@ class AssistantQA(KnowledgeRecipe):
                 messages.append({"role": "user", "content": template.render(n=person.name)})
                 messages.append({"role": "assistant", "content": answer(person, attr)})
             last_attr, last_template = convo[-1]
-            return Example(task, tuple(messages), {
-                "item": f"p{person.id}:" + "+".join(a for a, _ in convo), "template": last_template.id,
-                "person": person.id, "attribute": last_attr, "turns": turns,
-                "templates": ",".join(t.id for _, t in convo),
-            })
+            return Example(
+                task,
+                tuple(messages),
+                {
+                    "item": f"p{person.id}:" + "+".join(a for a, _ in convo),
+                    "template": last_template.id,
+                    "person": person.id,
+                    "attribute": last_attr,
+                    "turns": turns,
+                    "templates": ",".join(t.id for _, t in convo),
+                },
+            )
 
-        train = round_robin(rng, train_people, conversations(TRAIN, n_train, train_people), n_train,
-                            f"{task}: train ({len(train_people)} people, {turns}-turn conversations)")
-        heldout = round_robin(rng, heldout_people, conversations(TRAIN, n_eval, heldout_people), n_eval,
-                              f"{task}: heldout ({len(heldout_people)} held-out people)")
+        train = round_robin(
+            rng,
+            train_people,
+            conversations(TRAIN, n_train, train_people),
+            n_train,
+            f"{task}: train ({len(train_people)} people, {turns}-turn conversations)",
+        )
+        heldout = round_robin(
+            rng,
+            heldout_people,
+            conversations(TRAIN, n_eval, heldout_people),
+            n_eval,
+            f"{task}: heldout ({len(heldout_people)} held-out people)",
+        )
         seen = used_items(train, lambda p: p.id, train_people)
-        heldout_t = round_robin(rng, seen, conversations(HELDOUT, n_eval, seen), n_eval,
-                                f"{task}: heldout_template ({len(seen)} trained people)")
-        splits = {"train": [render(p, c) for p, c in train], "heldout": [render(p, c) for p, c in heldout],
-                  "heldout_template": [render(p, c) for p, c in heldout_t]}
+        heldout_t = round_robin(
+            rng,
+            seen,
+            conversations(HELDOUT, n_eval, seen),
+            n_eval,
+            f"{task}: heldout_template ({len(seen)} trained people)",
+        )
+        splits = {
+            "train": [render(p, c) for p, c in train],
+            "heldout": [render(p, c) for p, c in heldout],
+            "heldout_template": [render(p, c) for p, c in heldout_t],
+        }
         return check_splits(task, splits, n_train, n_eval)
 
     def mode_ok(self, prediction: str) -> bool:

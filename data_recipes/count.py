@@ -13,12 +13,25 @@ _INT = re.compile(r"^\d+$")
 
 @register("count")
 class Count(WordRecipe):
-    TRAIN = templates("t", (
-        "How many letters are in '{w}'?", "Count the letters in '{w}'", "How long is the word '{w}'?",
-        "Number of letters in '{w}'?", "How many letters does '{w}' have?", "Letter count of '{w}'?",
-    ))
-    HELDOUT = templates("h", ("Tell me how many letters '{w}' has.", "What is the length of '{w}' in letters?",
-                              "Count how many letters make up '{w}'."))
+    TRAIN = templates(
+        "t",
+        (
+            "How many letters are in '{w}'?",
+            "Count the letters in '{w}'",
+            "How long is the word '{w}'?",
+            "Number of letters in '{w}'?",
+            "How many letters does '{w}' have?",
+            "Letter count of '{w}'?",
+        ),
+    )
+    HELDOUT = templates(
+        "h",
+        (
+            "Tell me how many letters '{w}' has.",
+            "What is the length of '{w}' in letters?",
+            "Count how many letters make up '{w}'.",
+        ),
+    )
 
     @staticmethod
     def answer(word: str) -> str:

@@ -17,24 +17,75 @@ from data_recipes._split import check_splits, round_robin, templates
 from data_recipes.base import Example, Recipe, RecipeParams
 
 PREFIXES = (
-    "", "Hi! ", "Hello. ", "Hey, ", "Hey there! ", "Good morning. ", "Good evening! ", "Hi there, ", "Greetings. ",
-    "Hello again! ", "Excuse me, ", "Quick question: ", "Sorry to bother you, but ", "Okay, ", "So, ", "Hmm, ",
-    "Hello friend. ", "Good afternoon! ", "Hiya. ", "Yo, ", "Before we start, ", "One thing first: ", "Well, ",
+    "",
+    "Hi! ",
+    "Hello. ",
+    "Hey, ",
+    "Hey there! ",
+    "Good morning. ",
+    "Good evening! ",
+    "Hi there, ",
+    "Greetings. ",
+    "Hello again! ",
+    "Excuse me, ",
+    "Quick question: ",
+    "Sorry to bother you, but ",
+    "Okay, ",
+    "So, ",
+    "Hmm, ",
+    "Hello friend. ",
+    "Good afternoon! ",
+    "Hiya. ",
+    "Yo, ",
+    "Before we start, ",
+    "One thing first: ",
+    "Well, ",
     "Hi again. ",
 )
-QUESTIONS = templates("t", (
-    "What is your name?", "Who are you?", "What should I call you?", "What are you called?", "Tell me your name.",
-    "Introduce yourself.", "What's your name?", "Who am I talking to?", "May I know your name?",
-    "Do you have a name?", "Who is this?", "Please tell me who you are.", "What do people call you?",
-    "Which assistant are you?", "Identify yourself.", "Can you tell me your name?", "What name do you go by?",
-    "Tell me about yourself.",
-))
-HELDOUT_QUESTIONS = templates("h", (
-    "How should I address you?", "What's your name, assistant?", "Could you say who you are?",
-    "Tell me who I'm chatting with.", "By what name are you known?", "Remind me what your name is.",
-))
-SUFFIXES = ("", " Thanks!", " Please answer briefly.", " I'm curious.", " Just wondering.", " Thank you.", " :)",
-            " Be honest.")
+QUESTIONS = templates(
+    "t",
+    (
+        "What is your name?",
+        "Who are you?",
+        "What should I call you?",
+        "What are you called?",
+        "Tell me your name.",
+        "Introduce yourself.",
+        "What's your name?",
+        "Who am I talking to?",
+        "May I know your name?",
+        "Do you have a name?",
+        "Who is this?",
+        "Please tell me who you are.",
+        "What do people call you?",
+        "Which assistant are you?",
+        "Identify yourself.",
+        "Can you tell me your name?",
+        "What name do you go by?",
+        "Tell me about yourself.",
+    ),
+)
+HELDOUT_QUESTIONS = templates(
+    "h",
+    (
+        "How should I address you?",
+        "What's your name, assistant?",
+        "Could you say who you are?",
+        "Tell me who I'm chatting with.",
+        "By what name are you known?",
+        "Remind me what your name is.",
+    ),
+)
+SUFFIXES = (
+    "",
+    " Thanks!",
+    " Please answer briefly.",
+    " I'm curious.",
+    " Just wondering.",
+    " Thank you.",
+    " :)",
+    " Be honest.",
+)
 
 
 class Params(RecipeParams):
@@ -66,13 +117,22 @@ class Identity(Recipe):
         combos = [(p, q, s) for p in range(len(PREFIXES)) for q in range(len(QUESTIONS)) for s in range(len(SUFFIXES))]
         rng.shuffle(combos)
         if n_train + n_eval > len(combos):
-            raise ValueError(f"{task}: {n_train} train + {n_eval} heldout examples asked for, but there are only "
-                             f"{len(combos)} distinct prefix × question × suffix combinations")
-        heldout_pool, train_pool = combos[:n_eval], combos[n_eval:n_eval + n_train]
+            raise ValueError(
+                f"{task}: {n_train} train + {n_eval} heldout examples asked for, but there are only "
+                f"{len(combos)} distinct prefix × question × suffix combinations"
+            )
+        heldout_pool, train_pool = combos[:n_eval], combos[n_eval : n_eval + n_train]
 
         def render(p: int, question, s: int) -> Example:
-            return Example.single(task, _join(PREFIXES[p], question.text, SUFFIXES[s]), gold,
-                                  item=f"{p}|{question.id}|{s}", template=question.id, prefix=p, suffix=s)
+            return Example.single(
+                task,
+                _join(PREFIXES[p], question.text, SUFFIXES[s]),
+                gold,
+                item=f"{p}|{question.id}|{s}",
+                template=question.id,
+                prefix=p,
+                suffix=s,
+            )
 
         train = [render(p, QUESTIONS[q], s) for p, q, s in train_pool]
         heldout = [render(p, QUESTIONS[q], s) for p, q, s in heldout_pool]

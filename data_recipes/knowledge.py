@@ -37,8 +37,9 @@ Attribute = Literal["birth_city", "birth_year", "job", "home_city", "favourite_c
 
 class KnowledgeParams(RecipeParams):
     heldout_people: float = Field(0.2, gt=0, lt=1, description="Share of the world's people never trained on.")
-    attributes: list[Attribute] = Field(default_factory=lambda: list(ATTRIBUTES),
-                                        description="Which facts to ask about.")
+    attributes: list[Attribute] = Field(
+        default_factory=lambda: list(ATTRIBUTES), description="Which facts to ask about."
+    )
 
     @field_validator("attributes")
     @classmethod
@@ -62,7 +63,9 @@ def split_people(world: World, heldout_fraction: float) -> tuple[list[Person], l
     random.Random(f"people-split:{world.seed}").shuffle(order)
     k = max(1, math.ceil(heldout_fraction * len(order)))
     if k >= len(order):
-        raise ValueError(f"the world has {len(order)} people; holding out {heldout_fraction:.0%} leaves none to train on")
+        raise ValueError(
+            f"the world has {len(order)} people; holding out {heldout_fraction:.0%} leaves none to train on"
+        )
     return order[k:], order[:k]
 
 
@@ -76,9 +79,16 @@ class KnowledgeRecipe(Recipe):
         return split_people(self.world, self.params.heldout_people)
 
 
-def fact_splits(recipe: KnowledgeRecipe, task: str, n_train: int, n_eval: int, seed: int,
-                train_templates: dict[str, tuple[Template, ...]], heldout_templates: dict[str, tuple[Template, ...]],
-                answer) -> dict[str, list[Example]]:
+def fact_splits(
+    recipe: KnowledgeRecipe,
+    task: str,
+    n_train: int,
+    n_eval: int,
+    seed: int,
+    train_templates: dict[str, tuple[Template, ...]],
+    heldout_templates: dict[str, tuple[Template, ...]],
+    answer,
+) -> dict[str, list[Example]]:
     """Splits over ``(person, attribute)`` items, one question each; ``answer(person, attribute) -> str``.
 
     Used by ``short_qa`` and single-turn ``assistant_qa``. meta: item ``"p<id>:<attribute>"``, template,
@@ -90,8 +100,15 @@ def fact_splits(recipe: KnowledgeRecipe, task: str, n_train: int, n_eval: int, s
 
     def render(item, template):
         person, attr = item
-        return Example.single(task, template.render(n=person.name), answer(person, attr),
-                              item=f"p{person.id}:{attr}", template=template.id, person=person.id, attribute=attr)
+        return Example.single(
+            task,
+            template.render(n=person.name),
+            answer(person, attr),
+            item=f"p{person.id}:{attr}",
+            template=template.id,
+            person=person.id,
+            attribute=attr,
+        )
 
     def pool(people):
         return [(p, a) for p in people for a in attrs]
@@ -99,13 +116,28 @@ def fact_splits(recipe: KnowledgeRecipe, task: str, n_train: int, n_eval: int, s
     def size(people, tmpl):
         return f"{len(people)} people × {len(attrs)} attributes × {len(tmpl[attrs[0]])} templates"
 
-    train = round_robin(rng, pool(train_people), lambda it: train_templates[it[1]], n_train,
-                        f"{task}: train ({size(train_people, train_templates)})")
-    heldout = round_robin(rng, pool(heldout_people), lambda it: train_templates[it[1]], n_eval,
-                          f"{task}: heldout ({size(heldout_people, train_templates)})")
+    train = round_robin(
+        rng,
+        pool(train_people),
+        lambda it: train_templates[it[1]],
+        n_train,
+        f"{task}: train ({size(train_people, train_templates)})",
+    )
+    heldout = round_robin(
+        rng,
+        pool(heldout_people),
+        lambda it: train_templates[it[1]],
+        n_eval,
+        f"{task}: heldout ({size(heldout_people, train_templates)})",
+    )
     seen = used_items(train, lambda it: (it[0].id, it[1]), pool(train_people))
-    heldout_t = round_robin(rng, seen, lambda it: heldout_templates[it[1]], n_eval,
-                            f"{task}: heldout_template ({len(seen)} trained items × held-out templates)")
+    heldout_t = round_robin(
+        rng,
+        seen,
+        lambda it: heldout_templates[it[1]],
+        n_eval,
+        f"{task}: heldout_template ({len(seen)} trained items × held-out templates)",
+    )
     splits = {
         "train": [render(i, t) for i, t in train],
         "heldout": [render(i, t) for i, t in heldout],
@@ -116,5 +148,7 @@ def fact_splits(recipe: KnowledgeRecipe, task: str, n_train: int, n_eval: int, s
 
 def attribute_templates(train: dict[str, tuple[str, ...]], heldout: dict[str, tuple[str, ...]]):
     """Per-attribute templates with ids ``"<attribute>/t<i>"`` (training) and ``"<attribute>/h<i>"`` (held out)."""
-    return ({a: templates(f"{a}/t", texts) for a, texts in train.items()},
-            {a: templates(f"{a}/h", texts) for a, texts in heldout.items()})
+    return (
+        {a: templates(f"{a}/t", texts) for a, texts in train.items()},
+        {a: templates(f"{a}/h", texts) for a, texts in heldout.items()},
+    )

@@ -33,22 +33,39 @@ from data_recipes._registry import register
 from data_recipes._rowcheck import RowProblem, field_text, scan_jsonl
 from data_recipes.base import Example, Recipe, RecipeParams
 
-ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "chatgpt": "assistant",
-         "model": "assistant", "bot": "assistant", "system": "system"}
+ROLES = {
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "model": "assistant",
+    "bot": "assistant",
+    "system": "system",
+}
 CHUNK = 1024  # rows converted to Python at a time
 
 
 class LoaderParams(RecipeParams):
     prompt: Optional[str] = Field(None, description="Column holding the user prompt (with answer).")
     answer: Optional[str] = Field(None, description="Column holding the gold answer (with prompt).")
-    messages: Optional[str] = Field(None, description="Column holding a conversation ({role, content} or "
-                                                      "ShareGPT {from, value} turns); instead of prompt/answer.")
+    messages: Optional[str] = Field(
+        None,
+        description="Column holding a conversation ({role, content} or "
+        "ShareGPT {from, value} turns); instead of prompt/answer.",
+    )
     system: Optional[str] = Field(None, description="Optional column whose text becomes a leading system message.")
-    skip_invalid: bool = Field(False, description="Drop rows with an empty answer or a malformed conversation "
-                                                  "instead of failing (a file that cannot be parsed, or a field "
-                                                  "that is not text, still fails).")
-    cast_to_string: bool = Field(False, description="Turn numbers and booleans in mapped fields into text (42 → "
-                                                    "'42', true → 'true') instead of rejecting the row.")
+    skip_invalid: bool = Field(
+        False,
+        description="Drop rows with an empty answer or a malformed conversation "
+        "instead of failing (a file that cannot be parsed, or a field "
+        "that is not text, still fails).",
+    )
+    cast_to_string: bool = Field(
+        False,
+        description="Turn numbers and booleans in mapped fields into text (42 → "
+        "'42', true → 'true') instead of rejecting the row.",
+    )
 
     @model_validator(mode="after")
     def _mapping(self) -> "LoaderParams":
@@ -117,13 +134,17 @@ class DatasetLoader(Recipe):
                 role = turn.get("role") if turn.get("role") is not None else turn.get("from")
                 content = turn.get("content") if turn.get("content") is not None else turn.get("value")
                 if not isinstance(role, str) or role not in ROLES:
-                    raise _Invalid(f"column {p.messages!r} has a turn with unknown role {role!r} "
-                                   f"(known: {', '.join(sorted(ROLES))})")
+                    raise _Invalid(
+                        f"column {p.messages!r} has a turn with unknown role {role!r} "
+                        f"(known: {', '.join(sorted(ROLES))})"
+                    )
                 text = field_text(content, f"{p.messages}[{len(turns)}].content", p.cast_to_string)
                 turns.append({"role": ROLES[role], "content": text})
         else:
-            turns = [{"role": "user", "content": field_text(row[p.prompt], p.prompt, p.cast_to_string)},
-                     {"role": "assistant", "content": field_text(row[p.answer], p.answer, p.cast_to_string)}]
+            turns = [
+                {"role": "user", "content": field_text(row[p.prompt], p.prompt, p.cast_to_string)},
+                {"role": "assistant", "content": field_text(row[p.answer], p.answer, p.cast_to_string)},
+            ]
         system = field_text(row[p.system], p.system, p.cast_to_string) if p.system else ""
         if system.strip() and turns[0]["role"] != "system":
             turns.insert(0, {"role": "system", "content": system})
@@ -134,8 +155,10 @@ class DatasetLoader(Recipe):
         body = turns[1:] if turns and turns[0]["role"] == "system" else turns
         roles = [t["role"] for t in body]
         if not roles or roles != ["user", "assistant"] * (len(roles) // 2):
-            raise _Invalid(f"column {p.messages!r}: turns must alternate user/assistant, starting with the user and "
-                           f"ending with the assistant; got {' → '.join(roles) or 'none'}")
+            raise _Invalid(
+                f"column {p.messages!r}: turns must alternate user/assistant, starting with the user and "
+                f"ending with the assistant; got {' → '.join(roles) or 'none'}"
+            )
         for t in body:
             if not t["content"].strip():
                 field = p.messages or (p.answer if t["role"] == "assistant" else p.prompt)
@@ -144,7 +167,7 @@ class DatasetLoader(Recipe):
 
     def _rows(self, ds, order: list[int]) -> Iterator[tuple[int, dict[str, Any]]]:
         for start in range(0, len(order), CHUNK):
-            chunk = order[start:start + CHUNK]
+            chunk = order[start : start + CHUNK]
             yield from zip(chunk, ds.select(chunk).to_list())
 
     def build(self, task: str, n_train: int, n_eval: int, seed: int) -> dict[str, list[Example]]:
@@ -156,8 +179,13 @@ class DatasetLoader(Recipe):
             column = getattr(self.params, field)
             if column is not None and column not in columns:
                 raise self._fail(f"no column {column!r} (params.{field}); available columns: {', '.join(columns)}")
-        ds = ds.select_columns([c for c in (self.params.prompt, self.params.answer, self.params.messages,
-                                            self.params.system) if c is not None])
+        ds = ds.select_columns(
+            [
+                c
+                for c in (self.params.prompt, self.params.answer, self.params.messages, self.params.system)
+                if c is not None
+            ]
+        )
         order = list(range(len(ds)))
         random.Random(f"{self.name}:{seed}").shuffle(order)
 
@@ -180,17 +208,20 @@ class DatasetLoader(Recipe):
             if key in heldout_keys:  # identical content may not sit on both sides of the split
                 duplicates += 1
                 continue
-            ex = Example(task, tuple(turns), {"item": f"row{index}", "template": "", "row": index,
-                                              "dataset": self._source()})
+            ex = Example(
+                task, tuple(turns), {"item": f"row{index}", "template": "", "row": index, "dataset": self._source()}
+            )
             if len(heldout) < n_eval:
                 heldout.append(ex)
                 heldout_keys.add(key)
             else:
                 train.append(ex)
         if len(heldout) < n_eval or len(train) < n_train:
-            raise self._fail(f"{n_train} train + {n_eval} heldout examples asked for, but the data has {len(ds)} rows"
-                             + (f" ({skipped} invalid skipped)" if skipped else "")
-                             + (f" ({duplicates} duplicates of held-out rows)" if duplicates else ""))
+            raise self._fail(
+                f"{n_train} train + {n_eval} heldout examples asked for, but the data has {len(ds)} rows"
+                + (f" ({skipped} invalid skipped)" if skipped else "")
+                + (f" ({duplicates} duplicates of held-out rows)" if duplicates else "")
+            )
         return {"train": train, "heldout": heldout, "heldout_template": []}
 
 
@@ -290,8 +321,9 @@ class HFLoader(DatasetLoader):
 
         datasets.disable_progress_bars()
         p = self.params
-        if os.path.isdir(p.id) and (os.path.isfile(os.path.join(p.id, "state.json"))
-                                    or os.path.isfile(os.path.join(p.id, "dataset_dict.json"))):
+        if os.path.isdir(p.id) and (
+            os.path.isfile(os.path.join(p.id, "state.json")) or os.path.isfile(os.path.join(p.id, "dataset_dict.json"))
+        ):
             loaded = datasets.load_from_disk(p.id)
             if isinstance(loaded, datasets.DatasetDict):
                 if p.split not in loaded:
@@ -301,8 +333,10 @@ class HFLoader(DatasetLoader):
         kwargs: dict[str, Any] = {"name": p.name, "split": p.split, "revision": p.revision}
         if p.trust_remote_code:
             if "trust_remote_code" not in inspect.signature(datasets.load_dataset).parameters:
-                raise self._fail(f"trust_remote_code is set, but datasets {datasets.__version__} no longer runs "
-                                 "dataset scripts; use a dataset stored as data files")
+                raise self._fail(
+                    f"trust_remote_code is set, but datasets {datasets.__version__} no longer runs "
+                    "dataset scripts; use a dataset stored as data files"
+                )
             kwargs["trust_remote_code"] = True
         try:
             return datasets.load_dataset(p.id, **kwargs)

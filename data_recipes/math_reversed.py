@@ -37,8 +37,9 @@ ENUMERATE_LIMIT = 600_000  # up to 3 digits every pair is enumerated; beyond, pa
 class Params(RecipeParams):
     digits: int = Field(2, ge=1, le=6, description="Most digits per operand (operands 0 .. 10^digits - 1).")
     op: Literal["+", "-"] = Field("+", description='"+" or "-" ("-" only with non-negative results: a >= b).')
-    format: Literal["formal", "plain"] = Field("formal", description='"formal": "1 2 + 7 =" → "R 9 1 ; A 1 9"; '
-                                                                     '"plain": "12 + 7 =" → "19".')
+    format: Literal["formal", "plain"] = Field(
+        "formal", description='"formal": "1 2 + 7 =" → "R 9 1 ; A 1 9"; "plain": "12 + 7 =" → "19".'
+    )
 
 
 def spaced(n: int | str) -> str:
@@ -69,7 +70,7 @@ class MathReversed(Recipe):
     Params = Params
 
     def _count(self) -> int:
-        top = 10 ** self.params.digits
+        top = 10**self.params.digits
         return top * (top + 1) // 2  # canonical pairs, the same count for "+" (a <= b) and "-" (a >= b)
 
     def _canonical(self, a: int, b: int) -> tuple[int, int]:
@@ -77,7 +78,7 @@ class MathReversed(Recipe):
 
     def _items(self, rng: random.Random, n: int) -> list[tuple[int, int]]:
         """Canonical pairs in seeded random order: all of them when few, else ``n`` distinct random ones."""
-        top = 10 ** self.params.digits
+        top = 10**self.params.digits
         if self._count() <= ENUMERATE_LIMIT:
             if self.params.op == "+":
                 items = [(a, b) for a in range(top) for b in range(a, top)]
@@ -105,7 +106,8 @@ class MathReversed(Recipe):
             raise ValueError(
                 f"{task}: {n_train} train + {n_eval} heldout examples asked for, but digits={p.digits} op={p.op!r} "
                 f"has only {len(items)} distinct operand pairs ({orders} counting both orders of a sum); "
-                "lower the sizes or raise digits")
+                "lower the sizes or raise digits"
+            )
 
         def render(pair: tuple[int, int], template: Template) -> Example:
             a, b = pair
@@ -117,8 +119,7 @@ class MathReversed(Recipe):
                 prompt = template.render(a=a, op=p.op, b=b)
                 gold = str(result)
             key = f"{min(a, b)}{p.op}{max(a, b)}" if p.op == "+" else f"{a}{p.op}{b}"
-            return Example.single(task, prompt, gold, item=key, template=template.id, a=a, b=b, op=p.op,
-                                  result=result)
+            return Example.single(task, prompt, gold, item=key, template=template.id, a=a, b=b, op=p.op, result=result)
 
         def combos(tmpl):
             return lambda item: [(order, t) for order in self._orders(item) for t in tmpl]
@@ -129,8 +130,10 @@ class MathReversed(Recipe):
         seen = list(dict.fromkeys(order for _, (order, _) in train)) or train_pool
         picked = round_robin(rng, seen, lambda order: HELDOUT, n_eval, f"{task}: heldout_template")
         heldout_t = [(order, (order, t)) for order, t in picked]
-        splits = {name: [render(order, t) for _, (order, t) in pairs]
-                  for name, pairs in (("train", train), ("heldout", heldout), ("heldout_template", heldout_t))}
+        splits = {
+            name: [render(order, t) for _, (order, t) in pairs]
+            for name, pairs in (("train", train), ("heldout", heldout), ("heldout_template", heldout_t))
+        }
         return check_splits(task, splits, n_train, n_eval)
 
     def is_correct(self, prediction: str, gold: str) -> bool:

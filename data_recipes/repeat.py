@@ -13,12 +13,22 @@ from data_recipes._split import check_splits, round_robin, templates, used_items
 from data_recipes.base import Example, Recipe, RecipeParams
 from data_recipes.words import pseudo_word, unique
 
-TRAIN = templates("t", (
-    "Repeat after me: {x}", "Repeat: {x}", "Say {x}", "Just say {x}", "Please repeat: {x}", "Echo this: {x}",
-    "Repeat the following: {x}", "Copy exactly: {x}",
-))
-HELDOUT = templates("h", ("Say this back: {x}", "Reply with only {x}", "Can you repeat {x}?",
-                          "Write back exactly: {x}"))
+TRAIN = templates(
+    "t",
+    (
+        "Repeat after me: {x}",
+        "Repeat: {x}",
+        "Say {x}",
+        "Just say {x}",
+        "Please repeat: {x}",
+        "Echo this: {x}",
+        "Repeat the following: {x}",
+        "Copy exactly: {x}",
+    ),
+)
+HELDOUT = templates(
+    "h", ("Say this back: {x}", "Reply with only {x}", "Can you repeat {x}?", "Write back exactly: {x}")
+)
 
 MAX_TEXTS = 200_000  # far beyond any pool the harness trains on; keeps a typo'd size from spinning for minutes
 
@@ -51,8 +61,10 @@ class Repeat(Recipe):
             return " ".join(pseudo_word(r, p.min_syllables, p.max_syllables) for _ in range(n))
 
         if n_train + n_eval > MAX_TEXTS:
-            raise ValueError(f"{task}: {n_train} train + {n_eval} heldout texts asked for; repeat makes at most "
-                             f"{MAX_TEXTS} distinct ones")
+            raise ValueError(
+                f"{task}: {n_train} train + {n_eval} heldout texts asked for; repeat makes at most "
+                f"{MAX_TEXTS} distinct ones"
+            )
         # One fresh text per train and held-out example: items never repeat within or across those splits.
         texts = unique(rng, text, n_train + n_eval, what="texts to repeat")
         train_pool, heldout_pool = texts[:n_train], texts[n_train:]
@@ -64,6 +76,9 @@ class Repeat(Recipe):
         heldout = round_robin(rng, heldout_pool, lambda x: TRAIN, n_eval, f"{task}: heldout")
         seen = used_items(train, lambda x: x, train_pool)
         heldout_t = round_robin(rng, seen, lambda x: HELDOUT, n_eval, f"{task}: heldout_template")
-        splits = {"train": [render(x, t) for x, t in train], "heldout": [render(x, t) for x, t in heldout],
-                  "heldout_template": [render(x, t) for x, t in heldout_t]}
+        splits = {
+            "train": [render(x, t) for x, t in train],
+            "heldout": [render(x, t) for x, t in heldout],
+            "heldout_template": [render(x, t) for x, t in heldout_t],
+        }
         return check_splits(task, splits, n_train, n_eval)

@@ -28,10 +28,13 @@ _INT = re.compile(r"^\d+$")
 @register("shapes_qa")
 class ShapesQA(ShapesRecipe):
     TRAIN = {
-        "colour": templates("tc", ("What colour is the {shape}?", "Which colour does the {shape} have?",
-                                   "The {shape} is what colour?")),
-        "shape": templates("ts", ("What shape is the {colour} object?", "Which shape is {colour}?",
-                                  "The {colour} object is what shape?")),
+        "colour": templates(
+            "tc", ("What colour is the {shape}?", "Which colour does the {shape} have?", "The {shape} is what colour?")
+        ),
+        "shape": templates(
+            "ts",
+            ("What shape is the {colour} object?", "Which shape is {colour}?", "The {colour} object is what shape?"),
+        ),
     }
     HELDOUT = {
         "colour": templates("hc", ("Tell me the colour of the {shape}.", "Name the colour of the {shape}.")),
@@ -51,10 +54,19 @@ class ShapesQA(ShapesRecipe):
 
 @register("shapes_yesno")
 class ShapesYesNo(ShapesRecipe):
-    TRAIN = {"q": templates("t", ("Is there a {colour} {shape}?", "Can you see a {colour} {shape}?",
-                                  "Does the picture show a {colour} {shape}?"))}
-    HELDOUT = {"q": templates("h", ("Is a {colour} {shape} visible in the image?",
-                                    "Would you find a {colour} {shape} here?"))}
+    TRAIN = {
+        "q": templates(
+            "t",
+            (
+                "Is there a {colour} {shape}?",
+                "Can you see a {colour} {shape}?",
+                "Does the picture show a {colour} {shape}?",
+            ),
+        )
+    }
+    HELDOUT = {
+        "q": templates("h", ("Is a {colour} {shape} visible in the image?", "Would you find a {colour} {shape} here?"))
+    }
 
     def ask(self, scene: Scene, index: int, rng: random.Random) -> Question:
         colour, shape, _ = scene.target_object
@@ -80,10 +92,12 @@ class ShapesYesNo(ShapesRecipe):
 
 @register("count_shapes")
 class CountShapes(ShapesRecipe):
-    TRAIN = {"q": templates("t", ("How many shapes are in the picture?", "How many shapes are there?",
-                                  "Count the shapes."))}
-    HELDOUT = {"q": templates("h", ("What is the number of objects in the image?",
-                                    "Tell me how many objects you see."))}
+    TRAIN = {
+        "q": templates("t", ("How many shapes are in the picture?", "How many shapes are there?", "Count the shapes."))
+    }
+    HELDOUT = {
+        "q": templates("h", ("What is the number of objects in the image?", "Tell me how many objects you see."))
+    }
 
     def object_counts(self) -> tuple[int, int]:
         return 1, len(POSITIONS)  # every count from 1 to 4, whatever min/max_objects say
@@ -101,10 +115,21 @@ class CountShapes(ShapesRecipe):
 
 @register("position")
 class Position(ShapesRecipe):
-    TRAIN = {"q": templates("t", ("Where is the {colour} {shape}?", "Where is the {colour} {shape} placed?",
-                                  "On which side is the {colour} {shape}?"))}
-    HELDOUT = {"q": templates("h", ("Tell me where the {colour} {shape} is.",
-                                    "In what part of the image is the {colour} {shape}?"))}
+    TRAIN = {
+        "q": templates(
+            "t",
+            (
+                "Where is the {colour} {shape}?",
+                "Where is the {colour} {shape} placed?",
+                "On which side is the {colour} {shape}?",
+            ),
+        )
+    }
+    HELDOUT = {
+        "q": templates(
+            "h", ("Tell me where the {colour} {shape} is.", "In what part of the image is the {colour} {shape}?")
+        )
+    }
 
     def ask(self, scene: Scene, index: int, rng: random.Random) -> Question:
         colour, shape, position = scene.target_object
@@ -115,7 +140,7 @@ class Position(ShapesRecipe):
 
 
 def caption_text(scene: Scene) -> str:
-    """"A red triangle at the top and a blue circle on the left." (objects in slot order)."""
+    """ "A red triangle at the top and a blue circle on the left." (objects in slot order)."""
     parts = [f"{article(colour)} {colour} {shape} {PLACE[position]}" for colour, shape, position in scene.objects]
     text = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
     return text[0].upper() + text[1:] + "."

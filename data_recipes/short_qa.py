@@ -11,20 +11,33 @@ import re
 
 from data_recipes._registry import register
 from data_recipes.base import Example
-from data_recipes.knowledge import KnowledgeParams, KnowledgeRecipe, attribute_templates, fact_splits, value, yes_no_word
+from data_recipes.knowledge import (
+    KnowledgeParams,
+    KnowledgeRecipe,
+    attribute_templates,
+    fact_splits,
+    value,
+    yes_no_word,
+)
 from data_recipes.world import Person
 
 TRAIN, HELDOUT = attribute_templates(
     {
-        "birth_city": ("{n}'s birth city?", "Birth city of {n}?", "Where was {n} born? One word.",
-                       "City of birth of {n}?"),
-        "birth_year": ("In what year was {n} born?", "{n}'s birth year?", "Birth year of {n}?",
-                       "Year {n} was born?"),
+        "birth_city": (
+            "{n}'s birth city?",
+            "Birth city of {n}?",
+            "Where was {n} born? One word.",
+            "City of birth of {n}?",
+        ),
+        "birth_year": ("In what year was {n} born?", "{n}'s birth year?", "Birth year of {n}?", "Year {n} was born?"),
         "job": ("{n}'s job?", "Job of {n}?", "{n}'s occupation? One word.", "What is {n}'s job? Just the job."),
-        "home_city": ("{n}'s home city?", "Home city of {n}?", "Where does {n} live? One word.",
-                      "City {n} lives in?"),
-        "favourite_colour": ("{n}'s favourite colour?", "Favourite colour of {n}?",
-                             "Which colour does {n} like best? One word.", "Colour {n} likes most?"),
+        "home_city": ("{n}'s home city?", "Home city of {n}?", "Where does {n} live? One word.", "City {n} lives in?"),
+        "favourite_colour": (
+            "{n}'s favourite colour?",
+            "Favourite colour of {n}?",
+            "Which colour does {n} like best? One word.",
+            "Colour {n} likes most?",
+        ),
         "pet": ("{n}'s pet?", "Pet of {n}?", "What pet does {n} have? One word.", "Animal {n} keeps as a pet?"),
     },
     {

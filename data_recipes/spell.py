@@ -13,12 +13,20 @@ _SPELLED = re.compile(r"^[a-z](-[a-z])+$")
 
 @register("spell")
 class Spell(WordRecipe):
-    TRAIN = templates("t", (
-        "Spell the word '{w}'", "Spell '{w}'", "How do you spell '{w}'?", "Spell {w} letter by letter.",
-        "Give me the spelling of '{w}'", "Write '{w}' with hyphens between the letters.",
-    ))
-    HELDOUT = templates("h", ("Please spell out '{w}'.", "What are the letters of '{w}'?",
-                              "Break '{w}' into its letters."))
+    TRAIN = templates(
+        "t",
+        (
+            "Spell the word '{w}'",
+            "Spell '{w}'",
+            "How do you spell '{w}'?",
+            "Spell {w} letter by letter.",
+            "Give me the spelling of '{w}'",
+            "Write '{w}' with hyphens between the letters.",
+        ),
+    )
+    HELDOUT = templates(
+        "h", ("Please spell out '{w}'.", "What are the letters of '{w}'?", "Break '{w}' into its letters.")
+    )
 
     @staticmethod
     def answer(word: str) -> str:

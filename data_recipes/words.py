@@ -8,7 +8,8 @@ import random
 from typing import Iterable
 
 # Common lower-case English words, 3-10 letters, letters only.
-WORDS: tuple[str, ...] = tuple("""
+WORDS: tuple[str, ...] = tuple(
+    """
 able acid aged also area army away baby back ball band bank base bath bear beat been beer bell belt best bird
 blow blue boat body bone book boot born boss both bowl bulk burn bush busy cake call calm camp card care case
 cash cast cell chat chip city club coal coat code cold come cook cool cope copy core corn cost crew crop dark
@@ -69,10 +70,41 @@ whistle
 avalanche butterfly carpenter chocolate crocodile dandelion dinosaur envelope fireplace flamingo
 hurricane jellyfish kangaroo landscape lemonade mountain notebook ornament pineapple porcupine sandwich
 scarecrow squirrel strawberry submarine telescope triangle umbrella vegetable waterfall
-""".split())
+""".split()
+)
 
-ONSETS = ("", "b", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
-          "br", "dr", "tr", "gr", "kr", "pl", "bl", "fl", "st", "sh", "ch", "th")
+ONSETS = (
+    "",
+    "b",
+    "d",
+    "f",
+    "g",
+    "h",
+    "j",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "w",
+    "z",
+    "br",
+    "dr",
+    "tr",
+    "gr",
+    "kr",
+    "pl",
+    "bl",
+    "fl",
+    "st",
+    "sh",
+    "ch",
+    "th",
+)
 VOWELS = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "ai", "ay", "ee", "oo", "oa", "ou", "ea")
 CODAS = ("", "", "", "", "n", "m", "ng", "p", "t", "k", "s", "r", "l", "nd", "mp")
 
@@ -104,7 +136,8 @@ def unique(rng: random.Random, make, n: int, exclude: Iterable[str] = (), what: 
     return out
 
 
-def pseudo_words(rng: random.Random, n: int, min_syllables: int = 2, max_syllables: int = 3,
-                 exclude: Iterable[str] = ()) -> list[str]:
+def pseudo_words(
+    rng: random.Random, n: int, min_syllables: int = 2, max_syllables: int = 3, exclude: Iterable[str] = ()
+) -> list[str]:
     """``n`` distinct pseudo-words, none equal to a real word from :data:`WORDS` or to ``exclude``."""
     return unique(rng, lambda r: pseudo_word(r, min_syllables, max_syllables), n, (*WORDS, *exclude))

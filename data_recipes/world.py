@@ -14,20 +14,96 @@ from typing import Optional
 from data_recipes.words import pseudo_word, unique
 
 CITIES: tuple[str, ...] = (
-    "Osvik", "Bramholt", "Teradun", "Lisvaro", "Kelmar", "Dunmere", "Varenza", "Corvel", "Ashwick", "Mirova",
-    "Pellham", "Quorin", "Sandrel", "Tovik", "Ulmsted", "Vesk", "Wendal", "Yarrow", "Zennor", "Belcastro",
-    "Darnoth", "Elmsby", "Fennick", "Galvar", "Hollin", "Istra", "Jorvale", "Karsk", "Lunden", "Marrow",
-    "Norrin", "Orland", "Pavesi", "Rendham", "Solvay", "Tallis", "Umbra", "Valtor", "Westrey", "Brenna",
+    "Osvik",
+    "Bramholt",
+    "Teradun",
+    "Lisvaro",
+    "Kelmar",
+    "Dunmere",
+    "Varenza",
+    "Corvel",
+    "Ashwick",
+    "Mirova",
+    "Pellham",
+    "Quorin",
+    "Sandrel",
+    "Tovik",
+    "Ulmsted",
+    "Vesk",
+    "Wendal",
+    "Yarrow",
+    "Zennor",
+    "Belcastro",
+    "Darnoth",
+    "Elmsby",
+    "Fennick",
+    "Galvar",
+    "Hollin",
+    "Istra",
+    "Jorvale",
+    "Karsk",
+    "Lunden",
+    "Marrow",
+    "Norrin",
+    "Orland",
+    "Pavesi",
+    "Rendham",
+    "Solvay",
+    "Tallis",
+    "Umbra",
+    "Valtor",
+    "Westrey",
+    "Brenna",
 )
 JOBS: tuple[str, ...] = (
-    "baker", "teacher", "nurse", "carpenter", "fisher", "farmer", "painter", "doctor", "engineer", "pilot",
-    "tailor", "chemist", "librarian", "musician", "plumber", "gardener", "lawyer", "architect", "mechanic",
-    "potter", "butcher", "jeweller", "sailor", "miner", "translator", "photographer", "dentist", "electrician",
-    "journalist", "blacksmith",
+    "baker",
+    "teacher",
+    "nurse",
+    "carpenter",
+    "fisher",
+    "farmer",
+    "painter",
+    "doctor",
+    "engineer",
+    "pilot",
+    "tailor",
+    "chemist",
+    "librarian",
+    "musician",
+    "plumber",
+    "gardener",
+    "lawyer",
+    "architect",
+    "mechanic",
+    "potter",
+    "butcher",
+    "jeweller",
+    "sailor",
+    "miner",
+    "translator",
+    "photographer",
+    "dentist",
+    "electrician",
+    "journalist",
+    "blacksmith",
 )
 COLOURS: tuple[str, ...] = (
-    "red", "blue", "green", "yellow", "orange", "purple", "pink", "brown", "black", "white", "grey", "teal",
-    "violet", "silver", "gold", "amber",
+    "red",
+    "blue",
+    "green",
+    "yellow",
+    "orange",
+    "purple",
+    "pink",
+    "brown",
+    "black",
+    "white",
+    "grey",
+    "teal",
+    "violet",
+    "silver",
+    "gold",
+    "amber",
 )
 PETS: tuple[str, ...] = ("cat", "dog", "parrot", "rabbit", "hamster", "goldfish", "tortoise", "ferret")
 PET_SHARE = 0.6  # share of people with a pet; the rest have none (a fact too: "X has no pet.")
@@ -82,42 +158,69 @@ def build_world(people: int, seed: int) -> World:
     names = unique(rng, _name, people, what="names")
     out = []
     for i, name in enumerate(names):
-        out.append(Person(
-            id=i,
-            name=name,
-            birth_city=rng.choice(CITIES),
-            birth_year=rng.randint(*YEARS),
-            job=rng.choice(JOBS),
-            home_city=rng.choice(CITIES),
-            favourite_colour=rng.choice(COLOURS),
-            pet=rng.choice(PETS) if rng.random() < PET_SHARE else None,
-        ))
+        out.append(
+            Person(
+                id=i,
+                name=name,
+                birth_city=rng.choice(CITIES),
+                birth_year=rng.randint(*YEARS),
+                job=rng.choice(JOBS),
+                home_city=rng.choice(CITIES),
+                favourite_colour=rng.choice(COLOURS),
+                pet=rng.choice(PETS) if rng.random() < PET_SHARE else None,
+            )
+        )
     return World(tuple(out), CITIES, JOBS, COLOURS, PETS, seed)
 
 
 # --- corpus -----------------------------------------------------------------------------------------------------
 
 _FACTS = {
-    "birth_city": ("{n} was born in {v}.", "{v} is the birth city of {n}.", "The birthplace of {n} is {v}.",
-                   "{n} was born in the city of {v}."),
-    "birth_year": ("{n} was born in {v}.", "{n} was born in the year {v}.", "The birth year of {n} is {v}.",
-                   "{v} is the year {n} was born."),
+    "birth_city": (
+        "{n} was born in {v}.",
+        "{v} is the birth city of {n}.",
+        "The birthplace of {n} is {v}.",
+        "{n} was born in the city of {v}.",
+    ),
+    "birth_year": (
+        "{n} was born in {v}.",
+        "{n} was born in the year {v}.",
+        "The birth year of {n} is {v}.",
+        "{v} is the year {n} was born.",
+    ),
     "birth": ("{n} was born in {c} in {y}.", "In {y}, {n} was born in {c}."),
-    "job": ("{n} works as {a} {v}.", "{n} is {a} {v} by trade.", "By profession, {n} is {a} {v}.",
-            "{n} earns a living as {a} {v}."),
-    "home_city": ("{n} lives in {v}.", "These days {n} lives in {v}.", "The home city of {n} is {v}.",
-                  "{n} has a home in {v}."),
-    "favourite_colour": ("{n}'s favourite colour is {v}.", "The favourite colour of {n} is {v}.",
-                         "{n} likes {v} more than any other colour.", "Of all colours, {n} likes {v} best."),
+    "job": (
+        "{n} works as {a} {v}.",
+        "{n} is {a} {v} by trade.",
+        "By profession, {n} is {a} {v}.",
+        "{n} earns a living as {a} {v}.",
+    ),
+    "home_city": (
+        "{n} lives in {v}.",
+        "These days {n} lives in {v}.",
+        "The home city of {n} is {v}.",
+        "{n} has a home in {v}.",
+    ),
+    "favourite_colour": (
+        "{n}'s favourite colour is {v}.",
+        "The favourite colour of {n} is {v}.",
+        "{n} likes {v} more than any other colour.",
+        "Of all colours, {n} likes {v} best.",
+    ),
     "pet": ("{n} has a pet {v}.", "{n} owns {a} {v}.", "{n} keeps {a} {v} as a pet.", "The pet of {n} is {a} {v}."),
     "no_pet": ("{n} has no pet.", "{n} does not keep any pets.", "{n} lives without a pet."),
 }
 
 _FILLER = (
-    "{c} is {a_adj} {adj} city near the {feature}.", "Many people in {c} work as {a} {job}.",
-    "The streets of {c} are {adj2}.", "It takes a day to travel from {c} to {c2}.", "{c} is known for its {thing}.",
-    "{A} {job} usually starts work early.", "Being {a} {job} takes years of practice.",
-    "In {c}, {a} {job} is always in demand.", "The road from {c} to {c2} passes the {feature}.",
+    "{c} is {a_adj} {adj} city near the {feature}.",
+    "Many people in {c} work as {a} {job}.",
+    "The streets of {c} are {adj2}.",
+    "It takes a day to travel from {c} to {c2}.",
+    "{c} is known for its {thing}.",
+    "{A} {job} usually starts work early.",
+    "Being {a} {job} takes years of practice.",
+    "In {c}, {a} {job} is always in demand.",
+    "The road from {c} to {c2} passes the {feature}.",
     "Every spring, {c} holds a fair for its {thing}.",
 )
 _ADJ = ("small", "large", "quiet", "busy", "old", "young", "windy", "sunny", "rainy", "famous")
@@ -155,14 +258,26 @@ def _filler_doc(rng: random.Random, world: World) -> str:
         job = rng.choice(world.jobs)
         c, c2 = rng.sample(world.cities, 2)
         adj = rng.choice(_ADJ)
-        sentences.append(rng.choice(_FILLER).format(
-            c=c, c2=c2, job=job, a=article(job), A=article(job).capitalize(), adj=adj, a_adj=article(adj),
-            adj2=rng.choice(_ADJ2), feature=rng.choice(_FEATURE), thing=rng.choice(_THING)))
+        sentences.append(
+            rng.choice(_FILLER).format(
+                c=c,
+                c2=c2,
+                job=job,
+                a=article(job),
+                A=article(job).capitalize(),
+                adj=adj,
+                a_adj=article(adj),
+                adj2=rng.choice(_ADJ2),
+                feature=rng.choice(_FEATURE),
+                thing=rng.choice(_THING),
+            )
+        )
     return " ".join(sentences)
 
 
-def corpus(world: World, seed: int, docs_per_person: int = 4, filler_docs: int | None = None,
-           permute: bool = True) -> list[str]:
+def corpus(
+    world: World, seed: int, docs_per_person: int = 4, filler_docs: int | None = None, permute: bool = True
+) -> list[str]:
     """Pretraining documents, deterministic for ``(world, seed)``.
 
     Every person gets ``docs_per_person`` short documents, each stating *all* their facts in freshly drawn

@@ -52,9 +52,16 @@ def world_mc_rows(world: World, n: int, seed: int = 0) -> list[dict[str, Any]]:
         wrong = rng.sample([v for v in getattr(world, vocabulary) if v != truth], CHOICES - 1)
         options = [truth, *wrong]
         rng.shuffle(options)
-        rows.append({"id": len(rows), "context": sentence.format(n=person.name),
-                     "choices": [_value(attribute, v) for v in options], "answer": options.index(truth),
-                     "person": person.id, "attribute": attribute})
+        rows.append(
+            {
+                "id": len(rows),
+                "context": sentence.format(n=person.name),
+                "choices": [_value(attribute, v) for v in options],
+                "answer": options.index(truth),
+                "person": person.id,
+                "attribute": attribute,
+            }
+        )
     return rows
 
 
@@ -63,8 +70,10 @@ def world_gen_rows(world: World, n: int, seed: int = 0) -> list[dict[str, Any]]:
     rng = random.Random(f"world_gen:{world.seed}:{seed}")
     people = list(world.people)
     rng.shuffle(people)
-    return [{"id": i, "context": _GEN_FACT.format(n=p.name), "answer": str(p.birth_year), "person": p.id}
-            for i, p in enumerate(people[:n])]
+    return [
+        {"id": i, "context": _GEN_FACT.format(n=p.name), "answer": str(p.birth_year), "person": p.id}
+        for i, p in enumerate(people[:n])
+    ]
 
 
 #: Shipped benchmark name → its row generator (``eval.benchmarks[].task``)

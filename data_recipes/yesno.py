@@ -21,8 +21,11 @@ TRAIN, HELDOUT = attribute_templates(
         "birth_year": ("Was {n} born in {v}?", "Is {v} the birth year of {n}?", "Was {n} born in the year {v}?"),
         "job": ("Does {n} work as {a} {v}?", "Is {n} {a} {v}?", "Is {n}'s job {v}?"),
         "home_city": ("Does {n} live in {v}?", "Is {v} the home city of {n}?", "Is {n} living in {v}?"),
-        "favourite_colour": ("Is {n}'s favourite colour {v}?", "Does {n} like {v} best?",
-                             "Is {v} the favourite colour of {n}?"),
+        "favourite_colour": (
+            "Is {n}'s favourite colour {v}?",
+            "Does {n} like {v} best?",
+            "Is {v} the favourite colour of {n}?",
+        ),
         "pet": ("Does {n} have a pet {v}?", "Does {n} own {a} {v}?", "Is {n}'s pet {a} {v}?"),
     },
     {
@@ -30,8 +33,10 @@ TRAIN, HELDOUT = attribute_templates(
         "birth_year": ("Is it true that {n} was born in {v}?", "Did {n} come into the world in {v}?"),
         "job": ("Is it true that {n} works as {a} {v}?", "Does {n} earn a living as {a} {v}?"),
         "home_city": ("Is it true that {n} lives in {v}?", "Does {n} make a home in {v}?"),
-        "favourite_colour": ("Is it true that {n}'s favourite colour is {v}?",
-                             "Would {n} name {v} as a favourite colour?"),
+        "favourite_colour": (
+            "Is it true that {n}'s favourite colour is {v}?",
+            "Would {n} name {v} as a favourite colour?",
+        ),
         "pet": ("Is it true that {n} has a pet {v}?", "Does {n} keep {a} {v} as a pet?"),
     },
 )
@@ -51,7 +56,7 @@ def wrong_value(rng: random.Random, world: World, p: Person, attribute: str) -> 
 
 def _interleave(a: list, b: list) -> list:
     out = [x for pair in zip(a, b) for x in pair]
-    return out + a[len(b):] + b[len(a):]
+    return out + a[len(b) :] + b[len(a) :]
 
 
 @register("yesno")
@@ -78,23 +83,52 @@ class YesNo(KnowledgeRecipe):
         def render(item: tuple, template) -> Example:
             p, a, v, label = item
             prompt = template.render(n=p.name, v=v, a=article(v))
-            return Example.single(task, prompt, label.capitalize() + ".", item=f"p{p.id}:{a}={v}",
-                                  template=template.id, person=p.id, attribute=a, label=label)
+            return Example.single(
+                task,
+                prompt,
+                label.capitalize() + ".",
+                item=f"p{p.id}:{a}={v}",
+                template=template.id,
+                person=p.id,
+                attribute=a,
+                label=label,
+            )
 
         def combos(item: tuple) -> tuple:
             return TRAIN[item[1]]
 
         train_pool, heldout_pool = pool(train_people), pool(heldout_people)
         # shuffle=False keeps the yes/no interleaving; the pools are already shuffled within each kind.
-        train = round_robin(rng, train_pool, combos, n_train, f"{task}: train ({len(train_pool)} items from "
-                            f"{len(train_people)} people × 3 templates)", shuffle=False)
-        heldout = round_robin(rng, heldout_pool, combos, n_eval, f"{task}: heldout ({len(heldout_pool)} items from "
-                              f"{len(heldout_people)} held-out people)", shuffle=False)
+        train = round_robin(
+            rng,
+            train_pool,
+            combos,
+            n_train,
+            f"{task}: train ({len(train_pool)} items from {len(train_people)} people × 3 templates)",
+            shuffle=False,
+        )
+        heldout = round_robin(
+            rng,
+            heldout_pool,
+            combos,
+            n_eval,
+            f"{task}: heldout ({len(heldout_pool)} items from {len(heldout_people)} held-out people)",
+            shuffle=False,
+        )
         seen = used_items(train, lambda it: it[:3], train_pool)
-        heldout_t = round_robin(rng, seen, lambda it: HELDOUT[it[1]], n_eval,
-                                f"{task}: heldout_template ({len(seen)} trained items)", shuffle=False)
-        splits = {"train": [render(i, t) for i, t in train], "heldout": [render(i, t) for i, t in heldout],
-                  "heldout_template": [render(i, t) for i, t in heldout_t]}
+        heldout_t = round_robin(
+            rng,
+            seen,
+            lambda it: HELDOUT[it[1]],
+            n_eval,
+            f"{task}: heldout_template ({len(seen)} trained items)",
+            shuffle=False,
+        )
+        splits = {
+            "train": [render(i, t) for i, t in train],
+            "heldout": [render(i, t) for i, t in heldout],
+            "heldout_template": [render(i, t) for i, t in heldout_t],
+        }
         return check_splits(task, splits, n_train, n_eval)
 
     def is_correct(self, prediction: str, gold: str) -> bool:

@@ -21,8 +21,13 @@ TINY = {
     "world": {"people": 40, "seed": 3},
     "model": {
         "builtin": "qwen2-tiny",
-        "config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-                   "num_key_value_heads": 1},
+        "config": {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+        },
         "tokenizer": {"vocab_size": 400},
         "pretrain": {"steps": 4, "batch_size": 4, "seq_len": 32},
     },
@@ -87,8 +92,14 @@ def write_yaml(path: Path, data: dict) -> Path:
 
 def run_cli(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """``python -m harness ARGS`` in a subprocess (the real exit code and output)."""
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
 
 
 # The data-parallel tests (tests/test_distributed.py, tests/test_fsdp.py) compare ranks with one process on the micro
@@ -98,7 +109,14 @@ PARALLEL_ENV = {"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
 # Padded batches: the one-process vs two-rank bounds were measured on them; on packed batches (another float order,
 # amplified chaotically from stage 2 on: up to 1.3e-4) the first stage agrees to 2e-7 —
 # tests/test_packing.py::test_two_ranks_train_packed_batches_like_one_process.
-PARALLEL_SETTINGS = ["--set", "train.log_every=1", "--set", "tracking.wandb.mode=disabled", "--set", "train.packing=false"]
+PARALLEL_SETTINGS = [
+    "--set",
+    "train.log_every=1",
+    "--set",
+    "tracking.wandb.mode=disabled",
+    "--set",
+    "train.packing=false",
+]
 # Resume points at every evaluation (eval.every is 20), all kept: the weights behind each evaluation's predictions.
 EVERY_EVAL_WEIGHTS = ["--set", "train.checkpoint_every=20", "--set", "train.keep_checkpoints=10"]
 
@@ -108,8 +126,17 @@ def micro_one_process(tmp_path_factory) -> Path:
     """One process on the micro experiment as the data-parallel tests compare it (above), with the weights of
     every evaluation kept and without the stage cache (it must train); shared by both test files, run once."""
     out = tmp_path_factory.mktemp("one_process") / "one"
-    result = run_cli("run", str(MICRO), "--out", str(out), *PARALLEL_SETTINGS, *EVERY_EVAL_WEIGHTS,
-                     "--set", "train.stage_cache=false", env=PARALLEL_ENV)
+    result = run_cli(
+        "run",
+        str(MICRO),
+        "--out",
+        str(out),
+        *PARALLEL_SETTINGS,
+        *EVERY_EVAL_WEIGHTS,
+        "--set",
+        "train.stage_cache=false",
+        env=PARALLEL_ENV,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return out
 

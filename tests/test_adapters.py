@@ -12,14 +12,24 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.training.adapters import param_groups, prepare_stage_model, resolve_target_modules, trainable_report, unwrap
-from harness.training.special_tokens import SpecialTokenGradientError, check_special_token_gradients, stage_special_tokens
-from harness.training.checkpoint import save_stage_checkpoint
 from harness.config import ModelSpec, TrainableSpec
 from harness.data.batches import collate
 from harness.data.encoding import encode_examples
 from harness.models.builtin import build_builtin, builtin_added_token_ids
 from harness.models.tokenizer import IM_END, IM_START, train_tokenizer
+from harness.training.adapters import (
+    param_groups,
+    prepare_stage_model,
+    resolve_target_modules,
+    trainable_report,
+    unwrap,
+)
+from harness.training.checkpoint import save_stage_checkpoint
+from harness.training.special_tokens import (
+    SpecialTokenGradientError,
+    check_special_token_gradients,
+    stage_special_tokens,
+)
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
 WORDS = ["apple", "river", "stone", "cloud", "maple", "tiger", "lemon", "piano", "amber", "frost"]
@@ -27,10 +37,13 @@ WORDS = ["apple", "river", "stone", "cloud", "maple", "tiger", "lemon", "piano",
 
 def _example(i: int):
     word = WORDS[i % len(WORDS)]
-    return SimpleNamespace(task="repeat" if i % 2 else "yesno", messages=[
-        {"role": "user", "content": f"Repeat after me: {word} {i}"},
-        {"role": "assistant", "content": f"{word} {i}" if i % 2 else "Yes."},
-    ])
+    return SimpleNamespace(
+        task="repeat" if i % 2 else "yesno",
+        messages=[
+            {"role": "user", "content": f"Repeat after me: {word} {i}"},
+            {"role": "assistant", "content": f"{word} {i}" if i % 2 else "Yes."},
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +56,7 @@ def tok():
 @pytest.fixture(scope="module")
 def batches(tok):
     encoded = encode_examples(tok, [_example(i) for i in range(16)])
-    return [collate(encoded[i:i + 4], tok.pad_token_id) for i in range(0, 16, 4)]
+    return [collate(encoded[i : i + 4], tok.pad_token_id) for i in range(0, 16, 4)]
 
 
 def _model(tok, arch: str = "qwen2-tiny", **overrides):
@@ -170,8 +183,7 @@ def test_adapter_checkpoint_loads_with_peft_and_transformers(tok, batches, tmp_p
 
     model = _model(tok)
     initial = _snapshot(model)
-    model = prepare_stage_model(model, TrainableSpec(mode=mode, r=4, new_token_rows=True),
-                                builtin_added_token_ids(tok))
+    model = prepare_stage_model(model, TrainableSpec(mode=mode, r=4, new_token_rows=True), builtin_added_token_ids(tok))
     _train(model, batches, steps=3)
     model.eval()
     probe = batches[1]
@@ -191,8 +203,10 @@ def test_adapter_checkpoint_loads_with_peft_and_transformers(tok, batches, tmp_p
     with torch.no_grad():
         for loaded in (merged, adapted):
             logits = loaded(input_ids=probe.input_ids, attention_mask=probe.attention_mask).logits
-            assert torch.allclose(logits, reference, atol=1e-5), (loaded.__class__.__name__,
-                                                                 (logits - reference).abs().max())
+            assert torch.allclose(logits, reference, atol=1e-5), (
+                loaded.__class__.__name__,
+                (logits - reference).abs().max(),
+            )
 
 
 def test_adapter_merge_then_continue(tok, batches):
@@ -203,15 +217,21 @@ def test_adapter_merge_then_continue(tok, batches):
     with torch.no_grad():
         reference = model(input_ids=batches[0].input_ids).logits
 
-    kept = prepare_stage_model(model, lora.model_copy(update={"adapter": "continue"}), [],
-                               previous=lora.model_copy(update={"adapter": "continue"}))
+    kept = prepare_stage_model(
+        model,
+        lora.model_copy(update={"adapter": "continue"}),
+        [],
+        previous=lora.model_copy(update={"adapter": "continue"}),
+    )
     assert kept is model and trainable_report(kept)["trainable"] == trainable_report(kept)["adapter"]
     with pytest.raises(ValueError, match="same|mode"):
-        prepare_stage_model(model, TrainableSpec(mode="hira", r=4), [],
-                            previous=lora.model_copy(update={"adapter": "continue"}))
+        prepare_stage_model(
+            model, TrainableSpec(mode="hira", r=4), [], previous=lora.model_copy(update={"adapter": "continue"})
+        )
     with pytest.raises(ValueError, match="changes r"):
-        prepare_stage_model(model, TrainableSpec(mode="lora", r=8), [],
-                            previous=lora.model_copy(update={"adapter": "continue"}))
+        prepare_stage_model(
+            model, TrainableSpec(mode="lora", r=8), [], previous=lora.model_copy(update={"adapter": "continue"})
+        )
 
     merged = prepare_stage_model(model, TrainableSpec(mode="full"), [], previous=lora)  # adapter: merge (default)
     assert type(merged).__name__ == "Qwen2ForCausalLM"
@@ -233,8 +253,9 @@ def test_unfreeze_regexes_and_errors(tok):
         prepare_stage_model(_model(tok), TrainableSpec(mode="frozen", new_token_rows=True), [])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        prepare_stage_model(_model(tok), TrainableSpec(mode="lora", r=2, new_token_rows=False),
-                            builtin_added_token_ids(tok))
+        prepare_stage_model(
+            _model(tok), TrainableSpec(mode="lora", r=2, new_token_rows=False), builtin_added_token_ids(tok)
+        )
     assert any("new_token_rows" in str(w.message) for w in caught)
 
 
@@ -247,8 +268,9 @@ def test_new_token_rows_auto_trains_added_and_flagged_rows_when_the_mode_freezes
     emb = model.get_input_embeddings().weight
     assert emb.requires_grad and sorted(getattr(emb, "_harness_trainable_rows")) == sorted(added + flagged)
     # true keeps its meaning (the added rows only); full trains everything whatever the setting
-    model = prepare_stage_model(_model(tok), TrainableSpec(mode="lora", r=2, new_token_rows=True), added,
-                                undertrained_ids=flagged)
+    model = prepare_stage_model(
+        _model(tok), TrainableSpec(mode="lora", r=2, new_token_rows=True), added, undertrained_ids=flagged
+    )
     assert getattr(model.get_input_embeddings().weight, "_harness_trainable_rows") == added
     model = prepare_stage_model(_model(tok), TrainableSpec(mode="full"), added, undertrained_ids=flagged)
     assert not hasattr(model.get_input_embeddings().weight, "_harness_trainable_rows")
@@ -260,7 +282,11 @@ def test_target_module_names_per_architecture(tok):
     assert resolve_target_modules(gpt2, None) == ["attn.c_attn", "mlp.c_fc", "mlp.c_proj"]
     q35 = build_builtin(ModelSpec(builtin="qwen3_5-tiny", config={"num_hidden_layers": 2}), tok, 0)
     assert resolve_target_modules(q35, ["q_proj", "o_proj"]) == [
-        "self_attn.q_proj", "linear_attn.in_proj_qkv", "self_attn.o_proj", "linear_attn.out_proj"]
+        "self_attn.q_proj",
+        "linear_attn.in_proj_qkv",
+        "self_attn.o_proj",
+        "linear_attn.out_proj",
+    ]
     with pytest.raises(ValueError, match="gate_proj"):
         resolve_target_modules(gpt2, ["gate_proj"])
     lora = prepare_stage_model(gpt2, TrainableSpec(mode="lora", r=2), [])
@@ -280,8 +306,9 @@ def test_stage_special_tokens(tok, batches):
 
 
 def test_check_passes_with_the_harness_row_mask(tok, batches):
-    model = prepare_stage_model(_model(tok), TrainableSpec(mode="frozen", new_token_rows=True),
-                                builtin_added_token_ids(tok))
+    model = prepare_stage_model(
+        _model(tok), TrainableSpec(mode="frozen", new_token_rows=True), builtin_added_token_ids(tok)
+    )
     _loss(model, batches[0]).backward()
     result = check_special_token_gradients(model, stage_special_tokens(tok, batches), batch=batches[0])
     assert {t for t, _, _ in result["checked"]} == {IM_START, IM_END}

@@ -16,9 +16,7 @@ from harness.core.store import SCHEMA
 
 TASKS = ["yesno", "assistant_qa", "repeat"]
 # The known linear law of the synthetic sweeps: greedy(target) = Σ_i LAW[i, target] · w_i  (rows: weight).
-LAW = np.array([[0.95, 0.05, 0.30],
-                [0.10, 0.90, 0.35],
-                [0.40, 0.30, 0.85]])
+LAW = np.array([[0.95, 0.05, 0.30], [0.10, 0.90, 0.35], [0.40, 0.30, 0.85]])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -28,8 +26,20 @@ LAW = np.array([[0.95, 0.05, 0.30],
 
 def metric_frame(points: list[tuple], run_id: str = "r1") -> pl.DataFrame:
     """A store frame from ``(stage, step, task, split, metric, value)`` tuples."""
-    rows = [{"run_id": run_id, "stage": s, "step": st, "task": t, "split": sp, "metric": m, "value": float(v),
-             "time": 0.0, "text": None} for s, st, t, sp, m, v in points]
+    rows = [
+        {
+            "run_id": run_id,
+            "stage": s,
+            "step": st,
+            "task": t,
+            "split": sp,
+            "metric": m,
+            "value": float(v),
+            "time": 0.0,
+            "text": None,
+        }
+        for s, st, t, sp, m, v in points
+    ]
     return pl.DataFrame(rows, schema=SCHEMA)
 
 
@@ -44,23 +54,50 @@ def curriculum(run_id: str = "r1", yesno_end: float = 0.9, qa_end: float = 0.2) 
         ("b", 8): {"yesno": yesno_end, "assistant_qa": qa_end},
     }
     points = [(s, st, t, "heldout", "greedy", v) for (s, st), vals in series.items() for t, v in vals.items()]
-    points += [(s, st, t, "heldout", "ft_hijack", 1.0 - vals["assistant_qa"] if t == "assistant_qa" else 1.0)
-               for (s, st), vals in series.items() for t in vals]
-    points += [("a", 2, None, "train", "loss", 3.0), ("b", 6, None, "train", "loss", 2.0),
-               ("b", 6, "yesno", "train", "loss", 1.5), ("b", 8, "yesno", "train", "mix_share", 0.5)]
+    points += [
+        (s, st, t, "heldout", "ft_hijack", 1.0 - vals["assistant_qa"] if t == "assistant_qa" else 1.0)
+        for (s, st), vals in series.items()
+        for t in vals
+    ]
+    points += [
+        ("a", 2, None, "train", "loss", 3.0),
+        ("b", 6, None, "train", "loss", 2.0),
+        ("b", 6, "yesno", "train", "loss", 1.5),
+        ("b", 8, "yesno", "train", "mix_share", 0.5),
+    ]
     return metric_frame(points, run_id)
 
 
 def write_run(path: Path, frame: pl.DataFrame, config: dict | None = None) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     frame.write_parquet(path / "metrics.parquet")
-    (path / "config.resolved.yaml").write_text(yaml.safe_dump(config or {
-        "name": "toy", "seed": 1, "tasks": {"yesno": {"train": 30}, "assistant_qa": {"train": 10}},
-        "eval": {"seesaw_delta": 0.25, "splits": ["heldout"]},
-        "stages": [{"name": "a", "steps": 4, "init": "base", "mixture": {"weights": {"yesno": 1, "assistant_qa": 3}},
-                    "optim": {"lr": 0.01}},
-                   {"name": "b", "steps": 4, "init": "previous", "mixture": {"natural": ["yesno", "assistant_qa"]},
-                    "optim": {"lr": 0.001}}]}))
+    (path / "config.resolved.yaml").write_text(
+        yaml.safe_dump(
+            config
+            or {
+                "name": "toy",
+                "seed": 1,
+                "tasks": {"yesno": {"train": 30}, "assistant_qa": {"train": 10}},
+                "eval": {"seesaw_delta": 0.25, "splits": ["heldout"]},
+                "stages": [
+                    {
+                        "name": "a",
+                        "steps": 4,
+                        "init": "base",
+                        "mixture": {"weights": {"yesno": 1, "assistant_qa": 3}},
+                        "optim": {"lr": 0.01},
+                    },
+                    {
+                        "name": "b",
+                        "steps": 4,
+                        "init": "previous",
+                        "mixture": {"natural": ["yesno", "assistant_qa"]},
+                        "optim": {"lr": 0.001},
+                    },
+                ],
+            }
+        )
+    )
     return path
 
 
@@ -83,22 +120,41 @@ def make_trials(n: int = 40, seed: int = 0, noise: float = 0.0, run_dir: Path | 
     data["fail_reason"] = [None] * n
     data["pruned_step"] = [None] * n
     trials = pl.DataFrame(data, schema_overrides={"fail_reason": pl.Utf8, "pruned_step": pl.Int64})
-    extra = pl.DataFrame({"number": [n, n + 1], "state": ["PRUNED", "FAIL"], "pruned_step": [40, None],
-                          "fail_reason": [None, "non-finite loss at step 12"]},
-                         schema_overrides={"fail_reason": pl.Utf8, "pruned_step": pl.Int64})
+    extra = pl.DataFrame(
+        {
+            "number": [n, n + 1],
+            "state": ["PRUNED", "FAIL"],
+            "pruned_step": [40, None],
+            "fail_reason": [None, "non-finite loss at step 12"],
+        },
+        schema_overrides={"fail_reason": pl.Utf8, "pruned_step": pl.Int64},
+    )
     return pl.concat([trials, extra], how="diagonal_relaxed")
 
 
 def write_sweep(path: Path, trials: pl.DataFrame) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     trials.write_parquet(path / "trials.parquet")
-    (path / "sweep.resolved.yaml").write_text(yaml.safe_dump({
-        "experiment": "experiments/quickstart.yaml",
-        "study": {"name": "toy-sweep", "sampler": "tpe", "n_trials": trials.height},
-        "space": {"stages[1].mixture": {"simplex": TASKS}, "stages[1].optim.lr": {"float": [1e-4, 1e-3], "log": True}},
-        "objective": {"metric": "greedy", "split": "heldout", "tasks": ["yesno", "assistant_qa"], "reduce": "min",
-                      "stage": "mix", "direction": "maximize"},
-    }))
+    (path / "sweep.resolved.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "experiment": "experiments/quickstart.yaml",
+                "study": {"name": "toy-sweep", "sampler": "tpe", "n_trials": trials.height},
+                "space": {
+                    "stages[1].mixture": {"simplex": TASKS},
+                    "stages[1].optim.lr": {"float": [1e-4, 1e-3], "log": True},
+                },
+                "objective": {
+                    "metric": "greedy",
+                    "split": "heldout",
+                    "tasks": ["yesno", "assistant_qa"],
+                    "reduce": "min",
+                    "stage": "mix",
+                    "direction": "maximize",
+                },
+            }
+        )
+    )
     return path
 
 
@@ -145,8 +201,12 @@ def test_stage_table_is_the_seed_table():
     frame = pl.concat([curriculum("r1"), curriculum("r2", yesno_end=0.5, qa_end=0.6)])
     table = A.stage_table(frame, "greedy", "heldout")
     assert table.columns == ["run_id", "stage", "step", "assistant_qa", "yesno"]
-    assert table.select("run_id", "stage", "step").rows() == [("r1", "a", 4), ("r1", "b", 8), ("r2", "a", 4),
-                                                              ("r2", "b", 8)]
+    assert table.select("run_id", "stage", "step").rows() == [
+        ("r1", "a", 4),
+        ("r1", "b", 8),
+        ("r2", "a", 4),
+        ("r2", "b", 8),
+    ]
     assert table["yesno"].to_list() == pytest.approx([0.2, 0.9, 0.2, 0.5])
     assert table["assistant_qa"].to_list() == pytest.approx([0.7, 0.2, 0.7, 0.6])
 
@@ -160,8 +220,12 @@ def test_stage_bounds_and_dedupe_of_the_repeated_evaluation():
     at4 = rows.filter(pl.col("step") == 4)
     assert at4["stage"].unique().to_list() == ["a"] and at4.height == 2
     # A stage restarting from other weights keeps both points.
-    restart = frame.with_columns(pl.when((pl.col("stage") == "b") & (pl.col("step") == 4))
-                                 .then(pl.col("value") + 0.05).otherwise(pl.col("value")).alias("value"))
+    restart = frame.with_columns(
+        pl.when((pl.col("stage") == "b") & (pl.col("step") == 4))
+        .then(pl.col("value") + 0.05)
+        .otherwise(pl.col("value"))
+        .alias("value")
+    )
     assert A.eval_rows(restart, ["greedy"], "heldout").filter(pl.col("step") == 4).height == 4
 
 
@@ -191,7 +255,8 @@ def test_seesaw_events_match_the_in_run_definition():
 def test_hijack_timeline():
     frame = curriculum()
     top1 = metric_frame([("b", 8, "assistant_qa", "heldout", "ft_top1", 0.75)]).with_columns(
-        pl.lit(json.dumps([["Yes", 3], ["The", 1]])).alias("text"))
+        pl.lit(json.dumps([["Yes", 3], ["The", 1]])).alias("text")
+    )
     timeline = A.hijack_timeline(pl.concat([frame, top1]))
     qa = timeline.filter(pl.col("task") == "assistant_qa")
     assert qa["step"].to_list() == [0, 2, 4, 6, 8]  # the repeated step-4 evaluation appears once
@@ -224,11 +289,22 @@ def test_worst_failures_and_readable_prompts(tmp_path):
     samples = []
     for step, stage in ((4, "a"), (8, "b")):
         for i, (correct, rank) in enumerate([(True, 1), (False, 50), (False, 900), (False, None)]):
-            samples.append({"stage": stage, "step": step, "task": "assistant_qa", "split": "heldout",
-                            "prompt": f"<|im_start|>user\nQ{i}?<|im_end|>\n<|im_start|>assistant\n", "gold": "A",
-                            "pred": "Yes." if not correct else "A", "correct": correct, "mode_ok": correct,
-                            "gold_first_rank": rank, "gold_first_token": "A",
-                            "top5": [{"token": "Yes", "id": 5, "prob": 0.5}]})
+            samples.append(
+                {
+                    "stage": stage,
+                    "step": step,
+                    "task": "assistant_qa",
+                    "split": "heldout",
+                    "prompt": f"<|im_start|>user\nQ{i}?<|im_end|>\n<|im_start|>assistant\n",
+                    "gold": "A",
+                    "pred": "Yes." if not correct else "A",
+                    "correct": correct,
+                    "mode_ok": correct,
+                    "gold_first_rank": rank,
+                    "gold_first_token": "A",
+                    "top5": [{"token": "Yes", "id": 5, "prob": 0.5}],
+                }
+            )
     (run / "samples.jsonl").write_text("\n".join(json.dumps(s) for s in samples) + "\n")
     worst = A.worst_failures(run, n=2)
     assert worst["step"].unique().to_list() == [8]
@@ -237,8 +313,13 @@ def test_worst_failures_and_readable_prompts(tmp_path):
     assert worst["top5"][0] == "'Yes' 0.50"
     assert A.worst_failures(run, n=5, at="a")["step"].unique().to_list() == [4]
     assert A.readable_prompt(samples[0]["prompt"]) == "Q0?"
-    assert A.readable_prompt("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n"
-                             "<|im_start|>user\nname?<|im_end|>\n") == "user: hi\nassistant: hello\nuser: name?"
+    assert (
+        A.readable_prompt(
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n"
+            "<|im_start|>user\nname?<|im_end|>\n"
+        )
+        == "user: hi\nassistant: hello\nuser: name?"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -250,7 +331,8 @@ def test_simplex_groups_found_with_and_without_the_space():
     trials = make_trials(12)
     assert A.simplex_groups(trials) == {"stages[1].mixture": TASKS}
     assert A.simplex_groups(trials, {"stages[1].mixture": {"simplex": ["repeat", "yesno"]}}) == {
-        "stages[1].mixture": ["repeat", "yesno"]}
+        "stages[1].mixture": ["repeat", "yesno"]
+    }
     assert A.objective_columns(trials) == ["objective"]
     parsed = A.metric_columns(trials)
     assert parsed.filter(pl.col("stage") == "mix", pl.col("metric") == "greedy")["task"].to_list() == TASKS
@@ -304,11 +386,11 @@ def test_interference_objective_and_failures():
 def test_interference_quadratic_law():
     rng = np.random.default_rng(1)
     trials = make_trials(60)
-    w = trials.filter(pl.col("state") == "COMPLETE").select(
-        [f"param/stages[1].mixture.{t}" for t in TASKS]).to_numpy()
+    w = trials.filter(pl.col("state") == "COMPLETE").select([f"param/stages[1].mixture.{t}" for t in TASKS]).to_numpy()
     curved = w @ LAW[:, 0] + 2.0 * w[:, 0] * w[:, 1]
-    trials = trials.with_columns(pl.Series("metric/mix/heldout/yesno/greedy",
-                                           list(curved) + [None, None], dtype=pl.Float64))
+    trials = trials.with_columns(
+        pl.Series("metric/mix/heldout/yesno/greedy", list(curved) + [None, None], dtype=pl.Float64)
+    )
     linear = A.interference(trials, targets=["yesno"])
     quadratic = A.interference(trials, targets=["yesno"], degree=2)
     assert quadratic.r2["yesno"] == pytest.approx(1.0) and linear.r2["yesno"] < 0.999
@@ -316,8 +398,14 @@ def test_interference_quadratic_law():
 
 
 def test_pareto_on_known_points():
-    trials = pl.DataFrame({"number": [0, 1, 2, 3, 4, 5], "state": ["COMPLETE"] * 5 + ["FAIL"],
-                           "x": [1.0, 2.0, 3.0, 2.0, 1.0, 9.0], "y": [3.0, 2.0, 1.0, 1.0, 1.0, 9.0]})
+    trials = pl.DataFrame(
+        {
+            "number": [0, 1, 2, 3, 4, 5],
+            "state": ["COMPLETE"] * 5 + ["FAIL"],
+            "x": [1.0, 2.0, 3.0, 2.0, 1.0, 9.0],
+            "y": [3.0, 2.0, 1.0, 1.0, 1.0, 9.0],
+        }
+    )
     front = A.pareto(trials, ["x", "y"])
     assert set(front.filter(pl.col("pareto"))["number"]) == {0, 1, 2}  # the FAIL trial is not a candidate
     assert front.height == 5
@@ -338,18 +426,22 @@ def test_sweep_helpers(tmp_path):
     config = A.read_sweep_config(sweep)
     obj = A.sweep_objective(config)
     assert A.objective_directions(config, ["objective"]) == ["max"]
-    assert A.objective_directions({"objectives": [{"metric": "greedy"}, {"metric": "ft_hijack"}]},
-                                  ["objective_0", "objective_1"]) == ["max", "min"]
+    assert A.objective_directions(
+        {"objectives": [{"metric": "greedy"}, {"metric": "ft_hijack"}]}, ["objective_0", "objective_1"]
+    ) == ["max", "min"]
     assert obj["reduce"] == "min" and obj["tasks"] == ["yesno", "assistant_qa"]
     assert A.fit_objective(obj, TASKS) == {"objective": "min", "over": ["yesno", "assistant_qa"]}
     fit = A.interference(trials, **A.fit_objective(obj, TASKS))
     assert fit.objective == "min of yesno, assistant_qa"
     assert fit.best_observed["objective"] == pytest.approx(
-        trials.filter(pl.col("state") == "COMPLETE")["objective"].max())  # the study's own objective
+        trials.filter(pl.col("state") == "COMPLETE")["objective"].max()
+    )  # the study's own objective
     x, y, why = A.tradeoff_pair(trials, ["objective"])
     assert {x, y} == {"metric/mix/heldout/yesno/greedy", "metric/mix/heldout/assistant_qa/greedy"}
-    assert A.best_trials(trials, 3)["objective"].to_list() == sorted(
-        trials.filter(pl.col("state") == "COMPLETE")["objective"].to_list(), reverse=True)[:3]
+    assert (
+        A.best_trials(trials, 3)["objective"].to_list()
+        == sorted(trials.filter(pl.col("state") == "COMPLETE")["objective"].to_list(), reverse=True)[:3]
+    )
     assert A.best_trial_dir(trials, sweep) is None  # trial dirs do not exist
     with pytest.raises(A.AnalysisError, match="not a sweep"):
         A.load_sweep(tmp_path)

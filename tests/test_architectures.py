@@ -10,8 +10,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.training.adapters import param_groups, prepare_stage_model, trainable_report
-from harness.training.special_tokens import check_special_token_gradients, stage_special_tokens
 from harness.config import ModelSpec, TrainableSpec, load_experiment
 from harness.data.batches import collate
 from harness.data.encoding import encode_examples
@@ -19,26 +17,52 @@ from harness.models.builtin import BUILTIN_MODELS, build_builtin
 from harness.models.check import check_model_spec
 from harness.models.hf import load_hf
 from harness.models.tokenizer import CHAT_TEMPLATE, IM_END, IM_START, train_tokenizer
+from harness.training.adapters import param_groups, prepare_stage_model, trainable_report
+from harness.training.special_tokens import check_special_token_gradients, stage_special_tokens
 
 from .conftest import ROOT, run_cli, write_yaml
 
 WORDS = ["apple", "river", "stone", "cloud", "maple", "tiger", "lemon", "piano", "amber", "frost"]
 SMALL = {
-    "qwen2-tiny": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-                   "num_key_value_heads": 1},
-    "llama-tiny": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-                   "num_key_value_heads": 1},
+    "qwen2-tiny": {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+    },
+    "llama-tiny": {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+    },
     "gpt2-tiny": {"hidden_size": 32, "n_inner": 64, "n_layer": 1, "n_head": 2},  # hidden_size: alias of n_embd
-    "qwen3_5-tiny": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-                     "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
-                     "linear_key_head_dim": 16, "linear_value_head_dim": 16},
+    "qwen3_5-tiny": {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+    },
 }
 
 
 def _example(i: int):
     word = WORDS[i % len(WORDS)]
-    return SimpleNamespace(task="repeat", messages=[{"role": "user", "content": f"Repeat after me: {word} {i}"},
-                                                    {"role": "assistant", "content": f"{word} {i}"}])
+    return SimpleNamespace(
+        task="repeat",
+        messages=[
+            {"role": "user", "content": f"Repeat after me: {word} {i}"},
+            {"role": "assistant", "content": f"{word} {i}"},
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +74,7 @@ def tok():
 @pytest.fixture(scope="module")
 def batches(tok):
     encoded = encode_examples(tok, [_example(i) for i in range(32)])
-    return [collate(encoded[i:i + 8], tok.pad_token_id) for i in range(0, 32, 8)]
+    return [collate(encoded[i : i + 8], tok.pad_token_id) for i in range(0, 32, 8)]
 
 
 def test_every_builtin_is_registered_and_valid():
@@ -82,8 +106,10 @@ def test_qwen3_5_tiny_is_the_hybrid_text_model(tok):
     model = build_builtin(ModelSpec(builtin="qwen3_5-tiny"), tok, seed=0)
     assert type(model).__name__ == "Qwen3_5ForCausalLM" and model.config.model_type == "qwen3_5_text"
     assert model.config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
-    kinds = [type(layer.linear_attn if hasattr(layer, "linear_attn") else layer.self_attn).__name__
-             for layer in model.model.layers]
+    kinds = [
+        type(layer.linear_attn if hasattr(layer, "linear_attn") else layer.self_attn).__name__
+        for layer in model.model.layers
+    ]
     assert kinds == ["Qwen3_5GatedDeltaNet"] * 3 + ["Qwen3_5Attention"]
     two = build_builtin(ModelSpec(builtin="qwen3_5-tiny", config={"num_hidden_layers": 2}), tok, seed=0)
     assert two.config.layer_types == ["linear_attention", "full_attention"]
@@ -141,17 +167,28 @@ def local_gpt2(tmp_path_factory):
     raw = Tokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     raw.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     raw.train_from_iterator(texts, trainer)
     raw.add_special_tokens(["<|endoftext|>"])
-    tokenizer = GPT2TokenizerFast(tokenizer_object=raw, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                                  unk_token="<|endoftext|>")
+    tokenizer = GPT2TokenizerFast(
+        tokenizer_object=raw, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
     assert tokenizer.chat_template is None
     eot = tokenizer.eos_token_id
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2, n_positions=256,
-                                       bos_token_id=eot, eos_token_id=eot))
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=len(tokenizer),
+            n_embd=32,
+            n_layer=1,
+            n_head=2,
+            n_positions=256,
+            bos_token_id=eot,
+            eos_token_id=eot,
+        )
+    )
     directory = tmp_path_factory.mktemp("gpt2-local")
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -169,7 +206,7 @@ def test_model_hf_local_gets_chat_tokens_and_new_row_training(local_gpt2):
     assert model.get_input_embeddings().weight is model.get_output_embeddings().weight  # GPT-2 ties them
 
     encoded = encode_examples(tokenizer, [_example(i) for i in range(8)])
-    batches = [collate(encoded[i:i + 4], tokenizer.pad_token_id) for i in (0, 4)]
+    batches = [collate(encoded[i : i + 4], tokenizer.pad_token_id) for i in (0, 4)]
     before = {k: v.clone() for k, v in model.state_dict().items()}
     model = prepare_stage_model(model, TrainableSpec(mode="frozen", new_token_rows=True), added)
     assert trainable_report(model)["trainable"] == 2 * 32
@@ -180,8 +217,9 @@ def test_model_hf_local_gets_chat_tokens_and_new_row_training(local_gpt2):
         batch = batches[step % 2]
         selected = batch.labels != -100
         hidden = model.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
-        loss = torch.nn.functional.cross_entropy(model.get_output_embeddings()(hidden[selected]),
-                                                 batch.labels[selected])
+        loss = torch.nn.functional.cross_entropy(
+            model.get_output_embeddings()(hidden[selected]), batch.labels[selected]
+        )
         loss.backward()
         if step == 0:
             check_special_token_gradients(model, special, batch=batch)
@@ -200,8 +238,10 @@ def test_model_hf_local_runs_end_to_end(local_gpt2, tiny, tmp_path):
     directory, _ = local_gpt2
     tiny["model"] = {"hf": str(directory)}
     tiny["tasks"] = {"repeat": {"recipe": "repeat", "train": 24, "eval": 3}}
-    tiny["stages"] = [{"name": "a", "steps": 2, "mixture": {"repeat": 1.0}},
-                      {"name": "b", "steps": 2, "mixture": {"repeat": 1.0}}]
+    tiny["stages"] = [
+        {"name": "a", "steps": 2, "mixture": {"repeat": 1.0}},
+        {"name": "b", "steps": 2, "mixture": {"repeat": 1.0}},
+    ]
     path = write_yaml(tmp_path / "hf.yaml", tiny)
     load_experiment(path)
     out = tmp_path / "run"

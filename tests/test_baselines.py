@@ -8,8 +8,15 @@ import pytest
 
 import data_recipes as dr
 from data_recipes import get_recipe
-from harness.evaluation.baselines import (CHANCE, CONSTANT, MAJORITY_FIRST_TOKEN, constant_answer_baseline,
-                                          majority_first_token_baseline, strongest_baselines, task_baselines)
+from harness.evaluation.baselines import (
+    CHANCE,
+    CONSTANT,
+    MAJORITY_FIRST_TOKEN,
+    constant_answer_baseline,
+    majority_first_token_baseline,
+    strongest_baselines,
+    task_baselines,
+)
 
 N_EVAL = 40
 
@@ -77,9 +84,19 @@ def test_majority_first_token_ties_and_missing_gold():
     assert task_baselines([], [], get_recipe("identity")()) == []
 
 
-@pytest.mark.parametrize("name, params", [("repeat", {}), ("identity", {}), ("yesno", {}), ("short_qa", {}),
-                                          ("assistant_qa", {}), ("math_reversed", {}), ("spell", {}),
-                                          ("count", {})])
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("repeat", {}),
+        ("identity", {}),
+        ("yesno", {}),
+        ("short_qa", {}),
+        ("assistant_qa", {}),
+        ("math_reversed", {}),
+        ("spell", {}),
+        ("count", {}),
+    ],
+)
 def test_constant_answer_scores_equal_every_candidate_judged_against_every_gold(world, name, params):
     # counted per distinct gold or normal form, the scores must be the brute-force ones (ties broken alike)
     recipe, golds = pool(name, world, **params)

@@ -39,8 +39,11 @@ metadata:
 
 def _user_task(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    rows = [{"question": f"Is {a} plus {b} equal to", "choices": [str(a + b), str(a + b + 1), str(a * b + 3)],
-             "answer": 0} for a in range(4) for b in range(3)]
+    rows = [
+        {"question": f"Is {a} plus {b} equal to", "choices": [str(a + b), str(a + b + 1), str(a * b + 3)], "answer": 0}
+        for a in range(4)
+        for b in range(3)
+    ]
     data = directory / "facts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (directory / "my_facts.yaml").write_text(USER_TASK.format(data=data))
@@ -91,19 +94,31 @@ def test_logged_user_task_equals_lm_evals_own_simple_evaluate(bench_run):
     checkpoint = bench_run / "checkpoints" / "b"  # the last stage's end: the weights of the last evaluation
     model = AutoModelForCausalLM.from_pretrained(checkpoint)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=TINY.get("eval", {}).get("batch_size", 64),
-              max_length=model.config.max_position_embeddings)
-    reference = simple_evaluate(model=lm, tasks=["my_facts"], log_samples=True,
-                                task_manager=TaskManager(include_path=str(bench_run.parent / "tasks")))
+    lm = HFLM(
+        pretrained=model,
+        tokenizer=tokenizer,
+        batch_size=TINY.get("eval", {}).get("batch_size", 64),
+        max_length=model.config.max_position_embeddings,
+    )
+    reference = simple_evaluate(
+        model=lm,
+        tasks=["my_facts"],
+        log_samples=True,
+        task_manager=TaskManager(include_path=str(bench_run.parent / "tasks")),
+    )
     expected = reference["results"]["my_facts"]["acc,none"]
-    logged = _bench_rows(bench_run).filter((pl.col("task") == "bench:my_facts") & (pl.col("step") == 8)
-                                           & (pl.col("stage") == "b"))
+    logged = _bench_rows(bench_run).filter(
+        (pl.col("task") == "bench:my_facts") & (pl.col("step") == 8) & (pl.col("stage") == "b")
+    )
     assert logged["value"].to_list() == [expected]
     assert logged["n"].to_list() == [12]
     # per-document outcomes in samples.jsonl: lm-eval's own, document by document (the paired seesaw's data)
     samples = [json.loads(line) for line in (bench_run / "samples.jsonl").read_text().splitlines()]
-    ours = {s["index"]: s["outcomes"]["acc"] for s in samples
-            if s["task"] == "bench:my_facts" and s["step"] == 8 and s["stage"] == "b"}
+    ours = {
+        s["index"]: s["outcomes"]["acc"]
+        for s in samples
+        if s["task"] == "bench:my_facts" and s["step"] == 8 and s["stage"] == "b"
+    }
     theirs = {d["doc_id"]: int(d["acc"]) for d in reference["samples"]["my_facts"]}
     assert ours == theirs
 
@@ -116,8 +131,11 @@ def test_a_benchmark_changes_only_evaluation_rows(bench_run, tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     keep = ["stage", "step", "task", "split", "metric", "value"]
     # the seesaw's paired tests include the benchmarks' (one BH family): its rows are the other thing that changes
-    numeric = (pl.col("split") != "bench") & ~pl.col("metric").is_in(["seesaw", "seesaw_tests"]) \
+    numeric = (
+        (pl.col("split") != "bench")
+        & ~pl.col("metric").is_in(["seesaw", "seesaw_tests"])
         & ~pl.col("metric").str.contains("seconds|_s$|time")
+    )
     with_bench = pl.read_parquet(bench_run / "metrics.parquet").filter(numeric).select(keep)
     without = pl.read_parquet(out / "metrics.parquet").filter(numeric).select(keep)
     assert with_bench.filter(pl.col("metric") == "loss").height > 0
@@ -125,19 +143,28 @@ def test_a_benchmark_changes_only_evaluation_rows(bench_run, tmp_path):
 
 
 def test_config_errors_name_the_field(tmp_path, monkeypatch):
-    exp = _experiment(tmp_path, [{"task": "world_mc", "every": 6}, {"task": "x", "include_path": str(tmp_path / "no")},
-                                 {"task": "world_mc"}])
+    exp = _experiment(
+        tmp_path,
+        [{"task": "world_mc", "every": 6}, {"task": "x", "include_path": str(tmp_path / "no")}, {"task": "world_mc"}],
+    )
     with pytest.raises(ConfigError) as e:
         validate_data(exp)
-    assert sorted(p for p, _ in e.value.errors) == ["eval.benchmarks[0].every", "eval.benchmarks[1].include_path",
-                                                    "eval.benchmarks[2].task"]
+    assert sorted(p for p, _ in e.value.errors) == [
+        "eval.benchmarks[0].every",
+        "eval.benchmarks[1].include_path",
+        "eval.benchmarks[2].task",
+    ]
     import harness.config.load as load
 
     monkeypatch.setattr(load, "lm_eval_installed", lambda: False)
     with pytest.raises(ConfigError) as e:
         validate_data(_experiment(tmp_path, [{"task": "world_mc"}]))
-    assert e.value.errors == [("eval.benchmarks", "needs lm-evaluation-harness (lm-eval 0.4.x), which is not "
-                                                  "installed: pip install -e '.[benchmarks]'")]
+    assert e.value.errors == [
+        (
+            "eval.benchmarks",
+            "needs lm-evaluation-harness (lm-eval 0.4.x), which is not installed: pip install -e '.[benchmarks]'",
+        )
+    ]
 
 
 def test_missing_lm_eval_exits_2_with_one_line(tmp_path):
@@ -146,7 +173,8 @@ def test_missing_lm_eval_exits_2_with_one_line(tmp_path):
     hide.mkdir()
     (hide / "sitecustomize.py").write_text(
         "import importlib.util, sys\n_find = importlib.util.find_spec\n"
-        "importlib.util.find_spec = lambda name, *a, **k: None if name == 'lm_eval' else _find(name, *a, **k)\n")
+        "importlib.util.find_spec = lambda name, *a, **k: None if name == 'lm_eval' else _find(name, *a, **k)\n"
+    )
     import os
 
     exp = write_yaml(tmp_path / "exp.yaml", _experiment(tmp_path, [{"task": "world_mc"}]))
@@ -157,13 +185,15 @@ def test_missing_lm_eval_exits_2_with_one_line(tmp_path):
 
 
 def test_unknown_task_names_its_field(tmp_path):
+    from data_recipes import build_world
     from harness.config import validate_data as validate
     from harness.runs.evallog import make_benchmarks
 
-    from data_recipes import build_world
-
-    exp = validate(_experiment(tmp_path, [{"task": "world_mc"}, {"task": "my_fact", "include_path":
-                                                                  str(_user_task(tmp_path / "tasks"))}]))
+    exp = validate(
+        _experiment(
+            tmp_path, [{"task": "world_mc"}, {"task": "my_fact", "include_path": str(_user_task(tmp_path / "tasks"))}]
+        )
+    )
     with pytest.raises(ConfigError) as e:
         make_benchmarks(exp, build_world(10, 0), None, tmp_path / "run", [4, 4])
     assert e.value.errors == [("eval.benchmarks[1].task", "unknown lm-eval task 'my_fact' (did you mean 'my_facts'?)")]
@@ -174,7 +204,8 @@ def test_benchmarks_stay_out_of_dumps_unless_set(tmp_path):
     plain = validate_data(_experiment(tmp_path, None))
     assert "benchmarks" not in plain.resolved_dict()["eval"]
     assert validate_data(_experiment(tmp_path, [{"task": "world_mc"}])).resolved_dict()["eval"]["benchmarks"] == [
-        {"task": "world_mc", "include_path": None, "limit": None, "num_fewshot": None, "every": "stage_end"}]
+        {"task": "world_mc", "include_path": None, "limit": None, "num_fewshot": None, "every": "stage_end"}
+    ]
 
 
 def test_world_rows_are_seeded_four_option_questions():
@@ -195,8 +226,14 @@ def test_world_rows_are_seeded_four_option_questions():
 
 
 def _outcomes(step: int, stage: str, task: str, split: str, metric: str, ones: int, n: int = 40) -> dict:
-    return {"step": step, "stage": stage, "task": task, "split": split, "metric": metric,
-            "outcomes": {i: int(i < ones) for i in range(n)}}
+    return {
+        "step": step,
+        "stage": stage,
+        "task": task,
+        "split": split,
+        "metric": metric,
+        "outcomes": {i: int(i < ones) for i in range(n)},
+    }
 
 
 def test_paired_seesaw_pairs_a_falling_benchmark_with_a_rising_task():
@@ -205,11 +242,16 @@ def test_paired_seesaw_pairs_a_falling_benchmark_with_a_rising_task():
     from harness.evaluation.evidence import BENCH_FAMILY, run_seesaw
 
     def run(bench_after: int) -> list[dict]:
-        rows = [_outcomes(0, "a", "yesno", "heldout", "greedy", 4), _outcomes(4, "a", "yesno", "heldout", "greedy", 20),
-                _outcomes(8, "a", "yesno", "heldout", "greedy", 36), _outcomes(0, "a", "math", "heldout", "greedy", 10),
-                _outcomes(4, "a", "math", "heldout", "greedy", 10), _outcomes(8, "a", "math", "heldout", "greedy", 10),
-                _outcomes(0, "a", "bench:world_mc", "bench", "acc", 30),
-                _outcomes(8, "a", "bench:world_mc", "bench", "acc", bench_after)]
+        rows = [
+            _outcomes(0, "a", "yesno", "heldout", "greedy", 4),
+            _outcomes(4, "a", "yesno", "heldout", "greedy", 20),
+            _outcomes(8, "a", "yesno", "heldout", "greedy", 36),
+            _outcomes(0, "a", "math", "heldout", "greedy", 10),
+            _outcomes(4, "a", "math", "heldout", "greedy", 10),
+            _outcomes(8, "a", "math", "heldout", "greedy", 10),
+            _outcomes(0, "a", "bench:world_mc", "bench", "acc", 30),
+            _outcomes(8, "a", "bench:world_mc", "bench", "acc", bench_after),
+        ]
         events, n_tests = run_seesaw(rows, [], test="paired", delta=0.15, alpha=0.05, seed=0)
         assert n_tests == 4 + 3  # yesno and math at 0→4, 4→8; the family at 0→8: yesno, math, world_mc
         return events
@@ -244,7 +286,9 @@ def test_running_benchmarks_leaves_random_states_and_module_modes_as_they_were(b
     model = AutoModelForCausalLM.from_pretrained(checkpoint).train()
     model.lm_head.eval()  # a module frozen in eval mode stays so
     exp = validate(_experiment(bench_run, [{"task": "my_facts", "include_path": str(bench_run.parent / "tasks")}]))
-    bench = Benchmarks(exp.eval.benchmarks, [str(bench_run.parent / "tasks")], AutoTokenizer.from_pretrained(checkpoint))
+    bench = Benchmarks(
+        exp.eval.benchmarks, [str(bench_run.parent / "tasks")], AutoTokenizer.from_pretrained(checkpoint)
+    )
     torch.manual_seed(7), np.random.seed(7), random.seed(7)
     expected = (torch.rand(3), np.random.rand(3), random.random())
     torch.manual_seed(7), np.random.seed(7), random.seed(7)
@@ -261,14 +305,32 @@ def test_result_rows_of_a_two_filter_generation_task_and_a_stderr_metric():
     from harness.evaluation.benchmarks import result_rows
 
     def doc(i: int, flt: str, em: float, score: float) -> dict:
-        return {"doc_id": i, "filter": flt, "target": "42", "arguments": [["Q?", {}]], "filtered_resps": ["42"],
-                "exact_match": em, "score": score}
+        return {
+            "doc_id": i,
+            "filter": flt,
+            "target": "42",
+            "arguments": [["Q?", {}]],
+            "filtered_resps": ["42"],
+            "exact_match": em,
+            "score": score,
+        }
 
     docs = [doc(i, f, float(i % 2 if f == "strict" else 1), 0.5 * i) for f in ("strict", "flex") for i in range(4)]
-    results = {"results": {"g": {"alias": "g", "exact_match,strict": 0.5, "exact_match_stderr,strict": 0.29,
-                                 "exact_match,flex": 1.0, "exact_match_stderr,flex": 0.0,
-                                 "score,strict": 0.75, "score_stderr,strict": 0.1, "score,flex": "N/A"}},
-               "samples": {"g": docs}}
+    results = {
+        "results": {
+            "g": {
+                "alias": "g",
+                "exact_match,strict": 0.5,
+                "exact_match_stderr,strict": 0.29,
+                "exact_match,flex": 1.0,
+                "exact_match_stderr,flex": 0.0,
+                "score,strict": 0.75,
+                "score_stderr,strict": 0.1,
+                "score,flex": "N/A",
+            }
+        },
+        "samples": {"g": docs},
+    }
     rows, samples = result_rows(results)
     by_metric = {r[2]: r for r in rows}
     assert set(by_metric) == {"exact_match:strict", "exact_match:flex", "score:strict"}

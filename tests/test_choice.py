@@ -15,16 +15,23 @@ from analysis.choice import positive_share
 
 def _item(gold_yes: bool, p_yes: float, step: int = 10, split: str = "heldout_template") -> dict:
     pred = "Yes." if p_yes > 0.5 else "No."
-    return {"task": "yesno", "step": step, "split": split, "gold": "Yes." if gold_yes else "No.", "pred": pred,
-            "correct": pred[:2] == ("Ye" if gold_yes else "No"),
-            "top5": [{"token": "Yes", "prob": p_yes}, {"token": "No", "prob": 1 - p_yes}]}
+    return {
+        "task": "yesno",
+        "step": step,
+        "split": split,
+        "gold": "Yes." if gold_yes else "No.",
+        "pred": pred,
+        "correct": pred[:2] == ("Ye" if gold_yes else "No"),
+        "top5": [{"token": "Yes", "prob": p_yes}, {"token": "No", "prob": 1 - p_yes}],
+    }
 
 
 def test_a_no_biased_model_that_ranks_right_is_found_though_greedy_is_at_chance():
     rng = random.Random(0)
     # planted: true statements get P(Yes) 0.35-0.48, false ones 0.20-0.40 — always below 0.5, so greedy says "No"
-    items = [_item(True, rng.uniform(0.35, 0.48)) for _ in range(50)] + \
-            [_item(False, rng.uniform(0.20, 0.40)) for _ in range(50)]
+    items = [_item(True, rng.uniform(0.35, 0.48)) for _ in range(50)] + [
+        _item(False, rng.uniform(0.20, 0.40)) for _ in range(50)
+    ]
     row = binary_choice_auc(pl.DataFrame(items), "yesno").row(0, named=True)
     assert row["greedy"] == 0.5 and row["predicted_positive"] == 0.0
     assert row["greedy_low"] < 0.5 < row["greedy_high"]  # n = 100: chance inside greedy's interval
@@ -43,16 +50,22 @@ def test_false_alarm_rate_on_a_null_is_near_alpha():
 
 
 def test_rows_per_step_and_split_and_one_class_pools_left_out(tmp_path):
-    items = [_item(True, 0.9, step=5), _item(False, 0.1, step=5), _item(True, 0.2, step=5, split="heldout"),
-             _item(True, 0.6, step=9), _item(False, 0.7, step=9)]
+    items = [
+        _item(True, 0.9, step=5),
+        _item(False, 0.1, step=5),
+        _item(True, 0.2, step=5, split="heldout"),
+        _item(True, 0.6, step=9),
+        _item(False, 0.7, step=9),
+    ]
     (tmp_path / "samples.jsonl").write_text("".join(json.dumps(i) + "\n" for i in items))
     table = binary_choice_auc(load_samples(tmp_path), "yesno")
     assert table.select("step", "split").rows() == [(5, "heldout_template"), (9, "heldout_template")]
     assert table["auc"].to_list() == [1.0, 0.0]
     assert positive_share([{"token": "Yes", "prob": 0.3}], "Yes", "No") == 1.0
     assert positive_share([{"token": "maybe", "prob": 0.9}], "Yes", "No") == 0.5
-    assert positive_share([{"token": "Yes", "prob": 0.2}, {"token": "No", "prob": 0.6}], "Yes", "No") == \
-        pytest.approx(0.25)
+    assert positive_share([{"token": "Yes", "prob": 0.2}, {"token": "No", "prob": 0.6}], "Yes", "No") == pytest.approx(
+        0.25
+    )
 
 
 # ---- harness.core.stats.auc_test: the statistic behind choice_auc (run) and binary_choice_auc (analysis) ----------
@@ -115,8 +128,14 @@ def test_first_token_probe_logs_choice_metrics_on_two_answer_tasks():
         item = SimpleNamespace(gold_ids=[11 if gold_yes else 12], task="yesno", split="heldout")
         return ItemRecord(item, gold_first_rank=1, top1_id=11, choice_ids=(11, 12), choice_p=p)
 
-    records = [record(True, 0.4), record(True, 0.45), record(True, 0.3), record(False, 0.2), record(False, 0.35),
-               record(False, 0.6)]
+    records = [
+        record(True, 0.4),
+        record(True, 0.45),
+        record(True, 0.3),
+        record(False, 0.2),
+        record(False, 0.35),
+        record(False, 0.6),
+    ]
     ctx = SimpleNamespace(hijack_ids=frozenset())
     probe = FirstToken()
     metrics = probe.metrics(records, None, ctx)
@@ -137,10 +156,15 @@ def test_group_counts_the_seeds_whose_auc_is_significantly_above_half(tmp_path):
     for seed, (auc, low, high, p) in finals.items():
         run = tmp_path / f"seed-{seed}"
         run.mkdir()
-        stage = {"metrics": {"heldout_template": {"yesno": {"choice_auc": auc, "choice_auc_p": p, "choice_yes": 0.2},
-                                                  "math": {"greedy": 0.9}}},
-                 "intervals": {"heldout_template": {"yesno": {"choice_auc": {"n": 200, "ci_low": low,
-                                                                             "ci_high": high}}}}}
+        stage = {
+            "metrics": {
+                "heldout_template": {
+                    "yesno": {"choice_auc": auc, "choice_auc_p": p, "choice_yes": 0.2},
+                    "math": {"greedy": 0.9},
+                }
+            },
+            "intervals": {"heldout_template": {"yesno": {"choice_auc": {"n": 200, "ci_low": low, "ci_high": high}}}},
+        }
         (run / "summary.json").write_text(json.dumps({"stages": [stage]}))
     [row] = choice_scores(tmp_path).iter_rows(named=True)
     assert (row["split"], row["task"], row["seeds"], row["above_half_in"]) == ("heldout_template", "yesno", 3, "2/3")
@@ -153,19 +177,28 @@ def test_quickstart_criterion_judges_yes_no_by_its_ranking_and_math_by_its_basel
     from .test_quickstart_slow import criterion_misses
 
     def summary(auc_low: float, math_low: float) -> dict:
-        metrics = {"heldout": {"math": {"greedy": 0.85}, "repeat": {"greedy": 0.4}},
-                   "heldout_template": {"yesno": {"greedy": 0.5, "choice_auc": 0.65, "choice_auc_p": 1e-4},
-                                        "short_qa": {"greedy": 0.15}, "assistant_qa": {"greedy": 0.3}}}
+        metrics = {
+            "heldout": {"math": {"greedy": 0.85}, "repeat": {"greedy": 0.4}},
+            "heldout_template": {
+                "yesno": {"greedy": 0.5, "choice_auc": 0.65, "choice_auc_p": 1e-4},
+                "short_qa": {"greedy": 0.15},
+                "assistant_qa": {"greedy": 0.3},
+            },
+        }
         ci = {"n": 200, "ci_high": 0.9}
-        intervals = {"heldout": {"math": {"greedy": {**ci, "ci_low": math_low}},
-                                 "repeat": {"greedy": {**ci, "ci_low": 0.33}}},
-                     "heldout_template": {"yesno": {"choice_auc": {**ci, "ci_low": auc_low}},
-                                          "short_qa": {"greedy": {**ci, "ci_low": 0.1}},
-                                          "assistant_qa": {"greedy": {**ci, "ci_low": 0.24}}}}
+        intervals = {
+            "heldout": {"math": {"greedy": {**ci, "ci_low": math_low}}, "repeat": {"greedy": {**ci, "ci_low": 0.33}}},
+            "heldout_template": {
+                "yesno": {"choice_auc": {**ci, "ci_low": auc_low}},
+                "short_qa": {"greedy": {**ci, "ci_low": 0.1}},
+                "assistant_qa": {"greedy": {**ci, "ci_low": 0.24}},
+            },
+        }
         base = [{"metric": "greedy", "value": 0.05}]
-        baselines = {"heldout": {"math": [{"metric": "greedy", "value": 0.02}], "repeat": base},
-                     "heldout_template": {"yesno": [{"metric": "greedy", "value": 0.5}], "short_qa": base,
-                                         "assistant_qa": base}}
+        baselines = {
+            "heldout": {"math": [{"metric": "greedy", "value": 0.02}], "repeat": base},
+            "heldout_template": {"yesno": [{"metric": "greedy", "value": 0.5}], "short_qa": base, "assistant_qa": base},
+        }
         return {"stages": [{"metrics": metrics, "intervals": intervals}], "baselines": baselines}
 
     assert criterion_misses(summary(auc_low=0.58, math_low=0.79)) == []  # math 0.85 < 0.9: still a pass

@@ -32,9 +32,20 @@ BAD_CASES = [
     (((False, True), (False, True)), [0, 1]),
     (((True, True), (True, True)), [0, 1]),
 ]
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "reduce",
-               "gather", "scatter", "all_to_all_single", "all_gather_object", "gather_object",
-               "broadcast_object_list")
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_to_all_single",
+    "all_gather_object",
+    "gather_object",
+    "broadcast_object_list",
+)
 
 
 def _tensors(args, kwargs) -> list[torch.Tensor]:
@@ -79,19 +90,28 @@ def _helper_values(parallel) -> dict:
     rank = parallel.rank
     bad = [parallel.bad_ranks(*flags[rank]) for flags, _ in BAD_CASES]
     # Rank 0's window had no successful step (its sums are the CPU zeros a Window starts with); rank 1's had one.
-    window = Window(3) if rank == 0 else Window(3, torch.tensor([0.5, 2.0, 4.0]), torch.tensor([1.0, 2.0, 8.0]),
-                                               real_tokens=11, padded_tokens=16)
+    window = (
+        Window(3)
+        if rank == 0
+        else Window(3, torch.tensor([0.5, 2.0, 4.0]), torch.tensor([1.0, 2.0, 8.0]), real_tokens=11, padded_tokens=16)
+    )
     parallel.sum_window(window)
-    summed = (window.loss_sum.tolist(), window.token_count.tolist(), window.real_tokens, window.padded_tokens,
-              window.loss_sum.dtype)
+    summed = (
+        window.loss_sum.tolist(),
+        window.token_count.tolist(),
+        window.real_tokens,
+        window.padded_tokens,
+        window.loss_sum.dtype,
+    )
     # Unequal token counts per rank: rank 0 holds 3 supervised tokens, rank 1 holds 5.
     n = 3 if rank == 0 else 5
     per_token = torch.arange(1.0, n + 1) * (rank + 1)
     weights = torch.linspace(0.5, 2.0, n)
-    terms = {"weighted": float(parallel.global_mean(per_token, weights)),
-             "plain": float(parallel.global_mean(per_token, None))}
-    return {"bad": bad, "window": summed, "terms": terms, "per_token": per_token.tolist(),
-            "weights": weights.tolist()}
+    terms = {
+        "weighted": float(parallel.global_mean(per_token, weights)),
+        "plain": float(parallel.global_mean(per_token, None)),
+    }
+    return {"bad": bad, "window": summed, "terms": terms, "per_token": per_token.tolist(), "weights": weights.tolist()}
 
 
 def _loop_collectives(parallel) -> dict:
@@ -105,8 +125,16 @@ def _loop_collectives(parallel) -> dict:
     from harness.training.loop import StageLoop, train_stage
 
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1))
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
     batches = []
     for _ in range(4):
         ids = torch.randint(0, 64, (4, 6))
@@ -116,10 +144,20 @@ def _loop_collectives(parallel) -> dict:
     rows, calls = [], []
 
     def stage(action: str):
-        return train_stage(model, batches, StageLoop(
-            "s", 0, ["a", "b"], lambda r, step: rows.extend(r), lambda step: None, log_every=1,
-            nonfinite=NonFiniteSpec(action=action),
-            injector=Injector(step=2, where="forward", module=r"layers\.0\.mlp$", rank=1)))
+        return train_stage(
+            model,
+            batches,
+            StageLoop(
+                "s",
+                0,
+                ["a", "b"],
+                lambda r, step: rows.extend(r),
+                lambda step: None,
+                log_every=1,
+                nonfinite=NonFiniteSpec(action=action),
+                injector=Injector(step=2, where="forward", module=r"layers\.0\.mlp$", rank=1),
+            ),
+        )
 
     saved = record_collectives(calls)
     try:
@@ -131,9 +169,13 @@ def _loop_collectives(parallel) -> dict:
             stopped = e.report
     finally:
         restore_collectives(saved)
-    return {"calls": calls, "model_device": next(model.parameters()).device,
-            "hooks_device": getattr(parallel, "device", None), "stopped": stopped,
-            "rows": [(r.step, r.metric, r.task, r.value) for r in rows]}
+    return {
+        "calls": calls,
+        "model_device": next(model.parameters()).device,
+        "hooks_device": getattr(parallel, "device", None),
+        "stopped": stopped,
+        "rows": [(r.step, r.metric, r.task, r.value) for r in rows],
+    }
 
 
 class FakeDeviceGenerator:
@@ -161,8 +203,12 @@ def _seed_all(seed: int, device: FakeDeviceGenerator) -> None:
 
 
 def _draw_all(device: FakeDeviceGenerator) -> dict:
-    return {"torch": torch.rand(3).tolist(), "numpy": np.random.rand(3).tolist(),
-            "python": [random.random() for _ in range(3)], "device": device.draw()}
+    return {
+        "torch": torch.rand(3).tolist(),
+        "numpy": np.random.rand(3).tolist(),
+        "python": [random.random() for _ in range(3)],
+        "device": device.draw(),
+    }
 
 
 def _resume_generators(parallel, root: Path) -> dict:
@@ -211,8 +257,12 @@ def _stage_cache_generators(parallel, root: Path) -> dict:
     return {"stores": stores, "uninterrupted": uninterrupted, "replayed": device.draw()}
 
 
-SCENARIOS = {"helpers": _helper_values, "loop": _loop_collectives, "resume": _resume_generators,
-             "stage_cache": _stage_cache_generators}
+SCENARIOS = {
+    "helpers": _helper_values,
+    "loop": _loop_collectives,
+    "resume": _resume_generators,
+    "stage_cache": _stage_cache_generators,
+}
 
 
 def _rank_main(rank: int, root: Path) -> None:
@@ -224,8 +274,13 @@ def _rank_main(rank: int, root: Path) -> None:
     from harness.training.parallel import ddp
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{root / 'store'}", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{root / 'store'}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=120),
+    )
     out = {}
     try:
         with ddp.active() as parallel:
@@ -378,7 +433,9 @@ def test_a_resume_point_gives_every_rank_back_its_own_generators(ranks):
     for r in ranks:
         assert _result(r, "resume")["resumed"] == _result(r, "resume")["uninterrupted"]
     for name in ("torch", "numpy", "python", "device"):
-        assert _result(ranks[0], "resume")["uninterrupted"][name] != _result(ranks[1], "resume")["uninterrupted"][name], name
+        assert (
+            _result(ranks[0], "resume")["uninterrupted"][name] != _result(ranks[1], "resume")["uninterrupted"][name]
+        ), name
 
 
 def test_a_stage_cache_entry_gives_every_rank_back_its_own_device_generator(ranks):
@@ -392,7 +449,13 @@ def test_the_gpu_check_says_it_skipped_without_cuda():
     """bench/gpu_check.py runs the harness's commands on GPUs; without CUDA it checks nothing and says so (exit 0)."""
     from tests.conftest import ROOT
 
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py")], cwd=ROOT, capture_output=True,
-                          text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_check.py")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "no CUDA device visible — skipped, nothing was checked" in done.stdout

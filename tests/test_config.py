@@ -35,38 +35,89 @@ def _rename(data: dict, old: str, new: str) -> dict:
 # (id, mutation of the micro config, expected YAML path, expected words in the message)
 BROKEN = [
     ("misspelt-top-level", lambda d: _rename(d, "train", "traning"), "traning", "did you mean 'train'"),
-    ("negative-weight", lambda d: _set(d, ["stages", 1, "mixture", "yesno"], -0.1),
-     "stages[1].mixture.yesno", "weight must be >= 0"),
-    ("unknown-task-in-mixture", lambda d: _set(d, ["stages", 0, "mixture"], {"repet": 1.0}),
-     "stages[0].mixture.repet", "did you mean 'repeat'"),
-    ("init-unknown-stage", lambda d: _set(d, ["stages", 2, "init"], "shrot"),
-     "stages[2].init", "did you mean 'short'"),
-    ("init-later-stage", lambda d: _set(d, ["stages", 0, "init"], "assistant"),
-     "stages[0].init", "does not come before"),
-    ("all-zero-mixture", lambda d: _set(d, ["stages", 1, "mixture"], {"repeat": 0, "yesno": 0.0}),
-     "stages[1].mixture", "every weight is zero"),
+    (
+        "negative-weight",
+        lambda d: _set(d, ["stages", 1, "mixture", "yesno"], -0.1),
+        "stages[1].mixture.yesno",
+        "weight must be >= 0",
+    ),
+    (
+        "unknown-task-in-mixture",
+        lambda d: _set(d, ["stages", 0, "mixture"], {"repet": 1.0}),
+        "stages[0].mixture.repet",
+        "did you mean 'repeat'",
+    ),
+    ("init-unknown-stage", lambda d: _set(d, ["stages", 2, "init"], "shrot"), "stages[2].init", "did you mean 'short'"),
+    (
+        "init-later-stage",
+        lambda d: _set(d, ["stages", 0, "init"], "assistant"),
+        "stages[0].init",
+        "does not come before",
+    ),
+    (
+        "all-zero-mixture",
+        lambda d: _set(d, ["stages", 1, "mixture"], {"repeat": 0, "yesno": 0.0}),
+        "stages[1].mixture",
+        "every weight is zero",
+    ),
     ("empty-mixture", lambda d: _set(d, ["stages", 0, "mixture"], {}), "stages[0].mixture", "empty"),
-    ("unknown-recipe", lambda d: _set(d, ["tasks", "math", "recipe"], "math_reversd"),
-     "tasks.math.recipe", "did you mean 'math_reversed'"),
-    ("unknown-builtin-model", lambda d: _set(d, ["model", "builtin"], "qwen2-tiyn"),
-     "model.builtin", "did you mean 'qwen2-tiny'"),
+    (
+        "unknown-recipe",
+        lambda d: _set(d, ["tasks", "math", "recipe"], "math_reversd"),
+        "tasks.math.recipe",
+        "did you mean 'math_reversed'",
+    ),
+    (
+        "unknown-builtin-model",
+        lambda d: _set(d, ["model", "builtin"], "qwen2-tiyn"),
+        "model.builtin",
+        "did you mean 'qwen2-tiny'",
+    ),
     ("bad-type", lambda d: _set(d, ["train", "batch_size"], "lots"), "train.batch_size", "integer"),
-    ("misspelt-stage-override", lambda d: _set(d, ["stages", 2, "optim"], {"lrr": 1e-3}),
-     "stages[2].optim.lrr", "did you mean 'lr'"),
-    ("unknown-recipe-param", lambda d: _set(d, ["tasks", "math", "params"], {"digitz": 2}),
-     "tasks.math.params.digitz", "unknown key"),
-    ("unknown-evaluator", lambda d: _set(d, ["eval", "evaluators"], ["greedyy"]),
-     "eval.evaluators[0]", "did you mean 'greedy'"),
+    (
+        "misspelt-stage-override",
+        lambda d: _set(d, ["stages", 2, "optim"], {"lrr": 1e-3}),
+        "stages[2].optim.lrr",
+        "did you mean 'lr'",
+    ),
+    (
+        "unknown-recipe-param",
+        lambda d: _set(d, ["tasks", "math", "params"], {"digitz": 2}),
+        "tasks.math.params.digitz",
+        "unknown key",
+    ),
+    (
+        "unknown-evaluator",
+        lambda d: _set(d, ["eval", "evaluators"], ["greedyy"]),
+        "eval.evaluators[0]",
+        "did you mean 'greedy'",
+    ),
     ("missing-stages", lambda d: d.pop("stages") and d, "stages", "required"),
     ("zero-steps", lambda d: _set(d, ["stages", 0, "steps"], 0), "stages[0].steps", "greater than or equal to 1"),
-    ("counts-over-pool", lambda d: _set(d, ["stages", 0], {"name": "c", "mixture": {"counts": {"identity": 100}}}),
-     "stages[0].mixture.counts.identity", "without replacement"),
-    ("unknown-mixture-word", lambda d: _set(d, ["stages", 2, "mixture"], "naturel"),
-     "stages[2].mixture", "did you mean 'natural'"),
-    ("unknown-model-config-field", lambda d: _set(d, ["model", "config"], {"hiden_size": 64}),
-     "model.config.hiden_size", "did you mean 'hidden_size'"),
-    ("unknown-task-weight", lambda d: _set(d, ["stages", 1, "loss"], {"task_weights": {"yesnoo": 2}}),
-     "stages[1].loss.task_weights.yesnoo", "did you mean 'yesno'"),
+    (
+        "counts-over-pool",
+        lambda d: _set(d, ["stages", 0], {"name": "c", "mixture": {"counts": {"identity": 100}}}),
+        "stages[0].mixture.counts.identity",
+        "without replacement",
+    ),
+    (
+        "unknown-mixture-word",
+        lambda d: _set(d, ["stages", 2, "mixture"], "naturel"),
+        "stages[2].mixture",
+        "did you mean 'natural'",
+    ),
+    (
+        "unknown-model-config-field",
+        lambda d: _set(d, ["model", "config"], {"hiden_size": 64}),
+        "model.config.hiden_size",
+        "did you mean 'hidden_size'",
+    ),
+    (
+        "unknown-task-weight",
+        lambda d: _set(d, ["stages", 1, "loss"], {"task_weights": {"yesnoo": 2}}),
+        "stages[1].loss.task_weights.yesnoo",
+        "did you mean 'yesno'",
+    ),
     ("bad-trainable-mode", lambda d: _set(d, ["train", "trainable"], "lorra"), "train.trainable.mode", "'lora'"),
     ("duplicate-stage", lambda d: _set(d, ["stages", 1, "name"], "repeat_only"), "stages[1].name", "duplicate"),
 ]
@@ -146,8 +197,9 @@ def test_image_tasks_on_a_text_model_are_one_error():
 
 
 def test_set_overrides_parse_yaml_values_and_list_indices():
-    data = apply_overrides(micro(), ["stages[1].steps=5", "train.optim.lr=1e-4", "stages.2.mixture={repeat: 1}",
-                                     "eval.splits=[heldout]"])
+    data = apply_overrides(
+        micro(), ["stages[1].steps=5", "train.optim.lr=1e-4", "stages.2.mixture={repeat: 1}", "eval.splits=[heldout]"]
+    )
     assert data["stages"][1]["steps"] == 5
     assert data["train"]["optim"]["lr"] == 1e-4
     assert data["stages"][2]["mixture"] == {"repeat": 1}
@@ -186,13 +238,16 @@ def test_schema_command_prints_json_schema():
     assert schema.get("additionalProperties") is False
 
 
-@pytest.mark.parametrize("raw,kind,tasks", [
-    ({"a": 1, "b": 0}, "weights", ["a"]),
-    ({"weights": {"a": 2, "b": 1}}, "weights", ["a", "b"]),
-    ("natural", "natural", ["a", "b", "c"]),
-    ({"natural": ["a", "c"]}, "natural", ["a", "c"]),
-    ({"counts": {"a": 3, "b": 0}}, "counts", ["a"]),
-])
+@pytest.mark.parametrize(
+    "raw,kind,tasks",
+    [
+        ({"a": 1, "b": 0}, "weights", ["a"]),
+        ({"weights": {"a": 2, "b": 1}}, "weights", ["a", "b"]),
+        ("natural", "natural", ["a", "b", "c"]),
+        ({"natural": ["a", "c"]}, "natural", ["a", "c"]),
+        ({"counts": {"a": 3, "b": 0}}, "counts", ["a"]),
+    ],
+)
 def test_mixture_forms(raw, kind, tasks):
     errors: list = []
     mixture = parse_mixture(raw, "m", ["a", "b", "c"], errors)

@@ -15,17 +15,41 @@ def test_plain_progress_prints_every_tenth_and_at_the_end():
     for _ in range(25):
         advance(1)
     assert [re.match(r"stage: (\d+)/25 steps", line).group(1) for line in lines] == [
-        "2", "4", "6", "8", "10", "12", "14", "16", "18", "20", "22", "24", "25"]
+        "2",
+        "4",
+        "6",
+        "8",
+        "10",
+        "12",
+        "14",
+        "16",
+        "18",
+        "20",
+        "22",
+        "24",
+        "25",
+    ]
 
 
 def test_evaluation_lines_show_the_main_score_n_and_an_interval_when_given():
-    row = lambda task, split, metric, value, **extra: SimpleNamespace(task=task, split=split, metric=metric,  # noqa: E731
-                                                                       value=value, **extra)
-    rows = [row("a", "heldout", "mode_ok", 1.0), row("a", "heldout", "greedy", 0.25),
-            row("b", "heldout", "greedy", 0.5, n=40, ci_low=0.35, ci_high=0.65), row("a", "train", "greedy", 1.0)]
+    row = lambda task, split, metric, value, **extra: SimpleNamespace(
+        task=task,
+        split=split,
+        metric=metric,  # noqa: E731
+        value=value,
+        **extra,
+    )
+    rows = [
+        row("a", "heldout", "mode_ok", 1.0),
+        row("a", "heldout", "greedy", 0.25),
+        row("b", "heldout", "greedy", 0.5, n=40, ci_low=0.35, ci_high=0.65),
+        row("a", "train", "greedy", 1.0),
+    ]
     lines = evaluation_lines("s", 8, rows, {("a", "heldout"): 4, ("a", "train"): 4})
-    assert lines == ["eval s@8 heldout (greedy): a 0.250 n=4 · b 0.500 [0.35,0.65] n=40",
-                     "eval s@8 train (greedy): a 1.000 n=4"]
+    assert lines == [
+        "eval s@8 heldout (greedy): a 0.250 n=4 · b 0.500 [0.35,0.65] n=40",
+        "eval s@8 train (greedy): a 1.000 n=4",
+    ]
 
 
 def test_a_run_with_stderr_redirected_prints_progress_lines(tiny, tmp_path):
@@ -38,22 +62,45 @@ def test_a_run_with_stderr_redirected_prints_progress_lines(tiny, tmp_path):
     assert progress[-1] == "20" and len(progress) >= 5, result.stderr  # every 10 % of the stage (2 steps)
     evals = re.findall(r"^eval a@(\d+) heldout \(greedy\): (.*)$", result.stderr, re.M)
     assert [step for step, _ in evals] == ["0", "10", "20"]
-    assert all(re.fullmatch(r"repeat [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4 · yesno [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4 · math [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4", cells)
-               for _, cells in evals)
+    assert all(
+        re.fullmatch(
+            r"repeat [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4 · yesno [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4 · math [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4",
+            cells,
+        )
+        for _, cells in evals
+    )
 
 
 def _summary(task: str, run_dir: str) -> dict:
     metrics = {"greedy": 0.125, "mode_ok": 0.5, "tf_first": 0.25, "ft_rank_mean": 3.5, "ft_hijack": 0.0625}
-    intervals = {m: {"n": 200, "ci_low": 0.0123, "ci_high": 0.9876} for m in ("greedy", "mode_ok", "tf_first",
-                                                                               "ft_hijack")}
-    stage = lambda name: {"name": name, "metrics": {"heldout": {task: metrics, "yesno": metrics}},  # noqa: E731
-                          "intervals": {"heldout": {task: intervals, "yesno": intervals}}}
-    event = {"metric": "greedy", "split": "heldout", "step_from": 100, "step_to": 150, "stage_from": "a_long_stage",
-             "stage_to": "a_long_stage", "rose": task, "rose_by": 0.25, "fell": "yesno", "fell_by": 0.1875,
-             "p_value": 0.0031}
-    return {"stages": [stage("a_long_stage"), stage("another_long_stage")], "seesaw_events": [event],
-            "seesaw": {"test": "paired", "tests": 66, "alpha": 0.05}, "timing": {"total_s": 12.5, "eval_share": 0.2},
-            "run_dir": run_dir}
+    intervals = {
+        m: {"n": 200, "ci_low": 0.0123, "ci_high": 0.9876} for m in ("greedy", "mode_ok", "tf_first", "ft_hijack")
+    }
+    stage = lambda name: {
+        "name": name,
+        "metrics": {"heldout": {task: metrics, "yesno": metrics}},  # noqa: E731
+        "intervals": {"heldout": {task: intervals, "yesno": intervals}},
+    }
+    event = {
+        "metric": "greedy",
+        "split": "heldout",
+        "step_from": 100,
+        "step_to": 150,
+        "stage_from": "a_long_stage",
+        "stage_to": "a_long_stage",
+        "rose": task,
+        "rose_by": 0.25,
+        "fell": "yesno",
+        "fell_by": 0.1875,
+        "p_value": 0.0031,
+    }
+    return {
+        "stages": [stage("a_long_stage"), stage("another_long_stage")],
+        "seesaw_events": [event],
+        "seesaw": {"test": "paired", "tests": 66, "alpha": 0.05},
+        "timing": {"total_s": 12.5, "eval_share": 0.2},
+        "run_dir": run_dir,
+    }
 
 
 def test_the_final_table_is_printed_whole_when_stderr_is_not_a_terminal(capsys):
@@ -70,6 +117,7 @@ def test_the_final_table_is_printed_whole_when_stderr_is_not_a_terminal(capsys):
     assert len(rows) == 2, err  # the table's row and the event's line, each whole on one line
     table_row = next(line for line in rows if "a_long_stage" in line and "↑" not in line)
     assert table_row.count("[0.01,0.99]") == 4 and "3.500" in table_row, table_row
-    assert re.search(rf"^greedy/heldout +step 100→150 \(a_long_stage\) +{task} ↑0\.250 +yesno ↓0\.188 +p=0\.0031$",
-                     err, re.M), err
+    assert re.search(
+        rf"^greedy/heldout +step 100→150 \(a_long_stage\) +{task} ↑0\.250 +yesno ↓0\.188 +p=0\.0031$", err, re.M
+    ), err
     assert f"→ {run_dir}\n" in err

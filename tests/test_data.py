@@ -48,21 +48,29 @@ def test_single_turn_labels_cover_exactly_the_answer_and_end_token(tokenizer):
 
 
 def test_multi_turn_supervises_every_assistant_turn(tokenizer):
-    ex = Example("qa", (
-        {"role": "user", "content": "Where was Mara born?"},
-        {"role": "assistant", "content": "Mara was born in Osvik."},
-        {"role": "user", "content": "And when?"},
-        {"role": "assistant", "content": "In 1972."},
-    ))
+    ex = Example(
+        "qa",
+        (
+            {"role": "user", "content": "Where was Mara born?"},
+            {"role": "assistant", "content": "Mara was born in Osvik."},
+            {"role": "user", "content": "And when?"},
+            {"role": "assistant", "content": "In 1972."},
+        ),
+    )
     (enc,) = encode_examples(tokenizer, [ex])
     assert supervised_text(tokenizer, enc) == ["Mara was born in Osvik.<|im_end|>", "In 1972.<|im_end|>"]
 
 
 def test_eval_item_prompt_is_the_conversation_prefix(tokenizer):
-    ex = Example("qa", (
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"},
-        {"role": "user", "content": "again"}, {"role": "assistant", "content": "no"},
-    ))
+    ex = Example(
+        "qa",
+        (
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "yes"},
+            {"role": "user", "content": "again"},
+            {"role": "assistant", "content": "no"},
+        ),
+    )
     (item,) = eval_items(tokenizer, [ex], "heldout")
     assert item.prompt_text.endswith("<|im_start|>assistant\n")
     assert "yes<|im_end|>" in item.prompt_text, "earlier turns are part of the prompt"
@@ -74,9 +82,18 @@ def test_eval_items_of_a_batch_equal_each_item_rendered_and_tokenised_alone(toke
     # eval_items reuses encode's renders and tokenises the prompts in one call: each item must still be exactly the
     # template's render of the conversation before its last turn, tokenised alone
     examples = [Example.single("repeat", "Repeat after me: " + "habayp " * k, "habayp " * k) for k in (1, 4, 2)]
-    examples.insert(1, Example("qa", (
-        {"role": "user", "content": "Where was Mara born?"}, {"role": "assistant", "content": "Osvik"},
-        {"role": "user", "content": "And when?"}, {"role": "assistant", "content": "1972"})))
+    examples.insert(
+        1,
+        Example(
+            "qa",
+            (
+                {"role": "user", "content": "Where was Mara born?"},
+                {"role": "assistant", "content": "Osvik"},
+                {"role": "user", "content": "And when?"},
+                {"role": "assistant", "content": "1972"},
+            ),
+        ),
+    )
     for ex, item in zip(examples, eval_items(tokenizer, examples, "heldout"), strict=True):
         alone = tokenizer.apply_chat_template(list(ex.messages[:-1]), tokenize=False, add_generation_prompt=True)
         assert item.prompt_text == alone
@@ -124,8 +141,9 @@ def test_counts_mixture_is_exact_and_without_replacement():
 
 def test_length_grouping_cuts_padding():
     rng = np.random.default_rng(0)
-    examples = [Encoded("t", np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64))
-                for n in rng.integers(10, 80, size=512)]
+    examples = [
+        Encoded("t", np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64)) for n in rng.integers(10, 80, size=512)
+    ]
 
     def pad_fraction(batches):
         cs = [collate(b, 0) for b in batches]

@@ -10,8 +10,11 @@ import pytest
 from data_recipes import get_recipe
 from harness.config import EvalSpec
 from harness.data.encoding import encode_examples, eval_items, fit_eval_items, position_limit
-from harness.data.special_text import (apply_special_token_policy, escape_special_token_strings,
-                                  find_special_token_strings)
+from harness.data.special_text import (
+    apply_special_token_policy,
+    escape_special_token_strings,
+    find_special_token_strings,
+)
 from harness.models.tokenizer import IM_END, IM_START, train_tokenizer
 
 ROWS = [{"q": f"What is {i} plus {i}?", "a": str(2 * i)} for i in range(41)]
@@ -51,18 +54,22 @@ def test_empty_parquet_says_no_rows(tmp_path):
     import datasets
 
     path = str(tmp_path / "empty.parquet")
-    datasets.Dataset.from_dict({"q": [], "a": []}, features=datasets.Features(
-        {"q": datasets.Value("string"), "a": datasets.Value("string")})).to_parquet(path)
+    datasets.Dataset.from_dict(
+        {"q": [], "a": []}, features=datasets.Features({"q": datasets.Value("string"), "a": datasets.Value("string")})
+    ).to_parquet(path)
     with pytest.raises(ValueError, match=rf"{path}: no rows"):
         build("parquet", path=path, prompt="q", answer="a")
 
 
-@pytest.mark.parametrize("bad_line, message", [
-    (b'{"q": "x", "a": ', r":7: malformed JSON"),
-    (b'{"q": "\\ud800 half a pair", "a": "y"}', r":7: field 'q' holds a lone surrogate"),
-    (b'{"q": "caf\xe9", "a": "y"}', r":7: not valid UTF-8 \(byte 0xe9"),
-    (b'["q", "a"]', r":7: not a JSON object"),
-])
+@pytest.mark.parametrize(
+    "bad_line, message",
+    [
+        (b'{"q": "x", "a": ', r":7: malformed JSON"),
+        (b'{"q": "\\ud800 half a pair", "a": "y"}', r":7: field 'q' holds a lone surrogate"),
+        (b'{"q": "caf\xe9", "a": "y"}', r":7: not valid UTF-8 \(byte 0xe9"),
+        (b'["q", "a"]', r":7: not a JSON object"),
+    ],
+)
 def test_bad_jsonl_line_named_by_file_and_line(tmp_path, bad_line, message):
     lines = [json.dumps(r).encode() for r in ROWS]
     lines[6] = bad_line
@@ -92,8 +99,9 @@ def test_typed_parquet_columns_rejected_unless_cast(tmp_path):
 
 
 def test_conversation_turn_content_must_be_text(tmp_path):
-    rows = [{"m": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": f"yo {i}"}]}
-            for i in range(10)]
+    rows = [
+        {"m": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": f"yo {i}"}]} for i in range(10)
+    ]
     rows[2]["m"][1]["content"] = {"text": "yo"}
     path = write_lines(tmp_path / "c.jsonl", [json.dumps(r).encode() for r in rows])
     with pytest.raises(ValueError, match=r"c.jsonl:3: field 'm\[1\]\.content' holds dict"):
@@ -143,8 +151,11 @@ def test_control_token_answer_rejected_or_escaped_in_training_data(tokenizer, tm
     path = write_lines(tmp_path / "d.jsonl", [json.dumps(r).encode() for r in rows])
     splits = build("jsonl", 36, 4, path=path, prompt="q", answer="a")
     train = splits["train"]
-    with pytest.raises(ValueError, match=r"^task 'mine', split 'train', row 5: the assistant text contains the "
-                                         r"special token '<\|im_end\|>'"):
+    with pytest.raises(
+        ValueError,
+        match=r"^task 'mine', split 'train', row 5: the assistant text contains the "
+        r"special token '<\|im_end\|>'",
+    ):
         apply_special_token_policy(train, tokenizer, "error", "mine", "train")
     escaped = apply_special_token_policy(train, tokenizer, "escape", "mine", "train")
     row5 = next(i for i, ex in enumerate(train) if ex.meta["row"] == 5)

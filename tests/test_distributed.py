@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.runs.ranks import torchrun_command
 from harness.core.store import read_metrics
+from harness.runs.ranks import torchrun_command
 from tests.conftest import MICRO, PARALLEL_ENV, PARALLEL_SETTINGS, invoke, run_cli
 
 # Both runs single-threaded, a row every step (tests/conftest.py), and no stage cache: the two-rank run must train.
@@ -72,7 +72,9 @@ def test_two_ranks_train_like_one_process(one_and_two):
     share = [train_loss(df, "batch_task_share_max")["value"].to_list() for df in (one, two)]
     assert len(share[0]) == 140 and share[0] == share[1]
     key = ["stage", "step", "task", "split", "metric"]
-    evals = [df.filter(pl.col("split") != "train", pl.col("text").is_null()).select(key + ["value"]) for df in (one, two)]
+    evals = [
+        df.filter(pl.col("split") != "train", pl.col("text").is_null()).select(key + ["value"]) for df in (one, two)
+    ]
     joined = evals[0].join(evals[1], on=key, how="full", suffix="_2", nulls_equal=True)
     assert joined.height == evals[0].height == evals[1].height  # the same evaluations, at the same steps
     discrete = joined.filter(pl.col("metric").is_in(DISCRETE))
@@ -106,26 +108,45 @@ def test_sharded_evaluation_equals_one_process_on_the_same_weights(one_and_two, 
     """The two ranks' last evaluation (each rank ran half the batches, gathered) against `harness eval` of the final
     checkpoint in one process: bit-identical samples and metrics, so sharding changes nothing."""
     two = one_and_two[1]
-    result = run_cli("eval", str(two / "checkpoints" / "assistant"), "--experiment", str(MICRO), "--out",
-                     str(tmp_path / "eval"), "--set", "tracking.wandb.mode=disabled", env=ENV)
+    result = run_cli(
+        "eval",
+        str(two / "checkpoints" / "assistant"),
+        "--experiment",
+        str(MICRO),
+        "--out",
+        str(tmp_path / "eval"),
+        "--set",
+        "tracking.wandb.mode=disabled",
+        env=ENV,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     alone = _samples(tmp_path / "eval" / "samples.jsonl")
     assert alone == [s for s in _samples(two / "samples.jsonl") if s["step"] == 140]
     key = ["stage", "step", "task", "split", "metric"]
 
     def evals(df):
-        return (df.filter(pl.col("split") != "train", pl.col("step") == 140, pl.col("task").is_not_null(),
-                          ~pl.col("metric").str.starts_with("baseline_"))
-                .select(key + ["value", "text", "n", "ci_low", "ci_high"]).sort(key))
+        return (
+            df.filter(
+                pl.col("split") != "train",
+                pl.col("step") == 140,
+                pl.col("task").is_not_null(),
+                ~pl.col("metric").str.starts_with("baseline_"),
+            )
+            .select(key + ["value", "text", "n", "ci_low", "ci_high"])
+            .sort(key)
+        )
 
     a, b = evals(read_metrics(tmp_path / "eval")), evals(read_metrics(two).filter(pl.col("stage") == "assistant"))
     assert a.height > 0 and a.equals(b)
 
 
 def _store(run_dir):
-    return (read_metrics(run_dir).filter(pl.col("metric") != "tokens_per_s")
-            .select("stage", "step", "task", "split", "metric", "value", "text")
-            .sort("step", "stage", "task", "split", "metric", nulls_last=True))
+    return (
+        read_metrics(run_dir)
+        .filter(pl.col("metric") != "tokens_per_s")
+        .select("stage", "step", "task", "split", "metric", "value", "text")
+        .sort("step", "stage", "task", "split", "metric", nulls_last=True)
+    )
 
 
 def test_a_killed_rank_stops_the_run_and_it_resumes_to_the_uninterrupted_values(one_and_two, tmp_path):
@@ -134,12 +155,24 @@ def test_a_killed_rank_stops_the_run_and_it_resumes_to_the_uninterrupted_values(
     (and refused with any other number), it ends with exactly the store and samples of the uninterrupted run."""
     out, checkpoints = tmp_path / "killed", ["--set", "train.checkpoint_every=15"]
     started = time.monotonic()
-    killed = run_cli("run", str(MICRO), "--out", str(out), *SETTINGS, *checkpoints, "--nproc", "2",
-                     "--set", "debug.kill_rank={rank: 1, step: 52}", env={**ENV, "HARNESS_DIST_TIMEOUT": "60"})
+    killed = run_cli(
+        "run",
+        str(MICRO),
+        "--out",
+        str(out),
+        *SETTINGS,
+        *checkpoints,
+        "--nproc",
+        "2",
+        "--set",
+        "debug.kill_rank={rank: 1, step: 52}",
+        env={**ENV, "HARNESS_DIST_TIMEOUT": "60"},
+    )
     seconds = time.monotonic() - started
     assert killed.returncode == 128 + 9, killed.stderr[-3000:]
-    assert killed.stderr.strip().splitlines()[-1] == ("error: rank 1 of 2 was killed by SIGKILL (the first rank to "
-                                                      "fail; torchrun stopped any other still running)")
+    assert killed.stderr.strip().splitlines()[-1] == (
+        "error: rank 1 of 2 was killed by SIGKILL (the first rank to fail; torchrun stopped any other still running)"
+    )
     assert seconds < 150, f"the run took {seconds:.0f} s to stop"
     point = out / "checkpoints" / "resume" / "step-00000045"
     assert sorted(p.name for p in point.parent.iterdir()) == ["step-00000040", "step-00000045"]
@@ -151,7 +184,8 @@ def test_a_killed_rank_stops_the_run_and_it_resumes_to_the_uninterrupted_values(
         refused = invoke("run", str(MICRO), "--resume", str(out), *SETTINGS, *checkpoints, *ranks)
         assert refused.exit_code == 2 and refused.stderr.strip().splitlines()[-1] == (
             f"--resume: {point} was written by 2 data-parallel ranks, this run has "
-            f"{'3 data-parallel ranks' if ranks else 'one process'}; resume it with --nproc 2")
+            f"{'3 data-parallel ranks' if ranks else 'one process'}; resume it with --nproc 2"
+        )
     resumed = run_cli("run", str(MICRO), "--resume", str(out), *SETTINGS, *checkpoints, "--nproc", "2", env=ENV)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((out / "summary.json").read_text())["resumed_from"] == "step-00000045"
@@ -170,12 +204,20 @@ def test_bf16_autocast_exchanges_fp32_gradients(tmp_path):
 
     from harness.config import LossSpec
     from harness.data.batches import Batch
-    from harness.training.parallel.ddp import DataParallel
     from harness.training.loop import batch_loss
+    from harness.training.parallel.ddp import DataParallel
 
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1))
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
     ids = torch.randint(0, 64, (2, 6))
     labels = torch.full_like(ids, -100)
     labels[:, 3:] = ids[:, 3:]
@@ -190,8 +232,15 @@ def test_bf16_autocast_exchanges_fp32_gradients(tmp_path):
 
         parallel.logits_module(model).register_comm_hook(None, record)
         model.lm_head.register_forward_hook(lambda module, args, out: head.append(out.dtype))
-        loss, _, _ = batch_loss(model, batch, LossSpec(), torch.zeros(2, dtype=torch.long), ["t"],
-                                precision="bf16-autocast", parallel=parallel)
+        loss, _, _ = batch_loss(
+            model,
+            batch,
+            LossSpec(),
+            torch.zeros(2, dtype=torch.long),
+            ["t"],
+            precision="bf16-autocast",
+            parallel=parallel,
+        )
         loss.backward()
     finally:
         dist.destroy_process_group()
@@ -214,8 +263,9 @@ def test_the_first_failure_is_the_rank_that_caused_the_others():
     assert _first_failure(stopped_by_torchrun) == (1, -9)
     earlier = {0: SimpleNamespace(timestamp=99, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=3)}
     assert _first_failure(earlier) == (0, 1)
-    assert _first_failure({0: SimpleNamespace(timestamp=5, exitcode=3), 1: SimpleNamespace(timestamp=5, exitcode=3)}) \
-        == (0, 3)
+    assert _first_failure(
+        {0: SimpleNamespace(timestamp=5, exitcode=3), 1: SimpleNamespace(timestamp=5, exitcode=3)}
+    ) == (0, 3)
 
 
 def test_a_rank_that_cannot_see_the_run_directory_says_so_in_one_line(tmp_path):

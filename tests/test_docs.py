@@ -115,8 +115,11 @@ def test_named_paths_modules_and_commands_exist(page):
                 missing.append(f"command harness {sub}")
                 continue
             rest = line.group(3).split("#")[0]
-            missing.extend(f"option harness {sub} {opt}" for opt in re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)
-                           if opt not in commands[sub] | GLOBAL_OPTIONS)
+            missing.extend(
+                f"option harness {sub} {opt}"
+                for opt in re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)
+                if opt not in commands[sub] | GLOBAL_OPTIONS
+            )
     assert not missing, sorted(set(missing))
 
 
@@ -124,8 +127,10 @@ def test_the_checker_finds_a_planted_dead_end(tmp_path):
     """The checks above are not vacuous: a page naming a missing file, module, anchor and subcommand fails them."""
     page = tmp_path / "docs" / "bad.md"
     page.parent.mkdir()
-    page.write_text("# Title\n\n[gone](nowhere.md) [anchor](#no-such) `harness/runs/missing.py` "
-                    "`harness.runs.nothing_here` `harness frobnicate` `harness run FILE --no-such-flag`\n")
+    page.write_text(
+        "# Title\n\n[gone](nowhere.md) [anchor](#no-such) `harness/runs/missing.py` "
+        "`harness.runs.nothing_here` `harness frobnicate` `harness run FILE --no-such-flag`\n"
+    )
     with pytest.raises(AssertionError) as links:
         test_relative_links_and_anchors_resolve(page)
     assert "nowhere.md" in str(links.value) and "#no-such" in str(links.value)
@@ -143,7 +148,10 @@ def test_every_docs_page_is_reachable_from_the_readme():
         if page in seen or page.suffix != ".md" or not page.exists():
             continue
         seen.add(page)
-        todo.extend(page.parent / t.partition("#")[0] for t in LINK.findall(page.read_text())
-                    if not re.match(r"[a-z]+:", t) and t.partition("#")[0])
+        todo.extend(
+            page.parent / t.partition("#")[0]
+            for t in LINK.findall(page.read_text())
+            if not re.match(r"[a-z]+:", t) and t.partition("#")[0]
+        )
     unreachable = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").rglob("*.md")) if p.resolve() not in seen]
     assert not unreachable, unreachable

@@ -8,10 +8,10 @@ import copy
 
 import pytest
 
-from harness.runs import prepare
 from harness.config import Experiment
-from harness.runs.prepare import build_task_data, encode_task_data
 from harness.models.tokenizer import train_tokenizer
+from harness.runs import prepare
+from harness.runs.prepare import build_task_data, encode_task_data
 
 
 @pytest.fixture(autouse=True)
@@ -59,12 +59,15 @@ def test_the_same_encoding_again_is_reused_and_equals_a_fresh_one(tiny, monkeypa
         again.train["repeat"][0].input_ids[0] = 7  # shared with the other trials: never written
 
 
-@pytest.mark.parametrize("change", [
-    lambda spec: spec["eval"].update(splits=["heldout", "train"]),
-    lambda spec: spec["tasks"]["repeat"].update(eval=3),
-    lambda spec: spec["train"].update(max_length=24),
-    lambda spec: spec.update(seed=spec["seed"] + 1),
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda spec: spec["eval"].update(splits=["heldout", "train"]),
+        lambda spec: spec["tasks"]["repeat"].update(eval=3),
+        lambda spec: spec["train"].update(max_length=24),
+        lambda spec: spec.update(seed=spec["seed"] + 1),
+    ],
+)
 def test_a_changed_setting_encodes_afresh(tiny, monkeypatch, change):
     calls = _count_calls(monkeypatch)
     base = Experiment.model_validate(tiny)

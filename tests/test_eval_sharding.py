@@ -14,8 +14,15 @@ from tests.test_evaluation import ExactRecipe, item, tiny_model
 
 @pytest.fixture(scope="module")
 def tok():
-    return train_tokenizer([f"is the cat {c}? yes it is. no it is not. the sun of {c} is {i}"
-                            for i in range(50) for c in ("red", "hot", "cold")], vocab_size=320, min_frequency=1)
+    return train_tokenizer(
+        [
+            f"is the cat {c}? yes it is. no it is not. the sun of {c} is {i}"
+            for i in range(50)
+            for c in ("red", "hot", "cold")
+        ],
+        vocab_size=320,
+        min_frequency=1,
+    )
 
 
 class _Rank:
@@ -36,8 +43,16 @@ def _items(tok, n=23):
     for i in range(n):
         prompt = torch.randint(4, len(tok), (int(torch.randint(2, 14, (1,), generator=gen)),), generator=gen).tolist()
         gold = torch.randint(4, len(tok), (int(torch.randint(1, 5, (1,), generator=gen)),), generator=gen).tolist()
-        out.append(item("r" if i % 3 else "s", "heldout" if i % 2 else "heldout_template", i, prompt,
-                        gold + [tok.eos_token_id], tok))
+        out.append(
+            item(
+                "r" if i % 3 else "s",
+                "heldout" if i % 2 else "heldout_template",
+                i,
+                prompt,
+                gold + [tok.eos_token_id],
+                tok,
+            )
+        )
     return out
 
 

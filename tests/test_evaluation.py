@@ -44,8 +44,11 @@ class ExactRecipe(Recipe):
 
 @pytest.fixture(scope="module")
 def tok() -> PreTrainedTokenizerFast:
-    texts = [f"is the {a} {b}? yes it is. no it is not. Yes. No. the {a} of {b} is {i}"
-             for i in range(50) for a, b in [("cat", "red"), ("sun", "hot"), ("moon", "cold")]]
+    texts = [
+        f"is the {a} {b}? yes it is. no it is not. Yes. No. the {a} of {b} is {i}"
+        for i in range(50)
+        for a, b in [("cat", "red"), ("sun", "hot"), ("moon", "cold")]
+    ]
     return train_tokenizer(texts, vocab_size=320, min_frequency=1)
 
 
@@ -57,8 +60,9 @@ class Bigram(nn.Module):
         self.table = nn.Parameter(table.clone())
         self.calls: list[tuple[int, int]] = []
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None,
-                logits_to_keep=0, **kwargs):
+    def forward(
+        self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None, logits_to_keep=0, **kwargs
+    ):
         self.calls.append(tuple(input_ids.shape))
         logits = self.table[input_ids]
         if logits_to_keep:
@@ -67,15 +71,28 @@ class Bigram(nn.Module):
 
 
 def item(task, split, index, prompt_ids, gold_ids, tok, gold_text=None) -> EvalItem:
-    return EvalItem(task, split, index, tok.decode(prompt_ids), list(prompt_ids),
-                    gold_text if gold_text is not None else tok.decode(gold_ids, skip_special_tokens=True),
-                    list(gold_ids))
+    return EvalItem(
+        task,
+        split,
+        index,
+        tok.decode(prompt_ids),
+        list(prompt_ids),
+        gold_text if gold_text is not None else tok.decode(gold_ids, skip_special_tokens=True),
+        list(gold_ids),
+    )
 
 
 def tiny_model(tok, seed=0, eos_scale=2.0):
     """A random tiny Qwen2 (untied head, wide init) whose eos row is scaled so some sequences stop early."""
-    config = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                  num_key_value_heads=1, tie_word_embeddings=False, initializer_range=0.3)
+    config = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=False,
+        initializer_range=0.3,
+    )
     model = build_builtin(ModelSpec(config=config), tok, seed=seed).eval()
     with torch.no_grad():
         model.lm_head.weight[tok.eos_token_id] *= eos_scale
@@ -237,8 +254,7 @@ def test_greedy_mode_ok_and_sample_fields(tok):
     assert result.value("yn", "heldout", "greedy") == 0.5
     assert result.value("yn", "heldout", "mode_ok") == 1.0
     assert result.value("yn", "heldout_template", "mode_ok") == 0.0
-    keys = {"task", "split", "prompt", "gold", "pred", "correct", "mode_ok", "gold_first_id", "gold_first_rank",
-            "top5"}
+    keys = {"task", "split", "prompt", "gold", "pred", "correct", "mode_ok", "gold_first_id", "gold_first_rank", "top5"}
     for sample, it in zip(result.samples, items):
         assert keys <= set(sample)
         assert sample["prompt"] == it.prompt_text and sample["gold"] == it.gold_text
@@ -270,9 +286,15 @@ def test_missing_recipe_is_a_clear_error(tok):
 
 def _generate(model, prompts, tok, max_new_tokens):
     ids, mask, _ = left_pad(prompts, tok.pad_token_id)
-    out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    return out[:, ids.shape[1]:].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    return out[:, ids.shape[1] :].tolist()
 
 
 def _padded(rows, width, pad):
@@ -282,12 +304,13 @@ def _padded(rows, width, pad):
 def test_greedy_decode_equals_generate(tok):
     model = tiny_model(tok)
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(4, len(tok), (int(n),), generator=gen).tolist()
-               for n in torch.randint(1, 14, (12,), generator=gen)]
+    prompts = [
+        torch.randint(4, len(tok), (int(n),), generator=gen).tolist()
+        for n in torch.randint(1, 14, (12,), generator=gen)
+    ]
     eos = tok.eos_token_id
     for max_new in (1, 10):
-        ours, _ = greedy_decode(model, prompts, max_new_tokens=max_new, eos_token_id=eos,
-                                pad_token_id=tok.pad_token_id)
+        ours, _ = greedy_decode(model, prompts, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=tok.pad_token_id)
         theirs = _generate(model, prompts, tok, max_new)
         assert _padded(ours, len(theirs[0]), tok.pad_token_id) == theirs
         assert all(len(row) <= max_new for row in ours)
@@ -299,12 +322,21 @@ def test_greedy_decode_equals_generate(tok):
 
 def test_run_evaluation_greedy_matches_generate_per_batch(tok):
     model = tiny_model(tok, seed=1)
-    msgs = ["is the cat red?", "the sun", "is the moon cold? yes it is. no it is not.", "hot", "the moon of cat is 7",
-            "is the sun hot? is the moon cold?", "red", "no"]
+    msgs = [
+        "is the cat red?",
+        "the sun",
+        "is the moon cold? yes it is. no it is not.",
+        "hot",
+        "the moon of cat is 7",
+        "is the sun hot? is the moon cold?",
+        "red",
+        "no",
+    ]
     items = []
     for i, text in enumerate(msgs):
-        prompt = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                         add_generation_prompt=True)
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
         ids = tok(prompt, add_special_tokens=False)["input_ids"]
         items.append(EvalItem("chat", "heldout", i, prompt, ids, "yes", tok.encode("yes") + [tok.eos_token_id]))
     spec = EvalSpec(evaluators=["greedy"], probes=[], batch_size=3, max_new_tokens=8)
@@ -312,7 +344,7 @@ def test_run_evaluation_greedy_matches_generate_per_batch(tok):
     # the harness batches items sorted by prompt length; generate on the same batches must agree token for token
     order = sorted(range(len(items)), key=lambda i: len(items[i].prompt_ids))
     for start in range(0, len(order), 3):
-        chunk = order[start:start + 3]
+        chunk = order[start : start + 3]
         theirs = _generate(model, [items[i].prompt_ids for i in chunk], tok, 8)
         for i, row in zip(chunk, theirs):
             assert result.samples[i]["pred"] == tok.decode(row, skip_special_tokens=True)
@@ -401,16 +433,18 @@ class SplitTokenizer:
 
 
 def test_hijack_multi_token_rule():
-    t = SplitTokenizer({
-        "yes": ["ye", "s"],  # first piece "ye" is a 2-char prefix: kept
-        "Yes": ["Y", "es"],  # "Y" is too short: dropped
-        "YES": ["YES"],  # single token: kept
-        " yes": ["Ġ", "yes"],  # a bare space: dropped
-        " Yes": ["ĠYe", "s"],  # " Ye" → "Ye": kept
-        "no": ["n", "o"],
-        " no": ["Ġno"],
-        "No": ["Nx", "o"],  # "Nx" is not a prefix of "No": dropped
-    })
+    t = SplitTokenizer(
+        {
+            "yes": ["ye", "s"],  # first piece "ye" is a 2-char prefix: kept
+            "Yes": ["Y", "es"],  # "Y" is too short: dropped
+            "YES": ["YES"],  # single token: kept
+            " yes": ["Ġ", "yes"],  # a bare space: dropped
+            " Yes": ["ĠYe", "s"],  # " Ye" → "Ye": kept
+            "no": ["n", "o"],
+            " no": ["Ġno"],
+            "No": ["Nx", "o"],  # "Nx" is not a prefix of "No": dropped
+        }
+    )
     v = t.vocab
     assert hijack_token_ids(t, ["yes", "no"]) == {v["ye"], v["YES"], v["ĠYe"], v["Ġno"]}
 

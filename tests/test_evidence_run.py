@@ -17,9 +17,9 @@ import analysis as A
 from analysis.evidence import stored_seesaw_events
 from harness.config import EvalSpec
 from harness.core.metrics import PROPORTION_METRICS
-from harness.evaluation.evidence import outcome_rows, run_seesaw, seesaw_rows
-from harness.core.store import MetricsStore, Row, read_metrics
 from harness.core.stats import wilson_interval
+from harness.core.store import MetricsStore, Row, read_metrics
+from harness.evaluation.evidence import outcome_rows, run_seesaw, seesaw_rows
 from tests.conftest import run_cli, write_yaml
 
 
@@ -27,8 +27,9 @@ def test_micro_store_rows_carry_n_and_an_interval_holding_the_value(micro_run):
     store = read_metrics(micro_run)
     samples = [json.loads(line) for line in (micro_run / "samples.jsonl").read_text().splitlines()]
     first_step = samples[0]["step"]
-    pool = Counter((s["task"], s["split"]) for s in samples if s["step"] == first_step and s["stage"] ==
-                   samples[0]["stage"])
+    pool = Counter(
+        (s["task"], s["split"]) for s in samples if s["step"] == first_step and s["stage"] == samples[0]["stage"]
+    )
     proportions = store.filter(pl.col("metric").is_in(sorted(PROPORTION_METRICS)), pl.col("task").is_not_null())
     assert proportions.height and proportions["n"].null_count() == 0
     assert (proportions["ci_low"] <= proportions["value"] + 1e-12).all()
@@ -40,9 +41,13 @@ def test_micro_store_rows_carry_n_and_an_interval_holding_the_value(micro_run):
     ci = wilson_interval(round(r["value"] * r["n"]), r["n"])
     assert (r["ci_low"], r["ci_high"]) == pytest.approx((ci.low, ci.high))
     others = store.filter(pl.col("metric").is_in(["eval_loss", "ft_rank_mean", "ft_top1"]))
-    assert others.height and others["n"].null_count() == others.height and others["ci_low"].null_count() == others.height
-    assert "ft_nonfinite" in set(proportions["metric"]) and proportions.filter(
-        pl.col("metric") == "ft_nonfinite")["value"].max() == 0.0
+    assert (
+        others.height and others["n"].null_count() == others.height and others["ci_low"].null_count() == others.height
+    )
+    assert (
+        "ft_nonfinite" in set(proportions["metric"])
+        and proportions.filter(pl.col("metric") == "ft_nonfinite")["value"].max() == 0.0
+    )
 
 
 def test_micro_summary_has_baselines_intervals_and_the_seesaw_rule(micro_run):
@@ -59,7 +64,9 @@ def test_micro_summary_has_baselines_intervals_and_the_seesaw_rule(micro_run):
     base = store.filter(pl.col("metric") == "baseline_greedy", pl.col("task") == "identity")
     assert base.height == 2 and set(base["value"]) == {1.0}  # heldout and heldout_template
     console = (micro_run / "console.txt").read_text()
-    assert re.search(r"^eval \w+@0 heldout \(greedy\): ", console, re.M) and "n=" in console and "paired tests" in console
+    assert (
+        re.search(r"^eval \w+@0 heldout \(greedy\): ", console, re.M) and "n=" in console and "paired tests" in console
+    )
 
 
 def _planted_outcomes(n: int = 80) -> list[dict]:
@@ -67,16 +74,17 @@ def _planted_outcomes(n: int = 80) -> list[dict]:
     samples = []
     for step, (a, b) in ((0, (0, 1)), (10, (1, 0))):
         for i in range(n):
-            samples += [{"stage": "s", "step": step, "task": "a", "split": "heldout", "index": i,
-                         "outcomes": {"greedy": a}},
-                        {"stage": "s", "step": step, "task": "b", "split": "heldout", "index": i,
-                         "outcomes": {"greedy": b}}]
+            samples += [
+                {"stage": "s", "step": step, "task": "a", "split": "heldout", "index": i, "outcomes": {"greedy": a}},
+                {"stage": "s", "step": step, "task": "b", "split": "heldout", "index": i, "outcomes": {"greedy": b}},
+            ]
     return outcome_rows(samples)
 
 
 def test_seesaw_rows_carry_p_value_and_the_analysis_reads_them_back(tmp_path):
-    events, n_tests = run_seesaw(_planted_outcomes(), [], test="paired", delta=0.15, alpha=0.05, seed=0,
-                                 metrics=["greedy"])
+    events, n_tests = run_seesaw(
+        _planted_outcomes(), [], test="paired", delta=0.15, alpha=0.05, seed=0, metrics=["greedy"]
+    )
     assert n_tests == 2 and len(events) == 1 and events[0]["p_value"] < 1e-10
     store = MetricsStore(tmp_path, "r")
     store.log(seesaw_rows(events, n_tests, EvalSpec(), "s", 10))
@@ -95,10 +103,19 @@ def test_paired_rule_finds_nothing_where_outcomes_only_reshuffle():
     for step in range(0, 60, 10):  # two tasks at 0.5 whose items flip at random: no real change
         for task in ("a", "b"):
             for i, v in enumerate(rng.integers(0, 2, 24)):
-                samples.append({"stage": "s", "step": step, "task": task, "split": "heldout", "index": i,
-                                "outcomes": {"greedy": int(v)}})
-    events, n_tests = run_seesaw(outcome_rows(samples), [], test="paired", delta=0.15, alpha=0.05, seed=0,
-                                 metrics=["greedy"])
+                samples.append(
+                    {
+                        "stage": "s",
+                        "step": step,
+                        "task": task,
+                        "split": "heldout",
+                        "index": i,
+                        "outcomes": {"greedy": int(v)},
+                    }
+                )
+    events, n_tests = run_seesaw(
+        outcome_rows(samples), [], test="paired", delta=0.15, alpha=0.05, seed=0, metrics=["greedy"]
+    )
     assert n_tests == 10 and events == []
 
 
@@ -130,9 +147,19 @@ def test_report_shows_intervals_and_baselines(micro_run, tmp_path):
 def _old_store(run_dir: Path) -> None:
     """A store as written before n / ci_low / ci_high existed."""
     run_dir.mkdir()
-    pl.DataFrame({"run_id": ["old"] * 2, "stage": ["s"] * 2, "step": [0, 10], "task": ["yesno"] * 2,
-                  "split": ["heldout"] * 2, "metric": ["greedy"] * 2, "value": [0.5, 0.75], "time": [0.0, 1.0],
-                  "text": [None, None]}).write_parquet(run_dir / "metrics.parquet")
+    pl.DataFrame(
+        {
+            "run_id": ["old"] * 2,
+            "stage": ["s"] * 2,
+            "step": [0, 10],
+            "task": ["yesno"] * 2,
+            "split": ["heldout"] * 2,
+            "metric": ["greedy"] * 2,
+            "value": [0.5, 0.75],
+            "time": [0.0, 1.0],
+            "text": [None, None],
+        }
+    ).write_parquet(run_dir / "metrics.parquet")
 
 
 def test_old_store_without_interval_columns_loads(tmp_path):

@@ -16,8 +16,17 @@ import pytest
 from safetensors.torch import load_file
 
 from harness.core.store import read_metrics
-from tests.conftest import (EVERY_EVAL_WEIGHTS, MICRO, PARALLEL_ENV, PARALLEL_SETTINGS, ROOT, TINY, invoke, run_cli,
-                            write_yaml)
+from tests.conftest import (
+    EVERY_EVAL_WEIGHTS,
+    MICRO,
+    PARALLEL_ENV,
+    PARALLEL_SETTINGS,
+    ROOT,
+    TINY,
+    invoke,
+    run_cli,
+    write_yaml,
+)
 
 # As tests/test_distributed.py: both sides single-threaded, so only the data-parallel arithmetic differs.
 # A collective one rank skips would hang the other: fail after 2 minutes instead of the default 30.
@@ -27,9 +36,18 @@ DISCRETE = {"greedy", "mode_ok", "tf_first", "tf_exact", "ft_top1", "ft_hijack"}
 # LoRA with the added tokens' rows trained through row masks on an untied embedding and head (the special-token
 # check then reads each rank's slice of the batch for the embedding); the runs also write resume points (every 2
 # steps, all kept) and skip the stage cache (they must train).
-LORA = {**TINY, "model": {**TINY["model"], "config": {**TINY["model"]["config"], "tie_word_embeddings": False}},
-        "train": {**TINY["train"], "trainable": {"mode": "lora", "r": 4}, "log_every": 1,
-                  "checkpoint_every": 2, "keep_checkpoints": 10, "stage_cache": False}}
+LORA = {
+    **TINY,
+    "model": {**TINY["model"], "config": {**TINY["model"]["config"], "tie_word_embeddings": False}},
+    "train": {
+        **TINY["train"],
+        "trainable": {"mode": "lora", "r": 4},
+        "log_every": 1,
+        "checkpoint_every": 2,
+        "keep_checkpoints": 10,
+        "stage_cache": False,
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +97,9 @@ def test_fsdp_trains_like_one_process(micro_pair):
     assert np.median(rel) < 1e-4
 
     key = ["stage", "step", "task", "split", "metric"]
-    evals = [df.filter(pl.col("split") != "train", pl.col("text").is_null()).select(key + ["value"])
-             for df in (one, two)]
+    evals = [
+        df.filter(pl.col("split") != "train", pl.col("text").is_null()).select(key + ["value"]) for df in (one, two)
+    ]
     joined = evals[0].join(evals[1], on=key, how="full", suffix="_2", nulls_equal=True)
     assert joined.height == evals[0].height == evals[1].height  # the same evaluations, at the same steps
     loss = joined.filter(pl.col("metric") == "eval_loss")
@@ -107,8 +126,12 @@ def test_fsdp_predictions_differ_only_at_near_ties(micro_pair):
     differing: dict[int, list[tuple[str, str, int]]] = {}
     for a, b in zip(*rows):
         assert (a["step"], a["task"], a["split"], a["index"]) == (b["step"], b["task"], b["split"], b["index"])
-        if (a["pred"], a["correct"], a["tf_first"], a["outcomes"]) != (b["pred"], b["correct"], b["tf_first"],
-                                                                       b["outcomes"]):
+        if (a["pred"], a["correct"], a["tf_first"], a["outcomes"]) != (
+            b["pred"],
+            b["correct"],
+            b["tf_first"],
+            b["outcomes"],
+        ):
             differing.setdefault(a["step"], []).append((a["task"], a["split"], a["index"]))
     assert sum(map(len, differing.values())) <= 0.01 * len(rows[0])
     assert 0 not in differing, "the base model's predictions differ: the same weights on both sides"
@@ -148,7 +171,7 @@ def _check_near_ties(runs, differing: dict[int, list[tuple[str, str, int]]], see
         elsewhere = 0.0  # max |ΔL| over every teacher-forced position of every item
         for item in items:
             a, b = logits(item.prompt_ids + item.gold_ids)
-            elsewhere = max(elsewhere, float((a - b)[len(item.prompt_ids) - 1:].abs().max()))
+            elsewhere = max(elsewhere, float((a - b)[len(item.prompt_ids) - 1 :].abs().max()))
         for key in keys:
             item = by_key[key]
             for path_of in range(len(models)):  # each model's own greedy answer, position by position
@@ -162,7 +185,8 @@ def _check_near_ties(runs, differing: dict[int, list[tuple[str, str, int]]], see
                     assert margins <= 2 * elsewhere, (
                         f"step {step} {key}: after {len(ids) - len(item.prompt_ids)} answer tokens the models "
                         f"choose {x} and {y} with margins adding up to {margins:.3g} > 2 × {elsewhere:.3g}, the "
-                        f"largest logit difference between them elsewhere: a decided choice differs")
+                        f"largest logit difference between them elsewhere: a decided choice differs"
+                    )
                     ids.append(x if path_of == 0 else y)
                     if ids[-1] in stops:
                         break
@@ -185,8 +209,15 @@ def test_fsdp_lora_with_row_masks_and_its_checkpoint(lora_pair):
         assert len(moved) <= rows, f"{name}: rows outside the mask differ: {moved}"
     assert all(float((w1[k] - w2[k]).abs().max()) < 1e-6 for k in w1)
     assert (two / "checkpoints" / "b" / "adapter" / "adapter_model.safetensors").exists()
-    ev = run_cli("eval", str(two / "checkpoints" / "b"), "--experiment", str(lora_pair[0]), "--out",
-                 str(two.parent / "eval"), env=ENV)  # the checkpoint rank 0 wrote, evaluated in one process
+    ev = run_cli(
+        "eval",
+        str(two / "checkpoints" / "b"),
+        "--experiment",
+        str(lora_pair[0]),
+        "--out",
+        str(two.parent / "eval"),
+        env=ENV,
+    )  # the checkpoint rank 0 wrote, evaluated in one process
     assert ev.returncode == 0, ev.stderr[-3000:]
 
 
@@ -195,8 +226,10 @@ def test_fsdp_resume_point_resumes_with_the_same_ranks(lora_pair, tmp_path):
     # The fsdp run's optimiser state is saved gathered, in the one-process format, like the one-process run's.
     import torch
 
-    saved = [torch.load(d / "checkpoints" / "resume" / "step-00000006" / "optimizer.pt", weights_only=True)
-             ["optimizer"] for d in (one, two)]
+    saved = [
+        torch.load(d / "checkpoints" / "resume" / "step-00000006" / "optimizer.pt", weights_only=True)["optimizer"]
+        for d in (one, two)
+    ]
     assert [g["params"] for g in saved[0]["param_groups"]] == [g["params"] for g in saved[1]["param_groups"]]
     assert saved[0]["state"].keys() == saved[1]["state"].keys()
     for i, state in saved[0]["state"].items():

@@ -114,8 +114,13 @@ def test_sampler_seeds_of_a_new_and_a_continued_launch():
 def test_sigterm_to_the_launcher_stops_its_workers(tmp_path):
     path = _sweep(tmp_path, "term", steps=400, study={"n_trials": 2})
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "sweep", str(path), "--workers", "1", "--out", str(out)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "sweep", str(path), "--workers", "1", "--out", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         worker_pid, deadline = None, time.time() + 240
         while worker_pid is None and time.time() < deadline:  # wait for a trial that is training
@@ -123,7 +128,8 @@ def test_sigterm_to_the_launcher_stops_its_workers(tmp_path):
             if not (out / "sweep.resolved.yaml").exists():
                 continue
             for t in load_worker_study(load_resolved(out), out, 0).get_trials(
-                    states=(optuna.trial.TrialState.RUNNING,)):
+                states=(optuna.trial.TrialState.RUNNING,)
+            ):
                 if "worker" in t.user_attrs:
                     worker_pid = int(t.user_attrs["worker"].rsplit(":", 1)[1])
         assert worker_pid is not None, "no trial started"

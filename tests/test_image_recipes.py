@@ -69,8 +69,9 @@ def test_heldout_combinations_never_trained(name, holdout):
 
 
 def test_every_image_task_holds_out_the_same_combinations():
-    held_targets = {name: {ex.meta["target"] for seed in (0, 1) for ex in build(name, seed=seed)["heldout"]}
-                    for name in IMAGE_TASKS}
+    held_targets = {
+        name: {ex.meta["target"] for seed in (0, 1) for ex in build(name, seed=seed)["heldout"]} for name in IMAGE_TASKS
+    }
     held = {f"{c}-{s}@{p}" for c, s, p in heldout_triples(ShapesParams())}
     assert all(targets <= held for targets in held_targets.values())
     for name in IMAGE_TASKS:  # no task trains on another task's held-out combination
@@ -171,6 +172,8 @@ def test_importing_recipes_still_needs_no_torch():
     import sys
 
     code = "import sys, data_recipes; print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
     assert dr.RECIPES.names()

@@ -41,8 +41,9 @@ def module_files() -> dict[str, Path]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     """``TYPE_CHECKING`` or ``typing.TYPE_CHECKING``."""
-    return ((isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-            or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def import_time_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
@@ -68,7 +69,7 @@ def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     if not node.level:
         return node.module or ""
     package = module.split(".") if is_package else module.split(".")[:-1]
-    base = package[:len(package) - node.level + 1]
+    base = package[: len(package) - node.level + 1]
     return ".".join(base + ([node.module] if node.module else []))
 
 
@@ -102,8 +103,10 @@ def import_graph(modules: dict[str, Path]) -> dict[str, dict[str, int]]:
                 targets = [_deepest_known(alias.name, modules) for alias in node.names]
             else:
                 source = _absolute(module, is_package, node)
-                targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules
-                           else _deepest_known(source, modules) for alias in node.names]
+                targets = [
+                    f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else _deepest_known(source, modules)
+                    for alias in node.names
+                ]
             for target in filter(None, targets):
                 for runs in _runs(module, target, modules):
                     if runs != module:
@@ -193,15 +196,18 @@ def test_the_graph_is_read():
 
 def test_no_import_cycle():
     components = strongly_connected(GRAPH)
-    cycles = [describe(GRAPH, MODULES, shortest_cycle(GRAPH, c)) + f"   [component: {', '.join(c)}]"
-              for c in components]
+    cycles = [
+        describe(GRAPH, MODULES, shortest_cycle(GRAPH, c)) + f"   [component: {', '.join(c)}]" for c in components
+    ]
     assert not cycles, "import cycles (module-level imports):\n  " + "\n  ".join(cycles)
 
 
 def test_no_top_level_module_shadows_the_standard_library():
     """``python path/to/package/script.py`` puts the package directory first on sys.path, where a module named
     like a standard-library one (``inspect``, ``io``…) replaces it for every library imported afterwards."""
-    clashes = [module for module in MODULES if module.count(".") == 1
-               and module.split(".")[1] in sys.stdlib_module_names]
-    assert not clashes, ("modules named like a standard-library module: "
-                         + ", ".join(MODULES[m].relative_to(ROOT).as_posix() for m in clashes))
+    clashes = [
+        module for module in MODULES if module.count(".") == 1 and module.split(".")[1] in sys.stdlib_module_names
+    ]
+    assert not clashes, "modules named like a standard-library module: " + ", ".join(
+        MODULES[m].relative_to(ROOT).as_posix() for m in clashes
+    )

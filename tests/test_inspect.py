@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from harness.training.adapters import prepare_stage_model
-from harness.training.checkpoint import save_stage_checkpoint
-from harness.config import ModelSpec, TrainableSpec
 from harness.checks.inspection import inspect_model
+from harness.config import ModelSpec, TrainableSpec
 from harness.models.builtin import build_builtin, builtin_added_token_ids
 from harness.models.tokenizer import train_tokenizer
+from harness.training.adapters import prepare_stage_model
+from harness.training.checkpoint import save_stage_checkpoint
 
 from .conftest import run_cli, write_yaml
 
@@ -30,8 +30,9 @@ def _rows(rows):
 
 def test_rows_for_a_frozen_model_with_new_rows(tok):
     model = build_builtin(ModelSpec(config=TINY), tok, seed=0)
-    model = prepare_stage_model(model, TrainableSpec(mode="frozen", new_token_rows=True, unfreeze=["norm"]),
-                                builtin_added_token_ids(tok))
+    model = prepare_stage_model(
+        model, TrainableSpec(mode="frozen", new_token_rows=True, unfreeze=["norm"]), builtin_added_token_ids(tok)
+    )
     ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 0]])
     rows = _rows(inspect_model(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}))
     emb = rows["model.embed_tokens"]

@@ -7,12 +7,12 @@ from types import SimpleNamespace
 import pytest
 
 from data_recipes import get_recipe
-from harness.evaluation.components import EvalContext, ItemRecord
-from harness.core.registry import EVALUATORS, PROBES
 from harness.core.metrics import PROPORTION_METRICS
-from harness.evaluation.result import EvalResult
+from harness.core.registry import EVALUATORS, PROBES
 from harness.core.seesaw import change_tests
 from harness.core.stats import wilson_interval
+from harness.evaluation.components import EvalContext, ItemRecord
+from harness.evaluation.result import EvalResult
 
 GOLD = "R 9 1 ; A 1 9"
 
@@ -25,14 +25,23 @@ def record(pred, gold=GOLD, **facts):
 
 def test_greedy_reports_answer_ok_beside_greedy_for_math():
     recipe = get_recipe("math_reversed")()
-    records = [record(GOLD, truncated=False), record("R 0 0 ; A 1 9", truncated=False),
-               record("garbage A 1 9 more", truncated=True)]
+    records = [
+        record(GOLD, truncated=False),
+        record("R 0 0 ; A 1 9", truncated=False),
+        record("garbage A 1 9 more", truncated=True),
+    ]
     greedy = EVALUATORS.get("greedy")
     ctx = EvalContext(None, frozenset(), None)
-    assert greedy.item_values(records, recipe, ctx) == {"greedy": [1.0, 0.0, 0.0], "answer_ok": [1.0, 1.0, 0.0],
-                                                        "truncated": [0.0, 0.0, 1.0]}
-    assert greedy.metrics(records, recipe, ctx) == {"greedy": pytest.approx(1 / 3), "answer_ok": pytest.approx(2 / 3),
-                                                    "truncated": pytest.approx(1 / 3)}
+    assert greedy.item_values(records, recipe, ctx) == {
+        "greedy": [1.0, 0.0, 0.0],
+        "answer_ok": [1.0, 1.0, 0.0],
+        "truncated": [0.0, 0.0, 1.0],
+    }
+    assert greedy.metrics(records, recipe, ctx) == {
+        "greedy": pytest.approx(1 / 3),
+        "answer_ok": pytest.approx(2 / 3),
+        "truncated": pytest.approx(1 / 3),
+    }
     assert set(greedy.metric_names) >= {"greedy", "answer_ok"}
     identity = get_recipe("identity")()
     assert set(greedy.metrics(records, identity, ctx)) == {"greedy", "truncated"}  # no extra scores: no answer_ok
@@ -41,8 +50,10 @@ def test_greedy_reports_answer_ok_beside_greedy_for_math():
 def test_first_token_reports_nonfinite_only_when_measured():
     probe = PROBES.get("first_token")
     ctx = EvalContext(None, frozenset({3}), None)
-    measured = [record(GOLD, gold_first_rank=1, top1_id=3, first_nonfinite=False),
-                record(GOLD, gold_first_rank=320, top1_id=0, first_nonfinite=True)]
+    measured = [
+        record(GOLD, gold_first_rank=1, top1_id=3, first_nonfinite=False),
+        record(GOLD, gold_first_rank=320, top1_id=0, first_nonfinite=True),
+    ]
     values = probe.item_values(measured, None, ctx)
     assert values["ft_hijack"] == [1.0, 0.0] and values["ft_nonfinite"] == [0.0, 1.0]
     assert probe.metrics(measured, None, ctx)["ft_nonfinite"] == 0.5
@@ -56,8 +67,12 @@ def test_every_proportion_metric_has_an_evaluator_that_emits_it():
 
 
 def test_eval_result_intervals_and_seesaw_rows():
-    result = EvalResult(item_values={("math", "heldout", "greedy"): [1.0, 0.0, 1.0, 1.0],
-                                     ("math", "heldout", "ft_mrr"): [1.0, 0.5, 0.25, 1.0]})
+    result = EvalResult(
+        item_values={
+            ("math", "heldout", "greedy"): [1.0, 0.0, 1.0, 1.0],
+            ("math", "heldout", "ft_mrr"): [1.0, 0.5, 0.25, 1.0],
+        }
+    )
     assert result.interval("math", "heldout", "greedy") == wilson_interval(3, 4)
     assert result.interval("math", "heldout", "ft_mrr") is None  # not a proportion
     assert result.interval("math", "heldout", "mode_ok") is None  # not kept

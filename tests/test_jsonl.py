@@ -8,11 +8,21 @@ import json
 import pytest
 
 from analysis.loading import AnalysisError, load_samples
-from harness.core.jsonl import (JsonlError, UnfinishedLineWarning, append_jsonl, read_jsonl,
-                           trim_unfinished_last_line)
+from harness.core.jsonl import JsonlError, UnfinishedLineWarning, append_jsonl, read_jsonl, trim_unfinished_last_line
 
-SAMPLES = [{"stage": "a", "step": s, "task": "repeat", "split": "heldout", "prompt": f"p{s}", "gold": "g",
-            "pred": "g", "correct": True} for s in range(4)]
+SAMPLES = [
+    {
+        "stage": "a",
+        "step": s,
+        "task": "repeat",
+        "split": "heldout",
+        "prompt": f"p{s}",
+        "gold": "g",
+        "pred": "g",
+        "correct": True,
+    }
+    for s in range(4)
+]
 
 
 def _cut_file(path, records, cut_bytes=7):

@@ -54,8 +54,9 @@ def test_probe_counts_the_top_scoring_candidate(monkeypatch):
 
     world = build_world(people=30, seed=1)
     items = bench._cloze_items(world)
-    truth = {(attr, prompt_of(p)): truth_of(p) for attr, (prompt_of, truth_of, _) in items.items()
-             for p in world.people}
+    truth = {
+        (attr, prompt_of(p)): truth_of(p) for attr, (prompt_of, truth_of, _) in items.items() for p in world.people
+    }
 
     def oracle(model, tokenizer, prompt, candidates):  # the true value scores highest
         right = next(v for (a, pr), v in truth.items() if pr == prompt and v in candidates)

@@ -26,8 +26,14 @@ PACKAGES = ("harness", "analysis", "data_recipes")
 def lint_imports(root: Path) -> subprocess.CompletedProcess:
     """import-linter's command on the tree at ``root`` (its pyproject.toml, its packages first on the path)."""
     env = {**os.environ, "PYTHONPATH": str(root)}
-    command = [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()",
-               "--config", str(root / "pyproject.toml"), "--no-cache"]
+    command = [
+        sys.executable,
+        "-c",
+        "from importlinter.cli import lint_imports_command; lint_imports_command()",
+        "--config",
+        str(root / "pyproject.toml"),
+        "--no-cache",
+    ]
     return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -58,11 +64,17 @@ def test_no_import_cycles():
     assert import_cycles(*PACKAGES) == []
 
 
-@pytest.mark.parametrize("where, planted", [
-    ("harness/core/stats.py", "from harness.evaluation import passes  # planted: core importing a layer above\n"),
-    ("harness/data/stream.py", "def _planted():\n    from harness.runs import runner  # planted, inside a function\n"),
-    ("analysis/trials.py", "def _planted():\n    from harness.config import Experiment  # planted\n"),
-])
+@pytest.mark.parametrize(
+    "where, planted",
+    [
+        ("harness/core/stats.py", "from harness.evaluation import passes  # planted: core importing a layer above\n"),
+        (
+            "harness/data/stream.py",
+            "def _planted():\n    from harness.runs import runner  # planted, inside a function\n",
+        ),
+        ("analysis/trials.py", "def _planted():\n    from harness.config import Experiment  # planted\n"),
+    ],
+)
 def test_an_upward_import_breaks_a_contract(tree_copy, where, planted):
     path = tree_copy / where
     original = path.read_text()
@@ -80,7 +92,8 @@ def test_a_function_level_cycle_is_found(tree_copy, monkeypatch):
     original = path.read_text()
     path.write_text(original + "\n\ndef _planted():\n    from harness.core import redact  # planted\n")
     (tree_copy / "harness/core/redact.py").write_text(
-        (ROOT / "harness/core/redact.py").read_text() + "\n\ndef _back():\n    from harness.core import names\n")
+        (ROOT / "harness/core/redact.py").read_text() + "\n\ndef _back():\n    from harness.core import names\n"
+    )
     monkeypatch.syspath_prepend(str(tree_copy))
     for name in [m for m in sys.modules if m.split(".")[0] in PACKAGES]:
         monkeypatch.delitem(sys.modules, name)  # grimp finds packages through the import system

@@ -43,8 +43,10 @@ def reference_gem_grad(logits: torch.Tensor, targets: torch.Tensor, beta: float,
         m = max(row)
         exps = [math.exp((z - m) / beta) for z in row]
         total = sum(exps)
-        c = [e / total * (1.0 if h == "linear" else 1.0 / (1.0 + math.exp(-0.01 * (z - row[y]))))
-             for z, e in zip(row, exps)]
+        c = [
+            e / total * (1.0 if h == "linear" else 1.0 / (1.0 + math.exp(-0.01 * (z - row[y]))))
+            for z, e in zip(row, exps)
+        ]
         g = list(c)
         g[y] -= sum(c)
         grads.append(g)
@@ -59,8 +61,12 @@ def test_gem_matches_the_formula(beta, h):
     targets = torch.randint(0, 13, (9,), generator=gen)
     losses = gem_token_losses(logits, targets, beta, h)
     assert losses.dtype == torch.float64
-    assert torch.allclose(losses.detach(), torch.tensor(reference_gem(logits.detach(), targets, beta, h),
-                                                        dtype=torch.float64), atol=1e-10, rtol=1e-10)
+    assert torch.allclose(
+        losses.detach(),
+        torch.tensor(reference_gem(logits.detach(), targets, beta, h), dtype=torch.float64),
+        atol=1e-10,
+        rtol=1e-10,
+    )
     losses.sum().backward()
     assert torch.allclose(logits.grad, reference_gem_grad(logits.detach(), targets, beta, h), atol=1e-10)
 
@@ -128,11 +134,12 @@ def test_loss_dispatch_dtypes_and_logged_ce():
 
 def test_first_answer_tokens():
     I = -100
-    labels = torch.tensor([[I, I, 5, 6, 7, I, I, 8, 9, I],
-                           [3, 4, I, I, I, I, I, I, I, I]])
+    labels = torch.tensor([[I, I, 5, 6, 7, I, I, 8, 9, I], [3, 4, I, I, I, I, I, I, I, I]])
     first = first_answer_tokens(labels)
-    assert first.tolist() == [[False, False, True, False, False, False, False, True, False, False],
-                              [True, False, False, False, False, False, False, False, False, False]]
+    assert first.tolist() == [
+        [False, False, True, False, False, False, False, True, False, False],
+        [True, False, False, False, False, False, False, False, False, False],
+    ]
 
 
 def test_weighted_mean():
@@ -171,13 +178,15 @@ def test_weighted_mean_per_example():
     assert losses.grad.tolist() == pytest.approx([1 / 6, 1 / 6, 1 / 6, 1 / 4, 1 / 4])
     # with a task weight: example 2 (task b) counts 3 times example 0 → (2.0 + 3 · 4.5) / 4
     spec = LossSpec(reduction="example", task_weights={"b": 3.0})
-    assert weighted_mean(losses, tasks, None, spec, tasks=["a", "b"], example_of_token=examples,
-                         n_examples=3).item() == pytest.approx(15.5 / 4)
+    assert weighted_mean(
+        losses, tasks, None, spec, tasks=["a", "b"], example_of_token=examples, n_examples=3
+    ).item() == pytest.approx(15.5 / 4)
     # the first-token weight moves weight within an example, not onto it: shares 3/5, 1/5, 1/5 and 3/4, 1/4
     first = torch.tensor([True, False, False, True, False])
     spec = LossSpec(reduction="example", first_token_weight=3.0)
-    assert weighted_mean(losses, tasks, first, spec, example_of_token=examples, n_examples=3).item() \
-        == pytest.approx((8 / 5 + 17 / 4) / 2)
+    assert weighted_mean(losses, tasks, first, spec, example_of_token=examples, n_examples=3).item() == pytest.approx(
+        (8 / 5 + 17 / 4) / 2
+    )
     with pytest.raises(ValueError, match="example"):
         weighted_mean(losses, tasks, None, LossSpec(reduction="example"))
 
@@ -185,10 +194,15 @@ def test_weighted_mean_per_example():
 def test_a_stage_can_set_the_reduction_back_to_token():
     """``reduction`` is left out of dumps unless set (finished runs from before it still match); a stage that sets
     it to the default over an experiment's ``example`` still gets ``token``."""
-    base = {"name": "x", "tasks": {"t": {"recipe": "repeat", "train": 4, "eval": 2}},
-            "train": {"loss": {"reduction": "example"}},
-            "stages": [{"name": "a", "steps": 1, "mixture": {"t": 1.0}},
-                       {"name": "b", "steps": 1, "mixture": {"t": 1.0}, "loss": {"reduction": "token"}}]}
+    base = {
+        "name": "x",
+        "tasks": {"t": {"recipe": "repeat", "train": 4, "eval": 2}},
+        "train": {"loss": {"reduction": "example"}},
+        "stages": [
+            {"name": "a", "steps": 1, "mixture": {"t": 1.0}},
+            {"name": "b", "steps": 1, "mixture": {"t": 1.0}, "loss": {"reduction": "token"}},
+        ],
+    }
     exp = validate_data(base, "test")
     assert [s.train.loss.reduction for s in exp.resolved_stages()] == ["example", "token"]
     assert "reduction" not in LossSpec().model_dump()

@@ -12,8 +12,8 @@ import torch
 from harness.config import EvalSpec, validate_data
 from harness.evaluation import run_evaluation
 from harness.evaluation.lengths import default_max_new_tokens, length_margin, needed_new_tokens, stop_token_ids
-from harness.runs.prepare import DataError, build_task_data, encode_task_data
 from harness.models.tokenizer import ENDOFTEXT, IM_END, IM_START, train_tokenizer
+from harness.runs.prepare import DataError, build_task_data, encode_task_data
 from tests.conftest import run_cli, write_yaml
 from tests.test_evaluation import Bigram, ExactRecipe, item
 
@@ -59,8 +59,9 @@ def test_an_answer_that_never_stops_is_counted_truncated(chatml_other_eos):
     table = torch.zeros(len(tok), len(tok))
     table[:, yes] = 1.0  # " yes" forever
     items = [item("yn", "heldout", i, [5 + i], [yes, end], tok, gold_text="yes") for i in range(2)]
-    result = run_evaluation(Bigram(table), tok, items, {"yn": ExactRecipe()}, EvalSpec(evaluators=["greedy"],
-                                                                                         probes=[]))
+    result = run_evaluation(
+        Bigram(table), tok, items, {"yn": ExactRecipe()}, EvalSpec(evaluators=["greedy"], probes=[])
+    )
     expected_len = 2 + length_margin(2)
     assert all(s["truncated"] and s["pred"] == " yes" * expected_len for s in result.samples)
     assert result.value("yn", "heldout", "truncated") == 1.0
@@ -87,10 +88,14 @@ def _math_experiment(tiny: dict, max_new_tokens):
 def test_a_budget_that_cuts_math_answers_is_a_data_error_naming_the_task(tiny):
     exp = _math_experiment(tiny, 12)
     data = build_task_data(exp)
-    tok = train_tokenizer([m["content"] for ex in data.splits["math"]["train"] for m in ex.messages],
-                          vocab_size=300, min_frequency=1)
-    with pytest.raises(DataError, match=r"max_new_tokens=12 cuts task 'math': its longest gold answer needs 1\d "
-                                        r"tokens"):
+    tok = train_tokenizer(
+        [m["content"] for ex in data.splits["math"]["train"] for m in ex.messages], vocab_size=300, min_frequency=1
+    )
+    with pytest.raises(
+        DataError,
+        match=r"max_new_tokens=12 cuts task 'math': its longest gold answer needs 1\d "
+        r"tokens",
+    ):
         encode_task_data(exp, data, tok)
     encoded = encode_task_data(_math_experiment(tiny, None), data, tok)
     assert needed_new_tokens(encoded.eval_items)["math"] > 12  # "R 5 2 1 ; A 1 2 5" and its end token

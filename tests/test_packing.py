@@ -39,7 +39,7 @@ def _varied(i: int):
 @pytest.fixture(scope="module")
 def groups(tok):  # noqa: F811
     encoded = encode_examples(tok, [_varied(i) for i in range(24)])
-    return [encoded[i:i + 8] for i in range(0, 24, 8)]
+    return [encoded[i : i + 8] for i in range(0, 24, 8)]
 
 
 def test_packed_batch_holds_the_same_examples_with_restarting_positions(tok, groups):  # noqa: F811
@@ -51,7 +51,7 @@ def test_packed_batch_holds_the_same_examples_with_restarting_positions(tok, gro
     for (ids, labels), e in zip(examples_of(packed), groups[0]):
         assert np.array_equal(ids, e.input_ids) and np.array_equal(labels, e.labels)
     for row, start, n in packed.layout.spans:
-        assert packed.position_ids[row, start:start + n].tolist() == list(range(n))
+        assert packed.position_ids[row, start : start + n].tolist() == list(range(n))
     # the supervised tokens come in the padded batch's order: the same targets, the same examples
     assert torch.equal(packed.labels.flatten()[packed.supervised], padded.labels.flatten()[padded.supervised])
     assert torch.equal(packed.example_of_token, padded.example_of_token)
@@ -138,8 +138,8 @@ def test_the_check_on_a_local_hf_gpt2_with_learned_positions(local_gpt2, groups,
     directory, _ = local_gpt2
     model, tokenizer, _ = load_hf(ModelSpec(hf=str(directory)), return_added=True)
     encoded = encode_examples(tokenizer, [_varied(i) for i in range(16)])
-    padded = [collate(encoded[i:i + 8], tokenizer.pad_token_id) for i in (0, 8)]
-    packed = [pack_encoded(encoded[i:i + 8], tokenizer.pad_token_id, *LAYOUTS[layout]) for i in (0, 8)]
+    padded = [collate(encoded[i : i + 8], tokenizer.pad_token_id) for i in (0, 8)]
+    packed = [pack_encoded(encoded[i : i + 8], tokenizer.pad_token_id, *LAYOUTS[layout]) for i in (0, 8)]
     assert check_packing(model, padded, packed, LossSpec(), TASKS).exact
 
     class RowPositions(torch.nn.Module):
@@ -164,9 +164,15 @@ def test_a_forward_with_a_cache_is_caught(tok, groups, monkeypatch):  # noqa: F8
     from harness.training import forward
 
     model = build_builtin(ModelSpec(builtin="llama-tiny", config=SMALL["llama-tiny"]), tok, seed=0)
-    monkeypatch.setattr(forward, "model_inputs", lambda ids, mask, positions=None: (
-        {"input_ids": ids, "attention_mask": mask} if positions is None
-        else {"input_ids": ids, "position_ids": positions, "use_cache": True}))
+    monkeypatch.setattr(
+        forward,
+        "model_inputs",
+        lambda ids, mask, positions=None: (
+            {"input_ids": ids, "attention_mask": mask}
+            if positions is None
+            else {"input_ids": ids, "position_ids": positions, "use_cache": True}
+        ),
+    )
     padded = [collate(g, tok.pad_token_id) for g in groups]
     packed = [pack_encoded(g, tok.pad_token_id) for g in groups]
     result = check_packing(model, padded, packed, LossSpec(), TASKS)
@@ -352,8 +358,13 @@ def test_auto_pads_a_model_that_leaks_with_one_warning(tiny, tmp_path, caplog):
 
 def test_attention_varlen_cannot_do_falls_back_to_masked_rows(tiny, tmp_path):
     """A sliding window (harness_varlen does not do one) packs through transformers' mask instead."""
-    tiny["model"]["config"] = {**tiny["model"]["config"], "num_hidden_layers": 2, "use_sliding_window": True,
-                               "sliding_window": 4, "max_window_layers": 1}  # the second layer slides
+    tiny["model"]["config"] = {
+        **tiny["model"]["config"],
+        "num_hidden_layers": 2,
+        "use_sliding_window": True,
+        "sliding_window": 4,
+        "max_window_layers": 1,
+    }  # the second layer slides
     tiny["stages"] = tiny["stages"][:1]
     frame = _run(tmp_path, tiny, "window")
     assert _values(frame, "packed") == [1.0] and _values(frame, "packing_varlen") == [0.0]
@@ -394,9 +405,14 @@ def test_image_batches_are_padded_and_packing_true_is_refused(tiny, tmp_path):
     def example(i):
         ids = np.arange(5 + i % 3, dtype=np.int64)
         labels = np.concatenate([np.full(3, IGNORE_INDEX), ids[4:], [IGNORE_INDEX]])
-        return SimpleNamespace(task="repeat", input_ids=ids, labels=labels, length=len(ids),
-                               n_supervised=int((labels != IGNORE_INDEX).sum()),
-                               pixel_values=np.zeros((3, 8, 8), dtype=np.float32))
+        return SimpleNamespace(
+            task="repeat",
+            input_ids=ids,
+            labels=labels,
+            length=len(ids),
+            n_supervised=int((labels != IGNORE_INDEX).sum()),
+            pixel_values=np.zeros((3, 8, 8), dtype=np.float32),
+        )
 
     pools = {"repeat": [example(i) for i in range(16)]}
     exp = load_experiment(write_yaml(tmp_path / "auto.yaml", tiny))

@@ -27,8 +27,13 @@ import pytest
 from .conftest import run_cli
 
 SEEDS = (0, 1, 2)
-SPLIT = {"repeat": "heldout", "math": "heldout",
-         "short_qa": "heldout_template", "assistant_qa": "heldout_template", "yesno": "heldout_template"}
+SPLIT = {
+    "repeat": "heldout",
+    "math": "heldout",
+    "short_qa": "heldout_template",
+    "assistant_qa": "heldout_template",
+    "yesno": "heldout_template",
+}
 EVERY_SEED_GREEDY = ("math",)  # judged by greedy against the baseline in every seed
 SEED_0_GREEDY = ("repeat", "short_qa", "assistant_qa")  # judged so in seed 0
 CHOICE_TASK = "yesno"  # judged by its ranking (choice_auc) in every seed
@@ -44,16 +49,27 @@ def _baseline(summary: dict, split: str, task: str) -> float:
 def test_quickstart_learns_every_task(tmp_path):
     out = tmp_path / "group"
     env = {"HARNESS_CACHE": str(tmp_path / "cache")}  # a cold cache: the pretrained base too
-    result = run_cli("run", "experiments/quickstart.yaml", "--seeds", ",".join(map(str, SEEDS)), "--out", str(out),
-                     env=env, timeout=3600 * len(SEEDS))
+    result = run_cli(
+        "run",
+        "experiments/quickstart.yaml",
+        "--seeds",
+        ",".join(map(str, SEEDS)),
+        "--out",
+        str(out),
+        env=env,
+        timeout=3600 * len(SEEDS),
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     summaries = {s: json.loads((out / f"seed-{s}" / "summary.json").read_text()) for s in SEEDS}
     tasks = set(summaries[0]["stages"][-1]["metrics"]["heldout"]) - {"identity"}
     assert tasks == set(SPLIT), f"the quickstart's tasks changed: {sorted(tasks)}; update SPLIT"
     for seed, summary in summaries.items():
         print(f"seed {seed}: " + "; ".join(reported(summary)))
-    misses = [f"seed {seed}: {miss}" for seed, summary in summaries.items()
-              for miss in criterion_misses(summary, every_seed_only=seed != 0)]
+    misses = [
+        f"seed {seed}: {miss}"
+        for seed, summary in summaries.items()
+        for miss in criterion_misses(summary, every_seed_only=seed != 0)
+    ]
     assert not misses, "; ".join(misses)
 
 
@@ -65,8 +81,10 @@ def _greedy_miss(summary: dict, task: str) -> str | None:
     base = _baseline(summary, split, task)
     if ci["ci_low"] > base:
         return None
-    return (f"{task} {split}: greedy {greedy:.3f} [{ci['ci_low']:.3f}, {ci['ci_high']:.3f}] (n = {ci['n']}) vs "
-            f"baseline {base:.3f}")
+    return (
+        f"{task} {split}: greedy {greedy:.3f} [{ci['ci_low']:.3f}, {ci['ci_high']:.3f}] (n = {ci['n']}) vs "
+        f"baseline {base:.3f}"
+    )
 
 
 def _choice_miss(summary: dict, task: str = CHOICE_TASK) -> str | None:
@@ -78,8 +96,10 @@ def _choice_miss(summary: dict, task: str = CHOICE_TASK) -> str | None:
     ci = final["intervals"][split][task]["choice_auc"]  # DeLong 95 %
     if ci["ci_low"] > 0.5:
         return None
-    return (f"{task} {split}: choice_auc {values['choice_auc']:.3f} [{ci['ci_low']:.3f}, {ci['ci_high']:.3f}] "
-            f"(n = {ci['n']}, p = {values['choice_auc_p']:.2g}) not above 0.5")
+    return (
+        f"{task} {split}: choice_auc {values['choice_auc']:.3f} [{ci['ci_low']:.3f}, {ci['ci_high']:.3f}] "
+        f"(n = {ci['n']}, p = {values['choice_auc_p']:.2g}) not above 0.5"
+    )
 
 
 def criterion_misses(summary: dict, every_seed_only: bool = False) -> list[str]:
@@ -99,8 +119,10 @@ def reported(summary: dict) -> list[str]:
         ci = final["intervals"][split][task].get(metric, {})
         value = final["metrics"][split][task].get(metric)
         if value is not None:
-            out.append(f"{task} {split} {metric} {value:.3f} [{ci.get('ci_low', float('nan')):.2f}, "
-                       f"{ci.get('ci_high', float('nan')):.2f}]")
+            out.append(
+                f"{task} {split} {metric} {value:.3f} [{ci.get('ci_low', float('nan')):.2f}, "
+                f"{ci.get('ci_high', float('nan')):.2f}]"
+            )
     math_greedy = final["metrics"]["heldout"]["math"]["greedy"]
     out.append(f"math aim >= {MATH_AIM}: {'met' if math_greedy >= MATH_AIM else 'not met'}")
     return out

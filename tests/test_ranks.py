@@ -21,17 +21,22 @@ def test_distinct_logits_rank_like_a_sort():
 
 
 def test_ties_count_against_the_gold_token():
-    logits = torch.tensor([[1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0],
-                           [0.0] * VOCAB])  # a collapsed model: every token equally likely
+    logits = torch.tensor(
+        [[1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0], [0.0] * VOCAB]
+    )  # a collapsed model: every token equally likely
     ranks, nonfinite = gold_ranks(logits, [0, 3])
     assert ranks == [2, VOCAB] and nonfinite == [False, False]
 
 
 def test_non_finite_rows_get_the_worst_rank_and_are_flagged():
-    logits = torch.tensor([[math.nan] * VOCAB,
-                           [5.0, math.nan, 0.0, 0.0, 0.0, 0.0, 0.0],  # the gold logit itself is the highest finite
-                           [math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
-                           [3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    logits = torch.tensor(
+        [
+            [math.nan] * VOCAB,
+            [5.0, math.nan, 0.0, 0.0, 0.0, 0.0, 0.0],  # the gold logit itself is the highest finite
+            [math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            [3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        ]
+    )
     facts = first_token_facts(logits, [0, 0, 0, 0])
     assert facts["rank"] == [VOCAB, VOCAB, VOCAB, 1]
     assert facts["nonfinite"] == [True, True, True, False]

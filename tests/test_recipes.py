@@ -16,12 +16,24 @@ from data_recipes.knowledge import split_people
 from data_recipes.math_reversed import parse_formal
 from harness.core.registry import UnknownNameError
 
-REQUIRED = {"repeat", "identity", "yesno", "assistant_qa", "short_qa", "math_reversed", "spell", "count",
-            "jsonl", "parquet", "hf"}
+REQUIRED = {
+    "repeat",
+    "identity",
+    "yesno",
+    "assistant_qa",
+    "short_qa",
+    "math_reversed",
+    "spell",
+    "count",
+    "jsonl",
+    "parquet",
+    "hf",
+}
 # Image recipes have their own split contract (the novelty is in the image, prompts may repeat across splits):
 # tests/test_image_recipes.py.
-GENERATED = [n for n in dr.RECIPES.names()
-             if not getattr(get_recipe(n), "reads_files", False) and not get_recipe(n).has_images]
+GENERATED = [
+    n for n in dr.RECIPES.names() if not getattr(get_recipe(n), "reads_files", False) and not get_recipe(n).has_images
+]
 
 
 @pytest.fixture(scope="module")
@@ -175,13 +187,23 @@ def test_impossible_multi_turn_sizes(world):
 
 def test_same_output_in_another_process():
     """No dependence on str hashing (set order) or global random state: PYTHONHASHSEED must not matter."""
-    code = ("import hashlib, json, data_recipes as dr; w = dr.build_world(60, 0); h = hashlib.sha256()\n"
-            "for n in %r:\n"
-            "    c = dr.get_recipe(n); s = c(world=w if c.needs_world else None).build(n, 50, 5, 0)\n"
-            "    h.update(json.dumps({k: [[e.messages, e.meta] for e in v] for k, v in s.items()}).encode())\n"
-            "h.update(json.dumps(dr.corpus(w, 0)).encode()); print(h.hexdigest())") % (GENERATED,)
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    code = (
+        "import hashlib, json, data_recipes as dr; w = dr.build_world(60, 0); h = hashlib.sha256()\n"
+        "for n in %r:\n"
+        "    c = dr.get_recipe(n); s = c(world=w if c.needs_world else None).build(n, 50, 5, 0)\n"
+        "    h.update(json.dumps({k: [[e.messages, e.meta] for e in v] for k, v in s.items()}).encode())\n"
+        "h.update(json.dumps(dr.corpus(w, 0)).encode()); print(h.hexdigest())"
+    ) % (GENERATED,)
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2")
+    }
     assert len(outs) == 1
 
 
@@ -403,11 +425,20 @@ def _write_jsonl(path, rows):
     return str(path)
 
 
-ROWS = [{"question": f"What is {i} squared?", "reply": str(i * i), "sys": "Be brief." if i % 2 else ""}
-        for i in range(40)]
-SHAREGPT = [{"conversations": [{"from": "human", "value": f"Hi {i}"}, {"from": "gpt", "value": f"Hello {i}!"},
-                                {"from": "human", "value": f"Bye {i}"}, {"from": "gpt", "value": f"Bye {i}!"}]}
-            for i in range(20)]
+ROWS = [
+    {"question": f"What is {i} squared?", "reply": str(i * i), "sys": "Be brief." if i % 2 else ""} for i in range(40)
+]
+SHAREGPT = [
+    {
+        "conversations": [
+            {"from": "human", "value": f"Hi {i}"},
+            {"from": "gpt", "value": f"Hello {i}!"},
+            {"from": "human", "value": f"Bye {i}"},
+            {"from": "gpt", "value": f"Bye {i}!"},
+        ]
+    }
+    for i in range(20)
+]
 
 
 def load(name, n_train, n_eval, seed=0, **params):
@@ -463,8 +494,12 @@ def test_sharegpt_messages_are_mapped(tmp_path):
 def test_hf_loader_save_to_disk_and_local_dir(tmp_path):
     import datasets
 
-    ds = datasets.Dataset.from_list([{"messages": [{"role": "user", "content": f"q{i}"},
-                                                   {"role": "assistant", "content": f"a{i}"}]} for i in range(30)])
+    ds = datasets.Dataset.from_list(
+        [
+            {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+            for i in range(30)
+        ]
+    )
     ds.save_to_disk(str(tmp_path / "saved"))
     s = load("hf", 20, 5, id=str(tmp_path / "saved"), messages="messages")
     _check_loader_splits(s, 20, 5)

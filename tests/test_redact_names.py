@@ -8,20 +8,27 @@ from harness.core.names import check_safe_name
 from harness.core.redact import STORAGE_ENV, mask_url, mask_urls_in_text, storage_url_from_env
 
 
-@pytest.mark.parametrize("url, masked", [
-    ("postgresql://user:secret@host/db", "postgresql://user:***@host/db"),
-    ("postgresql+psycopg2://u:p%40ss@h:5432/db?sslmode=require", "postgresql+psycopg2://u:***@h:5432/db?sslmode=require"),
-    ("mysql://root:hunter2@127.0.0.1/optuna", "mysql://root:***@127.0.0.1/optuna"),
-    ("redis://:tok3n@cache:6379/0", "redis://:***@cache:6379/0"),
-])
+@pytest.mark.parametrize(
+    "url, masked",
+    [
+        ("postgresql://user:secret@host/db", "postgresql://user:***@host/db"),
+        (
+            "postgresql+psycopg2://u:p%40ss@h:5432/db?sslmode=require",
+            "postgresql+psycopg2://u:***@h:5432/db?sslmode=require",
+        ),
+        ("mysql://root:hunter2@127.0.0.1/optuna", "mysql://root:***@127.0.0.1/optuna"),
+        ("redis://:tok3n@cache:6379/0", "redis://:***@cache:6379/0"),
+    ],
+)
 def test_password_masked(url, masked):
     assert mask_url(url) == masked
     password = url.split("@")[0].rsplit(":", 1)[1]
     assert password not in mask_url(url)
 
 
-@pytest.mark.parametrize("url", ["sqlite:///runs/x.db", "mysql://u@h/db", "runs/sweep/journal.log",
-                                 "/abs/path/optuna.journal"])
+@pytest.mark.parametrize(
+    "url", ["sqlite:///runs/x.db", "mysql://u@h/db", "runs/sweep/journal.log", "/abs/path/optuna.journal"]
+)
 def test_url_without_password_unchanged(url):
     assert mask_url(url) == url
 
@@ -41,8 +48,10 @@ def test_urllib_fallback_masks_too(monkeypatch):
 
 
 def test_masks_urls_quoted_in_messages():
-    text = ("OperationalError: could not connect to postgresql://bob:s3cr3t@db.internal:5432/optuna; "
-            "also tried mysql://root:pw@h/x")
+    text = (
+        "OperationalError: could not connect to postgresql://bob:s3cr3t@db.internal:5432/optuna; "
+        "also tried mysql://root:pw@h/x"
+    )
     masked = mask_urls_in_text(text)
     assert "s3cr3t" not in masked and ":pw@" not in masked
     assert "postgresql://bob:***@db.internal:5432/optuna" in masked and "mysql://root:***@h/x" in masked

@@ -10,12 +10,12 @@ import polars as pl
 import pytest
 
 from analysis.group import _across, final_scores, is_group_dir, recurring_events
-from harness.core.stats import wilson_interval
 from analysis.loading import load_samples
 from analysis.report import write_report
 from harness.config import ConfigError, validate_data
-from harness.studies.replicates import SeedsError, parse_seeds, replicate
 from harness.core.metrics import GROUP_FILE
+from harness.core.stats import wilson_interval
+from harness.studies.replicates import SeedsError, parse_seeds, replicate
 from tests.conftest import run_cli, write_yaml
 
 
@@ -55,11 +55,14 @@ def test_cli_rejects_bad_seeds_and_seeds_with_resume(tiny, tmp_path):
 
 
 def test_two_seed_group_runs_and_reports_across_seed_intervals(tiny, tmp_path):
-    tiny["stages"] = [{"name": "a", "steps": 4, "mixture": {"repeat": 1.0}},
-                      {"name": "b", "steps": 4, "mixture": {"repeat": 0.5, "yesno": 0.5}}]
+    tiny["stages"] = [
+        {"name": "a", "steps": 4, "mixture": {"repeat": 1.0}},
+        {"name": "b", "steps": 4, "mixture": {"repeat": 0.5, "yesno": 0.5}},
+    ]
     group = tmp_path / "group"
-    result = run_cli("run", str(write_yaml(tmp_path / "t.yaml", tiny)), "--seeds", "1,2", "--jobs", "2",
-                     "--out", str(group))
+    result = run_cli(
+        "run", str(write_yaml(tmp_path / "t.yaml", tiny)), "--seeds", "1,2", "--jobs", "2", "--out", str(group)
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert is_group_dir(group)
     marker = json.loads((group / GROUP_FILE).read_text())
@@ -113,9 +116,18 @@ def _fake_group(tmp_path, events_per_seed):
     group = tmp_path / "fake"
     (group).mkdir()
     seeds = list(range(len(events_per_seed)))
-    (group / GROUP_FILE).write_text(json.dumps({"kind": "seeds", "experiment": "x", "seeds": seeds, "data_seed": 0,
-                                                "replicates": {str(s): f"seed-{s}" for s in seeds},
-                                                "status": {str(s): "done" for s in seeds}}))
+    (group / GROUP_FILE).write_text(
+        json.dumps(
+            {
+                "kind": "seeds",
+                "experiment": "x",
+                "seeds": seeds,
+                "data_seed": 0,
+                "replicates": {str(s): f"seed-{s}" for s in seeds},
+                "status": {str(s): "done" for s in seeds},
+            }
+        )
+    )
     for s, events in zip(seeds, events_per_seed):
         (group / f"seed-{s}").mkdir()
         (group / f"seed-{s}" / "summary.json").write_text(json.dumps({"stages": [], "seesaw_events": events}))
@@ -123,16 +135,28 @@ def _fake_group(tmp_path, events_per_seed):
 
 
 def _event(rose, fell, stage_from="a", stage_to="b", split="heldout", metric="greedy", p=None):
-    return {"metric": metric, "split": split, "stage_from": stage_from, "stage_to": stage_to, "rose": rose,
-            "fell": fell, "rose_by": 0.3, "fell_by": 0.2, **({"p_value": p} if p is not None else {})}
+    return {
+        "metric": metric,
+        "split": split,
+        "stage_from": stage_from,
+        "stage_to": stage_to,
+        "rose": rose,
+        "fell": fell,
+        "rose_by": 0.3,
+        "fell_by": 0.2,
+        **({"p_value": p} if p is not None else {}),
+    }
 
 
 def test_events_recurring_across_seeds_are_counted(tmp_path):
-    group = _fake_group(tmp_path, [
-        [_event("yesno", "qa", p=0.01), _event("math", "repeat")],
-        [_event("yesno", "qa", metric="tf_first", p=0.03)],
-        [_event("yesno", "qa", stage_from="b", stage_to="b"), _event("qa", "yesno")],
-    ])
+    group = _fake_group(
+        tmp_path,
+        [
+            [_event("yesno", "qa", p=0.01), _event("math", "repeat")],
+            [_event("yesno", "qa", metric="tf_first", p=0.03)],
+            [_event("yesno", "qa", stage_from="b", stage_to="b"), _event("qa", "yesno")],
+        ],
+    )
     events = recurring_events(group)
     first = events.row(0, named=True)
     assert (first["rose"], first["fell"], first["stages"], first["recurs_in"]) == ("yesno", "qa", "a→b", "2/3")

@@ -71,8 +71,17 @@ def test_report_cli_on_a_real_run(tiny_run, tmp_path):
     text = check_report(out, out / "report.html")
     for name in ("curves_greedy.png", "first_token.png", "training.png", "composition.png"):
         assert (out / name).is_file()
-    for section in ("Findings", "Curriculum", "Stage-end table", "Curves", "First token", "Seesaw events",
-                    "Worst failures", "Training", "config.resolved.yaml"):
+    for section in (
+        "Findings",
+        "Curriculum",
+        "Stage-end table",
+        "Curves",
+        "First token",
+        "Seesaw events",
+        "Worst failures",
+        "Training",
+        "config.resolved.yaml",
+    ):
         assert section in text
     # The stage table holds the stage-end values of the store.
     table = A.stage_table(A.load_run(tiny_run), "greedy", "heldout")
@@ -99,11 +108,13 @@ def test_compare_cli(tiny_run, tmp_path):
     frame = pl.read_parquet(other / "metrics.parquet")
     bumped = frame.with_columns(
         pl.when((pl.col("metric") == "greedy") & (pl.col("task") == "yesno") & (pl.col("stage") == "c"))
-        .then(pl.col("value") + 0.25).otherwise(pl.col("value")).alias("value"),
-        pl.lit("other-run").alias("run_id"))
+        .then(pl.col("value") + 0.25)
+        .otherwise(pl.col("value"))
+        .alias("value"),
+        pl.lit("other-run").alias("run_id"),
+    )
     bumped.write_parquet(other / "metrics.parquet")
-    result = CliRunner().invoke(app, ["compare", str(tiny_run), str(other), "--metric", "greedy",
-                                      "--split", "heldout"])
+    result = CliRunner().invoke(app, ["compare", str(tiny_run), str(other), "--metric", "greedy", "--split", "heldout"])
     assert result.exit_code == 0, result.output
     assert "greedy · heldout" in result.output and "other-run" in result.output
     yesno = next(line for line in result.output.splitlines() if line.strip().startswith("yesno"))
@@ -115,8 +126,15 @@ def test_sweep_report(sweep_dir, tmp_path):
     text = check_report(out, A.write_report(sweep_dir, out))
     for name in ("interference.png", "partial_dependence.png", "pareto.png", "history.png", "best_trial_curves.png"):
         assert (out / name).is_file(), name
-    for section in ("Best trials", "Interference", "Pareto front", "Failed and pruned trials", "good fit",
-                    "Predicted best mixture", "non-finite loss at step 12"):
+    for section in (
+        "Best trials",
+        "Interference",
+        "Pareto front",
+        "Failed and pruned trials",
+        "good fit",
+        "Predicted best mixture",
+        "non-finite loss at step 12",
+    ):
         assert section in text
 
 
@@ -124,16 +142,20 @@ def test_sweep_report_two_objectives(tmp_path, tiny_run):
     """A multi-objective study: the Pareto front is drawn over its objectives, each in its direction."""
     trials = make_trials(16, run_dir=tiny_run)
     trials = trials.rename({"objective": "objective_0"}).with_columns(
-        pl.col("metric/mix/heldout/assistant_qa/ft_hijack").alias("objective_1"))
+        pl.col("metric/mix/heldout/assistant_qa/ft_hijack").alias("objective_1")
+    )
     sweep = write_sweep(tmp_path / "multi", trials)
     config = yaml.safe_load((sweep / "sweep.resolved.yaml").read_text())
-    config["objectives"] = [config.pop("objective"), {"metric": "ft_hijack", "split": "heldout",
-                                                      "tasks": ["assistant_qa"], "direction": "minimize"}]
+    config["objectives"] = [
+        config.pop("objective"),
+        {"metric": "ft_hijack", "split": "heldout", "tasks": ["assistant_qa"], "direction": "minimize"},
+    ]
     (sweep / "sweep.resolved.yaml").write_text(yaml.safe_dump(config))
     text = check_report(tmp_path / "r", A.write_report(sweep, tmp_path / "r"))
     assert "The study&#x27;s first two objectives" in text or "The study's first two objectives" in text
-    front = A.pareto(trials, ["objective_0", "objective_1"], A.objective_directions(config, ["objective_0",
-                                                                                            "objective_1"]))
+    front = A.pareto(
+        trials, ["objective_0", "objective_1"], A.objective_directions(config, ["objective_0", "objective_1"])
+    )
     for number in front.filter(pl.col("pareto"))["number"].to_list():
         assert f"#{number}" in text or f">{number}<" in text
 
@@ -149,7 +171,8 @@ def test_notebook_executes(name, variable, tiny_run, sweep_dir, monkeypatch):
     assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit notebooks without outputs"
     first_code = next(c for c in nb.cells if c.cell_type == "code")
     assert variable in first_code.source  # the directory comes from one variable at the top
-    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
-                            resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    nbclient.NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+    ).execute()
     figures = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert len(figures) >= 3

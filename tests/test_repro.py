@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from data_recipes import build_world, corpus
-from harness.studies.repro import plan as repro_mod
 from harness.config import ConfigError
-from harness.runs.prepare import build_task_data
-from harness.studies.repro.plan import arm_experiment, available, load_repro, parse_seeds, run_repro
 from harness.core import stats
+from harness.runs.prepare import build_task_data
+from harness.studies.repro import plan as repro_mod
+from harness.studies.repro.plan import arm_experiment, available, load_repro, parse_seeds, run_repro
 from harness.studies.repro.report import across_seeds, markdown, paired_difference, paired_items, write_outputs
 from tests.conftest import run_cli, write_yaml
 
@@ -91,8 +91,9 @@ def test_a_finished_run_of_another_configuration_is_run_again(tmp_path):
     run_repro(repro, [0], tmp_path, micro=True, arms=["reversed"], echo=lambda _: None)
     run_dir = tmp_path / "runs" / "reversed" / "seed0"
     first_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    edited = repro_mod.Repro(repro.name, repro.directory, repro.spec.model_copy(
-        update={"micro": [*repro.spec.micro, "tasks.math.eval=8"]}))
+    edited = repro_mod.Repro(
+        repro.name, repro.directory, repro.spec.model_copy(update={"micro": [*repro.spec.micro, "tasks.math.eval=8"]})
+    )
     lines: list[str] = []
     outcome = run_repro(edited, [0], tmp_path, micro=True, arms=["reversed"], echo=lines.append)[0]
     assert "differs in tasks: to run again" in lines[0]
@@ -108,8 +109,9 @@ def test_a_run_in_use_by_another_process_is_left_alone(tmp_path):
     (run_dir / "run.json").write_text('{"run_id": "still-running"}')
     with claim_run_dir(run_dir, resume=True, force=False):  # the other process holds the lock
         with pytest.raises(RunDirError, match="in use"):
-            run_repro(load_repro("reversed_addition"), [0], tmp_path, micro=True, arms=["reversed"],
-                      echo=lambda _: None)
+            run_repro(
+                load_repro("reversed_addition"), [0], tmp_path, micro=True, arms=["reversed"], echo=lambda _: None
+            )
     assert json.loads((run_dir / "run.json").read_text())["run_id"] == "still-running"
 
 
@@ -123,15 +125,18 @@ def test_jobs_run_in_parallel_processes_with_the_sequential_results(tmp_path, mo
     try:
         repro = load_repro("reversed_addition")
         monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache_jobs"))
-        side_by_side = run_repro(repro, [0, 1], tmp_path / "jobs", micro=True, arms=["reversed"],
-                                 echo=lambda _: None, jobs=2)
+        side_by_side = run_repro(
+            repro, [0, 1], tmp_path / "jobs", micro=True, arms=["reversed"], echo=lambda _: None, jobs=2
+        )
         monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache_seq"))
         one_by_one = run_repro(repro, [0, 1], tmp_path / "seq", micro=True, arms=["reversed"], echo=lambda _: None)
     finally:
         torch.set_num_threads(threads)
     assert [(o.seed, o.items) for o in side_by_side] == [(o.seed, o.items) for o in one_by_one]
-    ids = {json.loads((tmp_path / "jobs" / "runs" / "reversed" / f"seed{s}" / "run.json").read_text())["run_id"]
-           for s in (0, 1)}
+    ids = {
+        json.loads((tmp_path / "jobs" / "runs" / "reversed" / f"seed{s}" / "run.json").read_text())["run_id"]
+        for s in (0, 1)
+    }
     assert len(ids) == 2
 
 
@@ -144,8 +149,15 @@ def test_jobs_report_a_failed_run_finish_those_going_and_start_no_more(tmp_path)
     lines: list[str] = []
     with claim_run_dir(locked, resume=True, force=False):  # seed 0's directory is another process's
         with pytest.raises(RunDirError, match="in use"):
-            run_repro(load_repro("reversed_addition"), [0, 1, 2, 3], tmp_path, micro=True, arms=["reversed"],
-                      echo=lines.append, jobs=2)
+            run_repro(
+                load_repro("reversed_addition"),
+                [0, 1, 2, 3],
+                tmp_path,
+                micro=True,
+                arms=["reversed"],
+                echo=lines.append,
+                jobs=2,
+            )
     assert "reversed seed 0: failed (RunDirError)" in lines
     assert json.loads((locked / "run.json").read_text())["run_id"] == "still-running"
     # seed 1 started beside seed 0 and finished; seeds 2 and 3 were never started after the failure
@@ -155,8 +167,9 @@ def test_jobs_report_a_failed_run_finish_those_going_and_start_no_more(tmp_path)
 
 
 def test_repeated_arm_names_run_once(tmp_path):
-    outcomes = run_repro(load_repro("reversed_addition"), [0], tmp_path, micro=True, arms=["reversed", "reversed"],
-                         echo=lambda _: None)
+    outcomes = run_repro(
+        load_repro("reversed_addition"), [0], tmp_path, micro=True, arms=["reversed", "reversed"], echo=lambda _: None
+    )
     assert [(o.arm, o.seed) for o in outcomes] == [("reversed", 0)]
 
 
@@ -175,8 +188,12 @@ def test_optional_arms_run_only_when_named(tmp_path, monkeypatch):
 
 
 def _runs(values, n=64, items=None, data_seeds=(0, 1, 2)):
-    return [repro_mod.RunOutcome("a", s, {"m": v}, {"m": n}, items={"m": items[i]} if items else {},
-                                 data_seed=data_seeds[i]) for i, (s, v) in enumerate(zip(range(len(values)), values))]
+    return [
+        repro_mod.RunOutcome(
+            "a", s, {"m": v}, {"m": n}, items={"m": items[i]} if items else {}, data_seed=data_seeds[i]
+        )
+        for i, (s, v) in enumerate(zip(range(len(values)), values))
+    ]
 
 
 def test_across_seeds_intervals_stay_in_0_1_and_are_never_zero_width():
@@ -193,17 +210,42 @@ def test_across_seeds_intervals_stay_in_0_1_and_are_never_zero_width():
 
 
 def test_the_table_says_when_there_is_no_interval_across_seeds():
-    result = {"title": "t", "source": "s", "published": "p", "arms": {"a": {"x": None, "metrics": {
-        "m": {"mean": 0.25, "low": math.nan, "high": math.nan, "across": "none: one seed",
-              "runs": [{"seed": 0, "value": 0.25, "n": 16, "wilson": [0.1, 0.5]}]}}}}}
+    result = {
+        "title": "t",
+        "source": "s",
+        "published": "p",
+        "arms": {
+            "a": {
+                "x": None,
+                "metrics": {
+                    "m": {
+                        "mean": 0.25,
+                        "low": math.nan,
+                        "high": math.nan,
+                        "across": "none: one seed",
+                        "runs": [{"seed": 0, "value": 0.25, "n": 16, "wilson": [0.1, 0.5]}],
+                    }
+                },
+            }
+        },
+    }
     text = markdown(result, "cmd", None)
     assert "0.250 (one seed: its Wilson interval; no interval across seeds)" in text and "[0.000, 1.000]" not in text
 
 
 def test_paired_difference_has_the_sign_and_seeds_of_the_data():
-    outcomes = [repro_mod.RunOutcome(arm, seed, {"m": value}) for arm, seed, value in
-                [("a", 0, 0.9), ("b", 0, 0.1), ("a", 1, 0.8), ("b", 1, 0.2), ("a", 2, 0.95), ("b", 2, 0.0),
-                 ("a", 3, 0.5)]]
+    outcomes = [
+        repro_mod.RunOutcome(arm, seed, {"m": value})
+        for arm, seed, value in [
+            ("a", 0, 0.9),
+            ("b", 0, 0.1),
+            ("a", 1, 0.8),
+            ("b", 1, 0.2),
+            ("a", 2, 0.95),
+            ("b", 2, 0.0),
+            ("a", 3, 0.5),
+        ]
+    ]
     d = paired_difference(outcomes, "a", "b", "m")
     assert d["seeds"] == [0, 1, 2] and d["mean"] == pytest.approx(0.7833, abs=1e-3)
     assert d["low"] > 0 and d["p_paired_t"] < 0.05
@@ -219,8 +261,17 @@ def test_bad_input_is_one_error_with_exit_2(tmp_path):
         parse_seeds("1,1")
     bad = tmp_path / "bad"
     bad.mkdir()
-    write_yaml(bad / "repro.yaml", {"title": "t", "source": "s", "published": "p", "metrics": [{"task": "math"}],
-                                    "arms": {"a": "missing.yaml"}, "expect": {"higher": "a", "lower": "zz"}})
+    write_yaml(
+        bad / "repro.yaml",
+        {
+            "title": "t",
+            "source": "s",
+            "published": "p",
+            "metrics": [{"task": "math"}],
+            "arms": {"a": "missing.yaml"},
+            "expect": {"higher": "a", "lower": "zz"},
+        },
+    )
     with pytest.raises(ConfigError) as e:
         load_repro(bad)
     assert "arms.a.file" in str(e.value) and "expect.lower" in str(e.value)
@@ -259,8 +310,9 @@ def test_paired_items_counts_discordant_items_per_seed():
 def test_reversed_and_plain_arms_share_their_operand_pairs():
     """The item-level paired test between the formats needs the same held-out pairs at the same indices."""
     repro = load_repro("reversed_addition")
-    splits = [build_task_data(arm_experiment(repro, arm, 0, micro=True)).splits["math"] for arm in ("reversed",
-                                                                                                   "plain")]
+    splits = [
+        build_task_data(arm_experiment(repro, arm, 0, micro=True)).splits["math"] for arm in ("reversed", "plain")
+    ]
     for split in ("heldout", "train"):
         pairs = [[(e.meta["a"], e.meta["b"]) for e in s[split]] for s in splits]
         assert pairs[0] == pairs[1]
@@ -307,12 +359,30 @@ def test_sigterm_to_a_parallel_repro_ends_its_workers(tmp_path):
     from tests.conftest import ROOT
 
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "harness", "repro", "reversed_addition", "--jobs", "2", "--seeds", "0,1",
-               "--arms", "reversed", "--out", str(out)]  # full size: minutes per run, so nothing ends by itself
+    command = [
+        sys.executable,
+        "-m",
+        "harness",
+        "repro",
+        "reversed_addition",
+        "--jobs",
+        "2",
+        "--seeds",
+        "0,1",
+        "--arms",
+        "reversed",
+        "--out",
+        str(out),
+    ]  # full size: minutes per run, so nothing ends by itself
     log = tmp_path / "stderr.txt"
     with log.open("w") as stderr:  # a file, not a pipe: the workers inherit it and nobody drains a pipe here
-        proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "HARNESS_CACHE": str(tmp_path / "cache")},
-                                stdout=subprocess.DEVNULL, stderr=stderr)
+        proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**os.environ, "HARNESS_CACHE": str(tmp_path / "cache")},
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
     workers: set[int] = set()
     try:
         deadline = time.monotonic() + 120

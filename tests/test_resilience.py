@@ -13,9 +13,9 @@ import polars as pl
 import pytest
 
 from harness.config import validate_data
+from harness.core.store import read_metrics
 from harness.runs.prepare import DataError
 from harness.runs.runner import run_experiment
-from harness.core.store import read_metrics
 from tests.conftest import ROOT, run_cli, write_yaml
 
 
@@ -96,9 +96,11 @@ def _resume_experiment(tiny):
 
 
 def _comparable(frame: pl.DataFrame) -> pl.DataFrame:
-    return (frame.filter(~pl.col("metric").is_in(["tokens_per_s"]))
-            .select("stage", "step", "task", "split", "metric", "value", "text")
-            .sort("step", "stage", "task", "split", "metric", nulls_last=True))
+    return (
+        frame.filter(~pl.col("metric").is_in(["tokens_per_s"]))
+        .select("stage", "step", "task", "split", "metric", "value", "text")
+        .sort("step", "stage", "task", "split", "metric", nulls_last=True)
+    )
 
 
 def test_killed_run_resumes_to_identical_metrics(tiny, tmp_path):
@@ -107,8 +109,13 @@ def test_killed_run_resumes_to_identical_metrics(tiny, tmp_path):
     assert run_cli("run", str(exp_file), "--out", str(reference)).returncode == 0
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", str(exp_file), "--out", str(killed)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", str(exp_file), "--out", str(killed)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=os.environ.copy(),
+    )
     deadline = time.time() + 300
     target = killed / "checkpoints" / "resume" / "step-00000018"  # mid-way through stage b
     while not target.exists() and proc.poll() is None and time.time() < deadline:
@@ -147,8 +154,13 @@ def test_resume_refuses_a_changed_experiment(tiny, tmp_path):
 
 @pytest.fixture
 def sanity_experiment(tiny):
-    tiny["model"]["config"] = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                               "num_attention_heads": 4, "num_key_value_heads": 2}
+    tiny["model"]["config"] = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
     return validate_data(tiny)
 
 
@@ -157,8 +169,7 @@ def test_overfit_check_passes_on_a_healthy_pipeline_and_fails_on_a_broken_one(sa
 
     healthy, *_ = overfit_check(sanity_experiment, n=8, threshold=0.9, max_steps=300, eval_every=20)
     assert healthy.passed, healthy.line()
-    broken, *_ = overfit_check(sanity_experiment, n=8, threshold=0.9, max_steps=60, eval_every=30,
-                               corrupt_labels=True)
+    broken, *_ = overfit_check(sanity_experiment, n=8, threshold=0.9, max_steps=60, eval_every=30, corrupt_labels=True)
     assert not broken.passed and broken.value < 0.5
 
 
@@ -167,8 +178,9 @@ def test_inputs_matter_check_fails_when_the_prompt_is_cut_off(sanity_experiment)
 
     from harness.checks.sanity import inputs_matter_check, overfit_check
 
-    _, model, tokenizer, examples, recipes = overfit_check(sanity_experiment, n=8, threshold=0.9, max_steps=300,
-                                                           eval_every=20)
+    _, model, tokenizer, examples, recipes = overfit_check(
+        sanity_experiment, n=8, threshold=0.9, max_steps=300, eval_every=20
+    )
     assert inputs_matter_check(model, tokenizer, examples, recipes).passed
 
     # The same model, but its inputs lose the prompt: every token before "<|im_start|>assistant\n" is padding.
@@ -211,17 +223,21 @@ def test_a_pool_emptied_by_max_length_is_an_error_naming_the_task(tiny, tmp_path
     assert "task 'repeat'" in result.stderr and "pool is empty" in result.stderr
 
 
-@pytest.mark.parametrize("content,expected", [
-    (None, "not found"),
-    ('{"question": "hi", "reply": "yo"}\n', "no column 'q'"),
-    ('{"q": "hi", "a": ""}\n', "empty"),
-])
+@pytest.mark.parametrize(
+    "content,expected",
+    [
+        (None, "not found"),
+        ('{"question": "hi", "reply": "yo"}\n', "no column 'q'"),
+        ('{"q": "hi", "a": ""}\n', "empty"),
+    ],
+)
 def test_bad_dataset_files_name_the_task_and_file(tiny, tmp_path, content, expected):
     data = tmp_path / "data.jsonl"
     if content is not None:
         data.write_text(content * 30)
-    tiny["tasks"] = {"mine": {"recipe": "jsonl", "train": 10, "eval": 2,
-                              "params": {"path": str(data), "prompt": "q", "answer": "a"}}}
+    tiny["tasks"] = {
+        "mine": {"recipe": "jsonl", "train": 10, "eval": 2, "params": {"path": str(data), "prompt": "q", "answer": "a"}}
+    }
     tiny["stages"] = [{"name": "a", "steps": 2, "mixture": {"mine": 1.0}}]
     result = run_cli("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--out", str(tmp_path / "run"))
     assert result.returncode == 2, result.stderr[-2000:]

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from harness.config import validate_data
-from harness.runs.runner import run_experiment
 from harness.core.store import read_metrics
+from harness.runs.runner import run_experiment
 
 
 def test_micro_run_writes_resolved_config_and_store(micro_run):
@@ -21,13 +21,18 @@ def test_micro_run_writes_resolved_config_and_store(micro_run):
     assert list(store.columns)[:8] == ["run_id", "stage", "step", "task", "split", "metric", "value", "time"]
     exp = validate_data(resolved)
     for stage in exp.resolved_stages():
-        losses = store.filter((pl.col("stage") == stage.name) & (pl.col("metric") == "loss")
-                              & (pl.col("split") == "train") & pl.col("task").is_not_null())
+        losses = store.filter(
+            (pl.col("stage") == stage.name)
+            & (pl.col("metric") == "loss")
+            & (pl.col("split") == "train")
+            & pl.col("task").is_not_null()
+        )
         assert set(losses["task"].unique()) == set(stage.mixture.tasks), stage.name
         assert losses["value"].is_finite().all()
     run_level = store.filter(pl.col("task").is_null() & (pl.col("split") == "train"))
-    assert {"loss", "lr", "grad_norm", "tokens_per_s", "pad_fraction", "update_ratio",
-            "batch_task_share_max"} <= set(run_level["metric"])
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "pad_fraction", "update_ratio", "batch_task_share_max"} <= set(
+        run_level["metric"]
+    )
     # Batches are random by default (train.length_grouping: 1), so they pad (low padding with grouping on is
     # asserted in test_speed_structure); a batch's largest task share is at least 1/(its tasks) and at most 1.
     assert run_level.filter(pl.col("metric") == "pad_fraction")["value"].is_between(0.0, 0.5).all()
@@ -62,8 +67,12 @@ def _run(tiny, tmp_path, name="run"):
 
 def _eval_rows(run_dir, stage, step):
     store = read_metrics(run_dir)
-    rows = store.filter((pl.col("stage") == stage) & (pl.col("step") == step) & (pl.col("split") == "heldout")
-                        & (pl.col("metric").is_in(["tf_first", "eval_loss", "ft_rank_mean"])))
+    rows = store.filter(
+        (pl.col("stage") == stage)
+        & (pl.col("step") == step)
+        & (pl.col("split") == "heldout")
+        & (pl.col("metric").is_in(["tf_first", "eval_loss", "ft_rank_mean"]))
+    )
     return {(r["task"], r["metric"]): r["value"] for r in rows.iter_rows(named=True)}
 
 
@@ -103,8 +112,18 @@ def test_pretraining_cache_hit_on_second_run(tiny, tmp_path):
     assert _run(tiny, tmp_path, "third").summary["base"]["cache_hit"] is False
 
 
-CONTRACT = ["greedy", "mode_ok", "tf_first", "tf_exact", "eval_loss", "ft_rank_mean", "ft_rank_median", "ft_mrr",
-            "ft_hijack", "ft_top1"]
+CONTRACT = [
+    "greedy",
+    "mode_ok",
+    "tf_first",
+    "tf_exact",
+    "eval_loss",
+    "ft_rank_mean",
+    "ft_rank_median",
+    "ft_mrr",
+    "ft_hijack",
+    "ft_top1",
+]
 
 
 def test_micro_store_has_every_contract_metric_at_every_evaluation(micro_run):
@@ -126,8 +145,8 @@ def test_micro_store_has_every_contract_metric_at_every_evaluation(micro_run):
 
 
 def test_micro_wandb_offline_run_holds_the_store_values(micro_run):
-    from tests.wandb_records import history
     from harness.runs.tracking import wandb_key
+    from tests.wandb_records import history
 
     logged: dict[tuple[int, str], float] = {}
     for record in history(micro_run):
@@ -148,8 +167,19 @@ def test_micro_wandb_offline_run_holds_the_store_values(micro_run):
 
 def test_micro_samples_summary_and_console(micro_run):
     samples = [json.loads(line) for line in (micro_run / "samples.jsonl").read_text().splitlines()]
-    assert {"stage", "step", "task", "split", "prompt", "gold", "pred", "correct", "gold_first_id",
-            "gold_first_rank", "top5"} <= set(samples[0])
+    assert {
+        "stage",
+        "step",
+        "task",
+        "split",
+        "prompt",
+        "gold",
+        "pred",
+        "correct",
+        "gold_first_id",
+        "gold_first_rank",
+        "top5",
+    } <= set(samples[0])
     assert samples[0]["prompt"].startswith("<|im_start|>user\n") and samples[0]["prompt"].endswith("assistant\n")
     assert len(samples[0]["top5"]) == 5
     summary = json.loads((micro_run / "summary.json").read_text())
@@ -165,8 +195,16 @@ def test_eval_command_reproduces_the_stage_end_metrics(micro_run, tmp_path):
     from tests.conftest import MICRO, run_cli
 
     out = tmp_path / "eval"
-    result = run_cli("eval", str(micro_run / "checkpoints" / "assistant"), "--experiment", str(MICRO),
-                     "--out", str(out), "--set", "tracking.wandb.mode=disabled")
+    result = run_cli(
+        "eval",
+        str(micro_run / "checkpoints" / "assistant"),
+        "--experiment",
+        str(MICRO),
+        "--out",
+        str(out),
+        "--set",
+        "tracking.wandb.mode=disabled",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     again = read_metrics(out).filter(pl.col("metric").is_in(CONTRACT))
     original = read_metrics(micro_run).filter(pl.col("metric").is_in(CONTRACT), pl.col("step") == 140)

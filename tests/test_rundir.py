@@ -33,8 +33,9 @@ HOLDER = textwrap.dedent("""
 
 def _holder(path: Path, tag: str, sleep: float = 60.0) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-c", HOLDER, str(path), tag, str(sleep)], stdout=subprocess.PIPE,
-                            text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path), tag, str(sleep)], stdout=subprocess.PIPE, text=True, env=env
+    )
 
 
 def test_second_claimant_is_refused_naming_the_holder(tmp_path):
@@ -63,8 +64,9 @@ def test_runs_started_at_once_on_one_directory_exactly_one_wins(tmp_path):
     for code, out in zip(codes, outputs):
         if code:
             # Refused either while the winner holds the lock, or after it exited (the directory is then not empty).
-            assert re.match(rf"refused: run directory {re.escape(str(run))} (is in use by (pid \d+|another run)|is not empty)",
-                            out), out
+            assert re.match(
+                rf"refused: run directory {re.escape(str(run))} (is in use by (pid \d+|another run)|is not empty)", out
+            ), out
 
 
 def test_non_empty_directory_refused_unless_resume_or_force(tmp_path):

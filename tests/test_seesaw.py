@@ -11,8 +11,11 @@ from harness.core.seesaw import change_tests, format_events, paired_seesaw_event
 
 def rows(series, metric="greedy", split="heldout"):
     """``series``: [(step, stage, {task: value})] → long rows."""
-    return [{"step": step, "stage": stage, "task": task, "split": split, "metric": metric, "value": value}
-            for step, stage, values in series for task, value in values.items()]
+    return [
+        {"step": step, "stage": stage, "task": task, "split": split, "metric": metric, "value": value}
+        for step, stage, values in series
+        for task, value in values.items()
+    ]
 
 
 def pairs(events):
@@ -37,14 +40,21 @@ def test_rise_and_fall_exactly_at_delta_count_and_below_do_not():
 def test_every_ordered_pair_is_an_event():
     series = [(0, "s", {"a": 0.0, "b": 0.0, "c": 1.0, "d": 1.0}), (5, "s", {"a": 0.5, "b": 0.5, "c": 0.5, "d": 0.5})]
     assert {(e["rose"], e["fell"]) for e in seesaw_events(rows(series), 0.2)} == {
-        ("a", "c"), ("a", "d"), ("b", "c"), ("b", "d")}
+        ("a", "c"),
+        ("a", "d"),
+        ("b", "c"),
+        ("b", "d"),
+    }
 
 
 def test_only_greedy_and_hijack_by_default_and_splits_separately():
     up_down = [(0, "s", {"a": 0.0, "b": 1.0}), (10, "s", {"a": 1.0, "b": 0.0})]
-    data = (rows(up_down, "greedy", "heldout") + rows(up_down, "ft_hijack", "heldout_template")
-            + rows(up_down, "tf_first", "heldout")
-            + rows([(0, "s", {"a": 0.0, "b": 1.0}), (10, "s", {"a": 0.0, "b": 1.0})], "greedy", "heldout_template"))
+    data = (
+        rows(up_down, "greedy", "heldout")
+        + rows(up_down, "ft_hijack", "heldout_template")
+        + rows(up_down, "tf_first", "heldout")
+        + rows([(0, "s", {"a": 0.0, "b": 1.0}), (10, "s", {"a": 0.0, "b": 1.0})], "greedy", "heldout_template")
+    )
     events = seesaw_events(data, 0.15)
     assert [(e["metric"], e["split"]) for e in events] == [("greedy", "heldout"), ("ft_hijack", "heldout_template")]
     assert [(e["metric"]) for e in seesaw_events(data, 0.15, metrics=["tf_first"])] == ["tf_first"]
@@ -75,13 +85,15 @@ def test_a_stage_that_restarts_from_other_weights_shows_the_jump():
     ]
     events = seesaw_events(list(reversed(rows(series))), 0.15)  # row order does not matter
     assert [(e["step_from"], e["stage_from"], e["step_to"], e["stage_to"], e["rose"], e["fell"]) for e in events] == [
-        (10, "a", 10, "b", "y", "x")]
+        (10, "a", 10, "b", "y", "x")
+    ]
 
 
 def test_missing_and_nan_values_are_skipped():
     series = [(0, "s", {"a": 0.0, "b": 1.0, "c": 0.0}), (10, "s", {"a": float("nan"), "b": 0.0, "c": 1.0})]
-    data = rows(series) + [{"step": 10, "stage": "s", "task": "d", "split": "heldout", "metric": "greedy",
-                            "value": 1.0}]
+    data = rows(series) + [
+        {"step": 10, "stage": "s", "task": "d", "split": "heldout", "metric": "greedy", "value": 1.0}
+    ]
     assert pairs(seesaw_events(data, 0.15)) == [(0, 10, "c", "b")]
 
 
@@ -105,8 +117,11 @@ def test_format_events():
 
 def item_rows(series, metric="greedy", split="heldout"):
     """``series``: [(step, stage, {task: [outcome per item]})] → rows with per-item ``outcomes``."""
-    return [{"step": step, "stage": stage, "task": task, "split": split, "metric": metric, "outcomes": outcomes}
-            for step, stage, values in series for task, outcomes in values.items()]
+    return [
+        {"step": step, "stage": stage, "task": task, "split": split, "metric": metric, "outcomes": outcomes}
+        for step, stage, values in series
+        for task, outcomes in values.items()
+    ]
 
 
 def flips(n_items, ones_before, gained, lost):
@@ -125,11 +140,16 @@ def test_paired_event_carries_the_larger_adjusted_p_value():
     up_before, up_after = flips(40, 8, gained=16, lost=0)  # 0.2 → 0.6
     down_before, down_after = flips(40, 30, gained=1, lost=14)  # 0.75 → 0.425
     same = [1] * 20 + [0] * 20
-    series = [(0, "s", {"a": up_before, "b": down_before, "c": same}),
-              (10, "s", {"a": up_after, "b": down_after, "c": same})]
+    series = [
+        (0, "s", {"a": up_before, "b": down_before, "c": same}),
+        (10, "s", {"a": up_after, "b": down_after, "c": same}),
+    ]
     tests = change_tests(item_rows(series))
-    assert [(t["task"], t["n"], t["test"]) for t in tests] == [("a", 40, "mcnemar"), ("b", 40, "mcnemar"),
-                                                               ("c", 40, "mcnemar")]
+    assert [(t["task"], t["n"], t["test"]) for t in tests] == [
+        ("a", 40, "mcnemar"),
+        ("b", 40, "mcnemar"),
+        ("c", 40, "mcnemar"),
+    ]
     raw = [binomtest(16, 16).pvalue, binomtest(1, 15).pvalue, 1.0]
     assert [t["p_raw"] for t in tests] == pytest.approx(raw)
     adjusted = false_discovery_control(raw, method="bh")
@@ -141,8 +161,10 @@ def test_paired_event_carries_the_larger_adjusted_p_value():
 
 
 def test_a_large_but_insignificant_swing_is_no_event_while_the_untested_rule_fires():
-    series = [(0, "s", {"a": [1, 0, 0, 0, 0, 0, 0, 0], "b": [1, 1, 1, 0, 0, 0, 0, 0]}),
-              (10, "s", {"a": [1, 1, 1, 0, 0, 0, 0, 0], "b": [1, 0, 0, 0, 0, 0, 0, 0]})]  # ±0.25 on 8 items
+    series = [
+        (0, "s", {"a": [1, 0, 0, 0, 0, 0, 0, 0], "b": [1, 1, 1, 0, 0, 0, 0, 0]}),
+        (10, "s", {"a": [1, 1, 1, 0, 0, 0, 0, 0], "b": [1, 0, 0, 0, 0, 0, 0, 0]}),
+    ]  # ±0.25 on 8 items
     data = item_rows(series)
     for row in data:
         row["value"] = sum(row["outcomes"]) / len(row["outcomes"])
@@ -187,8 +209,10 @@ def test_items_pair_by_key_and_missing_items_are_left_out():
 def test_non_proportion_metrics_use_the_paired_permutation_test():
     rng = np.random.default_rng(0)
     base = rng.uniform(0.1, 0.5, size=40)
-    series = [(0, "s", {"a": base.tolist(), "b": (base + 0.5).tolist()}),
-              (10, "s", {"a": (base + 0.4).tolist(), "b": (base + 0.1).tolist()})]
+    series = [
+        (0, "s", {"a": base.tolist(), "b": (base + 0.5).tolist()}),
+        (10, "s", {"a": (base + 0.4).tolist(), "b": (base + 0.1).tolist()}),
+    ]
     tests = change_tests(item_rows(series, metric="ft_mrr"), ["ft_mrr"])
     assert [t["test"] for t in tests] == ["permutation", "permutation"]
     assert tests == change_tests(item_rows(series, metric="ft_mrr"), ["ft_mrr"])  # seeded
@@ -198,11 +222,17 @@ def test_non_proportion_metrics_use_the_paired_permutation_test():
 
 def test_paired_rule_merges_a_repeated_evaluation_at_a_stage_boundary():
     low, high = [0] * 30 + [1] * 10, [1] * 30 + [0] * 10
-    series = [(0, "a", {"x": low, "y": high}), (10, "a", {"x": high, "y": low}), (10, "b", {"x": high, "y": low}),
-              (20, "b", {"x": low, "y": high})]
+    series = [
+        (0, "a", {"x": low, "y": high}),
+        (10, "a", {"x": high, "y": low}),
+        (10, "b", {"x": high, "y": low}),
+        (20, "b", {"x": low, "y": high}),
+    ]
     events = paired_seesaw_events(item_rows(series), 0.15)
     assert [(e["step_from"], e["stage_from"], e["step_to"], e["stage_to"], e["rose"]) for e in events] == [
-        (0, "a", 10, "b", "x"), (10, "b", 20, "b", "y")]
+        (0, "a", 10, "b", "x"),
+        (10, "b", 20, "b", "y"),
+    ]
 
 
 def test_rows_without_outcomes_are_an_error_for_the_paired_rule():

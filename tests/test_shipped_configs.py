@@ -62,8 +62,10 @@ def test_shipped_files_are_found_and_recognised():
     assert SWEEPS, "no sweep file found under experiments/"
     assert TEST_DATA_EXPERIMENTS, "no experiment file found under tests/data/"
     unknown = [relative(p) for p, kind in SHIPPED.items() if kind is None]
-    assert not unknown, (f"neither an experiment (top-level {EXPERIMENT_KEY}:), a sweep (top-level {SWEEP_KEY}:) nor "
-                         f"a reproduction (top-level {REPRO_KEY}:): {', '.join(unknown)}")
+    assert not unknown, (
+        f"neither an experiment (top-level {EXPERIMENT_KEY}:), a sweep (top-level {SWEEP_KEY}:) nor "
+        f"a reproduction (top-level {REPRO_KEY}:): {', '.join(unknown)}"
+    )
 
 
 @pytest.mark.parametrize("path", EXPERIMENTS + TEST_DATA_EXPERIMENTS, ids=relative)

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from harness.training import compiling
 from harness.config import LossSpec, OptimSpec, TrainSpec, validate_data
 from harness.data.batches import Batch, collate
 from harness.data.encoding import IGNORE_INDEX, Encoded
 from harness.runs.prepare import plan_stage
+from harness.training import compiling
 from harness.training.loop import StageLoop, batch_loss, make_optimizer, train_stage
 from tests.conftest import TINY
 
@@ -39,7 +39,7 @@ def _mixed_pools(n_per_task: int = 400, seed: int = 0) -> dict[str, list[Encoded
             ids = rng.integers(5, 300, size=n).astype(np.int64)
             labels = np.full(n, IGNORE_INDEX, dtype=np.int64)
             answer = int(rng.integers(2, 8))
-            labels[n - answer - 1: n - 1] = ids[n - answer:]  # pre-shifted: position t predicts token t+1
+            labels[n - answer - 1 : n - 1] = ids[n - answer :]  # pre-shifted: position t predicts token t+1
             pool.append(Encoded(task, ids, labels))
         pools[task] = pool
     return pools
@@ -48,8 +48,10 @@ def _mixed_pools(n_per_task: int = 400, seed: int = 0) -> dict[str, list[Encoded
 def _experiment(**train):
     data = copy.deepcopy(TINY)
     data["train"].update({"batch_size": 32, **train})
-    data["stages"] = [{"name": "a", "steps": 64, "mixture": {"repeat": 0.4, "yesno": 0.3, "math": 0.3}},
-                      {"name": "b", "steps": 37, "mixture": "natural"}]
+    data["stages"] = [
+        {"name": "a", "steps": 64, "mixture": {"repeat": 0.4, "yesno": 0.3, "math": 0.3}},
+        {"name": "b", "steps": 37, "mixture": "natural"},
+    ]
     return validate_data(data)
 
 
@@ -57,7 +59,7 @@ def _batches(n_per_task: int, steps: int, size: int = 8) -> tuple[dict[str, list
     """Mixed pools and ``steps`` collated batches of ``size`` examples taken in order (lengths vary per batch)."""
     pools = _mixed_pools(n_per_task)
     examples = [e for pool in pools.values() for e in pool]
-    return pools, [collate(examples[i:i + size], pad_id=0) for i in range(0, steps * size, size)]
+    return pools, [collate(examples[i : i + size], pad_id=0) for i in range(0, steps * size, size)]
 
 
 def _pad_fraction(batches: list[Batch]) -> float:
@@ -116,8 +118,16 @@ def test_plan_batches_are_collated_once_with_their_supervised_positions():
 def tiny_model():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True, pad_token_id=0)
+    config = Qwen2Config(
+        vocab_size=320,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     return Qwen2ForCausalLM(config)
 
@@ -128,7 +138,8 @@ def test_vocabulary_projection_only_at_supervised_positions(tiny_model):
     batch = collate(pools["repeat"][:4] + pools["math"][:4], pad_id=0)
     rows = []
     handle = model.get_output_embeddings().register_forward_hook(
-        lambda module, inputs, output: rows.append(inputs[0].reshape(-1, inputs[0].shape[-1]).shape[0]))
+        lambda module, inputs, output: rows.append(inputs[0].reshape(-1, inputs[0].shape[-1]).shape[0])
+    )
     try:
         loss, ce, task_of_token = batch_loss(model, batch, LossSpec(), torch.zeros(8, dtype=torch.long), ["t"])
         loss.backward()
@@ -179,9 +190,19 @@ def test_health_metrics_run_at_logging_steps_only(tiny_model, monkeypatch):
         monkeypatch.setattr(GroupStats, name, counted)
     pools, batches = _batches(40, steps=12)
     logged = []
-    train_stage(model, batches, StageLoop(stage="s", start_step=0, optim=OptimSpec(lr=1e-3), tasks=list(pools),
-                                          log=lambda rows, step: logged.append(step), evaluate=lambda step: None,
-                                          log_every=5))
+    train_stage(
+        model,
+        batches,
+        StageLoop(
+            stage="s",
+            start_step=0,
+            optim=OptimSpec(lr=1e-3),
+            tasks=list(pools),
+            log=lambda rows, step: logged.append(step),
+            evaluate=lambda step: None,
+            log_every=5,
+        ),
+    )
     assert logged == [5, 10, 12]
     assert calls == {"grad_norms": 3, "snapshot": 3}, "health metrics only when a window is logged"
 
@@ -189,9 +210,20 @@ def test_health_metrics_run_at_logging_steps_only(tiny_model, monkeypatch):
 def _train_copy(model, batches, tasks, **loop):
     model = copy.deepcopy(model)
     logged = []
-    train_stage(model, batches, StageLoop(stage="s", start_step=0, optim=OptimSpec(lr=1e-3), tasks=tasks,
-                                          log=lambda rows, step: logged.extend(rows), evaluate=lambda step: None,
-                                          log_every=2, **loop))
+    train_stage(
+        model,
+        batches,
+        StageLoop(
+            stage="s",
+            start_step=0,
+            optim=OptimSpec(lr=1e-3),
+            tasks=tasks,
+            log=lambda rows, step: logged.extend(rows),
+            evaluate=lambda step: None,
+            log_every=2,
+            **loop,
+        ),
+    )
     return model, logged
 
 
@@ -216,18 +248,22 @@ def test_compiled_training_matches_eager_and_keeps_plain_state_dicts(tiny_model)
 
 def _failing_compile(at: str):
     """A ``torch.compile`` that fails as a missing C++ compiler does: at the wrap, or at the first call."""
+
     def broken_compile(module, **kwargs):
         def call(*args, **kw):
             raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
         if at == "wrap":
             call()
         return call
+
     return broken_compile
 
 
 @pytest.mark.parametrize("at", ["wrap", "first call"])
-def test_a_failed_compile_under_auto_falls_back_to_the_eager_numbers(tiny_model, monkeypatch, caplog, auto_compiles,
-                                                                     at):
+def test_a_failed_compile_under_auto_falls_back_to_the_eager_numbers(
+    tiny_model, monkeypatch, caplog, auto_compiles, at
+):
     monkeypatch.setattr(torch, "compile", _failing_compile(at))
     pools, batches = _batches(8, steps=3)
     eager, eager_rows = _train_copy(tiny_model, batches, list(pools), compile=False)
@@ -249,6 +285,7 @@ def test_a_failed_first_call_leaves_the_random_state_as_it_was(monkeypatch):
         def call(*args, **kw):
             torch.rand(3)  # Dynamo ran one graph (drawing random numbers), then the next one failed to compile
             raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
         return call
 
     monkeypatch.setattr(torch, "compile", compile_that_draws)
@@ -263,8 +300,11 @@ def test_a_failed_first_call_leaves_the_random_state_as_it_was(monkeypatch):
 def test_a_failed_compile_under_true_is_a_clear_error(tiny_model, monkeypatch):
     monkeypatch.setattr(torch, "compile", _failing_compile("first call"))
     pools, batches = _batches(8, steps=2)
-    with pytest.raises(compiling.CompileFailed, match=r"train.compile: true, but torch.compile failed "
-                                                      r"\(RuntimeError: InvalidCxxCompiler.*set train.compile to auto"):
+    with pytest.raises(
+        compiling.CompileFailed,
+        match=r"train.compile: true, but torch.compile failed "
+        r"\(RuntimeError: InvalidCxxCompiler.*set train.compile to auto",
+    ):
         _train_copy(tiny_model, batches, list(pools), compile=True)
 
 

@@ -34,9 +34,12 @@ def test_init_previous_reuses_the_last_evaluation(tiny, tmp_path, monkeypatch):
     assert len(calls) == 5
     frame = read_metrics(tmp_path / "run")
     frame = frame.filter(frame["split"] == "heldout")  # the evaluation rows (tiny evaluates heldout only)
-    at = {(stage, step): frame.filter((frame["stage"] == stage) & (frame["step"] == step))
-          .sort(["task", "split", "metric"]).select(["task", "split", "metric", "value", "n"])
-          for stage, step in [("a", 4), ("b", 4), ("b", 8), ("c", 8)]}
+    at = {
+        (stage, step): frame.filter((frame["stage"] == stage) & (frame["step"] == step))
+        .sort(["task", "split", "metric"])
+        .select(["task", "split", "metric", "value", "n"])
+        for stage, step in [("a", 4), ("b", 4), ("b", 8), ("c", 8)]
+    }
     assert at[("a", 4)].height > 0 and at[("a", 4)].equals(at[("b", 4)])  # the start of b, as the seesaw needs it
     assert at[("c", 8)].height == at[("b", 8)].height  # c's start is evaluated afresh (other weights)
     assert [s["start_step"] for s in result.summary["stages"]] == [0, 4, 8]

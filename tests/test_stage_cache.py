@@ -18,13 +18,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.training import compiling
-from harness.runs.cache_housekeeping import list_entries, prune
 from harness.config import Experiment
+from harness.core.store import read_metrics
+from harness.runs.cache_housekeeping import list_entries, prune
 from harness.runs.prepare import build_task_data
 from harness.runs.runner import run_experiment
 from harness.runs.stage_cache import _publish, read_entry, stage_keys, task_data_hash
-from harness.core.store import read_metrics
+from harness.training import compiling
 from tests.conftest import run_cli
 
 WALL_CLOCK = ["tokens_per_s"]  # the only values that may differ between two identical runs
@@ -60,8 +60,11 @@ def _run(spec: dict, out: Path, stage_cache=True):
 
 
 def _values(run_dir: Path) -> pl.DataFrame:
-    return (read_metrics(run_dir).filter(~pl.col("metric").is_in(WALL_CLOCK))
-            .select("stage", "step", "task", "split", "metric", "value", "text", "n", "ci_low", "ci_high"))
+    return (
+        read_metrics(run_dir)
+        .filter(~pl.col("metric").is_in(WALL_CLOCK))
+        .select("stage", "step", "task", "split", "metric", "value", "text", "n", "ci_low", "ci_high")
+    )
 
 
 def _samples(run_dir: Path) -> list[dict]:
@@ -89,8 +92,11 @@ def test_a_run_from_cached_stages_is_bit_identical_to_the_whole_run(tiny, tmp_pa
     _run(prefix, tmp_path / "prefix")  # a from the cache, then b (its adapter drawn from the restored RNG)
     assert len([p for p in cache.iterdir() if not p.name.startswith(".")]) == 2
     run_end = ~pl.col("metric").is_in(["seesaw", "seesaw_tests"])  # the seesaw is decided at each run's end
-    assert _values(tmp_path / "prefix").filter(run_end).equals(
-        _values(reference.run_dir).filter(pl.col("stage").is_in(["a", "b"]) & run_end))
+    assert (
+        _values(tmp_path / "prefix")
+        .filter(run_end)
+        .equals(_values(reference.run_dir).filter(pl.col("stage").is_in(["a", "b"]) & run_end))
+    )
     b_weights = _weights(tmp_path / "prefix" / "checkpoints" / "b")
     assert all(torch.equal(t, _weights(reference.run_dir / "checkpoints" / "b")[k]) for k, t in b_weights.items())
 
@@ -193,8 +199,9 @@ def test_two_writers_of_one_stage_keep_one_whole_entry(tmp_path):
         tmp.mkdir()
         (tmp / "x").write_text(content)
         digest = hashlib.sha256(content.encode()).hexdigest()
-        (tmp / "meta.json").write_text(json.dumps({"parts": [], "files": {"x": {"size": len(content),
-                                                                               "sha256": digest}}}))
+        (tmp / "meta.json").write_text(
+            json.dumps({"parts": [], "files": {"x": {"size": len(content), "sha256": digest}}})
+        )
         return tmp
 
     target = tmp_path / "entry"
@@ -259,8 +266,7 @@ def test_a_run_from_a_cached_stage_interrupted_and_resumed_is_bit_identical(tiny
     exp["stages"] = [
         {"name": "a", "steps": 4, "mixture": {"repeat": 1.0}},
         # LoRA: the adapter is drawn from the RNG the cached stage restored, and rebuilt from the resume point
-        {"name": "b", "steps": 7, "mixture": {"repeat": 0.5, "yesno": 0.5},
-         "trainable": {"mode": "lora", "r": 4}},
+        {"name": "b", "steps": 7, "mixture": {"repeat": 0.5, "yesno": 0.5}, "trainable": {"mode": "lora", "r": 4}},
     ]
     exp["train"].update(log_every=3, checkpoint_every=2)  # the loop's window resumes mid-way
     exp["eval"]["every"] = 3
@@ -281,8 +287,7 @@ def test_a_run_from_a_cached_stage_interrupted_and_resumed_is_bit_identical(tiny
     assert (killed / "checkpoints" / "a").is_dir() and not (killed / "summary.json").exists()
     trained = read_metrics(killed).filter((pl.col("stage") == "a") & (pl.col("step") > 0))  # not the baselines
     assert trained.height and trained["cached_from"].is_not_null().all(), "a replayed from the cache"
-    assert sorted(p.name for p in (killed / "checkpoints" / "resume").iterdir()) == ["step-00000006",
-                                                                                      "step-00000008"]
+    assert sorted(p.name for p in (killed / "checkpoints" / "resume").iterdir()) == ["step-00000006", "step-00000008"]
 
     resumed = run_experiment(Experiment.model_validate(spec), killed, resume=True)
     assert resumed.summary["resumed_from"] == "step-00000008"
@@ -308,11 +313,13 @@ def test_the_key_holds_the_compile_decision_not_the_setting(tiny, monkeypatch):
     assert _keys(exp) == keys[True]
 
 
-def test_a_run_whose_compile_fell_back_gives_eager_numbers_and_stores_nothing(tiny, tmp_path, cache, monkeypatch,
-                                                                            auto_compiles, caplog):
+def test_a_run_whose_compile_fell_back_gives_eager_numbers_and_stores_nothing(
+    tiny, tmp_path, cache, monkeypatch, auto_compiles, caplog
+):
     def broken_compile(module, **kwargs):
         def call(*args, **kw):
             raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
         return call
 
     exp = copy.deepcopy(tiny)
@@ -328,8 +335,9 @@ def test_a_run_whose_compile_fell_back_gives_eager_numbers_and_stores_nothing(ti
     assert caplog.text.count("torch.compile failed (RuntimeError: InvalidCxxCompiler") == 1
     assert _values(eager.run_dir).equals(_values(fell_back.run_dir))
     assert _samples(eager.run_dir) == _samples(fell_back.run_dir)
-    assert not cache.exists() or not [p for p in cache.iterdir() if not p.name.startswith(".")], \
+    assert not cache.exists() or not [p for p in cache.iterdir() if not p.name.startswith(".")], (
         "its stages ran eagerly under keys that say compiled"
+    )
 
 
 def test_a_pruned_trial_counts_the_steps_it_replayed(tmp_path):
@@ -340,8 +348,10 @@ def test_a_pruned_trial_counts_the_steps_it_replayed(tmp_path):
     from harness.studies.sweep.worker import cached_steps
 
     assert cached_steps(tmp_path) == 0  # no store yet
-    rows = [{"step": step, "metric": "loss", "value": 1.0, "cached_from": source}
-            for step, source in ((0, None), (300, "run-a"), (800, "run-a"), (900, None))]
+    rows = [
+        {"step": step, "metric": "loss", "value": 1.0, "cached_from": source}
+        for step, source in ((0, None), (300, "run-a"), (800, "run-a"), (900, None))
+    ]
     frame = pl.DataFrame([{name: r.get(name) for name in SCHEMA} for r in rows], schema=SCHEMA)
     frame.write_parquet(tmp_path / "metrics.parquet")
     assert cached_steps(tmp_path) == 800

@@ -34,8 +34,10 @@ def _experiment() -> dict:
     exp = copy.deepcopy(TINY)
     exp["model"]["pretrain"]["seq_len"] = 32
     full = TrainSpec.model_validate(exp["train"]).model_dump(mode="json")
-    exp["stages"] = [{"name": n, "steps": 4, "mixture": m, **copy.deepcopy(full)} for n, m in
-                     (("a", {"repeat": 1.0}), ("b", {"repeat": 0.5, "yesno": 0.5}), ("c", {"math": 1.0}))]
+    exp["stages"] = [
+        {"name": n, "steps": 4, "mixture": m, **copy.deepcopy(full)}
+        for n, m in (("a", {"repeat": 1.0}), ("b", {"repeat": 0.5, "yesno": 0.5}), ("c", {"math": 1.0}))
+    ]
     return exp
 
 
@@ -43,17 +45,42 @@ def _experiment() -> dict:
 # the value an optional section is set to before its fields are changed. Keys: the field's path with a leading
 # ``train.`` / ``stages.<i>.`` / ``tasks.<name>.`` dropped (``@stage`` marks a stage's own fields).
 EXPLICIT: dict[str, Any] = {
-    "name": "renamed", "seeds": [1, 2], "model.builtin": "llama-tiny", "model.hf": "org/a-model",
-    "model.revision": "main", "model.text": "qwen2-tiny", "model.vision": {"image_size": 32},
-    "model.config": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 2,
-                     "num_key_value_heads": 1},
-    "tasks.recipe": "yesno", "tasks.params": {"max_words": 2}, "tasks.system": "Answer briefly.",
-    "trainable.target_modules": ["q_proj"], "trainable.unfreeze": ["lm_head"], "loss.task_weights": {"math": 2.0},
-    "optim.betas": [0.8, 0.9], "eval.evaluators": ["greedy"], "eval.probes": [], "eval.hijack_words": ["yes"],
-    "eval.splits": ["heldout", "train"], "eval.benchmarks": [{"task": "world_mc", "limit": 10}], "tracking.wandb.project": "other", "tracking.wandb.entity": "me",
-    "tracking.wandb.group": "g", "tracking.wandb.tags": ["t"], "name@stage": "renamed", "init@stage": "a",
-    "mixture@stage": {"repeat": 0.3, "yesno": 0.7}, "debug.inject_nonfinite": {"step": 2, "module": "lm_head"},
-    "debug.kill_rank": {"step": 2}, "debug.inject_nonfinite.module": "embed",
+    "name": "renamed",
+    "seeds": [1, 2],
+    "model.builtin": "llama-tiny",
+    "model.hf": "org/a-model",
+    "model.revision": "main",
+    "model.text": "qwen2-tiny",
+    "model.vision": {"image_size": 32},
+    "model.config": {
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+    },
+    "tasks.recipe": "yesno",
+    "tasks.params": {"max_words": 2},
+    "tasks.system": "Answer briefly.",
+    "trainable.target_modules": ["q_proj"],
+    "trainable.unfreeze": ["lm_head"],
+    "loss.task_weights": {"math": 2.0},
+    "optim.betas": [0.8, 0.9],
+    "eval.evaluators": ["greedy"],
+    "eval.probes": [],
+    "eval.hijack_words": ["yes"],
+    "eval.splits": ["heldout", "train"],
+    "eval.benchmarks": [{"task": "world_mc", "limit": 10}],
+    "tracking.wandb.project": "other",
+    "tracking.wandb.entity": "me",
+    "tracking.wandb.group": "g",
+    "tracking.wandb.tags": ["t"],
+    "name@stage": "renamed",
+    "init@stage": "a",
+    "mixture@stage": {"repeat": 0.3, "yesno": 0.7},
+    "debug.inject_nonfinite": {"step": 2, "module": "lm_head"},
+    "debug.kill_rank": {"step": 2},
+    "debug.inject_nonfinite.module": "embed",
 }
 TASK = "repeat"  # the task whose fields are changed
 # Fields with a single valid value: nothing to change them to.
@@ -64,8 +91,9 @@ def _short(path: tuple) -> str:
     names = [str(p) for p in path]
     if names[0] == "stages":
         rest = names[2:]
-        return f"{rest[0]}@stage" if len(rest) == 1 and rest[0] in ("name", "steps", "init", "mixture") \
-            else ".".join(rest)
+        return (
+            f"{rest[0]}@stage" if len(rest) == 1 and rest[0] in ("name", "steps", "init", "mixture") else ".".join(rest)
+        )
     if names[0] == "tasks":
         return ".".join(["tasks", *names[2:]])
     return ".".join(names[1:] if names[0] == "train" else names)
@@ -211,10 +239,19 @@ CASES = cases()
 
 def test_the_walk_covers_every_section_and_the_defect_field():
     paths = {".".join(map(str, c.path)) for c in CASES}
-    assert {"train.max_length", "stages.1.max_length", "stages.1.optim.lr", "model.pretrain.steps",
-            "tasks.repeat.params",
-            "eval.seesaw_alpha", "debug.inject_nonfinite.module", "tracking.wandb.project", "data.too_long",
-            "world.people", "data_seed"} <= paths
+    assert {
+        "train.max_length",
+        "stages.1.max_length",
+        "stages.1.optim.lr",
+        "model.pretrain.steps",
+        "tasks.repeat.params",
+        "eval.seesaw_alpha",
+        "debug.inject_nonfinite.module",
+        "tracking.wandb.project",
+        "data.too_long",
+        "world.people",
+        "data_seed",
+    } <= paths
     assert len(CASES) > 100
 
 
@@ -230,7 +267,8 @@ def test_every_field_misses_from_the_stage_it_shapes_or_is_listed_as_not_shaping
     assert before[:first] == after[:first], "a later stage's field changed an earlier stage's key"
     assert all(b != a for b, a in zip(before[first:], after[first:])), (
         f"{'.'.join(map(str, case.path))} shapes a stage but the key ignores it (add it to the key, or to "
-        "NOT_SHAPING with the reason it cannot change a stage's numbers)")
+        "NOT_SHAPING with the reason it cannot change a stage's numbers)"
+    )
 
 
 def test_the_not_shaping_list_is_short_and_says_why():
@@ -261,8 +299,9 @@ def _edit(path: Path, old: str, new: str) -> None:
 def _keys_of_code(root: Path, spec: dict) -> list[str]:
     exp = Experiment.model_validate(spec)
     data = build_task_data(exp)
-    return stage_keys(exp, "base", task_data_hash(data.splits, data.corpus), "cpu",
-                      code=code_identity.code_fingerprint(root))
+    return stage_keys(
+        exp, "base", task_data_hash(data.splits, data.corpus), "cpu", code=code_identity.code_fingerprint(root)
+    )
 
 
 def test_an_edited_copy_of_a_shaping_module_misses_and_a_comment_does_not(code_copy, monkeypatch):
@@ -300,9 +339,15 @@ def test_a_recipe_edit_misses(code_copy):
 
 def test_the_code_hash_names_the_layers_that_shape_numbers():
     files = {p.as_posix() for p in code_identity.shaping_files()}
-    assert {"harness/training/losses.py", "harness/evaluation/passes.py", "harness/runs/prepare.py",
-            "harness/runs/runner.py", "harness/core/stats.py", "harness/config/schema.py",
-            "data_recipes/count.py"} <= files
+    assert {
+        "harness/training/losses.py",
+        "harness/evaluation/passes.py",
+        "harness/runs/prepare.py",
+        "harness/runs/runner.py",
+        "harness/core/stats.py",
+        "harness/config/schema.py",
+        "data_recipes/count.py",
+    } <= files
     assert not {"harness/runs/console.py", "harness/runs/tracking.py", "harness/cli/app.py"} & files
 
 

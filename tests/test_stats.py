@@ -87,8 +87,7 @@ def test_paired_permutation_is_seeded_and_detects_a_shift():
     rng = np.random.default_rng(1)
     before = rng.normal(size=40)
     after = before + 1.0 + rng.normal(scale=0.5, size=40)
-    assert stats.paired_permutation_test(before, after, seed=3) == stats.paired_permutation_test(before, after,
-                                                                                                 seed=3)
+    assert stats.paired_permutation_test(before, after, seed=3) == stats.paired_permutation_test(before, after, seed=3)
     assert stats.paired_permutation_test(before, after) < 0.01
 
 
@@ -114,8 +113,10 @@ def test_the_rate_check_is_powerful_and_not_flaky():
 
 def test_paired_permutation_false_positive_rate_under_the_null():
     rng = np.random.default_rng(7)
-    rejections = sum(stats.paired_permutation_test(rng.normal(size=30), rng.normal(size=30), resamples=400,
-                                                   seed=i) <= 0.05 for i in range(RATE_TRIALS))
+    rejections = sum(
+        stats.paired_permutation_test(rng.normal(size=30), rng.normal(size=30), resamples=400, seed=i) <= 0.05
+        for i in range(RATE_TRIALS)
+    )
     # valid at α: a test that ignored the pairing or the signs, or the liberal bootstrap (7 %), would exceed it
     assert rejections <= accepted_misses(), stats.wilson_interval(rejections, RATE_TRIALS)
 
@@ -209,11 +210,14 @@ def simulated_tables(rng, runs: int, seeds: int, items: int, mu: float, seed_sd:
     return tables.astype(float), logit_normal_truth(mu, math.hypot(seed_sd, item_sd))
 
 
-@pytest.mark.parametrize("seeds, items, mu, seed_sd, item_sd", [
-    (3, 200, 0.0, 0.5, 1.0),   # seeds differ a lot (±0.1 in accuracy): the seed part decides
-    (3, 64, -2.0, 0.3, 1.0),   # low accuracy (~0.16), a small pool
-    (5, 200, 0.0, 0.0, 1.5),   # seeds exchangeable: only the items vary
-])
+@pytest.mark.parametrize(
+    "seeds, items, mu, seed_sd, item_sd",
+    [
+        (3, 200, 0.0, 0.5, 1.0),  # seeds differ a lot (±0.1 in accuracy): the seed part decides
+        (3, 64, -2.0, 0.3, 1.0),  # low accuracy (~0.16), a small pool
+        (5, 200, 0.0, 0.0, 1.5),  # seeds exchangeable: only the items vary
+    ],
+)
 def test_seeds_items_interval_covers_the_truth(seeds, items, mu, seed_sd, item_sd):
     rng = np.random.default_rng([seeds, items])
     tables, truth = simulated_tables(rng, RATE_TRIALS, seeds, items, mu, seed_sd, item_sd)
@@ -235,8 +239,10 @@ def test_seeds_rates_interval_covers_the_truth():
     """Rates only (no per-item outcomes): conservative, so at least as often right."""
     rng = np.random.default_rng(5)
     tables, truth = simulated_tables(rng, RATE_TRIALS, 3, 100, 0.5, 0.3, 1.0)
-    misses = sum(not ci.low <= truth <= ci.high
-                 for ci in (stats.seeds_rates_interval(t.mean(axis=1), t.shape[1]) for t in tables))
+    misses = sum(
+        not ci.low <= truth <= ci.high
+        for ci in (stats.seeds_rates_interval(t.mean(axis=1), t.shape[1]) for t in tables)
+    )
     assert misses <= accepted_misses()
 
 

@@ -63,8 +63,9 @@ def simulate(controller, problem: Synthetic, steps: int = 400, batch: int = 16, 
 
 # Three tasks: 0 learnt quickly (low loss), 1 learnable but lagging (starts high, learns slowly), 2 noise (high loss
 # that cannot fall: random labels).
-PROBLEM = Synthetic(start=np.array([2.0, 4.0, 4.0]), floor=np.array([0.1, 0.3, 4.0]),
-                    rate=np.array([0.02, 0.0003, 0.0]))
+PROBLEM = Synthetic(
+    start=np.array([2.0, 4.0, 4.0]), floor=np.array([0.1, 0.3, 4.0]), rate=np.array([0.02, 0.0003, 0.0])
+)
 UNIFORM = np.ones(3) / 3
 
 
@@ -194,20 +195,40 @@ def _micro_with(mixture, **stage) -> dict:
     return data
 
 
-@pytest.mark.parametrize("mixture, stage, path, words", [
-    ({"adaptive": {"method": "odn"}}, {}, "stages[1].mixture.adaptive.method", "did you mean 'odm'"),
-    ({"adaptive": {"method": "odm", "floor": 0.3, "tasks": ["yesno", "math", "repeat", "identity"]}}, {},
-     "stages[1].mixture.adaptive.floor", "[0, 1/K)"),
-    ({"adaptive": {"method": "doremi", "eta": 0}}, {}, "stages[1].mixture.adaptive.eta", "> 0"),
-    ({"adaptive": {"method": "odm", "tasks": ["yesno", "mathh"]}}, {}, "stages[1].mixture.adaptive.tasks",
-     "did you mean 'math'"),
-    ({"adaptive": {"method": "odm", "start": {"yesno": 1, "math": 0}}}, {}, "stages[1].mixture.adaptive.start.math",
-     "> 0"),
-    ({"adaptive": {"method": "odm", "every": 0}}, {}, "stages[1].mixture.adaptive.every", ">= 1"),
-    ({"adaptive": {"method": "odm", "ett": 1}}, {}, "stages[1].mixture.adaptive.ett", "unknown setting"),
-    ({"adaptive": {"method": "odm", "signal": "eval_score"}}, {}, "stages[1].mixture.adaptive.signal", "train_loss"),
-    ({"adaptive": {"method": "odm"}}, {"length_grouping": 4}, "stages[1].length_grouping", "length_grouping: 1"),
-])
+@pytest.mark.parametrize(
+    "mixture, stage, path, words",
+    [
+        ({"adaptive": {"method": "odn"}}, {}, "stages[1].mixture.adaptive.method", "did you mean 'odm'"),
+        (
+            {"adaptive": {"method": "odm", "floor": 0.3, "tasks": ["yesno", "math", "repeat", "identity"]}},
+            {},
+            "stages[1].mixture.adaptive.floor",
+            "[0, 1/K)",
+        ),
+        ({"adaptive": {"method": "doremi", "eta": 0}}, {}, "stages[1].mixture.adaptive.eta", "> 0"),
+        (
+            {"adaptive": {"method": "odm", "tasks": ["yesno", "mathh"]}},
+            {},
+            "stages[1].mixture.adaptive.tasks",
+            "did you mean 'math'",
+        ),
+        (
+            {"adaptive": {"method": "odm", "start": {"yesno": 1, "math": 0}}},
+            {},
+            "stages[1].mixture.adaptive.start.math",
+            "> 0",
+        ),
+        ({"adaptive": {"method": "odm", "every": 0}}, {}, "stages[1].mixture.adaptive.every", ">= 1"),
+        ({"adaptive": {"method": "odm", "ett": 1}}, {}, "stages[1].mixture.adaptive.ett", "unknown setting"),
+        (
+            {"adaptive": {"method": "odm", "signal": "eval_score"}},
+            {},
+            "stages[1].mixture.adaptive.signal",
+            "train_loss",
+        ),
+        ({"adaptive": {"method": "odm"}}, {"length_grouping": 4}, "stages[1].length_grouping", "length_grouping: 1"),
+    ],
+)
 def test_bad_adaptive_mixtures_name_their_yaml_path(mixture, stage, path, words, tmp_path):
     file = write_yaml(tmp_path / "bad.yaml", _micro_with(mixture, **stage))
     result = runner.invoke(app, ["validate", str(file)])
@@ -220,9 +241,19 @@ def test_defaults_alone_work_and_every_setting_is_resolved():
     errors = []
     m = parse_mixture({"adaptive": {"method": "doremi"}}, "m", ["a", "b"], errors)
     assert not errors and m.kind == "adaptive"
-    assert m.to_yaml() == {"adaptive": {"method": "doremi", "tasks": ["a", "b"], "start": "natural", "every": 1,
-                                        "floor": 0.01, "signal": "train_loss", "eta": 1.0, "smoothing": 1e-3,
-                                        "reference": "start"}}
+    assert m.to_yaml() == {
+        "adaptive": {
+            "method": "doremi",
+            "tasks": ["a", "b"],
+            "start": "natural",
+            "every": 1,
+            "floor": 0.01,
+            "signal": "train_loss",
+            "eta": 1.0,
+            "smoothing": 1e-3,
+            "reference": "start",
+        }
+    }
     assert parse_mixture(m.to_yaml(), "m", ["a", "b"], []) == m  # the resolved form reloads to the same mixture
 
 
@@ -236,8 +267,11 @@ def test_the_adaptive_settings_are_in_the_stage_cache_key(tmp_path):
 
     odm = keys({"adaptive": {"method": "odm"}})
     assert odm[0] == keys({"adaptive": {"method": "doremi"}})[0]  # stages before it: unchanged
-    others = [keys({"adaptive": {"method": "doremi"}}), keys({"adaptive": {"method": "odm", "alpha": 0.5}}),
-              keys({"adaptive": {"method": "odm", "every": 3}})]
+    others = [
+        keys({"adaptive": {"method": "doremi"}}),
+        keys({"adaptive": {"method": "odm", "alpha": 0.5}}),
+        keys({"adaptive": {"method": "odm", "every": 3}}),
+    ]
     assert len({odm[1], *(k[1] for k in others)}) == 4
 
 
@@ -247,16 +281,22 @@ def test_the_adaptive_settings_are_in_the_stage_cache_key(tmp_path):
 
 
 def _adaptive_tiny(tiny: dict) -> dict:
-    tiny["stages"][1] = {"name": "b", "steps": 8, "mixture": {"adaptive": {"method": "odm",
-                                                                         "tasks": ["repeat", "yesno", "math"]}}}
+    tiny["stages"][1] = {
+        "name": "b",
+        "steps": 8,
+        "mixture": {"adaptive": {"method": "odm", "tasks": ["repeat", "yesno", "math"]}},
+    }
     tiny["train"].update({"checkpoint_every": 2, "stage_cache": False})
     return tiny
 
 
 def _comparable(run_dir):
-    return (read_metrics(run_dir).filter(pl.col("metric") != "tokens_per_s")
-            .select("stage", "step", "task", "split", "metric", "value", "text")
-            .sort("step", "stage", "task", "split", "metric", nulls_last=True))
+    return (
+        read_metrics(run_dir)
+        .filter(pl.col("metric") != "tokens_per_s")
+        .select("stage", "step", "task", "split", "metric", "value", "text")
+        .sort("step", "stage", "task", "split", "metric", nulls_last=True)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -316,8 +356,9 @@ def test_two_ranks_steer_like_one_process(adaptive_run, tmp_path):
     steering on its own half's losses would move them by ~1e-2)."""
     exp_file, whole = adaptive_run
     out = tmp_path / "two"
-    result = run_cli("run", str(exp_file), "--out", str(out), "--nproc", "2",
-                     env={"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
+    result = run_cli(
+        "run", str(exp_file), "--out", str(out), "--nproc", "2", env={"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     one, two = (read_metrics(d).sort("step", "stage", "task", "metric") for d in (whole, out))
 
@@ -333,8 +374,14 @@ def test_two_ranks_steer_like_one_process(adaptive_run, tmp_path):
 def test_analysis_flattens_an_adaptive_mixture_as_its_own_kind():
     from analysis.loading import flatten_config
 
-    flat = flatten_config({"tasks": {"a": {"train": 10}, "b": {"train": 30}}, "stages": [
-        {"name": "s", "mixture": {"adaptive": {"method": "odm", "tasks": ["a", "b"], "start": "natural"}}}]})
+    flat = flatten_config(
+        {
+            "tasks": {"a": {"train": 10}, "b": {"train": 30}},
+            "stages": [
+                {"name": "s", "mixture": {"adaptive": {"method": "odm", "tasks": ["a", "b"], "start": "natural"}}}
+            ],
+        }
+    )
     assert flat["stages.s.mixture.kind"] == "adaptive" and flat["stages.s.mixture.adaptive.method"] == "odm"
     assert (flat["stages.s.mixture.a"], flat["stages.s.mixture.b"]) == (0.25, 0.75)  # the natural start
 
@@ -353,14 +400,20 @@ def test_an_adaptive_stage_replayed_from_the_stage_cache_keeps_its_rows_and_comp
     for name in ("first", "second"):
         result = run_cli("run", str(exp_file), "--out", str(tmp_path / name))
         assert result.returncode == 0, result.stderr[-3000:]
-    replayed = read_metrics(tmp_path / "second").filter(pl.col("stage") == "b",
-                                                        ~pl.col("metric").str.starts_with("seesaw"))
+    replayed = read_metrics(tmp_path / "second").filter(
+        pl.col("stage") == "b", ~pl.col("metric").str.starts_with("seesaw")
+    )
     assert replayed.height and replayed["cached_from"].is_not_null().all()  # stage b replayed (seesaw: at run end)
     first, second = (json.loads((tmp_path / n / "summary.json").read_text()) for n in ("first", "second"))
     assert second["stages"][1]["composition"] == first["stages"][1]["composition"]
     assert sum(c["examples"] for c in second["stages"][1]["composition"].values()) == 32
-    weights = [read_metrics(tmp_path / n).filter(pl.col("metric") == "mixture_weight")
-               .select("step", "task", "value").sort("step", "task") for n in ("first", "second")]
+    weights = [
+        read_metrics(tmp_path / n)
+        .filter(pl.col("metric") == "mixture_weight")
+        .select("step", "task", "value")
+        .sort("step", "task")
+        for n in ("first", "second")
+    ]
     assert weights[0].height == 27 and weights[0].equals(weights[1])
 
 
@@ -372,8 +425,14 @@ def test_doremi_reads_its_reference_from_an_earlier_run(tmp_path):
 
     store = MetricsStore(tmp_path / "ref", "r")
     (tmp_path / "ref").mkdir()
-    store.log([Row("s", 10, "a", "train", "loss", 2.0), Row("s", 20, "a", "train", "loss", 1.5),
-               Row("s", 20, "b", "train", "loss", 0.7), Row("s", 20, "b", "heldout", "eval_loss", 9.0)])
+    store.log(
+        [
+            Row("s", 10, "a", "train", "loss", 2.0),
+            Row("s", 20, "a", "train", "loss", 1.5),
+            Row("s", 20, "b", "train", "loss", 0.7),
+            Row("s", 20, "b", "heldout", "eval_loss", 9.0),
+        ]
+    )
     store.flush()
 
     def spec(reference):
@@ -384,7 +443,11 @@ def test_doremi_reads_its_reference_from_an_earlier_run(tmp_path):
     assert reference_losses(spec("start"), "x") is None
     with pytest.raises(DataError, match="stage 'x': mixture.adaptive.reference .*cannot read"):
         reference_losses(spec(str(tmp_path / "nowhere")), "x")
-    only_a = parse_mixture({"adaptive": {"method": "doremi", "reference": str(tmp_path / "ref"), "tasks": ["a", "c"]}},
-                           "m", ["a", "b", "c"], []).adaptive
+    only_a = parse_mixture(
+        {"adaptive": {"method": "doremi", "reference": str(tmp_path / "ref"), "tasks": ["a", "c"]}},
+        "m",
+        ["a", "b", "c"],
+        [],
+    ).adaptive
     with pytest.raises(DataError, match="no training loss of task 'c'"):
         reference_losses(only_a, "x")

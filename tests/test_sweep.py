@@ -20,8 +20,8 @@ import yaml
 
 from harness.config import ConfigError
 from harness.studies.sweep import journal_lock, load_resolved, load_sweep, simplex_weights
-from harness.studies.sweep.results import status_text
 from harness.studies.sweep.heartbeat import HEARTBEAT_ATTR, fail_stale_trials
+from harness.studies.sweep.results import status_text
 from harness.studies.sweep.worker import load_worker_study, run_sweep
 from tests.conftest import ROOT, TINY, run_cli, write_yaml
 
@@ -73,9 +73,15 @@ def test_simplex_weights_are_a_distribution():
 
 
 def test_invalid_sweep_file_exits_2_naming_each_path(tmp_path):
-    path = _sweep(tmp_path, "bad", study={"sampler": "tpee"},
-                  space={"stages.b.mixture": {"simplex": ["repeat", "yesno"]},
-                         "train.optim.lrr": {"float": [1e-4, 1e-2], "lg": True}})
+    path = _sweep(
+        tmp_path,
+        "bad",
+        study={"sampler": "tpee"},
+        space={
+            "stages.b.mixture": {"simplex": ["repeat", "yesno"]},
+            "train.optim.lrr": {"float": [1e-4, 1e-2], "lg": True},
+        },
+    )
     result = run_cli("sweep", str(path), "--out", str(tmp_path / "out"))
     assert result.returncode == 2, result.stderr
     err = result.stderr
@@ -86,11 +92,17 @@ def test_invalid_sweep_file_exits_2_naming_each_path(tmp_path):
 
 
 def test_semantic_errors_name_paths_with_suggestions(tmp_path):
-    path = _sweep(tmp_path, "sem", space={"stages.bb.mixture": {"simplex": ["repeat", "yesno"]},
-                                          "stages.a.mixture": {"simplex": ["repeat", "yesnoo"]},
-                                          "train.optim.lrr": {"float": [1e-4, 1e-2], "log": True},
-                                          "train.batch_size": {"int": [0, 4]}},
-                  objective={"metric": "greedyy", "split": "heldout", "tasks": ["yesno"], "stage": "c"})
+    path = _sweep(
+        tmp_path,
+        "sem",
+        space={
+            "stages.bb.mixture": {"simplex": ["repeat", "yesno"]},
+            "stages.a.mixture": {"simplex": ["repeat", "yesnoo"]},
+            "train.optim.lrr": {"float": [1e-4, 1e-2], "log": True},
+            "train.batch_size": {"int": [0, 4]},
+        },
+        objective={"metric": "greedyy", "split": "heldout", "tasks": ["yesno"], "stage": "c"},
+    )
     with pytest.raises(ConfigError) as e:
         load_sweep(path)
     errors = dict(e.value.errors)
@@ -143,7 +155,9 @@ def test_two_workers_share_one_journal_and_weights_reach_the_runs(tmp_path):
     assert sorted(p.name for p in (out / "workers").iterdir()) == ["0.log", "1.log"]
     frame = pl.read_parquet(out / "trials.parquet")
     assert frame.height == 4 and sorted(frame["number"].to_list()) == [0, 1, 2, 3]
-    assert {"number", "state", "objective", "duration_s", "trial_dir", "fail_reason", "pruned_step"} <= set(frame.columns)
+    assert {"number", "state", "objective", "duration_s", "trial_dir", "fail_reason", "pruned_step"} <= set(
+        frame.columns
+    )
     assert "metric/b/heldout/yesno/tf_first" in frame.columns
 
     tasks = ["repeat", "yesno", "math"]
@@ -167,8 +181,12 @@ def test_two_workers_share_one_journal_and_weights_reach_the_runs(tmp_path):
 
 
 def test_failed_trial_is_recorded_and_the_study_goes_on(tmp_path):
-    path = _sweep(tmp_path, "fail", space={"stages.b.mixture": {"simplex": ["repeat", "yesno"]},
-                                           "train.max_length": {"choice": [256, 8]}}, seed_trials=False)
+    path = _sweep(
+        tmp_path,
+        "fail",
+        space={"stages.b.mixture": {"simplex": ["repeat", "yesno"]}, "train.max_length": {"choice": [256, 8]}},
+        seed_trials=False,
+    )
     sweep = load_sweep(path)
     out = tmp_path / "out"
     from harness.studies.sweep import prepare_study
@@ -212,10 +230,16 @@ def test_pruned_trial_is_recorded_with_its_step(tmp_path, monkeypatch):
 
 
 def test_multi_objective_study_gives_a_pareto_front(tmp_path):
-    path = _sweep(tmp_path, "multi", study={"n_trials": 3, "sampler": "nsga2", "pruner": "hyperband"},
-                  objective=None,
-                  objectives=[{"metric": "tf_first", "split": "heldout", "tasks": ["yesno"]},
-                              {"metric": "eval_loss", "split": "heldout", "tasks": ["math"]}])
+    path = _sweep(
+        tmp_path,
+        "multi",
+        study={"n_trials": 3, "sampler": "nsga2", "pruner": "hyperband"},
+        objective=None,
+        objectives=[
+            {"metric": "tf_first", "split": "heldout", "tasks": ["yesno"]},
+            {"metric": "eval_loss", "split": "heldout", "tasks": ["math"]},
+        ],
+    )
     sweep = load_sweep(path)
     assert sweep.directions == ["maximize", "minimize"]
     assert any("pruner: hyperband is turned off" in note for note in sweep.notes)
@@ -256,9 +280,14 @@ def test_killed_worker_leaves_the_study_consistent(tmp_path):
     # Long enough trials (several seconds each) that the poll below catches one mid-training on a fast machine.
     path = _sweep(tmp_path, "kill", steps=80, study={"n_trials": 3, "heartbeat": {"interval": 1, "grace": 30}})
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "sweep", str(path), "--workers", "2", "--out", str(out)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "sweep", str(path), "--workers", "2", "--out", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ},
+    )
     try:
         victim, deadline = None, time.time() + 240
         while victim is None and time.time() < deadline:  # a trial that is training (it has reported)
@@ -292,9 +321,17 @@ def test_journal_lock_is_released_when_its_holder_is_killed(tmp_path):
     # optuna's default symlink lock would block every other process for its 30 s grace period here.
     path = str(tmp_path / "journal.log")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom harness.studies.sweep import journal_lock\n"
-                               "journal_lock(sys.argv[1]).acquire()\nprint('held', flush=True)\ntime.sleep(600)", path],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom harness.studies.sweep import journal_lock\n"
+            "journal_lock(sys.argv[1]).acquire()\nprint('held', flush=True)\ntime.sleep(600)",
+            path,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         acquired = threading.Event()
@@ -314,12 +351,17 @@ def test_fraction_and_named_stage_paths_apply_to_the_experiment(tmp_path):
     exp["stages"][1]["mixture"] = {"counts": {"repeat": 8, "math": 4}}
     exp["stages"][1].pop("steps")
     write_yaml(tmp_path / "tiny.yaml", exp)
-    path = write_yaml(tmp_path / "dmt.yaml", {
-        "experiment": "tiny.yaml",
-        "space": {"stages.b.mixture.counts.math": {"fraction": [0.1, 1.0], "log": True},
-                  "stages[0].optim.lr": {"float": [1e-4, 1e-2], "log": True}},
-        "objective": {"metric": "eval_loss", "tasks": ["math", "repeat"]},
-    })
+    path = write_yaml(
+        tmp_path / "dmt.yaml",
+        {
+            "experiment": "tiny.yaml",
+            "space": {
+                "stages.b.mixture.counts.math": {"fraction": [0.1, 1.0], "log": True},
+                "stages[0].optim.lr": {"float": [1e-4, 1e-2], "log": True},
+            },
+            "objective": {"metric": "eval_loss", "tasks": ["math", "repeat"]},
+        },
+    )
     sweep = load_sweep(path)
     assert sweep.directions == ["minimize"] and sweep.first_swept_stage == 0
     raw = sweep.experiment_raw({"stages.b.mixture.counts.math": 0.5, "stages[0].optim.lr": 1e-3}, trial_number=7)

@@ -71,18 +71,47 @@ def postgres_url():
         for path in (root, data, sock, pwfile):
             shutil.chown(path, user)
     os.chmod(pwfile, 0o600)
-    run = lambda *args: subprocess.run(args, user=user, check=True, capture_output=True, text=True,  # noqa: E731
-                                       timeout=120)
-    run(str(bin_dir / "initdb"), "-D", str(data), "-U", PG_USER, "--auth=scram-sha-256", f"--pwfile={pwfile}",
-        "--no-sync")
+    run = lambda *args: subprocess.run(
+        args,
+        user=user,
+        check=True,
+        capture_output=True,
+        text=True,  # noqa: E731
+        timeout=120,
+    )
+    run(
+        str(bin_dir / "initdb"),
+        "-D",
+        str(data),
+        "-U",
+        PG_USER,
+        "--auth=scram-sha-256",
+        f"--pwfile={pwfile}",
+        "--no-sync",
+    )
     port = "5432"  # a Unix socket only (listen_addresses empty), in a private directory: no clash with others
-    run(str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "60", "-o",
-        f"-k {sock} -p {port} -c listen_addresses='' -c fsync=off", "start")
+    run(
+        str(bin_dir / "pg_ctl"),
+        "-D",
+        str(data),
+        "-l",
+        str(root / "server.log"),
+        "-w",
+        "-t",
+        "60",
+        "-o",
+        f"-k {sock} -p {port} -c listen_addresses='' -c fsync=off",
+        "start",
+    )
     try:
         yield f"postgresql://{PG_USER}:{password}@/postgres?host={sock}&port={port}"
     finally:
-        subprocess.run([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], user=user,
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+            user=user,
+            capture_output=True,
+            timeout=60,
+        )
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -113,12 +142,18 @@ def test_two_machines_share_one_postgres_study(tmp_path, postgres_url, monkeypat
     log_a, log_b = tmp_path / "a.txt", tmp_path / "b.txt"
     command = [sys.executable, "-m", "harness", "sweep", str(path)]
     with open(log_a, "w") as fa, open(log_b, "w") as fb:
-        a = subprocess.Popen(command + ["--workers", "2", "--out", str(out_a)], cwd=ROOT, env=env, stdout=fa,
-                             stderr=subprocess.STDOUT)
+        a = subprocess.Popen(
+            command + ["--workers", "2", "--out", str(out_a)], cwd=ROOT, env=env, stdout=fa, stderr=subprocess.STDOUT
+        )
         # B starts once A has created the study and pretrained the shared base model (both use one cache).
         _wait_for(log_a, "workers started", a)
-        b = subprocess.Popen(command + ["--workers", "1", "--worker-offset", "2", "--out", str(out_b)], cwd=ROOT,
-                             env=env, stdout=fb, stderr=subprocess.STDOUT)
+        b = subprocess.Popen(
+            command + ["--workers", "1", "--worker-offset", "2", "--out", str(out_b)],
+            cwd=ROOT,
+            env=env,
+            stdout=fb,
+            stderr=subprocess.STDOUT,
+        )
         assert a.wait(timeout=900) == 0, log_a.read_text()[-4000:]
         assert b.wait(timeout=900) == 0, log_b.read_text()[-4000:]
 

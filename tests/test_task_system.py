@@ -10,9 +10,9 @@ import pytest
 from data_recipes.base import Example
 from harness.config import Experiment
 from harness.data.encoding import IGNORE_INDEX
-from harness.runs.prepare import DataError, build_task_data, encode_task_data
-from harness.models.tokenizer import train_tokenizer
 from harness.data.images import chat_messages
+from harness.models.tokenizer import train_tokenizer
+from harness.runs.prepare import DataError, build_task_data, encode_task_data
 
 INSTRUCTION = "Answer yes or no."
 
@@ -29,8 +29,16 @@ def _supervised(tokenizer, enc) -> str:
 def test_the_instruction_leads_every_example_of_its_task_only(tiny):
     tiny["tasks"]["yesno"]["system"] = INSTRUCTION
     tiny["eval"]["splits"] = ["heldout", "heldout_template"]
-    plain = build_task_data(Experiment.model_validate({**tiny, "tasks": {
-        name: {k: v for k, v in spec.items() if k != "system"} for name, spec in tiny["tasks"].items()}}))
+    plain = build_task_data(
+        Experiment.model_validate(
+            {
+                **tiny,
+                "tasks": {
+                    name: {k: v for k, v in spec.items() if k != "system"} for name, spec in tiny["tasks"].items()
+                },
+            }
+        )
+    )
     data = build_task_data(Experiment.model_validate(tiny))
     for split, examples in data.splits["yesno"].items():
         assert examples, split
@@ -51,17 +59,24 @@ def test_the_instruction_is_in_the_input_and_never_supervised(tiny):
         assert INSTRUCTION in tokenizer.decode(enc.input_ids.tolist())
         assert _supervised(tokenizer, enc) == ex.answer + "<|im_end|>"
     items = [it for it in encoded.eval_items if it.task == "yesno"]
-    assert items and all(INSTRUCTION in it.prompt_text and it.prompt_text.rstrip().endswith("assistant")
-                         for it in items)
+    assert items and all(
+        INSTRUCTION in it.prompt_text and it.prompt_text.rstrip().endswith("assistant") for it in items
+    )
     assert not any(INSTRUCTION in it.prompt_text for it in encoded.eval_items if it.task != "yesno")
 
 
 def test_an_instruction_on_examples_that_have_a_system_turn_is_refused(tiny, tmp_path):
     rows = [{"prompt": f"q{i}", "answer": f"a{i}", "sys": "Be brief."} for i in range(12)]
     (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tiny["tasks"] = {"mine": {"recipe": "jsonl", "train": 8, "eval": 2, "system": INSTRUCTION,
-                              "params": {"path": str(tmp_path / "qa.jsonl"), "prompt": "prompt",
-                                         "answer": "answer", "system": "sys"}}}
+    tiny["tasks"] = {
+        "mine": {
+            "recipe": "jsonl",
+            "train": 8,
+            "eval": 2,
+            "system": INSTRUCTION,
+            "params": {"path": str(tmp_path / "qa.jsonl"), "prompt": "prompt", "answer": "answer", "system": "sys"},
+        }
+    }
     tiny["stages"] = [{"name": "a", "steps": 2, "mixture": {"mine": 1.0}}]
     with pytest.raises(DataError, match=r"tasks\.mine\.system: .*already carry a system turn"):
         build_task_data(Experiment.model_validate(tiny))
@@ -103,6 +118,9 @@ def test_a_chat_template_without_a_system_role_is_a_data_error_naming_the_task(t
     tokenizer.chat_template = (
         "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
         "{% endif %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-    with pytest.raises(DataError, match=r"^tasks\.yesno: the model's chat template refused .*System role not supported"):
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    with pytest.raises(
+        DataError, match=r"^tasks\.yesno: the model's chat template refused .*System role not supported"
+    ):
         encode_task_data(exp, data, tokenizer)

@@ -11,16 +11,28 @@ import yaml
 from safetensors.torch import load_file
 
 from harness.config import apply_overrides, validate_data
-from harness.runs.runner import run_experiment
 from harness.core.store import read_metrics
+from harness.runs.runner import run_experiment
 from tests.conftest import MICRO
 
 SHRINK = [
-    "model.pretrain.steps=6", "tracking.wandb.mode=disabled", "tracking.console=false", "eval.every=100",
-    "stages[0].steps=3", "stages[1].steps=3", "stages[2].steps=3",
-    "tasks.repeat.train=40", "tasks.yesno.train=40", "tasks.assistant_qa.train=40", "tasks.math.train=40",
-    "tasks.identity.train=20", "tasks.repeat.eval=2", "tasks.yesno.eval=2", "tasks.assistant_qa.eval=2",
-    "tasks.math.eval=2", "tasks.identity.eval=2",
+    "model.pretrain.steps=6",
+    "tracking.wandb.mode=disabled",
+    "tracking.console=false",
+    "eval.every=100",
+    "stages[0].steps=3",
+    "stages[1].steps=3",
+    "stages[2].steps=3",
+    "tasks.repeat.train=40",
+    "tasks.yesno.train=40",
+    "tasks.assistant_qa.train=40",
+    "tasks.math.train=40",
+    "tasks.identity.train=20",
+    "tasks.repeat.eval=2",
+    "tasks.yesno.eval=2",
+    "tasks.assistant_qa.eval=2",
+    "tasks.math.eval=2",
+    "tasks.identity.eval=2",
 ]
 
 
@@ -69,9 +81,13 @@ def test_frozen_new_token_rows_changes_only_the_new_rows(tmp_path):
 
 
 def test_gem_loss_runs_and_plain_ce_is_still_logged(tmp_path):
-    store = read_metrics(micro_run(tmp_path, "train.loss={name: gem, beta: 0.7, h: logsigmoid}",
-                                   "stages[1].loss={name: ce, task_weights: {yesno: 2.0}, first_token_weight: 3}"
-                                   ).run_dir)
+    store = read_metrics(
+        micro_run(
+            tmp_path,
+            "train.loss={name: gem, beta: 0.7, h: logsigmoid}",
+            "stages[1].loss={name: ce, task_weights: {yesno: 2.0}, first_token_weight: 3}",
+        ).run_dir
+    )
     per_task = store.filter(pl.col("metric") == "loss", pl.col("split") == "train", pl.col("task").is_not_null())
     assert set(per_task["stage"]) == {"repeat_only", "short", "assistant"}
     assert per_task["value"].is_finite().all() and (per_task["value"] > 0).all()

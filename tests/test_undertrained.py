@@ -7,7 +7,12 @@ from collections import Counter
 import pytest
 import torch
 
-from harness.models.undertrained import candidate_token_ids, detect_undertrained, rate_with_interval, reference_unused_ids
+from harness.models.undertrained import (
+    candidate_token_ids,
+    detect_undertrained,
+    rate_with_interval,
+    reference_unused_ids,
+)
 
 SPECIAL = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -21,9 +26,14 @@ def pretrained():
     from harness.runs.pretrain import builtin_base
 
     docs = corpus(build_world(60, 0), 0)
-    spec = ModelSpec(builtin="qwen2-tiny", config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                                       num_attention_heads=2, num_key_value_heads=1),
-                     tokenizer=dict(vocab_size=600), pretrain=dict(steps=120, batch_size=8, seq_len=64))
+    spec = ModelSpec(
+        builtin="qwen2-tiny",
+        config=dict(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1
+        ),
+        tokenizer=dict(vocab_size=600),
+        pretrain=dict(steps=120, batch_size=8, seq_len=64),
+    )
     model, tokenizer, _ = builtin_base(spec, docs, [], 0)
     counts = Counter(i for d in docs for i in tokenizer(d)["input_ids"])
     special = tokenizer.convert_tokens_to_ids(SPECIAL)
@@ -79,7 +89,7 @@ def _rate(model, absent, frequent, plant, seed=0):
     flags = []
     try:
         for start in range(0, len(frequent), 4):
-            chunk = frequent[start:start + 4]
+            chunk = frequent[start : start + 4]
             with torch.no_grad():
                 weight.copy_(original)
                 for i in chunk:
@@ -99,7 +109,7 @@ class _Tok:
     """Enough of a tokenizer for detect_undertrained with explicit ids."""
 
     def __len__(self):
-        return 10 ** 9
+        return 10**9
 
     def convert_ids_to_tokens(self, i):
         return f"id{i}"
@@ -110,9 +120,11 @@ def test_false_flag_rate_on_trained_rows_and_detection_rate_on_planted_rows(pret
     null_rate, n, (low, high) = _rate(model, absent, frequent, "none")
     zeros_rate, _, (zeros_low, _) = _rate(model, absent, frequent, "zeros")
     init_rate, _, (init_low, init_high) = _rate(model, absent, frequent, "init")
-    print(f"\nfalse-flag rate on trained rows: {null_rate:.3f} (n={n}, 95% CI {low:.3f}–{high:.3f}); "
-          f"zeros detected {zeros_rate:.3f}; init-distribution rows detected {init_rate:.3f} "
-          f"(95% CI {init_low:.3f}–{init_high:.3f})")
+    print(
+        f"\nfalse-flag rate on trained rows: {null_rate:.3f} (n={n}, 95% CI {low:.3f}–{high:.3f}); "
+        f"zeros detected {zeros_rate:.3f}; init-distribution rows detected {init_rate:.3f} "
+        f"(95% CI {init_low:.3f}–{init_high:.3f})"
+    )
     assert n >= 100
     assert high < 0.05  # at most a few percent of trained rows flagged
     assert zeros_low > 0.95
@@ -125,9 +137,17 @@ def test_untied_output_row_checked_separately():
     from harness.models.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer(["the cat sat on the mat", "a dog ran"] * 20, vocab_size=300, min_frequency=1)
-    spec = ModelSpec(builtin="llama-tiny", config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                                       num_attention_heads=2, num_key_value_heads=1,
-                                                       tie_word_embeddings=False))
+    spec = ModelSpec(
+        builtin="llama-tiny",
+        config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            tie_word_embeddings=False,
+        ),
+    )
     model = build_builtin(spec, tokenizer, seed=0)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     with torch.no_grad():
@@ -148,13 +168,16 @@ def test_row_fate_says_what_each_setting_does_with_the_flagged_rows():
         return TrainableSpec(mode="lora", **fields)
 
     own, added = [3], [5]  # id 3: the base model's own token; id 5: one the harness added
-    assert "stay frozen in stage(s) s (new_token_rows: true)" in row_fate([("s", lora(new_token_rows=True))], own,
-                                                                         added), "true trains added rows only"
+    assert "stay frozen in stage(s) s (new_token_rows: true)" in row_fate(
+        [("s", lora(new_token_rows=True))], own, added
+    ), "true trains added rows only"
     assert row_fate([("s", lora(new_token_rows=True))], added, added).startswith("every stage trains their rows")
-    assert "stay frozen in stage(s) s (new_token_rows: false)" in row_fate([("s", lora(new_token_rows=False))], own,
-                                                                          added)
+    assert "stay frozen in stage(s) s (new_token_rows: false)" in row_fate(
+        [("s", lora(new_token_rows=False))], own, added
+    )
     unfrozen = lora(new_token_rows=False, unfreeze=["embed_tokens"])
     assert row_fate([("s", unfrozen)], own, added).startswith("every stage trains their rows")
     assert row_fate([("s", lora())], own, added).startswith("every stage trains their rows")  # auto
-    assert row_fate([("a", TrainableSpec(mode="full"))], own, added) == ("every stage trains the whole model, their "
-                                                                         "rows included")
+    assert row_fate([("a", TrainableSpec(mode="full"))], own, added) == (
+        "every stage trains the whole model, their rows included"
+    )

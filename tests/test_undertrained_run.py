@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from harness.config import ModelSpec, load_experiment
-from harness.runs.console import Console
 from harness.models.builtin import build_builtin, builtin_unused_token_ids
-from harness.runs.runner import run_experiment
 from harness.models.tokenizer import ENDOFTEXT, IM_END, IM_START, PAD, SPECIAL_TOKENS, train_tokenizer
+from harness.runs.console import Console
+from harness.runs.runner import run_experiment
 
 from .conftest import run_cli, write_yaml
 
@@ -26,8 +26,15 @@ def planted(tmp_path_factory):
     """A qwen2-tiny with a chat template (so the harness adds no token, like a Qwen base) saved locally: every
     special row but <|im_end|>'s a copy of an ordinary row, <|im_end|>'s zeros. Returns (directory, im_end id)."""
     tokenizer = train_tokenizer(TEXTS, 400, 1)
-    model = build_builtin(ModelSpec(config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                                num_attention_heads=2, num_key_value_heads=1)), tokenizer, seed=0)
+    model = build_builtin(
+        ModelSpec(
+            config=dict(
+                hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1
+            )
+        ),
+        tokenizer,
+        seed=0,
+    )
     weight = model.get_input_embeddings().weight
     special = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS)
     im_end = tokenizer.convert_tokens_to_ids(IM_END)

@@ -9,16 +9,23 @@ import pytest
 import torch
 
 import data_recipes as dr
+from harness.checks.pools import pool_report
 from harness.config import validate_data
 from harness.data.encoding import IGNORE_INDEX, encode_examples
-from harness.checks.pools import pool_report
-from harness.evaluation.image_use import derangement, image_use
-from harness.models.tokenizer import train_tokenizer
-from harness.models.image_text import IMAGE_TOKEN, build_llava_tiny, load_image_text_model, model_part, parameters_by_part
 from harness.data.images import collate_mixed, encode_image_examples, vision_supervised_logits
+from harness.evaluation.image_use import derangement, image_use
+from harness.models.image_text import (
+    IMAGE_TOKEN,
+    build_llava_tiny,
+    load_image_text_model,
+    model_part,
+    parameters_by_part,
+)
+from harness.models.tokenizer import train_tokenizer
 
-SMALL_TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=1)
+SMALL_TEXT = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1
+)
 SMALL_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
 
 
@@ -31,8 +38,13 @@ def data():
 
 
 def small_llava(texts, seed=0, **kwargs):
-    return build_llava_tiny(train_tokenizer(texts, 300), seed, text_overrides=kwargs.pop("text", SMALL_TEXT),
-                            vision_overrides=SMALL_VISION, **kwargs)
+    return build_llava_tiny(
+        train_tokenizer(texts, 300),
+        seed,
+        text_overrides=kwargs.pop("text", SMALL_TEXT),
+        vision_overrides=SMALL_VISION,
+        **kwargs,
+    )
 
 
 def test_llava_tiny_shapes_and_reload(data, tmp_path):
@@ -43,22 +55,36 @@ def test_llava_tiny_shapes_and_reload(data, tmp_path):
     encoded = encode_image_examples(processor, qa["heldout"][:2])
     assert all(int((e.input_ids == model.config.image_token_id).sum()) == 16 for e in encoded)  # (32 / 8)²
     batch = collate_mixed(encoded, processor.tokenizer.pad_token_id)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                   pixel_values=batch.pixel_values).logits
+    logits = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, pixel_values=batch.pixel_values
+    ).logits
     model.save_pretrained(tmp_path)
     processor.save_pretrained(tmp_path)
     again, again_processor = load_image_text_model(str(tmp_path))
     assert type(again).__name__ == "LlavaForConditionalGeneration"
     re_encoded = encode_image_examples(again_processor, qa["heldout"][:2])
-    assert all(np.array_equal(a.input_ids, b.input_ids) and np.allclose(a.pixel_values, b.pixel_values)
-               for a, b in zip(encoded, re_encoded))
+    assert all(
+        np.array_equal(a.input_ids, b.input_ids) and np.allclose(a.pixel_values, b.pixel_values)
+        for a, b in zip(encoded, re_encoded)
+    )
     with torch.no_grad():
-        assert torch.allclose(again(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                    pixel_values=batch.pixel_values).logits, logits, atol=1e-5)
+        assert torch.allclose(
+            again(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask, pixel_values=batch.pixel_values
+            ).logits,
+            logits,
+            atol=1e-5,
+        )
     # harness validate on that saved model: its processor encodes the image task, whose pools are listed
-    exp = validate_data({"name": "v", "model": {"hf": str(tmp_path)}, "tasks": {
-        "shapes_qa": {"recipe": "shapes_qa", "train": 40, "eval": 4}}, "eval": {"splits": ["heldout"]},
-        "stages": [{"name": "s", "steps": 1, "mixture": {"shapes_qa": 1.0}}]})
+    exp = validate_data(
+        {
+            "name": "v",
+            "model": {"hf": str(tmp_path)},
+            "tasks": {"shapes_qa": {"recipe": "shapes_qa", "train": 40, "eval": 4}},
+            "eval": {"splits": ["heldout"]},
+            "stages": [{"name": "s", "steps": 1, "mixture": {"shapes_qa": 1.0}}],
+        }
+    )
     assert any(line.split()[:3] == ["shapes_qa", "heldout", "n=4"] for line in pool_report(exp))
 
 
@@ -91,8 +117,7 @@ def test_encoding_is_completion_only_and_text_rows_match_the_text_encoder(data):
 def test_mixed_batch_forward_backward_reaches_projector(data):
     qa, count, texts = data
     model, processor = small_llava(texts)
-    encoded = encode_image_examples(processor, [count["train"][0], qa["train"][0], count["train"][1],
-                                                qa["train"][1]])
+    encoded = encode_image_examples(processor, [count["train"][0], qa["train"][0], count["train"][1], qa["train"][1]])
     batch = collate_mixed(encoded, processor.tokenizer.pad_token_id)
     assert batch.image_rows == (1, 3) and batch.pixel_values.shape[0] == 2
     logits = vision_supervised_logits(model, batch)
@@ -104,10 +129,12 @@ def test_mixed_batch_forward_backward_reaches_projector(data):
     # Each image lands in its own row: row 3 alone gives the same logits as inside the mixed batch.
     with torch.no_grad():
         alone = collate_mixed([encoded[3]], processor.tokenizer.pad_token_id)
-        full = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                     pixel_values=batch.pixel_values).logits[3, : encoded[3].length]
-        single = model(input_ids=alone.input_ids, attention_mask=alone.attention_mask,
-                       pixel_values=alone.pixel_values).logits[0]
+        full = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, pixel_values=batch.pixel_values
+        ).logits[3, : encoded[3].length]
+        single = model(
+            input_ids=alone.input_ids, attention_mask=alone.attention_mask, pixel_values=alone.pixel_values
+        ).logits[0]
     assert torch.allclose(full, single, atol=1e-4)
 
 
@@ -119,21 +146,33 @@ def test_drop_images_keeps_tokens_but_not_pixel_content(data):
     assert dropped.image_rows == (0, 1) and dropped.pixel_values.shape[0] == 2
     assert not dropped.pixel_values.any()  # the vision path stays in the graph, the image content does not
     assert (dropped.input_ids == model.config.image_token_id).sum() == 32
-    swapped = collate_mixed(encode_image_examples(processor, qa["train"][:2], [qa["train"][5].image] * 2),
-                            processor.tokenizer.pad_token_id, drop_images=True)
+    swapped = collate_mixed(
+        encode_image_examples(processor, qa["train"][:2], [qa["train"][5].image] * 2),
+        processor.tokenizer.pad_token_id,
+        drop_images=True,
+    )
     with torch.no_grad():  # without pixel content, the image cannot matter: the seed's bug
         assert torch.equal(vision_supervised_logits(model, dropped), vision_supervised_logits(model, swapped))
 
 
 def test_qwen3_5_backbone_in_bf16_autocast_is_finite(data):
     qa, count, texts = data
-    text = dict(SMALL_TEXT, num_hidden_layers=2, head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2,
-                linear_key_head_dim=16, linear_value_head_dim=16)
-    model, processor = build_llava_tiny(train_tokenizer(texts, 300), 0, text="qwen3_5-tiny", text_overrides=text,
-                                        vision_overrides=SMALL_VISION)
+    text = dict(
+        SMALL_TEXT,
+        num_hidden_layers=2,
+        head_dim=16,
+        linear_num_key_heads=1,
+        linear_num_value_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+    )
+    model, processor = build_llava_tiny(
+        train_tokenizer(texts, 300), 0, text="qwen3_5-tiny", text_overrides=text, vision_overrides=SMALL_VISION
+    )
     assert model.config.text_config.model_type == "qwen3_5_text"
-    batch = collate_mixed(encode_image_examples(processor, qa["train"][:2] + count["train"][:2]),
-                          processor.tokenizer.pad_token_id)
+    batch = collate_mixed(
+        encode_image_examples(processor, qa["train"][:2] + count["train"][:2]), processor.tokenizer.pad_token_id
+    )
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = vision_supervised_logits(model, batch)
     loss = torch.nn.functional.cross_entropy(logits.float(), batch.labels.flatten()[batch.supervised])
@@ -153,8 +192,7 @@ def test_derangement_moves_every_item():
 
 def _probe(model, processor, examples):
     recipe = dr.get_recipe("shapes_qa")()
-    (stats,) = image_use(model, processor, examples, {"shapes_qa": recipe}, "heldout", batch_size=8,
-                         max_new_tokens=8)
+    (stats,) = image_use(model, processor, examples, {"shapes_qa": recipe}, "heldout", batch_size=8, max_new_tokens=8)
     return stats
 
 
@@ -169,8 +207,15 @@ def test_probe_reports_zero_dependence_for_a_model_blind_to_images(data):
     assert stats.dependence.value == 0 and stats.dependence.n == 16
     assert stats.ll_gap == 0
     assert stats.acc.value == stats.acc_blank.value == stats.acc_swapped.value
-    assert {row[2] for row in stats.rows()} >= {"img_acc", "img_acc_blank", "img_acc_swapped", "img_dependence",
-                                                 "img_ll_gap", "img_dependence_n", "img_dependence_lo"}
+    assert {row[2] for row in stats.rows()} >= {
+        "img_acc",
+        "img_acc_blank",
+        "img_acc_swapped",
+        "img_dependence",
+        "img_ll_gap",
+        "img_dependence_n",
+        "img_dependence_lo",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -183,8 +228,9 @@ def trained(data):
     rng = np.random.default_rng(0)
     losses = []
     for _ in range(60):
-        batch = collate_mixed([encoded[i] for i in rng.choice(len(encoded), 16, replace=False)],
-                              processor.tokenizer.pad_token_id)
+        batch = collate_mixed(
+            [encoded[i] for i in rng.choice(len(encoded), 16, replace=False)], processor.tokenizer.pad_token_id
+        )
         logits = vision_supervised_logits(model, batch)
         loss = torch.nn.functional.cross_entropy(logits, batch.labels.flatten()[batch.supervised])
         optimizer.zero_grad()

@@ -11,16 +11,16 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 import data_recipes as dr
-from harness.training.adapters import prepare_stage_model
-from harness.config import ConfigError, load_experiment
-from harness.runs.runner import run_experiment
 from harness.checks.sanity import run_sanity
+from harness.config import ConfigError, load_experiment
 from harness.core.seesaw import change_tests
 from harness.core.store import read_metrics
-from harness.evaluation.evidence import outcome_rows
-from harness.models.tokenizer import train_tokenizer
-from harness.models.image_text import build_llava_tiny, model_part
 from harness.data.images import collate_mixed, encode_image_examples
+from harness.evaluation.evidence import outcome_rows
+from harness.models.image_text import build_llava_tiny, model_part
+from harness.models.tokenizer import train_tokenizer
+from harness.runs.runner import run_experiment
+from harness.training.adapters import prepare_stage_model
 from tests.conftest import write_yaml
 
 SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
@@ -28,16 +28,28 @@ MICRO_VISION = {
     "name": "vision_micro",
     "seed": 0,
     "world": {"people": 30, "seed": 0},
-    "model": {"builtin": "llava-tiny", "config": {**SMALL, "num_key_value_heads": 1},
-              "vision": {**SMALL, "patch_size": 16}, "tokenizer": {"vocab_size": 400}},
-    "tasks": {"caption": {"recipe": "caption", "train": 40, "eval": 4},
-              "shapes_qa": {"recipe": "shapes_qa", "train": 40, "eval": 6},
-              "repeat": {"recipe": "repeat", "train": 40, "eval": 4}},
+    "model": {
+        "builtin": "llava-tiny",
+        "config": {**SMALL, "num_key_value_heads": 1},
+        "vision": {**SMALL, "patch_size": 16},
+        "tokenizer": {"vocab_size": 400},
+    },
+    "tasks": {
+        "caption": {"recipe": "caption", "train": 40, "eval": 4},
+        "shapes_qa": {"recipe": "shapes_qa", "train": 40, "eval": 6},
+        "repeat": {"recipe": "repeat", "train": 40, "eval": 4},
+    },
     "train": {"batch_size": 4, "optim": {"lr": 3e-3, "warmup": 2}, "log_every": 2},
     "eval": {"every": 4, "splits": ["heldout"]},
-    "stages": [{"name": "align", "steps": 3, "mixture": {"caption": 1.0},
-                "trainable": {"mode": "frozen", "unfreeze": ["projector"]}},
-               {"name": "instruct", "steps": 4, "mixture": "natural"}],
+    "stages": [
+        {
+            "name": "align",
+            "steps": 3,
+            "mixture": {"caption": 1.0},
+            "trainable": {"mode": "frozen", "unfreeze": ["projector"]},
+        },
+        {"name": "instruct", "steps": 4, "mixture": "natural"},
+    ],
     "tracking": {"wandb": {"mode": "disabled"}, "console": False},
 }
 
@@ -89,8 +101,13 @@ def test_image_tasks_enter_the_paired_seesaw_test(vision_run):
         mine = [s for s in samples if s["task"] == task]
         assert mine and all(s["outcomes"] == {"greedy": int(s["correct"])} for s in mine)
         for (step, stage, split), group in _by_evaluation(mine).items():  # the outcomes give the stored greedy value
-            stored = frame.filter((frame["task"] == task) & (frame["metric"] == "greedy") & (frame["step"] == step)
-                                  & (frame["stage"] == stage) & (frame["split"] == split))["value"].to_list()
+            stored = frame.filter(
+                (frame["task"] == task)
+                & (frame["metric"] == "greedy")
+                & (frame["step"] == step)
+                & (frame["stage"] == stage)
+                & (frame["split"] == split)
+            )["value"].to_list()
             assert stored == [sum(s["outcomes"]["greedy"] for s in group) / len(group)]
     tests = change_tests(outcome_rows(samples), ["greedy"])
     assert {"caption", "shapes_qa", "repeat"} <= {t["task"] for t in tests}
@@ -113,8 +130,9 @@ def test_vision_checkpoint_reloads_with_its_processor(vision_run):
     batch = collate_mixed(encode_image_examples(processor, examples), processor.tokenizer.pad_token_id)
     assert int((batch.input_ids == model.config.image_token_id).sum()) == 2 * 4  # (32 / 16)² per image
     with torch.no_grad():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                       pixel_values=batch.pixel_values).logits
+        logits = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, pixel_values=batch.pixel_values
+        ).logits
     assert torch.isfinite(logits).all() and logits.shape[-1] == len(processor.tokenizer)
 
 
@@ -130,19 +148,23 @@ def test_drop_images_is_flagged_by_the_probe_at_the_first_evaluation(tmp_path):
 
 
 def test_sanity_fails_a_run_that_drops_its_images(tmp_path):
-    results = run_sanity(_experiment(tmp_path, drop_images=True), n=8, threshold=0.95, max_steps=6,
-                         checkpoint=None, image_threshold=0.2)
+    results = run_sanity(
+        _experiment(tmp_path, drop_images=True), n=8, threshold=0.95, max_steps=6, checkpoint=None, image_threshold=0.2
+    )
     images = {r.name: r for r in results}["images_matter"]
     assert not images.passed and images.value == 0.0 and images.details["items"] >= 2
 
 
-@pytest.mark.parametrize("change, key", [
-    ({"vision": {"patch_sise": 16}}, "model.vision.patch_sise"),
-    ({"vision": {"patch_size": 7}}, "model.vision.patch_size"),
-    ({"text": "llava-tiny"}, "model.text"),
-    ({"text": "qwen9-tiny"}, "model.text"),
-    ({"builtin": "qwen2-tiny", "vision": {"patch_size": 16}}, "model.vision"),
-])
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"vision": {"patch_sise": 16}}, "model.vision.patch_sise"),
+        ({"vision": {"patch_size": 7}}, "model.vision.patch_size"),
+        ({"text": "llava-tiny"}, "model.text"),
+        ({"text": "qwen9-tiny"}, "model.text"),
+        ({"builtin": "qwen2-tiny", "vision": {"patch_size": 16}}, "model.vision"),
+    ],
+)
 def test_model_section_errors_name_the_field(tmp_path, change, key):
     data = copy.deepcopy(MICRO_VISION)
     data["model"].update(change)
@@ -154,8 +176,9 @@ def test_model_section_errors_name_the_field(tmp_path, change, key):
 def test_unfreeze_by_part_name_covers_the_whole_part():
     qa = dr.get_recipe("shapes_qa")().build("shapes_qa", 20, 2, 0)
     texts = [m["content"] for ex in qa["train"] for m in ex.messages]
-    model, _ = build_llava_tiny(train_tokenizer(texts, 300), 0, text_overrides={**SMALL, "num_key_value_heads": 1},
-                                vision_overrides=SMALL)
+    model, _ = build_llava_tiny(
+        train_tokenizer(texts, 300), 0, text_overrides={**SMALL, "num_key_value_heads": 1}, vision_overrides=SMALL
+    )
     model = prepare_stage_model(model, {"mode": "frozen", "unfreeze": ["language_model"]}, [])
     trained = {model_part(n) for n, p in model.named_parameters() if p.requires_grad}
     frozen = {model_part(n) for n, p in model.named_parameters() if not p.requires_grad}
@@ -166,8 +189,9 @@ def test_unfreeze_by_part_name_covers_the_whole_part():
 def test_lora_on_an_image_text_model_adapts_the_language_model_only():
     qa = dr.get_recipe("shapes_qa")().build("shapes_qa", 20, 2, 0)
     texts = [m["content"] for ex in qa["train"] for m in ex.messages]
-    model, _ = build_llava_tiny(train_tokenizer(texts, 300), 0, text_overrides={**SMALL, "num_key_value_heads": 1},
-                                vision_overrides=SMALL)
+    model, _ = build_llava_tiny(
+        train_tokenizer(texts, 300), 0, text_overrides={**SMALL, "num_key_value_heads": 1}, vision_overrides=SMALL
+    )
     model = prepare_stage_model(model, {"mode": "lora", "r": 2}, [])
     adapted = {model_part(n.replace("base_model.model.", "")) for n, p in model.named_parameters() if "lora_" in n}
     assert adapted == {"language_model"}

@@ -23,8 +23,8 @@ def _payloads(data: bytes):
         if block_left < HEADER:  # the block's tail is zero padding
             pos += block_left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + HEADER])
-        chunk = data[pos + HEADER:pos + HEADER + length]
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
+        chunk = data[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         if kind == 0 and length == 0:
             continue
@@ -49,6 +49,7 @@ def history(run_dir: Path) -> list[dict]:
         record = pb.Record()
         record.ParseFromString(payload)
         if record.WhichOneof("record_type") == "history":
-            out.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                        for item in record.history.item})
+            out.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
     return out

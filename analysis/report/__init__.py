@@ -11,15 +11,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from analysis.loading import AnalysisError, PathLike, is_run_dir, is_sweep_dir
 from analysis.group import is_group_dir
+from analysis.loading import AnalysisError, PathLike, is_run_dir, is_sweep_dir
 from analysis.report.group import group_report
 from analysis.report.page import CSS, REPORT_FILE, Page, fmt, fmt_rank, table
 from analysis.report.run import run_report, stage_table_html
 from analysis.report.sweep import sweep_report
 
-__all__ = ["CSS", "REPORT_FILE", "Page", "fmt", "fmt_rank", "group_report", "run_report", "stage_table_html", "sweep_report", "table",
-           "write_report"]
+__all__ = [
+    "CSS",
+    "REPORT_FILE",
+    "Page",
+    "fmt",
+    "fmt_rank",
+    "group_report",
+    "run_report",
+    "stage_table_html",
+    "sweep_report",
+    "table",
+    "write_report",
+]
 
 
 def write_report(path: PathLike, out: Optional[PathLike] = None, **options: Any) -> Path:
@@ -31,5 +42,7 @@ def write_report(path: PathLike, out: Optional[PathLike] = None, **options: Any)
         return sweep_report(path, out, **options)
     if is_run_dir(path):
         return run_report(path, out, **options)
-    raise AnalysisError(f"{path}: neither a run directory (metrics.parquet), a sweep directory (trials.parquet) "
-                        "nor a seed group (group.json)")
+    raise AnalysisError(
+        f"{path}: neither a run directory (metrics.parquet), a sweep directory (trials.parquet) "
+        "nor a seed group (group.json)"
+    )

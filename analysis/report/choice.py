@@ -24,22 +24,29 @@ def choice_and_benchmark_curves(page: Page, run: Any) -> None:
     choice = F.eval_rows(frame, ["choice_auc"], splits)
     if not choice.is_empty():
         tasks = sorted(choice["task"].unique().to_list())
-        page.figure(lambda: _chance_line(P.plot_curves(frame, "choice_auc", splits, None, tasks, colors)),
-                    "curves_choice_auc.png",
-                    "Two-answer tasks (yes/no): AUC of P(Yes) / (P(Yes) + P(No)) at the first answer token between "
-                    "true and false statements, with its DeLong 95 % band; dotted: 0.5, no ranking. Greedy accuracy "
-                    "cuts this ranking at P(Yes) = P(No), so a model leaning to one answer scores chance while it "
-                    "ranks right.")
-        page.figure(lambda: _chance_line(P.plot_curves(frame, "choice_yes", splits, None, tasks, colors)),
-                    "curves_choice_yes.png", "Share of items where Yes is the likelier of the two answers "
-                    "(95 % Wilson band): the lean the AUC does not show.")
+        page.figure(
+            lambda: _chance_line(P.plot_curves(frame, "choice_auc", splits, None, tasks, colors)),
+            "curves_choice_auc.png",
+            "Two-answer tasks (yes/no): AUC of P(Yes) / (P(Yes) + P(No)) at the first answer token between "
+            "true and false statements, with its DeLong 95 % band; dotted: 0.5, no ranking. Greedy accuracy "
+            "cuts this ranking at P(Yes) = P(No), so a model leaning to one answer scores chance while it "
+            "ranks right.",
+        )
+        page.figure(
+            lambda: _chance_line(P.plot_curves(frame, "choice_yes", splits, None, tasks, colors)),
+            "curves_choice_yes.png",
+            "Share of items where Yes is the likelier of the two answers "
+            "(95 % Wilson band): the lean the AUC does not show.",
+        )
     bench = F.eval_rows(frame, None, ["bench"])
     if not bench.is_empty():
         page.section("Benchmarks", "benchmarks")
         tasks = sorted(bench["task"].unique().to_list())
         for metric in bench["metric"].unique(maintain_order=True).to_list():
-            page.figure(lambda m=metric: P.plot_curves(frame, m, ["bench"], None, tasks, colors),
-                        f"bench_{metric.replace(':', '_')}.png",
-                        f"lm-evaluation-harness benchmarks (eval.benchmarks): {escape(metric)} at every evaluation "
-                        "that ran them, with its 95 % band (Wilson from per-document outcomes, else lm-eval's "
-                        "stderr); grey bands are stages.")
+            page.figure(
+                lambda m=metric: P.plot_curves(frame, m, ["bench"], None, tasks, colors),
+                f"bench_{metric.replace(':', '_')}.png",
+                f"lm-evaluation-harness benchmarks (eval.benchmarks): {escape(metric)} at every evaluation "
+                "that ran them, with its 95 % band (Wilson from per-document outcomes, else lm-eval's "
+                "stderr); grey bands are stages.",
+            )

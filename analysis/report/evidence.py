@@ -13,8 +13,11 @@ from analysis import frames as F
 from analysis.frames import ALPHA, final_against_baselines
 from analysis.report.page import Page, fmt, table
 
-KIND_WORDS = {"constant_answer": "best constant answer", "majority_first_token": "majority first token",
-              "chance": "chance"}
+KIND_WORDS = {
+    "constant_answer": "best constant answer",
+    "majority_first_token": "majority first token",
+    "chance": "chance",
+}
 
 
 def stage_end_intervals(frame: pl.DataFrame, metric: str, split: str) -> dict[tuple[str, str], tuple[float, float]]:
@@ -40,11 +43,15 @@ def baseline_findings(frame: pl.DataFrame, metric: str, split: str, split_title:
     parts = []
     for r in tested.iter_rows(named=True):
         verdict = "<b>above</b>" if r["above"] else "not significantly above"
-        parts.append(f"{escape(r['task'])} {_score(r)} vs {fmt(r['baseline'])} "
-                     f"({KIND_WORDS.get(r['kind'], r['kind'])}): {verdict}, p = {r['p_adj']:.2g}")
-    return [f"<b>Against baselines</b> ({escape(metric)}, {escape(split_title)}; final score with its 95 % interval "
-            f"vs a model that ignores its input; one-sided exact binomial test, Benjamini–Hochberg over "
-            f"{tested.height} tasks at α = {ALPHA:g}): " + "; ".join(parts) + "."]
+        parts.append(
+            f"{escape(r['task'])} {_score(r)} vs {fmt(r['baseline'])} "
+            f"({KIND_WORDS.get(r['kind'], r['kind'])}): {verdict}, p = {r['p_adj']:.2g}"
+        )
+    return [
+        f"<b>Against baselines</b> ({escape(metric)}, {escape(split_title)}; final score with its 95 % interval "
+        f"vs a model that ignores its input; one-sided exact binomial test, Benjamini–Hochberg over "
+        f"{tested.height} tasks at α = {ALPHA:g}): " + "; ".join(parts) + "."
+    ]
 
 
 def baseline_section(page: Page, frame: pl.DataFrame, metric: str, split: str) -> None:
@@ -54,10 +61,18 @@ def baseline_section(page: Page, frame: pl.DataFrame, metric: str, split: str) -
     if tested.is_empty():
         page.p("(no baselines in this store: a run from before they were logged)", "note")
         return
-    shown = tested.select("task", pl.col("value").alias("final"), "ci_low", "ci_high", "n", "baseline",
-                          pl.col("kind").replace_strict(KIND_WORDS, default=pl.col("kind")).alias("baseline is"),
-                          pl.col("p").alias("p (one-sided)"), pl.col("p_adj").alias("p (BH)"),
-                          pl.col("above").alias("significantly above"))
+    shown = tested.select(
+        "task",
+        pl.col("value").alias("final"),
+        "ci_low",
+        "ci_high",
+        "n",
+        "baseline",
+        pl.col("kind").replace_strict(KIND_WORDS, default=pl.col("kind")).alias("baseline is"),
+        pl.col("p").alias("p (one-sided)"),
+        pl.col("p_adj").alias("p (BH)"),
+        pl.col("above").alias("significantly above"),
+    )
     page.raw(table(shown))
 
 
@@ -73,5 +88,7 @@ def data_notes(summary: dict) -> list[str]:
     if not too_long:
         return []
     items = ", ".join(f"{key} {n}" for key, n in sorted(too_long.items()))
-    return [f"Evaluation dropped items too long for the model (data.too_long: drop): {items}; the scores of those "
-            "task/splits are over the remaining items."]
+    return [
+        f"Evaluation dropped items too long for the model (data.too_long: drop): {items}; the scores of those "
+        "task/splits are over the remaining items."
+    ]

@@ -76,16 +76,21 @@ class Page:
         path = P.save(fig, self.out / name)
         self.pngs.append(path)
         data = base64.b64encode(path.read_bytes()).decode("ascii")
-        self.body.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(name)}">'
-                         f'<figcaption>{caption} <a href="{html.escape(name)}">{html.escape(name)}</a>'
-                         "</figcaption></figure>")
+        self.body.append(
+            f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(name)}">'
+            f'<figcaption>{caption} <a href="{html.escape(name)}">{html.escape(name)}</a>'
+            "</figcaption></figure>"
+        )
 
     def render(self, subtitle: str) -> str:
         nav = " ".join(f'<a href="#{a}">{html.escape(t)}</a>' for a, t in self.toc)
-        return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-                f"<title>{html.escape(self.title)}</title><style>{CSS}</style></head><body>"
-                f"<h1>{html.escape(self.title)}</h1><p class='sub'>{subtitle}</p><nav>{nav}</nav>"
-                + "\n".join(self.body) + "</body></html>")
+        return (
+            "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>{html.escape(self.title)}</title><style>{CSS}</style></head><body>"
+            f"<h1>{html.escape(self.title)}</h1><p class='sub'>{subtitle}</p><nav>{nav}</nav>"
+            + "\n".join(self.body)
+            + "</body></html>"
+        )
 
     def write(self, subtitle: str) -> Path:
         path = self.out / REPORT_FILE
@@ -110,14 +115,19 @@ def fmt(value: Any, digits: int = 3) -> str:
             return "–"
         if abs(value) >= 100:
             return f"{value:,.0f}"
-        if value != 0 and abs(value) < 10 ** -digits:
+        if value != 0 and abs(value) < 10**-digits:
             return f"{value:.1e}"
         return f"{value:.{digits}f}"
     return html.escape(str(value))
 
 
-def table(frame: pl.DataFrame, *, wrap: Sequence[str] = (), cell: Optional[Callable[[str, Any, dict], str]] = None,
-          digits: int = 3) -> str:
+def table(
+    frame: pl.DataFrame,
+    *,
+    wrap: Sequence[str] = (),
+    cell: Optional[Callable[[str, Any, dict], str]] = None,
+    digits: int = 3,
+) -> str:
     """A frame as an HTML table (``cell(column, value, row)`` may return the markup of a cell's content)."""
     if frame.is_empty():
         return "<p class='note'>(none)</p>"

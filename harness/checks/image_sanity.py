@@ -14,10 +14,10 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from harness.evaluation.image_use import image_use
-from harness.data.images import collate_mixed, encode_image_examples, vision_supervised_logits
-from harness.models.image_text import processor_for
 from harness.checks.result import CheckResult
+from harness.data.images import collate_mixed, encode_image_examples, vision_supervised_logits
+from harness.evaluation.image_use import image_use
+from harness.models.image_text import processor_for
 
 
 def encode_with_processor(tokenizer, examples: Sequence[Any]) -> Optional[list]:
@@ -26,8 +26,7 @@ def encode_with_processor(tokenizer, examples: Sequence[Any]) -> Optional[list]:
     return None if processor is None else encode_image_examples(processor, examples)
 
 
-def teacher_forced_exact(model, encoded: Sequence[Any], pad_id: int, drop_images: bool,
-                         batch_size: int = 32) -> float:
+def teacher_forced_exact(model, encoded: Sequence[Any], pad_id: int, drop_images: bool, batch_size: int = 32) -> float:
     """Share of examples whose every supervised token is the argmax given the gold prefix, images included."""
     was_training = model.training
     model.eval()
@@ -36,7 +35,7 @@ def teacher_forced_exact(model, encoded: Sequence[Any], pad_id: int, drop_images
     try:
         with torch.no_grad():
             for start in range(0, len(encoded), batch_size):
-                batch = collate_mixed(list(encoded[start:start + batch_size]), pad_id, drop_images).to(device)
+                batch = collate_mixed(list(encoded[start : start + batch_size]), pad_id, drop_images).to(device)
                 hits = vision_supervised_logits(model, batch).argmax(-1) == batch.labels.flatten()[batch.supervised]
                 row_of = batch.supervised // batch.labels.shape[1]
                 misses = torch.zeros(batch.labels.shape[0], device=device).index_add_(0, row_of, (~hits).float())
@@ -46,19 +45,30 @@ def teacher_forced_exact(model, encoded: Sequence[Any], pad_id: int, drop_images
     return float(np.mean(exact)) if exact else 0.0
 
 
-def images_matter_check(model, tokenizer, examples: Sequence[Any], recipes: dict[str, Any], threshold: float,
-                        drop_images: bool, seed: int = 0):
+def images_matter_check(
+    model,
+    tokenizer,
+    examples: Sequence[Any],
+    recipes: dict[str, Any],
+    threshold: float,
+    drop_images: bool,
+    seed: int = 0,
+):
     """The *images matter* :class:`~harness.checks.result.CheckResult` on the image examples, or ``None`` when there
     are none (a text model or no image task)."""
     processor = processor_for(tokenizer)
     with_images = [ex for ex in examples if getattr(ex, "image", None) is not None]
     if processor is None or len(with_images) < 2:
         return None
-    stats = image_use(model, processor, with_images, recipes, "train", seed=seed, drop_images=drop_images,
-                      max_new_tokens=8)
+    stats = image_use(
+        model, processor, with_images, recipes, "train", seed=seed, drop_images=drop_images, max_new_tokens=8
+    )
     changed = sum(round(s.dependence.value * s.dependence.n) for s in stats)
     n = sum(s.dependence.n for s in stats)
     dependence = changed / n
-    details = {"items": n, "changed": changed,
-               **{f"{s.task}_acc_real/blank": f"{s.acc.value:.2f}/{s.acc_blank.value:.2f}" for s in stats}}
+    details = {
+        "items": n,
+        "changed": changed,
+        **{f"{s.task}_acc_real/blank": f"{s.acc.value:.2f}/{s.acc_blank.value:.2f}" for s in stats},
+    }
     return CheckResult("images_matter", dependence >= threshold, dependence, threshold, details)

@@ -29,18 +29,18 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from harness.training.adapters import prepare_stage_model, trainable_report, unwrap, weight_decay_exempt
 from harness.config import load_experiment
 from harness.data.batches import collate
 from harness.data.encoding import encode_examples
+from harness.data.images import collate_mixed, encode_image_examples
 from harness.models.builtin import build_builtin, builtin_added_token_ids
 from harness.models.hf import load_hf
+from harness.models.image_text import is_image_model, part_notes, processor_for
+from harness.models.tokenizer import train_tokenizer
+from harness.runs.images import untrained_vision_base
 from harness.runs.prepare import build_task_data, undertrained_tokens
 from harness.runs.pretrain import tokenizer_texts
-from harness.models.tokenizer import train_tokenizer
-from harness.data.images import collate_mixed, encode_image_examples
-from harness.runs.images import untrained_vision_base
-from harness.models.image_text import is_image_model, part_notes, processor_for
+from harness.training.adapters import prepare_stage_model, trainable_report, unwrap, weight_decay_exempt
 
 
 @dataclass
@@ -74,8 +74,9 @@ def _describe_output(output: Any) -> tuple[Optional[list[int]], Optional[str], i
     return list(first.shape), str(first.dtype).replace("torch.", ""), len(tensors)
 
 
-def inspect_model(model, inputs: dict[str, torch.Tensor], autocast_dtype: Optional[torch.dtype] = None
-                  ) -> list[dict[str, Any]]:
+def inspect_model(
+    model, inputs: dict[str, torch.Tensor], autocast_dtype: Optional[torch.dtype] = None
+) -> list[dict[str, Any]]:
     """Run ``model(**inputs)`` once under forward hooks on every module; one dict per module, in module order:
     ``name, type, params`` (its own parameters; a tied parameter is counted at its first owner), ``trainable``
     (``yes`` | ``no`` | ``partial`` | ``rows`` (row-masked new-token rows) | ``-`` without own parameters),
@@ -92,6 +93,7 @@ def inspect_model(model, inputs: dict[str, torch.Tensor], autocast_dtype: Option
             calls[name] = calls.get(name, 0) + 1
             if name not in seen_output:
                 seen_output[name] = _describe_output(output)
+
         return hook
 
     for name, module in modules:
@@ -101,8 +103,10 @@ def inspect_model(model, inputs: dict[str, torch.Tensor], autocast_dtype: Option
     try:
         device = next(model.parameters()).device
         inputs = {k: v.to(device) for k, v in inputs.items()}
-        with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16,
-                                             enabled=autocast_dtype is not None):
+        with (
+            torch.no_grad(),
+            torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None),
+        ):
             model(**inputs)
     finally:
         for h in handles:
@@ -131,17 +135,27 @@ def inspect_model(model, inputs: dict[str, torch.Tensor], autocast_dtype: Option
         shape, dtype, n_out = seen_output.get(name, (None, None, 0))
         if name not in calls and not isinstance(module, (torch.nn.ParameterDict, torch.nn.ParameterList)):
             notes.append("not called")
-        rows.append({
-            "name": name or "(model)", "type": type(module).__name__, "params": count, "trainable": trainable,
-            "shape": shape, "dtype": dtype, "outputs": n_out, "calls": calls.get(name, 0),
-            "note": "; ".join(notes),
-        })
+        rows.append(
+            {
+                "name": name or "(model)",
+                "type": type(module).__name__,
+                "params": count,
+                "trainable": trainable,
+                "shape": shape,
+                "dtype": dtype,
+                "outputs": n_out,
+                "calls": calls.get(name, 0),
+                "note": "; ".join(notes),
+            }
+        )
     return rows
 
 
 def _chat_sample(tokenizer) -> dict[str, torch.Tensor]:
-    messages = [[{"role": "user", "content": "What is your name?"}, {"role": "assistant", "content": "I am a model."}],
-                [{"role": "user", "content": "Repeat after me: hello"}, {"role": "assistant", "content": "hello"}]]
+    messages = [
+        [{"role": "user", "content": "What is your name?"}, {"role": "assistant", "content": "I am a model."}],
+        [{"role": "user", "content": "Repeat after me: hello"}, {"role": "assistant", "content": "hello"}],
+    ]
     if getattr(tokenizer, "chat_template", None):
         texts = [tokenizer.apply_chat_template(m, tokenize=False) for m in messages]
     else:
@@ -165,8 +179,12 @@ def inspect_checkpoint(directory: Path) -> Inspection:
 def _summary(model, tokenizer) -> dict[str, Any]:
     report = trainable_report(model)
     config = unwrap(model).config
-    return {"model_type": getattr(config, "model_type", None), "class": type(unwrap(model)).__name__,
-            "vocabulary": len(tokenizer), **report}
+    return {
+        "model_type": getattr(config, "model_type", None),
+        "class": type(unwrap(model)).__name__,
+        "vocabulary": len(tokenizer),
+        **report,
+    }
 
 
 def inspect_experiment(path: Path, overrides: Optional[list[str]] = None, stage: Optional[str] = None) -> Inspection:
@@ -189,15 +207,18 @@ def inspect_experiment(path: Path, overrides: Optional[list[str]] = None, stage:
         source = f"model.hf {exp.model.hf}"
     else:
         all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
-        tokenizer = train_tokenizer(tokenizer_texts(data.corpus, all_train), exp.model.tokenizer.vocab_size,
-                                    exp.model.tokenizer.min_frequency)
+        tokenizer = train_tokenizer(
+            tokenizer_texts(data.corpus, all_train), exp.model.tokenizer.vocab_size, exp.model.tokenizer.min_frequency
+        )
         model = build_builtin(exp.model, tokenizer, exp.seed)
         added = builtin_added_token_ids(tokenizer)
         source = f"builtin {exp.model.builtin}"
         if exp.model.pretrain is not None:
             source += " (untrained: the architecture as pretraining would start it; pretraining not run)"
-            notes.append("weights are freshly initialised, not pretrained: shapes, dtypes, counts and trainable "
-                         "flags are those of the run")
+            notes.append(
+                "weights are freshly initialised, not pretrained: shapes, dtypes, counts and trainable "
+                "flags are those of the run"
+            )
     flagged: list[int] = []
     if exp.model.hf and not is_image_model(exp.model):  # the run's under-trained rows, which auto trains too
         flagged = [r.id for r in undertrained_tokens(exp, data, model, tokenizer) or [] if r.flagged]
@@ -219,11 +240,13 @@ def inspect_experiment(path: Path, overrides: Optional[list[str]] = None, stage:
     if processor is not None:
         notes += part_notes(model, rows, inputs)
     mode = chosen.train.trainable
-    notes.append(f"stage {chosen.name}: trainable.mode {mode.mode}"
-                 + f", new_token_rows {str(mode.new_token_rows).lower()}"
-                 + (f", unfreeze {mode.unfreeze}" if mode.unfreeze else "")
-                 + f"; precision {chosen.train.precision}; sample: {len(examples)} training examples "
-                   f"({', '.join(e.task for e in examples)}), {batch.input_ids.shape[1]} tokens")
+    notes.append(
+        f"stage {chosen.name}: trainable.mode {mode.mode}"
+        + f", new_token_rows {str(mode.new_token_rows).lower()}"
+        + (f", unfreeze {mode.unfreeze}" if mode.unfreeze else "")
+        + f"; precision {chosen.train.precision}; sample: {len(examples)} training examples "
+        f"({', '.join(e.task for e in examples)}), {batch.input_ids.shape[1]} tokens"
+    )
     return Inspection(rows, source, notes, _summary(model, tokenizer))
 
 
@@ -236,24 +259,29 @@ class TokenInspection:
 
 def inspect_tokens(target: Path, overrides: Optional[list[str]] = None) -> TokenInspection:
     """The under-trained check of a checkpoint directory's or an experiment's base model (see the module docstring)."""
+    from harness.models.undertrained import detect_undertrained
     from harness.runs.console import Console as HarnessConsole
     from harness.runs.prepare import load_base
-    from harness.models.undertrained import detect_undertrained
 
     target = Path(target)
     if target.is_dir():
         if not (target / "config.json").exists():
             raise ValueError(f"{target}: not a checkpoint directory (no config.json)")
         model = AutoModelForCausalLM.from_pretrained(target)
-        return TokenInspection(detect_undertrained(model, AutoTokenizer.from_pretrained(target)),
-                               f"checkpoint {target} ({type(model).__name__})")
+        return TokenInspection(
+            detect_undertrained(model, AutoTokenizer.from_pretrained(target)),
+            f"checkpoint {target} ({type(model).__name__})",
+        )
     exp = load_experiment(target, overrides)
     data = build_task_data(exp)
     model, tokenizer, _, info = load_base(exp, data, HarnessConsole(enabled=exp.tracking.console))
     reports = undertrained_tokens(exp, data, model, tokenizer)
     if reports is None:
-        return TokenInspection([], f"builtin {exp.model.builtin}", ["a builtin without model.pretrain has every row at "
-                                                                    "its initialisation: nothing to check"])
+        return TokenInspection(
+            [],
+            f"builtin {exp.model.builtin}",
+            ["a builtin without model.pretrain has every row at its initialisation: nothing to check"],
+        )
     return TokenInspection(reports, f"base model {info['source']}")
 
 
@@ -265,12 +293,20 @@ def render_tokens(inspection: TokenInspection, console=None) -> None:
         table.add_column(col, justify="right" if col == "id" else "left", overflow="fold")
     for r in inspection.reports:
         output = "tied" if r.output is None else f"{r.output.norm:.3g} ({r.output.norm_z:+.1f})"
-        table.add_row(r.token, str(r.id), f"{r.input.norm:.3g} ({r.input.norm_z:+.1f})", output,
-                      "[red]yes[/]" if r.flagged else "no", r.why)
+        table.add_row(
+            r.token,
+            str(r.id),
+            f"{r.input.norm:.3g} ({r.input.norm_z:+.1f})",
+            output,
+            "[red]yes[/]" if r.flagged else "no",
+            r.why,
+        )
     console.print(table)
     flagged = [r.token for r in inspection.reports if r.flagged]
-    console.print(f"{len(flagged)} of {len(inspection.reports)} flagged" + (": " + ", ".join(flagged) if flagged
-                                                                             else ""), markup=False)
+    console.print(
+        f"{len(flagged)} of {len(inspection.reports)} flagged" + (": " + ", ".join(flagged) if flagged else ""),
+        markup=False,
+    )
     for note in inspection.notes:
         console.print(f"note: {note}", markup=False)
 
@@ -291,8 +327,15 @@ def render(inspection: Inspection, console=None) -> None:
     console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     s = inspection.summary
     table = Table(title=f"{inspection.source}", title_justify="left")
-    for col, justify in (("module", "left"), ("type", "left"), ("params", "right"), ("trainable", "center"),
-                         ("output shape", "left"), ("dtype", "left"), ("note", "left")):
+    for col, justify in (
+        ("module", "left"),
+        ("type", "left"),
+        ("params", "right"),
+        ("trainable", "center"),
+        ("output shape", "left"),
+        ("dtype", "left"),
+        ("note", "left"),
+    ):
         table.add_column(col, justify=justify, overflow="fold", no_wrap=col in ("module", "type"))
     style = {"yes": "green", "rows": "yellow", "partial": "yellow", "no": "dim"}
     for r in inspection.rows:
@@ -301,12 +344,22 @@ def render(inspection: Inspection, console=None) -> None:
             shape += f" (+{r['outputs'] - 1})"
         tr = r["trainable"]
         note = r["note"] + ((" " if r["note"] else "") + f"×{r['calls']} calls" if r["calls"] > 1 else "")
-        table.add_row(r["name"], r["type"], f"{r['params']:,}" if r["params"] else "",
-                      f"[{style[tr]}]{tr}[/]" if tr in style else tr, shape, r["dtype"] or "-", note)
+        table.add_row(
+            r["name"],
+            r["type"],
+            f"{r['params']:,}" if r["params"] else "",
+            f"[{style[tr]}]{tr}[/]" if tr in style else tr,
+            shape,
+            r["dtype"] or "-",
+            note,
+        )
     console.print(table)
     if s:
-        console.print(f"{s.get('class')} ({s.get('model_type')}), vocabulary {s.get('vocabulary')}: "
-                      f"{s['total']:,} parameters, trainable {s['trainable']:,} ({100 * s['share']:.2f}%)"
-                      + (f", adapter {s['adapter']:,}" if s.get("adapter") else ""), markup=False)
+        console.print(
+            f"{s.get('class')} ({s.get('model_type')}), vocabulary {s.get('vocabulary')}: "
+            f"{s['total']:,} parameters, trainable {s['trainable']:,} ({100 * s['share']:.2f}%)"
+            + (f", adapter {s['adapter']:,}" if s.get("adapter") else ""),
+            markup=False,
+        )
     for note in inspection.notes:
         console.print(f"note: {note}", markup=False)

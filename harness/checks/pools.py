@@ -17,19 +17,24 @@ from __future__ import annotations
 from collections import Counter
 
 from harness.config import Experiment
-from harness.evaluation.lengths import default_max_new_tokens, needed_new_tokens
-from harness.runs.prepare import build_task_data, encode_task_data
 from harness.core.stats import min_detectable_difference
 from harness.evaluation.image_use import IMAGE_MAX_NEW_TOKENS
+from harness.evaluation.lengths import default_max_new_tokens, needed_new_tokens
 from harness.models.image_text import is_image_model, with_processor
+from harness.runs.prepare import build_task_data, encode_task_data
 
 POWER = 0.8
 
 
 def _pool_sizes(exp: Experiment, data, tasks: list[str]) -> Counter:
     """Eval pool sizes of ``tasks`` from the built splits (the train split is evaluated on ``eval`` items)."""
-    return Counter({(t, s): len(data.splits[t][s]) if s != "train" else min(exp.tasks[t].eval, len(data.splits[t][s]))
-                    for t in tasks for s in exp.eval.splits})
+    return Counter(
+        {
+            (t, s): len(data.splits[t][s]) if s != "train" else min(exp.tasks[t].eval, len(data.splits[t][s]))
+            for t in tasks
+            for s in exp.eval.splits
+        }
+    )
 
 
 def _tokenizer(exp: Experiment, data):
@@ -39,8 +44,9 @@ def _tokenizer(exp: Experiment, data):
     if exp.model.hf:
         from transformers import AutoTokenizer  # heavy: only for hf models
 
-        tokenizer = AutoTokenizer.from_pretrained(exp.model.hf, revision=exp.model.revision,
-                                                  trust_remote_code=exp.model.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(
+            exp.model.hf, revision=exp.model.revision, trust_remote_code=exp.model.trust_remote_code
+        )
         if tokenizer.chat_template is None:
             return None
         if tokenizer.pad_token is None:
@@ -50,12 +56,13 @@ def _tokenizer(exp: Experiment, data):
 
 
 def _builtin_tokenizer(exp: Experiment, data):
-    from harness.runs.pretrain import tokenizer_texts
     from harness.models.tokenizer import train_tokenizer
+    from harness.runs.pretrain import tokenizer_texts
 
     all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
-    return train_tokenizer(tokenizer_texts(data.corpus, all_train), exp.model.tokenizer.vocab_size,
-                           exp.model.tokenizer.min_frequency)
+    return train_tokenizer(
+        tokenizer_texts(data.corpus, all_train), exp.model.tokenizer.vocab_size, exp.model.tokenizer.min_frequency
+    )
 
 
 def pool_report(exp: Experiment) -> list[str]:
@@ -69,8 +76,10 @@ def pool_report(exp: Experiment) -> list[str]:
         budget = exp.eval.max_new_tokens or default_max_new_tokens(items)
         image_tasks = [t for t, r in data.recipes.items() if r.has_images]  # evaluated apart: not in items
         if len(image_tasks) < len(data.recipes):
-            lines.append(f"max_new_tokens {budget}{' (auto)' if exp.eval.max_new_tokens is None else ''}; longest "
-                         "gold answer: " + ", ".join(f"{t} {n}" for t, n in needed.items()))
+            lines.append(
+                f"max_new_tokens {budget}{' (auto)' if exp.eval.max_new_tokens is None else ''}; longest "
+                "gold answer: " + ", ".join(f"{t} {n}" for t, n in needed.items())
+            )
         if image_tasks:
             lines.append(f"image tasks decode up to {exp.eval.max_new_tokens or IMAGE_MAX_NEW_TOKENS} tokens")
         sizes = Counter((item.task, item.split) for item in items)
@@ -78,8 +87,10 @@ def pool_report(exp: Experiment) -> list[str]:
     else:
         lines.append("max_new_tokens: checked when the run loads the model (its tokenizer has no chat template)")
         sizes = _pool_sizes(exp, data, list(data.splits))
-    lines.append(f"smallest change each eval pool detects ({POWER:.0%} power, paired McNemar at alpha 0.05, half "
-                 "the items changing; uncorrected):")
+    lines.append(
+        f"smallest change each eval pool detects ({POWER:.0%} power, paired McNemar at alpha 0.05, half "
+        "the items changing; uncorrected):"
+    )
     for (task, split), n in sorted(sizes.items()):
         mdd = min_detectable_difference(n, power=POWER) if n else float("inf")
         lines.append(f"  {task:<16} {split:<17} n={n:<5} {'none' if mdd == float('inf') else f'±{mdd:.2f}'}")

@@ -14,19 +14,18 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from data_recipes.base import Example
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from harness.config import EvalSpec, Experiment
-from harness.data.batches import collate
-from harness.data.encoding import encode_examples, eval_items
-from harness.evaluation import run_evaluation
-from harness.data.encoding import IGNORE_INDEX
-from harness.runs.prepare import build_task_data, load_base
-from harness.training.loop import StageLoop, train_stage
-from harness.data.images import collate_mixed
+from data_recipes.base import Example
 from harness.checks.image_sanity import encode_with_processor, images_matter_check, teacher_forced_exact
 from harness.checks.result import CheckResult
+from harness.config import EvalSpec, Experiment
+from harness.data.batches import collate
+from harness.data.encoding import IGNORE_INDEX, encode_examples, eval_items
+from harness.data.images import collate_mixed
+from harness.evaluation import run_evaluation
+from harness.runs.prepare import build_task_data, load_base
+from harness.training.loop import StageLoop, train_stage
 
 
 def _pick_examples(exp: Experiment, splits: dict[str, dict[str, list]], n: int, seed: int) -> list:
@@ -42,8 +41,15 @@ def _pick_examples(exp: Experiment, splits: dict[str, dict[str, list]], n: int, 
     return picked
 
 
-def overfit_check(exp: Experiment, n: int = 128, threshold: float = 0.95, max_steps: int = 500,
-                  eval_every: int = 25, corrupt_labels: bool = False, console=None):
+def overfit_check(
+    exp: Experiment,
+    n: int = 128,
+    threshold: float = 0.95,
+    max_steps: int = 500,
+    eval_every: int = 25,
+    corrupt_labels: bool = False,
+    console=None,
+):
     """Train the base model on ``n`` examples alone; returns (CheckResult, trained model, tokenizer, examples).
 
     ``corrupt_labels`` breaks the pipeline on purpose (labels not shifted: every position is trained to predict
@@ -87,26 +93,49 @@ def overfit_check(exp: Experiment, n: int = 128, threshold: float = 0.95, max_st
     batches = []
     while len(batches) < max_steps:
         order = rng.permutation(len(encoded))
-        batches += [collate_mixed([encoded[j] for j in order[i:i + batch_size]], tokenizer.pad_token_id, drop_images)
-                    if image_encoded is not None else
-                    collate([encoded[j] for j in order[i:i + batch_size]], tokenizer.pad_token_id)
-                    for i in range(0, len(order) - batch_size + 1, batch_size)]
+        batches += [
+            collate_mixed([encoded[j] for j in order[i : i + batch_size]], tokenizer.pad_token_id, drop_images)
+            if image_encoded is not None
+            else collate([encoded[j] for j in order[i : i + batch_size]], tokenizer.pad_token_id)
+            for i in range(0, len(order) - batch_size + 1, batch_size)
+        ]
     torch.manual_seed(exp.seed)
     try:
-        train_stage(model, batches[:max_steps], StageLoop(
-            stage="overfit", start_step=0, optim=train.optim.model_copy(update={"warmup": min(10, max_steps)}),
-            tasks=list(exp.tasks), log=lambda rows, step: None, evaluate=evaluate, eval_every=eval_every,
-            diagnostics=False,
-        ))
+        train_stage(
+            model,
+            batches[:max_steps],
+            StageLoop(
+                stage="overfit",
+                start_step=0,
+                optim=train.optim.model_copy(update={"warmup": min(10, max_steps)}),
+                tasks=list(exp.tasks),
+                log=lambda rows, step: None,
+                evaluate=evaluate,
+                eval_every=eval_every,
+                diagnostics=False,
+            ),
+        )
     except Reached:
         pass
-    result = CheckResult("overfit", score["tf_exact"] >= threshold, score["tf_exact"], threshold,
-                         {"examples": len(examples), "steps": score["steps"], "budget": max_steps})
+    result = CheckResult(
+        "overfit",
+        score["tf_exact"] >= threshold,
+        score["tf_exact"],
+        threshold,
+        {"examples": len(examples), "steps": score["steps"], "budget": max_steps},
+    )
     return result, model, tokenizer, examples, recipes
 
 
-def inputs_matter_check(model, tokenizer, examples: list, recipes: dict[str, Any], threshold: float = 0.5,
-                        max_new_tokens: int = 16, seed: int = 0) -> CheckResult:
+def inputs_matter_check(
+    model,
+    tokenizer,
+    examples: list,
+    recipes: dict[str, Any],
+    threshold: float = 0.5,
+    max_new_tokens: int = 16,
+    seed: int = 0,
+) -> CheckResult:
     """Greedy predictions with each example's own prompt vs with another example's prompt (a derangement);
     passes when the share of changed predictions, among pairs with different gold answers, reaches
     ``threshold``."""
@@ -126,25 +155,39 @@ def inputs_matter_check(model, tokenizer, examples: list, recipes: dict[str, Any
         result = run_evaluation(model, tokenizer, items, recipes, spec)
         for s in result.samples:
             preds[(s["split"], s["prompt"])] = s["pred"]
-    pairs = [(preds[("train", original[i].prompt_text)], preds[("swapped", swapped[i].prompt_text)])
-             for i in range(n) if examples[i].answer != examples[partner[i]].answer]
+    pairs = [
+        (preds[("train", original[i].prompt_text)], preds[("swapped", swapped[i].prompt_text)])
+        for i in range(n)
+        if examples[i].answer != examples[partner[i]].answer
+    ]
     changed = float(np.mean([a != b for a, b in pairs])) if pairs else 0.0
-    return CheckResult("inputs_matter", changed >= threshold, changed, threshold,
-                       {"pairs": len(pairs), "unchanged": sum(a == b for a, b in pairs)})
+    return CheckResult(
+        "inputs_matter",
+        changed >= threshold,
+        changed,
+        threshold,
+        {"pairs": len(pairs), "unchanged": sum(a == b for a, b in pairs)},
+    )
 
 
 def load_checkpoint(path) -> tuple[Any, Any]:
     return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
 
-def run_sanity(exp: Experiment, n: int, threshold: float, max_steps: int, checkpoint: Optional[str],
-               console=None, image_threshold: float = 0.2) -> list[CheckResult]:
+def run_sanity(
+    exp: Experiment,
+    n: int,
+    threshold: float,
+    max_steps: int,
+    checkpoint: Optional[str],
+    console=None,
+    image_threshold: float = 0.2,
+) -> list[CheckResult]:
     """The checks; *inputs matter* runs on ``checkpoint`` if given, else on the overfit-trained model. With an
     image-text model and image tasks, *images matter* (:mod:`harness.checks.image_sanity`) runs on the overfit-trained
     model and fails when the share of predictions that change with the image stays below ``image_threshold``."""
     overfit, model, tokenizer, examples, recipes = overfit_check(exp, n, threshold, max_steps, console=console)
-    images = images_matter_check(model, tokenizer, examples, recipes, image_threshold, exp.debug.drop_images,
-                                 exp.seed)
+    images = images_matter_check(model, tokenizer, examples, recipes, image_threshold, exp.debug.drop_images, exp.seed)
     if checkpoint is not None:
         model, tokenizer = load_checkpoint(checkpoint)
     text_examples = [ex for ex in examples if getattr(ex, "image", None) is None]

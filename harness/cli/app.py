@@ -23,8 +23,12 @@ from typing import Optional
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Declarative multi-stage SFT experiments that make task-mixture interference measurable.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Declarative multi-stage SFT experiments that make task-mixture interference measurable.",
+)
 
 SetOption = typer.Option(None, "--set", help="Override a field: key.path=value (YAML value), repeatable.")
 
@@ -56,8 +60,10 @@ def validate(file: Path = typer.Argument(..., help="Experiment YAML."), set_: Op
         pools = pool_report(exp)
     except (DataError, ValueError) as e:  # ValueError: an image-text model's processor that cannot render
         _fail(f"{file}: {e}")
-    typer.echo(f"{file}: ok — {len(exp.tasks)} tasks, {len(stages)} stages "
-               f"({', '.join(f'{s.name}:{s.steps}' for s in stages)})")
+    typer.echo(
+        f"{file}: ok — {len(exp.tasks)} tasks, {len(stages)} stages "
+        f"({', '.join(f'{s.name}:{s.steps}' for s in stages)})"
+    )
     typer.echo("\n".join(pools))
 
 
@@ -65,29 +71,41 @@ def validate(file: Path = typer.Argument(..., help="Experiment YAML."), set_: Op
 def run(
     file: Path = typer.Argument(..., help="Experiment YAML."),
     set_: Optional[list[str]] = SetOption,
-    out: Optional[Path] = typer.Option(None, "--out", help="The run directory, claimed for this run: refused when "
-                                       "not empty or in use (default runs/<name>/<time>-<random>)."),
+    out: Optional[Path] = typer.Option(
+        None,
+        "--out",
+        help="The run directory, claimed for this run: refused when "
+        "not empty or in use (default runs/<name>/<time>-<random>).",
+    ),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the killed run in this directory."),
-    nproc: int = typer.Option(1, "--nproc", min=1, help="Data-parallel ranks on this machine (through torchrun; "
-                                                        "batch_size stays the global batch)."),
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds: one replicate per seed under "
-                                        "<run dir>/seed-<s>/ (overrides the file's seeds)."),
+    nproc: int = typer.Option(
+        1,
+        "--nproc",
+        min=1,
+        help="Data-parallel ranks on this machine (through torchrun; batch_size stays the global batch).",
+    ),
+    seeds: Optional[str] = typer.Option(
+        None,
+        "--seeds",
+        help="Comma-separated seeds: one replicate per seed under <run dir>/seed-<s>/ (overrides the file's seeds).",
+    ),
     jobs: int = typer.Option(1, "--jobs", min=1, help="Replicates run at once (subprocesses) with --seeds."),
-    force: bool = typer.Option(False, "--force", help="Start over in a non-empty --out (its earlier run's outputs "
-                                                     "are deleted)."),
+    force: bool = typer.Option(
+        False, "--force", help="Start over in a non-empty --out (its earlier run's outputs are deleted)."
+    ),
 ):
     """Train and evaluate an experiment (exit 3 when the non-finite guard stops it)."""
     import os
 
+    from harness.config import ConfigError
     from harness.runs import ranks
+    from harness.runs.prepare import DataError
+    from harness.runs.runner import default_run_dir, run_experiment
+    from harness.studies.replicates import SeedsError, parse_seeds, run_group
+    from harness.training.checkpoint import WorldSizeError, check_resume_world
+    from harness.training.guard import NonFiniteError
     from harness.training.parallel import ParallelError
     from harness.training.special_tokens import SpecialTokenGradientError
-    from harness.training.checkpoint import WorldSizeError, check_resume_world
-    from harness.config import ConfigError
-    from harness.training.guard import NonFiniteError
-    from harness.runs.prepare import DataError
-    from harness.studies.replicates import SeedsError, parse_seeds, run_group
-    from harness.runs.runner import default_run_dir, run_experiment
 
     exp = _load(file, set_)
     if resume and out and out != resume:
@@ -113,8 +131,7 @@ def run(
     if nproc > 1 and not ranks.launched_by_torchrun():
         argv = [a for a in sys.argv[1:]] + ([] if out or resume else ["--out", str(run_dir)])  # one dir for all
         raise typer.Exit(ranks.launch(nproc, argv))
-    session = ranks.rank_session(exp, run_dir, resume=resume is not None) \
-        if ranks.launched_by_torchrun() else None
+    session = ranks.rank_session(exp, run_dir, resume=resume is not None) if ranks.launched_by_torchrun() else None
     try:
         if seed_list:
             command = ["run", str(file), *(arg for value in set_ or [] for arg in ("--set", value))]
@@ -140,13 +157,17 @@ def eval_(
     checkpoint: Path = typer.Argument(..., help="A checkpoint directory (e.g. RUN/checkpoints/<stage>)."),
     experiment: Path = typer.Option(..., "--experiment", help="Experiment YAML: tasks, eval settings, tracking."),
     set_: Optional[list[str]] = SetOption,
-    out: Optional[Path] = typer.Option(None, "--out", help="Output directory; a non-empty one (a run) gets a new "
-                                       "eval-<time>-<random> subdirectory (default runs/<name>/eval-<time>-<random>)."),
+    out: Optional[Path] = typer.Option(
+        None,
+        "--out",
+        help="Output directory; a non-empty one (a run) gets a new "
+        "eval-<time>-<random> subdirectory (default runs/<name>/eval-<time>-<random>).",
+    ),
 ):
     """Evaluate a saved checkpoint alone, with the experiment's evaluators, probes and outputs."""
     from harness.config import ConfigError
-    from harness.runs.prepare import DataError
     from harness.runs.checkpoint_eval import eval_output_dir, evaluate_checkpoint
+    from harness.runs.prepare import DataError
 
     exp = _load(experiment, set_)
     run_dir = eval_output_dir(out, exp)
@@ -169,12 +190,13 @@ def sanity(
 ):
     """Overfit n examples, then check that predictions depend on the prompt (and, for image tasks, on the image).
     Exit 0 only if every check passes."""
-    from harness.runs.console import Console
     from harness.checks.sanity import run_sanity
+    from harness.runs.console import Console
 
     exp = _load(file, set_)
-    results = run_sanity(exp, n, threshold, max_steps, str(checkpoint) if checkpoint else None, Console(),
-                         image_threshold)
+    results = run_sanity(
+        exp, n, threshold, max_steps, str(checkpoint) if checkpoint else None, Console(), image_threshold
+    )
     for result in results:
         typer.echo(result.line())
     raise typer.Exit(0 if all(r.passed for r in results) else 1)
@@ -196,12 +218,23 @@ def sweep(
     file: Path = typer.Argument(..., help="Sweep YAML (experiments/sweeps/*.yaml)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Worker processes on this machine."),
     out: Optional[Path] = typer.Option(None, "--out", help="The sweep directory (default runs/sweeps/<study>)."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a field of the sweep file: key.path=value "
-                                             "(space.<path>=… and overrides.<path>=… keep <path> whole)."),
-    worker_offset: int = typer.Option(0, "--worker-offset", help="First worker index (sampler seed = study.seed + "
-                                      "index): give each machine its own range."),
-    gpus: Optional[str] = typer.Option(None, "--gpus", help="Devices to deal among the workers, e.g. 0,1,2,3 "
-                                       "(each worker's CUDA_VISIBLE_DEVICES: equal consecutive groups)."),
+    set_: Optional[list[str]] = typer.Option(
+        None,
+        "--set",
+        help="Override a field of the sweep file: key.path=value "
+        "(space.<path>=… and overrides.<path>=… keep <path> whole).",
+    ),
+    worker_offset: int = typer.Option(
+        0,
+        "--worker-offset",
+        help="First worker index (sampler seed = study.seed + index): give each machine its own range.",
+    ),
+    gpus: Optional[str] = typer.Option(
+        None,
+        "--gpus",
+        help="Devices to deal among the workers, e.g. 0,1,2,3 "
+        "(each worker's CUDA_VISIBLE_DEVICES: equal consecutive groups).",
+    ),
 ):
     """Run an optuna sweep: N workers on one shared storage, until the study's trial budget is used."""
     from harness.config import ConfigError
@@ -215,8 +248,14 @@ def sweep(
         spec = load_sweep(file, set_)
         sweep_dir = out or Path("runs") / "sweeps" / spec.name
         typer.echo(f"sweep {spec.name} → {sweep_dir} (storage {mask_url(spec.storage_url(sweep_dir))})")
-        result = run_sweep(spec, sweep_dir, workers=workers, worker_offset=worker_offset, echo=typer.echo,
-                           gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else None)
+        result = run_sweep(
+            spec,
+            sweep_dir,
+            workers=workers,
+            worker_offset=worker_offset,
+            echo=typer.echo,
+            gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else None,
+        )
     except ConfigError as e:
         _fail(str(e))
     typer.echo(status_text(load_worker_study(spec, sweep_dir, worker_offset), spec))
@@ -255,16 +294,20 @@ def repro(
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default runs/repro/NAME)."),
     arms: Optional[str] = typer.Option(None, "--arms", help="Comma-separated arms to run (default all)."),
     micro: bool = typer.Option(False, "--micro", help="The micro size of the reproduction (seconds; tests)."),
-    jobs: int = typer.Option(1, "--jobs", min=1, help="Runs at once, each in its own process (torch threads "
-                                                      "split between them unless OMP_NUM_THREADS is set)."),
+    jobs: int = typer.Option(
+        1,
+        "--jobs",
+        min=1,
+        help="Runs at once, each in its own process (torch threads split between them unless OMP_NUM_THREADS is set).",
+    ),
     list_: bool = typer.Option(False, "--list", help="List the reproductions and exit."),
 ):
     """Run a published finding's arms for several seeds; write NAME.md (table with intervals) and NAME.png."""
-    from harness.training.special_tokens import SpecialTokenGradientError
     from harness.config import ConfigError
-    from harness.training.guard import NonFiniteError
     from harness.studies.repro.plan import available, load_repro, parse_seeds, run_repro
     from harness.studies.repro.report import write_outputs
+    from harness.training.guard import NonFiniteError
+    from harness.training.special_tokens import SpecialTokenGradientError
 
     if not list_ and not name:
         _fail("harness repro: give a NAME (harness repro --list shows them)")
@@ -276,16 +319,20 @@ def repro(
         spec = load_repro(name)
         seed_list = parse_seeds(seeds)
         out_dir = out or Path("runs") / "repro" / spec.name
-        outcomes = run_repro(spec, seed_list, out_dir, scale, micro, arms.split(",") if arms else None, typer.echo,
-                             jobs=jobs)
+        outcomes = run_repro(
+            spec, seed_list, out_dir, scale, micro, arms.split(",") if arms else None, typer.echo, jobs=jobs
+        )
     except (ConfigError, ValueError) as e:
         _fail(f"harness repro: {e}")
     except NonFiniteError as e:  # the exit codes of harness run
         _fail(f"harness repro: training stopped: {e}", code=3)
     except SpecialTokenGradientError as e:
         _fail(f"harness repro: training stopped before the first update: {e}", code=4)
-    command = " ".join(["harness repro", spec.name, f"--seeds {seeds}"] + ([f"--scale {scale:g}"] if scale != 1 else [])
-                       + (["--micro"] if micro else []))
+    command = " ".join(
+        ["harness repro", spec.name, f"--seeds {seeds}"]
+        + ([f"--scale {scale:g}"] if scale != 1 else [])
+        + (["--micro"] if micro else [])
+    )
     typer.echo(f"table → {write_outputs(spec, outcomes, out_dir, command)}")
 
 
@@ -294,15 +341,21 @@ def repro(
 
 @app.command()
 def report(
-    path: Path = typer.Argument(..., help="A run directory (metrics.parquet), a sweep directory (trials.parquet) or a "
-                                          "seed group (group.json, from run --seeds)."),
+    path: Path = typer.Argument(
+        ...,
+        help="A run directory (metrics.parquet), a sweep directory (trials.parquet) or a "
+        "seed group (group.json, from run --seeds).",
+    ),
     out: Optional[Path] = typer.Option(None, "--out", help="Where report.html and the PNGs go (default PATH/report)."),
-    metric: Optional[str] = typer.Option(None, "--metric", help="The metric the report is about (default greedy; "
-                                                                "for a sweep, its objective's metric)."),
-    split: Optional[str] = typer.Option(None, "--split", help="Sweeps: the split the interference fit reads "
-                                                              "(default the objective's, else heldout)."),
-    delta: Optional[float] = typer.Option(None, "--delta", help="Runs: the seesaw threshold (default the run's "
-                                                                "eval.seesaw_delta)."),
+    metric: Optional[str] = typer.Option(
+        None, "--metric", help="The metric the report is about (default greedy; for a sweep, its objective's metric)."
+    ),
+    split: Optional[str] = typer.Option(
+        None, "--split", help="Sweeps: the split the interference fit reads (default the objective's, else heldout)."
+    ),
+    delta: Optional[float] = typer.Option(
+        None, "--delta", help="Runs: the seesaw threshold (default the run's eval.seesaw_delta)."
+    ),
 ):
     """Write report.html (self-contained, PNGs embedded and written beside it) for a run or a sweep."""
     from analysis.loading import AnalysisError, is_sweep_dir
@@ -323,13 +376,16 @@ def report(
 def compare(
     run_a: Path = typer.Argument(..., help="Run directory A."),
     run_b: Path = typer.Argument(..., help="Run directory B (deltas are B − A)."),
-    metric: Optional[list[str]] = typer.Option(None, "--metric", help="Metric(s) to compare, repeatable "
-                                                                       "(default greedy, mode_ok, tf_first, "
-                                                                       "ft_rank_median, ft_hijack)."),
+    metric: Optional[list[str]] = typer.Option(
+        None,
+        "--metric",
+        help="Metric(s) to compare, repeatable (default greedy, mode_ok, tf_first, ft_rank_median, ft_hijack).",
+    ),
     split: Optional[list[str]] = typer.Option(None, "--split", help="Split(s), repeatable (default all)."),
 ):
     """Print per-task deltas at each stage end between two runs."""
-    from analysis.frames import COMPARE_METRICS, compare as compare_runs, format_compare
+    from analysis.frames import COMPARE_METRICS, format_compare
+    from analysis.frames import compare as compare_runs
     from analysis.loading import AnalysisError, load_run
 
     try:
@@ -346,12 +402,16 @@ def inspect_command(
     set_: Optional[list[str]] = SetOption,
     stage: Optional[str] = typer.Option(None, "--stage", help="Stage whose trainable set to apply (default: first)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of module rows instead of a table."),
-    tokens: bool = typer.Option(False, "--tokens", help="List the special-token rows instead: norms, under-trained "
-                                                        "or not, and why (the base model as the run loads it)."),
+    tokens: bool = typer.Option(
+        False,
+        "--tokens",
+        help="List the special-token rows instead: norms, under-trained "
+        "or not, and why (the base model as the run loads it).",
+    ),
 ):
     """One row per module: name, type, parameters, trainable, output shape and dtype on a sample batch."""
-    from harness.config import ConfigError
     from harness.checks.inspection import inspect_target, inspect_tokens, render, render_tokens
+    from harness.config import ConfigError
     from harness.runs.prepare import DataError
 
     if not target.exists():
@@ -406,8 +466,9 @@ def cache_du():
 @cache_app.command("prune")
 def cache_prune(
     older_than: Optional[str] = typer.Option(None, "--older-than", help="Remove entries unused this long (7d, 12h)."),
-    max_size: Optional[str] = typer.Option(None, "--max-size", help="Then remove the least recently used until the "
-                                                                    "cache is at most this big (20GB)."),
+    max_size: Optional[str] = typer.Option(
+        None, "--max-size", help="Then remove the least recently used until the cache is at most this big (20GB)."
+    ),
 ):
     """Remove old entries, corrupt ones, and the least recently used beyond a size (exit 2 on a bad value)."""
     from harness.runs.cache_housekeeping import human_size, parse_age, parse_size, prune

@@ -32,9 +32,9 @@ DEBUG_ENV = "HARNESS_DEBUG"
 def _user_error_types() -> tuple[type[BaseException], ...]:
     """The exceptions that are the user's input, not a bug. Imported here, not at module top: ``harness.runs.prepare``
     pulls in torch and transformers, and ``harness --help`` should stay quick."""
-    from harness.training.compiling import CompileFailed  # train.compile: true where this machine cannot compile
     from harness.config import ConfigError
     from harness.runs.prepare import DataError
+    from harness.training.compiling import CompileFailed  # train.compile: true where this machine cannot compile
     from harness.training.packing import PackingError  # train.packing: true on a model packing is not exact on
 
     return ConfigError, DataError, RunDirError, JsonlError, yaml.YAMLError, CompileFailed, PackingError
@@ -42,8 +42,10 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
 
 # A file-system refusal raised by a library as its own type (safetensors and polars write through Rust I/O and
 # raise SafetensorError / ComputeError, torch.save a RuntimeError, not OSError), recognised by their words.
-_FILESYSTEM_WORDS = re.compile(r"No space left on device|Disk quota exceeded|Read-only file system|"
-                               r"\bos error (?:28|30)\b|PytorchStreamWriter failed writing file")
+_FILESYSTEM_WORDS = re.compile(
+    r"No space left on device|Disk quota exceeded|Read-only file system|"
+    r"\bos error (?:28|30)\b|PytorchStreamWriter failed writing file"
+)
 
 
 def _filesystem_error(error: BaseException) -> bool:

@@ -118,9 +118,10 @@ def yaml_errors(exc: ValidationError, schema: type[BaseModel]) -> list[tuple[str
             out.append((where, "required field is missing"))
         elif e["type"] == "literal_error" and _literal_choices(e):
             choices = _literal_choices(e)
-            out.append((where, f"unknown value {e['input']!r}{suggest(str(e['input']), choices)}; use "
-                               + ", ".join(choices)))
+            out.append(
+                (where, f"unknown value {e['input']!r}{suggest(str(e['input']), choices)}; use " + ", ".join(choices))
+            )
         else:
             message = e["msg"]
-            out.append((where, message[len("Value error, "):] if message.startswith("Value error, ") else message))
+            out.append((where, message[len("Value error, ") :] if message.startswith("Value error, ") else message))
     return out

@@ -58,7 +58,8 @@ def _component_errors(exp: Experiment) -> Errors:
 
     task_names = list(exp.tasks)
     loss_specs = [("train.loss", exp.train.loss)] + [
-        (f"stages[{i}].loss", stage.loss) for i, stage in enumerate(exp.stages) if stage.loss is not None]
+        (f"stages[{i}].loss", stage.loss) for i, stage in enumerate(exp.stages) if stage.loss is not None
+    ]
     for where, loss in loss_specs:
         for name in loss.task_weights or {}:
             if name not in task_names:
@@ -79,12 +80,22 @@ def _stage_errors(exp: Experiment) -> Errors:
         if stage.init not in ("previous", "base") and stage.init not in seen:
             later = [s.name for s in exp.stages[i:]]
             if stage.init in later:
-                errors.append((f"{path}.init", f"stage {stage.init!r} does not come before {stage.name!r}; init can "
-                                               "only name an earlier stage"))
+                errors.append(
+                    (
+                        f"{path}.init",
+                        f"stage {stage.init!r} does not come before {stage.name!r}; init can "
+                        "only name an earlier stage",
+                    )
+                )
             else:
-                errors.append((f"{path}.init", f"unknown stage {stage.init!r}"
-                                               f"{suggest(stage.init, seen + ['previous', 'base'])}; use previous, "
-                                               f"base or an earlier stage ({', '.join(seen) or 'none yet'})"))
+                errors.append(
+                    (
+                        f"{path}.init",
+                        f"unknown stage {stage.init!r}"
+                        f"{suggest(stage.init, seen + ['previous', 'base'])}; use previous, "
+                        f"base or an earlier stage ({', '.join(seen) or 'none yet'})",
+                    )
+                )
         seen.append(stage.name)
 
         mixture = parse_mixture(stage.mixture, f"{path}.mixture", task_names, errors)
@@ -96,17 +107,26 @@ def _stage_errors(exp: Experiment) -> Errors:
             if not mixture.replace:
                 for task, n in mixture.counts.items():
                     if n > exp.tasks[task].train:
-                        errors.append((f"{path}.mixture.counts.{task}",
-                                       f"{n} examples without replacement, but the pool has {exp.tasks[task].train}; "
-                                       "lower the count, raise tasks." f"{task}.train, or set replace: true"))
+                        errors.append(
+                            (
+                                f"{path}.mixture.counts.{task}",
+                                f"{n} examples without replacement, but the pool has {exp.tasks[task].train}; "
+                                "lower the count, raise tasks."
+                                f"{task}.train, or set replace: true",
+                            )
+                        )
         elif stage.steps is None:
             errors.append((f"{path}.steps", "required field is missing"))
         if mixture.kind == "adaptive":
             own = stage.model_dump(exclude_unset=True).get("length_grouping")
             if (own or exp.train.length_grouping) > 1:
-                errors.append((f"{path}.length_grouping" if own else "train.length_grouping",
-                               f"length grouping needs the stage's future batches; stage {stage.name!r} draws its "
-                               "batches as it trains (adaptive mixture): set length_grouping: 1 for it"))
+                errors.append(
+                    (
+                        f"{path}.length_grouping" if own else "train.length_grouping",
+                        f"length grouping needs the stage's future batches; stage {stage.name!r} draws its "
+                        "batches as it trains (adaptive mixture): set length_grouping: 1 for it",
+                    )
+                )
         for task in mixture.tasks:
             if exp.tasks[task].train == 0:
                 errors.append((f"{path}.mixture", f"task {task!r} has an empty training pool (tasks.{task}.train: 0)"))
@@ -138,8 +158,12 @@ def _benchmark_errors(exp: Experiment) -> Errors:
     if not specs:
         return []
     if not lm_eval_installed():
-        return [("eval.benchmarks", "needs lm-evaluation-harness (lm-eval 0.4.x), which is not installed: "
-                                    "pip install -e '.[benchmarks]'")]
+        return [
+            (
+                "eval.benchmarks",
+                "needs lm-evaluation-harness (lm-eval 0.4.x), which is not installed: pip install -e '.[benchmarks]'",
+            )
+        ]
     errors: Errors = []
     seen: list[str] = []
     for i, spec in enumerate(specs):
@@ -150,18 +174,30 @@ def _benchmark_errors(exp: Experiment) -> Errors:
         if spec.include_path is not None and not Path(spec.include_path).is_dir():
             errors.append((f"{path}.include_path", f"not a directory: {spec.include_path}"))
         if isinstance(spec.every, int) and spec.every % exp.eval.every:
-            errors.append((f"{path}.every", f"{spec.every} is not a multiple of eval.every ({exp.eval.every}): "
-                                            "benchmarks run at evaluations only"))
-    if exp.train.parallel == "fsdp" or any(s.model_dump(exclude_unset=True).get("parallel") == "fsdp"
-                                           for s in exp.stages):
+            errors.append(
+                (
+                    f"{path}.every",
+                    f"{spec.every} is not a multiple of eval.every ({exp.eval.every}): "
+                    "benchmarks run at evaluations only",
+                )
+            )
+    if exp.train.parallel == "fsdp" or any(
+        s.model_dump(exclude_unset=True).get("parallel") == "fsdp" for s in exp.stages
+    ):
         errors.append(("eval.benchmarks", "not with fsdp: lm-eval runs the whole model on rank 0; use ddp"))
     return errors
 
 
 def semantic_errors(exp: Experiment) -> Errors:
     """The second pass: checks that need the whole file and the registries, in the file's order of sections."""
-    return (_recipe_errors(exp) + _model_errors(exp) + _component_errors(exp) + _benchmark_errors(exp)
-            + _stage_errors(exp) + _parallel_errors(exp))
+    return (
+        _recipe_errors(exp)
+        + _model_errors(exp)
+        + _component_errors(exp)
+        + _benchmark_errors(exp)
+        + _stage_errors(exp)
+        + _parallel_errors(exp)
+    )
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
@@ -181,8 +217,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[st
         except PathError as e:
             raise ValueError(f"--set {dotted}: {e}") from None
         except yaml.YAMLError as e:
-            raise ValueError(f"--set {dotted}: the value {text!r} is not valid YAML "
-                             f"({getattr(e, 'problem', None) or e}); quote it or fix the brackets") from None
+            raise ValueError(
+                f"--set {dotted}: the value {text!r} is not valid YAML "
+                f"({getattr(e, 'problem', None) or e}); quote it or fix the brackets"
+            ) from None
     return data
 
 

@@ -37,9 +37,15 @@ class AdaptiveSpec:
         return dict(self.params)[name]
 
     def to_yaml(self) -> dict[str, Any]:
-        return {"method": self.method, "tasks": list(self.tasks),
-                "start": dict(self.start) if self.start else "natural", "every": self.every, "floor": self.floor,
-                "signal": self.signal, **{k: _yaml_value(v) for k, v in self.params}}
+        return {
+            "method": self.method,
+            "tasks": list(self.tasks),
+            "start": dict(self.start) if self.start else "natural",
+            "every": self.every,
+            "floor": self.floor,
+            "signal": self.signal,
+            **{k: _yaml_value(v) for k, v in self.params},
+        }
 
 
 def _yaml_value(value: Any) -> Any:
@@ -96,8 +102,11 @@ def parse_mixture(raw: Any, path: str, tasks: list[str], errors: list[tuple[str,
     if raw == "natural":
         return Mixture("natural", {t: 1.0 for t in tasks}, {})
     if isinstance(raw, str):
-        return err(path, f"unknown mixture {raw!r}{suggest(raw, ['natural'])}; use natural, {{task: weight}}, "
-                         "{natural: [tasks]} or {counts: {task: n}}")
+        return err(
+            path,
+            f"unknown mixture {raw!r}{suggest(raw, ['natural'])}; use natural, {{task: weight}}, "
+            "{natural: [tasks]} or {counts: {task: n}}",
+        )
     if not isinstance(raw, dict) or not raw:
         return err(path, "mixture is empty; give {task: weight}, natural, {natural: [tasks]} or {counts: {task: n}}")
 
@@ -170,15 +179,21 @@ def parse_adaptive(raw: dict, path: str, tasks: list[str], errors: list[tuple[st
     method = spec["method"]
     if not isinstance(method, str) or method not in MIXTURE_CONTROLLERS:
         known = MIXTURE_CONTROLLERS.names()
-        errors.append((f"{where}.method", f"unknown method {method!r}{suggest(str(method), known)}; known: "
-                                          f"{', '.join(known)}"))
+        errors.append(
+            (f"{where}.method", f"unknown method {method!r}{suggest(str(method), known)}; known: {', '.join(known)}")
+        )
         return None
     controller = MIXTURE_CONTROLLERS.get(method)
     defaults = dict(controller.defaults)
     for key in sorted(set(spec) - set(_SHARED_KEYS) - set(defaults)):
-        errors.append((f"{where}.{key}", f"unknown setting {key!r} of method {method}"
-                                         f"{suggest(key, [*_SHARED_KEYS, *defaults])}; settings: "
-                                         f"{', '.join([*_SHARED_KEYS[1:], *defaults])}"))
+        errors.append(
+            (
+                f"{where}.{key}",
+                f"unknown setting {key!r} of method {method}"
+                f"{suggest(key, [*_SHARED_KEYS, *defaults])}; settings: "
+                f"{', '.join([*_SHARED_KEYS[1:], *defaults])}",
+            )
+        )
     chosen = _adaptive_tasks(spec, where, tasks, errors)
     start = _adaptive_start(spec.get("start", "natural"), f"{where}.start", chosen, errors)
     every = spec.get("every", 1)
@@ -186,8 +201,9 @@ def parse_adaptive(raw: dict, path: str, tasks: list[str], errors: list[tuple[st
         errors.append((f"{where}.every", f"every must be a whole number of steps >= 1, got {every!r}"))
     floor = spec.get("floor", 0.01)
     if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor * max(1, len(chosen)) < 1:
-        errors.append((f"{where}.floor", f"floor must be a number in [0, 1/K) for K = {len(chosen)} tasks, "
-                                         f"got {floor!r}"))
+        errors.append(
+            (f"{where}.floor", f"floor must be a number in [0, 1/K) for K = {len(chosen)} tasks, got {floor!r}")
+        )
     signal = spec.get("signal", controller.signals[0])
     if signal not in controller.signals:
         errors.append((f"{where}.signal", f"method {method} reads {' | '.join(controller.signals)}, got {signal!r}"))
@@ -217,8 +233,9 @@ def _adaptive_tasks(spec: dict, where: str, tasks: list[str], errors: list[tuple
         chosen = list(tasks)
     for name in chosen:
         if name not in tasks:
-            errors.append((f"{where}.tasks", f"unknown task {name!r}{suggest(str(name), tasks)}; tasks: "
-                                             f"{', '.join(tasks)}"))
+            errors.append(
+                (f"{where}.tasks", f"unknown task {name!r}{suggest(str(name), tasks)}; tasks: {', '.join(tasks)}")
+            )
     if len(chosen) < 2 and "tasks" not in spec:
         errors.append((where, "an adaptive mixture needs at least two tasks"))
     return [str(t) for t in chosen]
@@ -235,8 +252,12 @@ def _adaptive_start(raw: Any, where: str, chosen: list[str], errors: list[tuple[
     for name in chosen:
         value = raw.get(name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            errors.append((f"{where}.{name}", f"start weight must be a number > 0 (a controller cannot raise a "
-                                              f"task from zero), got {value!r}"))
+            errors.append(
+                (
+                    f"{where}.{name}",
+                    f"start weight must be a number > 0 (a controller cannot raise a task from zero), got {value!r}",
+                )
+            )
         else:
             out[name] = float(value)
     for name in raw:

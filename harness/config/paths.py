@@ -42,8 +42,10 @@ def resolve_path(data: dict[str, Any], parts: Parts) -> Parts:
             if isinstance(part, str):
                 names = [x.get("name") for x in node if isinstance(x, dict)]
                 if part not in names:
-                    raise PathError(f"no element named {part!r} at {format_path(out)}{suggest(part, names)}; "
-                                    f"names: {', '.join(map(str, names))}")
+                    raise PathError(
+                        f"no element named {part!r} at {format_path(out)}{suggest(part, names)}; "
+                        f"names: {', '.join(map(str, names))}"
+                    )
                 part = names.index(part)
             elif part >= len(node):
                 raise PathError(f"index {part} out of range at {format_path(out)} ({len(node)} elements)")
@@ -67,6 +69,6 @@ def set_path(data: dict[str, Any], parts: Parts, value: Any) -> None:
         if node.get(part) is None:
             node[part] = {}
         elif not isinstance(node[part], (dict, list)):
-            raise PathError(f"{format_path(parts[:i + 1])} is {node[part]!r}, not a mapping")
+            raise PathError(f"{format_path(parts[: i + 1])} is {node[part]!r}, not a mapping")
         node = node[part]
     node[parts[-1]] = value

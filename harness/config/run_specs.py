@@ -27,10 +27,13 @@ class DataSpec(Strict):
     """How bad training data is handled."""
 
     too_long: Literal["drop", "error"] = Field(
-        "drop", description="Examples longer than train.max_length: drop them (counted per task) or stop.")
+        "drop", description="Examples longer than train.max_length: drop them (counted per task) or stop."
+    )
     special_tokens_in_text: Literal["error", "escape"] = Field(
-        "error", description="Rows whose text contains a special-token string (<|im_end|>): stop naming the row, or "
-                             "escape it (a zero-width space after its first character) so it stays plain text.")
+        "error",
+        description="Rows whose text contains a special-token string (<|im_end|>): stop naming the row, or "
+        "escape it (a zero-width space after its first character) so it stays plain text.",
+    )
 
 
 class InjectSpec(Strict):
@@ -50,10 +53,16 @@ class DebugSpec(Strict):
     """Switches for seeing the safety nets work."""
 
     inject_nonfinite: Optional[InjectSpec] = Field(None, description="Make an output / gradient NaN at a step.")
-    kill_rank: Optional[KillSpec] = Field(None, description="SIGKILL one rank (or the single process) at a step, as "
-                                          "a crash or the OOM killer would. Left out of --resume's same-experiment check.")
-    drop_images: bool = Field(False, description="Feed every image as all-zero pixels (training and "
-                                                 "evaluation): the seed's blind-model bug, on purpose.")
+    kill_rank: Optional[KillSpec] = Field(
+        None,
+        description="SIGKILL one rank (or the single process) at a step, as "
+        "a crash or the OOM killer would. Left out of --resume's same-experiment check.",
+    )
+    drop_images: bool = Field(
+        False,
+        description="Feed every image as all-zero pixels (training and "
+        "evaluation): the seed's blind-model bug, on purpose.",
+    )
 
 
 def computing_debug(debug: dict[str, Any]) -> dict[str, Any]:

@@ -28,8 +28,11 @@ class WorldSpec(Strict):
 
     people: int = Field(200, ge=1, description="Number of people in the world.")
     seed: int = Field(0, description="Seed of the world (independent of the experiment seed).")
-    docs_per_person: int = Field(4, ge=1, description="Pretraining documents per person, each in freshly drawn "
-                                                      "phrasings (1: one biography per person).")
+    docs_per_person: int = Field(
+        4,
+        ge=1,
+        description="Pretraining documents per person, each in freshly drawn phrasings (1: one biography per person).",
+    )
     permute: bool = Field(True, description="Shuffle the order of each document's facts (false: one fixed order).")
 
 
@@ -60,8 +63,10 @@ class ModelSpec(Strict):
     revision: Optional[str] = None
     config: dict[str, Any] = Field(default_factory=dict, description="Overrides of the builtin config's fields.")
     text: Optional[str] = Field(None, description="llava-tiny only: its text architecture (default qwen2-tiny).")
-    vision: dict[str, Any] = Field(default_factory=dict, description="llava-tiny only: overrides of its SigLIP "
-                                                                     "vision config (image_size, patch_size, …).")
+    vision: dict[str, Any] = Field(
+        default_factory=dict,
+        description="llava-tiny only: overrides of its SigLIP vision config (image_size, patch_size, …).",
+    )
     tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)
     pretrain: Optional[PretrainSpec] = Field(None, description="Pretrain the builtin base on the world corpus.")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -104,8 +109,11 @@ class TaskSpec(Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="Recipe parameters.")
     seed: Optional[int] = Field(None, description="Data seed; default derived from the experiment seed.")
     system: Optional[str] = Field(
-        None, min_length=1, description="A system turn put before every example of the task, in every split (a task "
-        "instruction such as 'Answer yes or no.'); the recipe's own examples must not carry one.")
+        None,
+        min_length=1,
+        description="A system turn put before every example of the task, in every split (a task "
+        "instruction such as 'Answer yes or no.'); the recipe's own examples must not carry one.",
+    )
 
     _omit_added = _omitted_unless_set("system")
 
@@ -136,22 +144,31 @@ class TrainableSpec(Strict):
     """What trains in a stage. ``trainable: full`` is short for ``trainable: {mode: full}``."""
 
     mode: Literal["full", "lora", "hira", "frozen"] = Field(
-        "full", description="full | lora | hira (adapters through peft) | frozen (only new_token_rows / unfreeze)")
+        "full", description="full | lora | hira (adapters through peft) | frozen (only new_token_rows / unfreeze)"
+    )
     r: int = Field(8, ge=1, description="Adapter rank (lora, hira).")
     alpha: float = Field(16.0, gt=0, description="Adapter scaling numerator (lora_alpha).")
     dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: Optional[list[str]] = Field(
-        None, description="Modules that get adapters; default: q_proj, k_proj, v_proj, up_proj, down_proj "
-                          "(the seed's HiRA choice: attention q/k/v and two MLP projections).")
+        None,
+        description="Modules that get adapters; default: q_proj, k_proj, v_proj, up_proj, down_proj "
+        "(the seed's HiRA choice: attention q/k/v and two MLP projections).",
+    )
     new_token_rows: Union[Literal["auto"], bool] = Field(
-        "auto", description="Train the embedding / output rows of the tokens the harness added (chat-role tokens; "
-                            "EOS / pad when new): true | false | auto (default: in lora / hira / frozen stages, "
-                            "those rows and the rows of special tokens the under-trained check flags).")
-    unfreeze: list[str] = Field(default_factory=list, description="Regexes of parameter names trained on top of "
-                                                                  "the mode (e.g. lm_head, norm), or an image-text "
-                                                                  "part: vision_tower, projector, language_model.")
+        "auto",
+        description="Train the embedding / output rows of the tokens the harness added (chat-role tokens; "
+        "EOS / pad when new): true | false | auto (default: in lora / hira / frozen stages, "
+        "those rows and the rows of special tokens the under-trained check flags).",
+    )
+    unfreeze: list[str] = Field(
+        default_factory=list,
+        description="Regexes of parameter names trained on top of "
+        "the mode (e.g. lm_head, norm), or an image-text "
+        "part: vision_tower, projector, language_model.",
+    )
     adapter: Literal["merge", "continue"] = Field(
-        "merge", description="At the next stage: merge this stage's adapter into the weights, or keep training it.")
+        "merge", description="At the next stage: merge this stage's adapter into the weights, or keep training it."
+    )
 
     _shorthand = _string_shorthand("mode")
 
@@ -165,9 +182,11 @@ class LossSpec(Strict):
     task_weights: dict[str, float] = Field(default_factory=dict, description="Per-task loss weights (default 1).")
     first_token_weight: float = Field(1.0, gt=0, description="Weight of each answer's first token.")
     reduction: Literal["token", "example"] = Field(
-        "token", description="token: every supervised token weighs the same, so a 15-token answer outweighs a 1-token "
-                             "one 15 to 1 (Hugging Face Trainer's mean) | example: each example's supervised tokens "
-                             "share one unit of weight, so every example counts the same whatever its answer's length.")
+        "token",
+        description="token: every supervised token weighs the same, so a 15-token answer outweighs a 1-token "
+        "one 15 to 1 (Hugging Face Trainer's mean) | example: each example's supervised tokens "
+        "share one unit of weight, so every example counts the same whatever its answer's length.",
+    )
 
     _shorthand = _string_shorthand("name")
 
@@ -178,7 +197,8 @@ class NonFiniteSpec(Strict):
     """What to do when the loss or a gradient is NaN/Inf. ``nonfinite: skip_step`` is short for the action."""
 
     action: Literal["stop", "skip_step", "off"] = Field(
-        "stop", description="stop (exit 3 with a report naming the module) | skip_step | off (no check)")
+        "stop", description="stop (exit 3 with a report naming the module) | skip_step | off (no check)"
+    )
     max_consecutive: int = Field(5, ge=1, description="skip_step: stop after this many skipped steps in a row.")
 
     _shorthand = _string_shorthand("action")
@@ -190,49 +210,61 @@ class TrainSpec(Strict):
     trainable: TrainableSpec = Field(default_factory=TrainableSpec)
     loss: LossSpec = Field(default_factory=LossSpec)
     precision: Literal["fp32", "bf16-autocast"] = Field(
-        "fp32", description="bf16-autocast keeps fp32 master weights and optimiser state.")
+        "fp32", description="bf16-autocast keeps fp32 master weights and optimiser state."
+    )
 
     batch_size: int = Field(16, ge=1, description="Examples per optimiser step.")
     parallel: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="With several ranks (--nproc / torchrun): ddp (DistributedDataParallel: every rank holds "
-                           "the whole model and optimiser state) | fsdp (FSDP2 fully_shard per transformer block: the "
-                           "trained weights, gradients and optimiser state sharded over ranks, one full copy kept "
-                           "for evaluation; harness/training/parallel/fsdp.py). Ignored in one process.")
+        "ddp",
+        description="With several ranks (--nproc / torchrun): ddp (DistributedDataParallel: every rank holds "
+        "the whole model and optimiser state) | fsdp (FSDP2 fully_shard per transformer block: the "
+        "trained weights, gradients and optimiser state sharded over ranks, one full copy kept "
+        "for evaluation; harness/training/parallel/fsdp.py). Ignored in one process.",
+    )
     max_length: int = Field(256, ge=8, description="Longer examples are dropped (counted per task).")
     optim: OptimSpec = Field(default_factory=OptimSpec)
     log_every: int = Field(10, ge=1, description="Steps per training-metrics window.")
     length_grouping: int = Field(
-        1, ge=1, description="Windows of this many batches are grouped by length, stratified by task, so batches "
-                             "pad little (1 = off, the default; 50 is the window of transformers' group_by_length "
-                             "sampler). Off by default because grouped batches each hold one length class of a "
-                             "task's data: reversed 3-digit addition reaches 0.002 held-out at step 540 with 50, "
-                             "0.874 with 1 (bench/plain_vs_harness.py); grouping cuts the quickstart's pad fraction "
-                             "from ~0.30 to ~0.015."
+        1,
+        ge=1,
+        description="Windows of this many batches are grouped by length, stratified by task, so batches "
+        "pad little (1 = off, the default; 50 is the window of transformers' group_by_length "
+        "sampler). Off by default because grouped batches each hold one length class of a "
+        "task's data: reversed 3-digit addition reaches 0.002 held-out at step 540 with 50, "
+        "0.874 with 1 (bench/plain_vs_harness.py); grouping cuts the quickstart's pad fraction "
+        "from ~0.30 to ~0.015.",
     )
     checkpoint: bool = Field(True, description="Save a Hugging Face checkpoint at the end of the stage.")
-    checkpoint_every: Optional[int] = Field(None, ge=1, description="Also save a resumable checkpoint every N "
-                                                                     "steps (model, optimiser, RNG, data position).")
+    checkpoint_every: Optional[int] = Field(
+        None, ge=1, description="Also save a resumable checkpoint every N steps (model, optimiser, RNG, data position)."
+    )
     keep_checkpoints: int = Field(2, ge=1, description="Periodic checkpoints kept (the newest).")
     nonfinite: NonFiniteSpec = Field(default_factory=NonFiniteSpec)
     diagnostics: bool = Field(True, description="Per-module-group grad norms and update ratios (diag/...).")
     compile: Union[bool, Literal["auto"]] = Field(
-        "auto", description="torch.compile the model's training forward (dynamic shapes; fused norms/RoPE/SiLU): "
-                            "true | false | auto (the default: compile CPU stages of at least 1,000 steps when a "
-                            "C++ compiler is there, else eager — GPU stages too, unmeasured there; a failed "
-                            "compile falls back to eager with one warning line). On the tiny CPU model: 1.33-1.8x "
-                            "faster steps after a one-off 20-75 s compile (bench/compile_cost.py).")
+        "auto",
+        description="torch.compile the model's training forward (dynamic shapes; fused norms/RoPE/SiLU): "
+        "true | false | auto (the default: compile CPU stages of at least 1,000 steps when a "
+        "C++ compiler is there, else eager — GPU stages too, unmeasured there; a failed "
+        "compile falls back to eager with one warning line). On the tiny CPU model: 1.33-1.8x "
+        "faster steps after a one-off 20-75 s compile (bench/compile_cost.py).",
+    )
     stage_cache: Union[bool, Literal["read_only"]] = Field(
-        True, description="Keep the stage's outcome under $HARNESS_CACHE/stages and start from it when a later run "
-                          "shares every stage up to it (true); only read it (read_only); neither (false).")
+        True,
+        description="Keep the stage's outcome under $HARNESS_CACHE/stages and start from it when a later run "
+        "shares every stage up to it (true); only read it (read_only); neither (false).",
+    )
     packing: Union[bool, Literal["auto"]] = Field(
-        "auto", description="Padding-free batches: each step's examples (the same ones) laid end to end, "
-                            "positions restarting per example, attention confined to each: example by example under "
-                            "sdpa/eager (harness/models/packed_attention.py), else rows with a block-diagonal mask "
-                            "(harness/data/packing.py). Proven exact on the model at each stage's start against "
-                            "the same batches padded (train/packing_max_rel_diff): auto (the default) packs when "
-                            "exact, else pads with one warning line; true stops (exit 2) when not exact; false "
-                            "always pads. Image batches are never packed (auto pads them; true is refused). "
-                            "docs/packing.md.")
+        "auto",
+        description="Padding-free batches: each step's examples (the same ones) laid end to end, "
+        "positions restarting per example, attention confined to each: example by example under "
+        "sdpa/eager (harness/models/packed_attention.py), else rows with a block-diagonal mask "
+        "(harness/data/packing.py). Proven exact on the model at each stage's start against "
+        "the same batches padded (train/packing_max_rel_diff): auto (the default) packs when "
+        "exact, else pads with one warning line; true stops (exit 2) when not exact; false "
+        "always pads. Image batches are never packed (auto pads them; true is refused). "
+        "docs/packing.md.",
+    )
 
     _omit_added = _omitted_unless_set("packing")
 
@@ -243,8 +275,9 @@ def _partial(model: type[BaseModel], name: str) -> dict[str, Any]:
     for field_name, info in model.model_fields.items():
         annotation = info.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            annotation = create_model(f"{name}{annotation.__name__}", __base__=annotation, __module__=__name__,
-                                      **_partial(annotation, name))
+            annotation = create_model(
+                f"{name}{annotation.__name__}", __base__=annotation, __module__=__name__, **_partial(annotation, name)
+            )
             # Published as a module attribute so pickle finds it by name: `harness repro --jobs` sends experiments
             # (a stage's optim / loss overrides are instances of these classes) to spawned processes.
             globals()[annotation.__name__] = annotation
@@ -257,17 +290,33 @@ def _partial(model: type[BaseModel], name: str) -> dict[str, Any]:
 _MIXTURE_SCHEMA = {
     "anyOf": [
         {"const": "natural", "description": "Concatenate the pools of all tasks and shuffle."},
-        {"type": "object", "additionalProperties": {"type": "number", "minimum": 0},
-         "description": "Shorthand for weights: {task: weight}."},
-        {"type": "object", "properties": {
-            "weights": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}},
-            "natural": {"type": "array", "items": {"type": "string"}},
-            "counts": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
-            "replace": {"type": "boolean"},
-        }, "additionalProperties": False},
-        {"type": "object", "properties": {"adaptive": {"type": "object", "required": ["method"], "description":
-            "Weights a controller moves as the stage trains: method odm | doremi, … (docs/steering.md)."}},
-         "required": ["adaptive"], "additionalProperties": False},
+        {
+            "type": "object",
+            "additionalProperties": {"type": "number", "minimum": 0},
+            "description": "Shorthand for weights: {task: weight}.",
+        },
+        {
+            "type": "object",
+            "properties": {
+                "weights": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}},
+                "natural": {"type": "array", "items": {"type": "string"}},
+                "counts": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+                "replace": {"type": "boolean"},
+            },
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {
+                "adaptive": {
+                    "type": "object",
+                    "required": ["method"],
+                    "description": "Weights a controller moves as the stage trains: method odm | doremi, … (docs/steering.md).",
+                }
+            },
+            "required": ["adaptive"],
+            "additionalProperties": False,
+        },
     ]
 }
 
@@ -276,9 +325,11 @@ class _StageCore(Strict):
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Stage name (used in paths and metrics).")
     steps: Optional[int] = Field(None, ge=1, description="Optimiser steps (derived from counts if omitted).")
     init: str = Field("previous", description="previous | base | the name of an earlier stage.")
-    mixture: Any = Field(..., description="weights {task: w} | natural | {natural: [tasks]} | {counts: {task: n}} "
-                                          "| {adaptive: …}",
-                         json_schema_extra=_MIXTURE_SCHEMA)
+    mixture: Any = Field(
+        ...,
+        description="weights {task: w} | natural | {natural: [tasks]} | {counts: {task: n}} | {adaptive: …}",
+        json_schema_extra=_MIXTURE_SCHEMA,
+    )
 
     @field_validator("name")
     @classmethod
@@ -297,24 +348,36 @@ class EvalSpec(Strict):
 
     every: int = Field(50, ge=1, description="Evaluate every N steps (and at both edges of every stage).")
     splits: list[Literal["heldout", "heldout_template", "train"]] = Field(
-        default_factory=lambda: ["heldout", "heldout_template"])
+        default_factory=lambda: ["heldout", "heldout_template"]
+    )
     evaluators: list[str] = Field(default_factory=lambda: ["greedy", "mode_ok", "teacher_forced"])
     probes: list[str] = Field(default_factory=lambda: ["first_token"])
     max_new_tokens: Optional[int] = Field(
-        None, ge=1, description="Greedy decoding budget; null: the longest gold answer of the eval pools plus a margin "
-                                "(a value below that is an error naming the task).")
+        None,
+        ge=1,
+        description="Greedy decoding budget; null: the longest gold answer of the eval pools plus a margin "
+        "(a value below that is an error naming the task).",
+    )
     batch_size: int = Field(64, ge=1)
     hijack_words: list[str] = Field(default_factory=lambda: ["yes", "no"])
     seesaw_delta: float = Field(0.15, gt=0, le=1)
-    seesaw_alpha: float = Field(0.05, gt=0, lt=1, description="False-discovery rate of the paired seesaw test "
-                                "(Benjamini-Hochberg over every change tested in the run).")
+    seesaw_alpha: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="False-discovery rate of the paired seesaw test "
+        "(Benjamini-Hochberg over every change tested in the run).",
+    )
     seesaw_test: Literal["paired", "none"] = Field(
-        "paired", description="paired: an event needs both changes significant on the fixed items (exact McNemar); "
+        "paired",
+        description="paired: an event needs both changes significant on the fixed items (exact McNemar); "
         "none: the untested threshold rule (exploratory runs with pools too small for any test; its events are "
-        "movements, not findings).")
+        "movements, not findings).",
+    )
     samples: int = Field(4, ge=0, description="Samples per task and split in each wandb samples table.")
     benchmarks: Optional[list[BenchmarkSpec]] = Field(
-        None, description="lm-evaluation-harness tasks run on the live model (see docs/benchmarks.md).")
+        None, description="lm-evaluation-harness tasks run on the live model (see docs/benchmarks.md)."
+    )
 
     _omit_added = _omitted_unless_set("benchmarks")
 
@@ -324,10 +387,17 @@ class Experiment(Strict):
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
     seed: int = 0
-    seeds: Optional[list[int]] = Field(None, min_length=1, description="Run one replicate per seed (model init and "
-                                       "data order) under <run dir>/seed-<s>/; see `harness run --seeds`.")
-    data_seed: Optional[int] = Field(None, description="Seed of the task data (default: seed). Replicates of a "
-                                     "seeds group keep it fixed, so every seed is scored on the same items.")
+    seeds: Optional[list[int]] = Field(
+        None,
+        min_length=1,
+        description="Run one replicate per seed (model init and "
+        "data order) under <run dir>/seed-<s>/; see `harness run --seeds`.",
+    )
+    data_seed: Optional[int] = Field(
+        None,
+        description="Seed of the task data (default: seed). Replicates of a "
+        "seeds group keep it fixed, so every seed is scored on the same items.",
+    )
     world: WorldSpec = Field(default_factory=WorldSpec)
     model: ModelSpec = Field(default_factory=ModelSpec)
     tasks: dict[str, TaskSpec] = Field(..., min_length=1)
@@ -345,6 +415,7 @@ class Experiment(Strict):
         if repeated:
             raise ValueError(f"seed(s) {', '.join(map(str, repeated))} given more than once")
         return seeds
+
     @field_validator("name")
     @classmethod
     def _safe_name(cls, name: str) -> str:
@@ -379,8 +450,13 @@ class Experiment(Strict):
         """The experiment with every default filled in and every stage fully resolved (re-loadable)."""
         data = self.model_dump(mode="json")
         data["stages"] = [
-            {"name": s.name, "steps": s.steps, "init": s.init, "mixture": s.mixture.to_yaml(),
-             **s.train.model_dump(mode="json")}
+            {
+                "name": s.name,
+                "steps": s.steps,
+                "init": s.init,
+                "mixture": s.mixture.to_yaml(),
+                **s.train.model_dump(mode="json"),
+            }
             for s in self.resolved_stages()
         ]
         return data
@@ -412,5 +488,3 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
         else:
             out[key] = value
     return out
-
-

@@ -52,8 +52,9 @@ def _split_complete(data: bytes, path: PathLike) -> tuple[list[tuple[int, bytes]
 
 
 def _warn_unfinished(path: PathLike, lineno: int, action: str) -> None:
-    warnings.warn(f"{path}:{lineno}: unfinished last line (a write was cut off) {action}",
-                  UnfinishedLineWarning, stacklevel=3)
+    warnings.warn(
+        f"{path}:{lineno}: unfinished last line (a write was cut off) {action}", UnfinishedLineWarning, stacklevel=3
+    )
 
 
 def read_jsonl(path: PathLike) -> list[Any]:
@@ -103,13 +104,15 @@ def trim_unfinished_last_line(path: PathLike) -> bool:
     return True
 
 
-def append_jsonl(path: PathLike, records: Iterable[dict[str, Any]], *, run_id: Optional[str] = None,
-                 fsync: bool = True) -> int:
+def append_jsonl(
+    path: PathLike, records: Iterable[dict[str, Any]], *, run_id: Optional[str] = None, fsync: bool = True
+) -> int:
     """Append ``records`` as JSON lines in a single ``write`` + ``flush`` (+ ``fsync``); with ``run_id`` every
     record gets a ``run_id`` field first (sample lines must carry it so two runs' lines are never counted as one
     run's). Returns the number of lines written."""
-    lines = [json.dumps({"run_id": run_id, **r} if run_id is not None else r, ensure_ascii=False) + "\n"
-             for r in records]
+    lines = [
+        json.dumps({"run_id": run_id, **r} if run_id is not None else r, ensure_ascii=False) + "\n" for r in records
+    ]
     if not lines:
         return 0
     trim_unfinished_last_line(path)

@@ -9,8 +9,20 @@ from __future__ import annotations
 #: Metrics that are a share of items (mean of a 0/1 outcome per item): stored with ``n`` and a Wilson interval, and
 #: tested with exact McNemar in the seesaw. Not ``ft_top1``: its "success" (the most common top-1 token) is picked
 #: after looking at the data, so a binomial interval around it would be too narrow.
-PROPORTION_METRICS = frozenset({"greedy", "answer_ok", "truncated", "mode_ok", "tf_first", "tf_exact", "ft_hijack",
-                                "ft_nonfinite", "choice_yes", "choice_acc"})
+PROPORTION_METRICS = frozenset(
+    {
+        "greedy",
+        "answer_ok",
+        "truncated",
+        "mode_ok",
+        "tf_first",
+        "tf_exact",
+        "ft_hijack",
+        "ft_nonfinite",
+        "choice_yes",
+        "choice_acc",
+    }
+)
 
 #: The binary-choice metrics of two-answer tasks (yes/no), from the first-answer-position logits of the two answers'
 #: first tokens (the ``first_token`` probe): ``choice_auc`` (ROC AUC of P(first class) / (P(first) + P(second))
@@ -27,6 +39,7 @@ BENCH_SPLIT = "bench"
 
 def is_benchmark_task(task: str | None) -> bool:
     return task is not None and task.startswith(BENCH_TASK_PREFIX)
+
 
 #: A baseline row's metric is this prefix and the metric it is a baseline of (``baseline_greedy``).
 BASELINE_PREFIX = "baseline_"

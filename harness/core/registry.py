@@ -93,6 +93,7 @@ BUILTIN_MODELS: Registry[Any] = Registry("builtin model", provider="harness.mode
 #: Checks of the ``model`` section that need the model layer (``check(model_spec) -> [(yaml_path, message)]``),
 #: filled by :mod:`harness.models.check`.
 MODEL_CHECKS: Registry[Callable[[Any], list[tuple[str, str]]]] = Registry(
-    "model check", provider="harness.models.check")
+    "model check", provider="harness.models.check"
+)
 #: Adaptive mixture controllers (``stages[i].mixture.adaptive.method``), filled by :mod:`harness.data.steering`.
 MIXTURE_CONTROLLERS: Registry[Any] = Registry("mixture controller", provider="harness.data.steering")

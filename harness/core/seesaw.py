@@ -61,8 +61,12 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def _consecutive(rows: list[Mapping[str, Any]], metrics: list[str], payload: Callable[[Mapping[str, Any]], Any],
-                 same: Callable[[dict, dict], bool]) -> list[tuple[tuple, str, str, Point, Point, dict, dict]]:
+def _consecutive(
+    rows: list[Mapping[str, Any]],
+    metrics: list[str],
+    payload: Callable[[Mapping[str, Any]], Any],
+    same: Callable[[dict, dict], bool],
+) -> list[tuple[tuple, str, str, Point, Point, dict, dict]]:
     """The consecutive evaluation pairs of every (metric, split) series, with the sort key of each pair.
 
     ``payload(row)`` is what a task contributes to an evaluation (a value, or per-item outcomes; None = skip);
@@ -99,29 +103,45 @@ def _consecutive(rows: list[Mapping[str, Any]], metrics: list[str], payload: Cal
             else:
                 kept.append(point)
         for before, after in zip(kept, kept[1:]):
-            key = (before[0], stage_rank[before[1]], after[0], stage_rank[after[1]], metrics.index(metric),
-                   splits[split])
+            key = (
+                before[0],
+                stage_rank[before[1]],
+                after[0],
+                stage_rank[after[1]],
+                metrics.index(metric),
+                splits[split],
+            )
             out.append((key, metric, split, before, after, points[before], points[after]))
     return out
 
 
-def _event(metric: str, split: str, before: Point, after: Point, up: str, up_by: float, down: str,
-           down_by: float) -> dict[str, Any]:
-    return {"metric": metric, "split": split, "step_from": before[0], "step_to": after[0],
-            "stage_from": before[1], "stage_to": after[1], "rose": up, "rose_by": up_by, "fell": down,
-            "fell_by": down_by}
+def _event(
+    metric: str, split: str, before: Point, after: Point, up: str, up_by: float, down: str, down_by: float
+) -> dict[str, Any]:
+    return {
+        "metric": metric,
+        "split": split,
+        "step_from": before[0],
+        "step_to": after[0],
+        "stage_from": before[1],
+        "stage_to": after[1],
+        "rose": up,
+        "rose_by": up_by,
+        "fell": down,
+        "fell_by": down_by,
+    }
 
 
-def seesaw_events(rows: Iterable[Mapping[str, Any]], delta: float,
-                  metrics: Iterable[str] = SEESAW_METRICS) -> list[dict[str, Any]]:
+def seesaw_events(
+    rows: Iterable[Mapping[str, Any]], delta: float, metrics: Iterable[str] = SEESAW_METRICS
+) -> list[dict[str, Any]]:
     """The untested threshold rule (``seesaw_test: none``; see the module docstring for when it is the right one).
 
     Events ``{metric, split, step_from, step_to, stage_from, stage_to, rose, rose_by, fell, fell_by}`` from
     rows with keys ``step, stage, task, split, metric, value`` (a list of dicts or a polars DataFrame), in time
     order, then metric (in ``metrics`` order), split, rising task, falling task."""
     metrics = list(metrics)
-    pairs = _consecutive(_as_dicts(rows), metrics, lambda r: None if _missing(r["value"]) else float(r["value"]),
-                         _same)
+    pairs = _consecutive(_as_dicts(rows), metrics, lambda r: None if _missing(r["value"]) else float(r["value"]), _same)
     events: list[tuple[tuple, dict[str, Any]]] = []
     for key, metric, split, before, after, a, b in pairs:
         changes = [(task, b[task] - a[task]) for task in a if task in b]
@@ -138,9 +158,11 @@ def _outcomes(row: Mapping[str, Any]) -> np.ndarray | dict[Any, float] | None:
     NaN and None dropped); ``None`` when there are none."""
     raw = row.get("outcomes")
     if raw is None:
-        raise ValueError(f"paired seesaw test: the row for {row.get('task')}/{row.get('split')}/{row.get('metric')} "
-                         f"at step {row.get('step')} has no per-item 'outcomes' (use the untested rule, "
-                         "seesaw_test: none, for rows without them)")
+        raise ValueError(
+            f"paired seesaw test: the row for {row.get('task')}/{row.get('split')}/{row.get('metric')} "
+            f"at step {row.get('step')} has no per-item 'outcomes' (use the untested rule, "
+            "seesaw_test: none, for rows without them)"
+        )
     if isinstance(raw, Mapping):
         kept = {key: float(v) for key, v in raw.items() if not _missing(v)}
         return kept or None
@@ -154,8 +176,10 @@ def _paired(before: np.ndarray | dict, after: np.ndarray | dict) -> tuple[np.nda
         common = [k for k in before if k in after]
         return np.array([before[k] for k in common]), np.array([after[k] for k in common])
     if isinstance(before, dict) or isinstance(after, dict) or before.shape != after.shape:
-        raise ValueError("paired seesaw test: the items of one task × split must be the same at every evaluation "
-                         "(outcomes as equally long sequences in item order, or as mappings keyed by item)")
+        raise ValueError(
+            "paired seesaw test: the items of one task × split must be the same at every evaluation "
+            "(outcomes as equally long sequences in item order, or as mappings keyed by item)"
+        )
     both = ~(np.isnan(before) | np.isnan(after))
     return before[both], after[both]
 
@@ -174,8 +198,9 @@ def _same_outcomes(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return True
 
 
-def change_tests(rows: Iterable[Mapping[str, Any]], metrics: Iterable[str] = SEESAW_METRICS, *,
-                 seed: int = 0, resamples: int = 2000) -> list[dict[str, Any]]:
+def change_tests(
+    rows: Iterable[Mapping[str, Any]], metrics: Iterable[str] = SEESAW_METRICS, *, seed: int = 0, resamples: int = 2000
+) -> list[dict[str, Any]]:
     """Every paired test of a task's change between consecutive evaluations, in time order (then metric, split,
     task).
 
@@ -197,17 +222,26 @@ def change_tests(rows: Iterable[Mapping[str, Any]], metrics: Iterable[str] = SEE
             x, y = _paired(a[task], b[task])
             if not x.size:
                 continue
-            test = {"metric": metric, "split": split, "step_from": before[0], "step_to": after[0],
-                    "stage_from": before[1], "stage_to": after[1], "task": task,
-                    "change": float((y.sum() - x.sum()) / x.size), "n": int(x.size)}
+            test = {
+                "metric": metric,
+                "split": split,
+                "step_from": before[0],
+                "step_to": after[0],
+                "stage_from": before[1],
+                "stage_to": after[1],
+                "task": task,
+                "change": float((y.sum() - x.sum()) / x.size),
+                "n": int(x.size),
+            }
             if metric in PROPORTION_METRICS:
                 x, y = x.astype(bool), y.astype(bool)
                 discordant.append((test, int(np.count_nonzero(~x & y)), int(np.count_nonzero(x & ~y))))
                 test.update(test="mcnemar", p_raw=math.nan)
             else:
                 identity = zlib.crc32(f"{metric}|{split}|{before}|{after}|{task}".encode())
-                test.update(test="permutation",
-                            p_raw=paired_permutation_test(x, y, resamples=resamples, seed=[seed, identity]))
+                test.update(
+                    test="permutation", p_raw=paired_permutation_test(x, y, resamples=resamples, seed=[seed, identity])
+                )
             tests.append(((*key, task), test))
     if discordant:  # all McNemar tests in one vectorised call: a run makes hundreds, the null simulation thousands
         p_values = mcnemar_exact(np.array([g for _, g, _ in discordant]), np.array([l for _, _, l in discordant]))
@@ -216,10 +250,16 @@ def change_tests(rows: Iterable[Mapping[str, Any]], metrics: Iterable[str] = SEE
     return [test for _, test in sorted(tests, key=lambda t: t[0])]
 
 
-def paired_seesaw_events(rows: Iterable[Mapping[str, Any]], delta: float,
-                         metrics: Iterable[str] = SEESAW_METRICS, *, alpha: float = DEFAULT_ALPHA,
-                         seed: int = 0, tests: list[dict[str, Any]] | None = None,
-                         correction: str = "bh") -> list[dict[str, Any]]:
+def paired_seesaw_events(
+    rows: Iterable[Mapping[str, Any]],
+    delta: float,
+    metrics: Iterable[str] = SEESAW_METRICS,
+    *,
+    alpha: float = DEFAULT_ALPHA,
+    seed: int = 0,
+    tests: list[dict[str, Any]] | None = None,
+    correction: str = "bh",
+) -> list[dict[str, Any]]:
     """The paired rule (``seesaw_test: paired``): events that pass a test, from per-item outcome rows (see
     :func:`change_tests`; pass ``tests`` to reuse a list it returned for the same rows).
 
@@ -250,8 +290,14 @@ def paired_seesaw_events(rows: Iterable[Mapping[str, Any]], delta: float,
     groups: dict[tuple, list[tuple[dict[str, Any], float]]] = {}
     for test, p_adj in zip(tests, adjusted):
         if p_adj <= alpha and abs(test["change"]) >= delta - TOLERANCE:
-            where = (test["step_from"], test["stage_from"], test["step_to"], test["stage_to"], test["metric"],
-                     test["split"])
+            where = (
+                test["step_from"],
+                test["stage_from"],
+                test["step_to"],
+                test["stage_to"],
+                test["metric"],
+                test["split"],
+            )
             groups.setdefault(where, []).append((test, float(p_adj)))
     events = []
     for (step_from, stage_from, step_to, stage_to, metric, split), found in groups.items():
@@ -259,8 +305,16 @@ def paired_seesaw_events(rows: Iterable[Mapping[str, Any]], delta: float,
         fell = [(t, p) for t, p in found if t["change"] < 0]
         for up, p_up in rose:
             for down, p_down in fell:
-                event = _event(metric, split, (step_from, stage_from), (step_to, stage_to), up["task"],
-                               up["change"], down["task"], -down["change"])
+                event = _event(
+                    metric,
+                    split,
+                    (step_from, stage_from),
+                    (step_to, stage_to),
+                    up["task"],
+                    up["change"],
+                    down["task"],
+                    -down["change"],
+                )
                 event.update(p_value=max(p_up, p_down), test=up["test"])
                 events.append(event)
     return events  # groups keep the tests' time order, and rising/falling tasks their order within it
@@ -281,7 +335,9 @@ def format_events(events: list[Mapping[str, Any]]) -> str:
     lines = []
     for key, e in zip(keys, events):
         stages = e["stage_from"] if e["stage_from"] == e["stage_to"] else f"{e['stage_from']}→{e['stage_to']}"
-        lines.append(f"{key:<{width}}  step {e['step_from']}→{e['step_to']} ({stages})  "
-                     f"{e['rose']} ↑{e['rose_by']:.3f}  {e['fell']} ↓{e['fell_by']:.3f}"
-                     + (f"  p={e['p_value']:.2g}" if e.get("p_value") is not None else ""))
+        lines.append(
+            f"{key:<{width}}  step {e['step_from']}→{e['step_to']} ({stages})  "
+            f"{e['rose']} ↑{e['rose_by']:.3f}  {e['fell']} ↓{e['fell_by']:.3f}"
+            + (f"  p={e['p_value']:.2g}" if e.get("p_value") is not None else "")
+        )
     return "\n".join(lines)

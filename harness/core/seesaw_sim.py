@@ -39,8 +39,10 @@ class Schedule:
 
     def __post_init__(self) -> None:
         if not 0 < self.accuracy < 1 or not 0 <= self.flip <= 2 * min(self.accuracy, 1 - self.accuracy):
-            raise ValueError(f"need 0 < accuracy < 1 and flip ≤ 2·min(accuracy, 1 − accuracy) (as many items turning "
-                             f"each way), got accuracy {self.accuracy}, flip {self.flip}")
+            raise ValueError(
+                f"need 0 < accuracy < 1 and flip ≤ 2·min(accuracy, 1 − accuracy) (as many items turning "
+                f"each way), got accuracy {self.accuracy}, flip {self.flip}"
+            )
 
     def turn(self, current: np.ndarray) -> np.ndarray:
         """Each item's probability of changing outcome at the next evaluation (stationary at ``accuracy``)."""
@@ -58,8 +60,7 @@ class Planted:
     size: float = 0.4
 
 
-def simulate_outcomes(schedule: Schedule, rng: np.random.Generator,
-                      planted: Optional[Planted] = None) -> np.ndarray:
+def simulate_outcomes(schedule: Schedule, rng: np.random.Generator, planted: Optional[Planted] = None) -> np.ndarray:
     """Per-item outcomes ``[evaluation, split, task, item]`` (bool) of one simulated run."""
     s = schedule
     shape = (s.splits, s.tasks, s.items)
@@ -90,20 +91,37 @@ def outcome_rows(outcomes: np.ndarray, step_every: int = 10) -> list[dict[str, A
     for k, evaluation in enumerate(outcomes):
         for split, tasks in enumerate(evaluation):
             for task, items in enumerate(tasks):
-                rows.append({"step": k * step_every, "stage": "sim", "task": f"t{task}", "split": f"s{split}",
-                             "metric": METRIC, "value": float(items.mean()), "outcomes": items.tolist()})
+                rows.append(
+                    {
+                        "step": k * step_every,
+                        "stage": "sim",
+                        "task": f"t{task}",
+                        "split": f"s{split}",
+                        "metric": METRIC,
+                        "value": float(items.mean()),
+                        "outcomes": items.tolist(),
+                    }
+                )
     return rows
 
 
-def simulate_run(schedule: Schedule, rng: np.random.Generator, *, delta: float = 0.15,
-                 alpha: float = DEFAULT_ALPHA, planted: Optional[Planted] = None) -> dict[str, list[dict]]:
+def simulate_run(
+    schedule: Schedule,
+    rng: np.random.Generator,
+    *,
+    delta: float = 0.15,
+    alpha: float = DEFAULT_ALPHA,
+    planted: Optional[Planted] = None,
+) -> dict[str, list[dict]]:
     """The detectors on one simulated run: ``{"none": [events of the untested rule], "paired": [...], "uncorrected":
     [the paired rule without the Benjamini-Hochberg correction: each change's own p-value ≤ α]}``."""
     rows = outcome_rows(simulate_outcomes(schedule, rng, planted))
     tests = change_tests(rows, [METRIC])
-    return {"none": seesaw_events(rows, delta, [METRIC]),
-            "paired": paired_seesaw_events(rows, delta, [METRIC], alpha=alpha, tests=tests),
-            "uncorrected": paired_seesaw_events(rows, delta, [METRIC], alpha=alpha, tests=tests, correction="none")}
+    return {
+        "none": seesaw_events(rows, delta, [METRIC]),
+        "paired": paired_seesaw_events(rows, delta, [METRIC], alpha=alpha, tests=tests),
+        "uncorrected": paired_seesaw_events(rows, delta, [METRIC], alpha=alpha, tests=tests, correction="none"),
+    }
 
 
 def false_events(events: list[dict], planted: Optional[Planted] = None, step_every: int = 10) -> list[dict]:
@@ -113,11 +131,16 @@ def false_events(events: list[dict], planted: Optional[Planted] = None, step_eve
     if planted is None:
         return list(events)
     tasks = {f"t{planted.rise_task}", f"t{planted.fall_task}"}
-    return [e for e in events if not ({e["rose"], e["fell"]} <= tasks and e["step_from"] >= planted.interval
-                                      * step_every)]
+    return [
+        e for e in events if not ({e["rose"], e["fell"]} <= tasks and e["step_from"] >= planted.interval * step_every)
+    ]
 
 
 def found_planted(events: list[dict], planted: Planted, step_every: int = 10) -> bool:
     """Whether ``events`` contain the planted (rise task ↑, fall task ↓) at its interval, in any split."""
-    return any(e["rose"] == f"t{planted.rise_task}" and e["fell"] == f"t{planted.fall_task}"
-               and e["step_from"] == planted.interval * step_every for e in events)
+    return any(
+        e["rose"] == f"t{planted.rise_task}"
+        and e["fell"] == f"t{planted.fall_task}"
+        and e["step_from"] == planted.interval * step_every
+        for e in events
+    )

@@ -75,8 +75,9 @@ def paired_outcomes_test(before: Sequence[float], after: Sequence[float]) -> flo
     return mcnemar_exact(int(np.sum(~a & b)), int(np.sum(a & ~b)))
 
 
-def paired_permutation_test(before: Sequence[float], after: Sequence[float], *, resamples: int = 2000,
-                            seed: int | Sequence[int] = 0) -> float:
+def paired_permutation_test(
+    before: Sequence[float], after: Sequence[float], *, resamples: int = 2000, seed: int | Sequence[int] = 0
+) -> float:
     """Two-sided p-value that the mean of ``after - before`` (same items, same order) is zero, for non-binary
     paired values (ranks, reciprocal ranks, losses).
 
@@ -91,8 +92,15 @@ def paired_permutation_test(before: Sequence[float], after: Sequence[float], *, 
         raise ValueError("paired_permutation_test needs two equally long, non-empty sequences")
     if not np.any(y - x):
         return 1.0
-    result = stats.permutation_test((y, x), _mean_difference, permutation_type="samples", vectorized=True,
-                                    n_resamples=resamples, alternative="two-sided", rng=np.random.default_rng(seed))
+    result = stats.permutation_test(
+        (y, x),
+        _mean_difference,
+        permutation_type="samples",
+        vectorized=True,
+        n_resamples=resamples,
+        alternative="two-sided",
+        rng=np.random.default_rng(seed),
+    )
     return float(result.pvalue)
 
 
@@ -172,13 +180,14 @@ def seeds_items_interval(outcomes: Sequence[Sequence[float]], confidence: float 
     ms_seed = items * float(np.sum((seed_means - p) ** 2)) / (seeds - 1)
     ms_item = seeds * float(np.sum((item_means - p) ** 2)) / (items - 1) if items > 1 else 0.0
     residual = y - seed_means[:, None] - item_means[None, :] + p
-    ms_res = float(np.sum(residual ** 2)) / ((seeds - 1) * max(items - 1, 1))
+    ms_res = float(np.sum(residual**2)) / ((seeds - 1) * max(items - 1, 1))
     cells = seeds * items
     return _two_part(p, ms_seed / cells, max(ms_item - ms_res, 0.0) / cells, seeds, items, confidence)
 
 
-def seeds_rates_interval(rates: Sequence[float], n: int, confidence: float = CONFIDENCE, *,
-                         same_items: bool = True) -> Interval:
+def seeds_rates_interval(
+    rates: Sequence[float], n: int, confidence: float = CONFIDENCE, *, same_items: bool = True
+) -> Interval:
     """A proportion across seeds when only each seed's rate over ``n`` items is known (no per-item outcomes).
 
     ``same_items`` (every seed scored on the same items, as in a ``--seeds`` group): the seed part from the rates'
@@ -212,7 +221,7 @@ def _two_part(p: float, seed_part: float, item_part: float, seeds: int, items: i
     item_part += max(0.0, floor - seed_part - item_part)
     q = 0.5 + confidence / 2
     t_items = stats.t.ppf(q, items - 1) if items > 1 else stats.norm.ppf(q)
-    half = math.sqrt(stats.t.ppf(q, seeds - 1) ** 2 * seed_part + t_items ** 2 * item_part)
+    half = math.sqrt(stats.t.ppf(q, seeds - 1) ** 2 * seed_part + t_items**2 * item_part)
     return Interval(p, max(0.0, p - half), min(1.0, p + half), items)
 
 
@@ -247,8 +256,11 @@ def min_detectable_difference(n: int, *, discordant: float = 0.5, alpha: float =
         raise ValueError(f"n must be positive, got {n}")
     if mcnemar_power(n, discordant * (1 - 1e-9), discordant, alpha) < power:
         return math.inf
-    return float(optimize.brentq(lambda d: mcnemar_power(n, d, discordant, alpha) - power, 0.0,
-                                 discordant * (1 - 1e-9), xtol=1e-6))
+    return float(
+        optimize.brentq(
+            lambda d: mcnemar_power(n, d, discordant, alpha) - power, 0.0, discordant * (1 - 1e-9), xtol=1e-6
+        )
+    )
 
 
 class AucResult(NamedTuple):

@@ -133,8 +133,21 @@ class MetricsStore:
 
     def rows(self) -> list[Row]:
         c = self._columns
-        return [Row(*values) for values in zip(c["stage"], c["step"], c["task"], c["split"], c["metric"],
-                                               c["value"], c["text"], c["n"], c["ci_low"], c["ci_high"])]
+        return [
+            Row(*values)
+            for values in zip(
+                c["stage"],
+                c["step"],
+                c["task"],
+                c["split"],
+                c["metric"],
+                c["value"],
+                c["text"],
+                c["n"],
+                c["ci_low"],
+                c["ci_high"],
+            )
+        ]
 
     def frame(self) -> pl.DataFrame:
         return pl.DataFrame(self._columns, schema=SCHEMA)

@@ -10,8 +10,9 @@ import numpy as np
 from harness.data.encoding import IGNORE_INDEX, Encoded
 
 
-def length_grouped_batches(examples: list[Encoded], batch_size: int, group: int,
-                           rng: np.random.Generator) -> list[list[Encoded]]:
+def length_grouped_batches(
+    examples: list[Encoded], batch_size: int, group: int, rng: np.random.Generator
+) -> list[list[Encoded]]:
     """Split the stream into batches of ``batch_size``; with ``group`` > 1, group similar lengths together.
 
     Grouping works on windows of batches: the stream is split evenly into windows of at least ``group`` batches
@@ -27,14 +28,14 @@ def length_grouped_batches(examples: list[Encoded], batch_size: int, group: int,
     ``bench/plain_vs_harness.py`` measures what that costs, which is why grouping is off by default.
     """
     if group <= 1:
-        return [examples[i:i + batch_size] for i in range(0, len(examples), batch_size)]
+        return [examples[i : i + batch_size] for i in range(0, len(examples), batch_size)]
     batches: list[list[Encoded]] = []
     n_batches = -(-len(examples) // batch_size)
     n_windows = max(1, n_batches // group)
     bounds = [k * n_batches // n_windows * batch_size for k in range(n_windows + 1)]
     for start, end in zip(bounds, bounds[1:]):
         chunk = _stratified_by_task(examples[start:end])
-        chunk_batches = [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+        chunk_batches = [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
         batches.extend(chunk_batches[j] for j in rng.permutation(len(chunk_batches)))
     return batches
 
@@ -106,9 +107,18 @@ class Batch:
                 return t if t is None else t.to(device)
             return (t.pin_memory() if t.device.type == "cpu" else t).to(device, non_blocking=True)
 
-        return Batch(move(self.input_ids), move(self.attention_mask), move(self.labels), self.tasks,
-                     self.n_real_tokens, self.n_padded_tokens, move(self.supervised), move(self.position_ids),
-                     move(self.example_of_token), self.layout)
+        return Batch(
+            move(self.input_ids),
+            move(self.attention_mask),
+            move(self.labels),
+            self.tasks,
+            self.n_real_tokens,
+            self.n_padded_tokens,
+            move(self.supervised),
+            move(self.position_ids),
+            move(self.example_of_token),
+            self.layout,
+        )
 
 
 def collate(examples: list[Encoded], pad_id: int) -> Batch:
@@ -125,8 +135,15 @@ def collate(examples: list[Encoded], pad_id: int) -> Batch:
         mask[row, : e.length] = 1
     real = int(mask.sum())
     supervised = np.flatnonzero(labels != IGNORE_INDEX)
-    return Batch(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(labels),
-                 [e.task for e in examples], real, int(mask.size), torch.from_numpy(supervised))
+    return Batch(
+        torch.from_numpy(ids),
+        torch.from_numpy(mask),
+        torch.from_numpy(labels),
+        [e.task for e in examples],
+        real,
+        int(mask.size),
+        torch.from_numpy(supervised),
+    )
 
 
 def task_share_max(tasks: list[str]) -> float:

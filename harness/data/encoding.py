@@ -53,8 +53,9 @@ def _render(tokenizer, messages: Sequence[dict[str, str]], generation_prompt: bo
     return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
 
 
-def assistant_spans(tokenizer, messages: Sequence[dict[str, str]],
-                    prompts: Optional[dict[int, str]] = None) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(
+    tokenizer, messages: Sequence[dict[str, str]], prompts: Optional[dict[int, str]] = None
+) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character span of every assistant turn (content + end token).
 
     ``prompts``, when given, receives the render of ``messages[:i]`` with the generation prompt for every
@@ -111,8 +112,10 @@ def eval_items(tokenizer, examples: Sequence[Any], split: str) -> list[EvalItem]
     An empty split gives no items (the caller skips it and says so)."""
     encoded, prompts = _encode(tokenizer, examples)
     last = [len(ex.messages) - 1 for ex in examples]
-    prompt_texts = [p[i] if i in p else _render(tokenizer, ex.messages[:-1], generation_prompt=True)
-                    for ex, p, i in zip(examples, prompts, last)]
+    prompt_texts = [
+        p[i] if i in p else _render(tokenizer, ex.messages[:-1], generation_prompt=True)
+        for ex, p, i in zip(examples, prompts, last)
+    ]
     # One batched call: a fast tokenizer gives each text the ids it gives it alone.
     all_prompt_ids = tokenizer(prompt_texts, add_special_tokens=False)["input_ids"] if examples else []
     items = []
@@ -121,8 +124,10 @@ def eval_items(tokenizer, examples: Sequence[Any], split: str) -> list[EvalItem]
         if list(enc.input_ids[:n]) != list(prompt_ids):
             raise ValueError(f"task {ex.task!r}: the prompt tokenises differently alone and in the conversation")
         # labels are shifted: labels[n-1 ...] are the tokens after the prompt
-        gold = enc.labels[n - 1:]
-        gold_ids = [int(t) for t in gold[: int(np.argmax(gold == IGNORE_INDEX)) if (gold == IGNORE_INDEX).any() else None]]
+        gold = enc.labels[n - 1 :]
+        gold_ids = [
+            int(t) for t in gold[: int(np.argmax(gold == IGNORE_INDEX)) if (gold == IGNORE_INDEX).any() else None]
+        ]
         items.append(EvalItem(ex.task, split, index, prompt_text, list(prompt_ids), ex.answer, gold_ids, dict(ex.meta)))
     return items
 
@@ -137,8 +142,9 @@ def position_limit(model_config) -> Optional[int]:
     return None
 
 
-def fit_eval_items(items: Sequence[EvalItem], limit: int,
-                   max_new_tokens: int) -> tuple[list[EvalItem], dict[tuple[str, str], int]]:
+def fit_eval_items(
+    items: Sequence[EvalItem], limit: int, max_new_tokens: int
+) -> tuple[list[EvalItem], dict[tuple[str, str], int]]:
     """The items whose prompt plus continuation fits in ``limit`` positions (``min(train.max_length, the model's
     position limit)``), and the number dropped per ``(task, split)``. The continuation is the longer of the gold
     tokens (teacher-forced metrics) and ``max_new_tokens`` (greedy decoding). A 4,000-word prompt would otherwise

@@ -55,8 +55,9 @@ def chat_messages(messages: Sequence[dict[str, str]], with_image: bool) -> list[
     return out
 
 
-def encode_image_examples(processor, examples: Sequence[Any], images: Sequence[Any] | None = None
-                          ) -> list[ImageEncoded]:
+def encode_image_examples(
+    processor, examples: Sequence[Any], images: Sequence[Any] | None = None
+) -> list[ImageEncoded]:
     """Encode examples with completion-only labels; ``images`` replaces each example's image (the probe's blank
     and swapped conditions), ``None`` entries meaning "no image". Examples without images encode as text."""
     images = [ex.image for ex in examples] if images is None else list(images)
@@ -66,8 +67,12 @@ def encode_image_examples(processor, examples: Sequence[Any], images: Sequence[A
     for with_image in (True, False):  # one processor call per kind: a batch call needs one image per placeholder
         rows = [i for i, image in enumerate(images) if (image is not None) == with_image]
         if rows:
-            for i, encoded in zip(rows, _encode_group(processor, [examples[i] for i in rows],
-                                                      [images[i] for i in rows] if with_image else None)):
+            for i, encoded in zip(
+                rows,
+                _encode_group(
+                    processor, [examples[i] for i in rows], [images[i] for i in rows] if with_image else None
+                ),
+            ):
                 out[i] = encoded
     return out  # type: ignore[return-value]
 
@@ -98,8 +103,16 @@ def _encode_group(processor, examples: Sequence[Any], images: Sequence[Any] | No
         if prompt_length and offsets[prompt_length - 1, 1] > last_start:
             raise ValueError(f"task {ex.task!r}: a token straddles the prompt and the answer; cannot split them")
         pixels = np.asarray(batch["pixel_values"][row], dtype=np.float32) if with_image else None
-        out.append(ImageEncoded(ex.task, ids, np.concatenate([labels[1:], [IGNORE_INDEX]]), pixels,
-                                ex.meta.get("image_id") if with_image else None, prompt_length))
+        out.append(
+            ImageEncoded(
+                ex.task,
+                ids,
+                np.concatenate([labels[1:], [IGNORE_INDEX]]),
+                pixels,
+                ex.meta.get("image_id") if with_image else None,
+                prompt_length,
+            )
+        )
     return out
 
 
@@ -120,8 +133,17 @@ class VisionBatch(Batch):
         if moved is self:
             return self
         pixels = None if self.pixel_values is None else self.pixel_values.to(device)
-        return VisionBatch(moved.input_ids, moved.attention_mask, moved.labels, moved.tasks, moved.n_real_tokens,
-                           moved.n_padded_tokens, moved.supervised, pixel_values=pixels, image_rows=self.image_rows)
+        return VisionBatch(
+            moved.input_ids,
+            moved.attention_mask,
+            moved.labels,
+            moved.tasks,
+            moved.n_real_tokens,
+            moved.n_padded_tokens,
+            moved.supervised,
+            pixel_values=pixels,
+            image_rows=self.image_rows,
+        )
 
 
 def collate_mixed(examples: Sequence[Encoded], pad_id: int, drop_images: bool = False) -> VisionBatch:
@@ -135,8 +157,17 @@ def collate_mixed(examples: Sequence[Encoded], pad_id: int, drop_images: bool = 
         pixels = torch.from_numpy(np.stack([examples[i].pixel_values for i in rows]))
         if drop_images:
             pixels = torch.zeros_like(pixels)
-    return VisionBatch(base.input_ids, base.attention_mask, base.labels, base.tasks, base.n_real_tokens,
-                       base.n_padded_tokens, base.supervised, pixel_values=pixels, image_rows=rows)
+    return VisionBatch(
+        base.input_ids,
+        base.attention_mask,
+        base.labels,
+        base.tasks,
+        base.n_real_tokens,
+        base.n_padded_tokens,
+        base.supervised,
+        pixel_values=pixels,
+        image_rows=rows,
+    )
 
 
 def vision_supervised_logits(model, batch: VisionBatch, selected=None):

@@ -54,8 +54,13 @@ def row_count(lengths: Sequence[int], factor: Optional[int] = ROW_WIDTH_FACTOR) 
     return max(1, round(sum(lengths) / (factor * max(lengths))))
 
 
-def pack(examples: Sequence[tuple[np.ndarray, np.ndarray]], tasks: Sequence[str], pad_id: int,
-         factor: Optional[int] = ROW_WIDTH_FACTOR, varlen: bool = False) -> Batch:
+def pack(
+    examples: Sequence[tuple[np.ndarray, np.ndarray]],
+    tasks: Sequence[str],
+    pad_id: int,
+    factor: Optional[int] = ROW_WIDTH_FACTOR,
+    varlen: bool = False,
+) -> Batch:
     """A packed :class:`~harness.data.batches.Batch` of ``examples`` (``(input_ids, labels)`` per example, labels
     already shifted and ending with ``IGNORE_INDEX``) and their ``tasks``; ``varlen``: the forward attends
     example by example (:class:`~harness.data.batches.Layout`)."""
@@ -73,26 +78,34 @@ def pack(examples: Sequence[tuple[np.ndarray, np.ndarray]], tasks: Sequence[str]
         start = 0
         for i in row:
             n = lengths[i]
-            ids[r, start:start + n], labels[r, start:start + n] = examples[i][0], examples[i][1]
-            positions[r, start:start + n] = np.arange(n)
-            mask[r, start:start + n] = 1
+            ids[r, start : start + n], labels[r, start : start + n] = examples[i][0], examples[i][1]
+            positions[r, start : start + n] = np.arange(n)
+            mask[r, start : start + n] = 1
             spans[i] = (r, start, n)
             start += n
         positions[r, start:] = np.arange(width - start)  # the tail: a padding segment of its own
     supervised, example_of_token = [], []
     for i, (r, start, n) in enumerate(spans):  # sampler order: the padded batch's order of supervised tokens
-        at = np.flatnonzero(labels[r, start:start + n] != IGNORE_INDEX) + r * width + start
+        at = np.flatnonzero(labels[r, start : start + n] != IGNORE_INDEX) + r * width + start
         supervised.append(at)
         example_of_token.append(np.full(len(at), i, dtype=np.int64))
-    return Batch(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(labels), list(tasks),
-                 int(sum(lengths)), int(ids.size), torch.from_numpy(np.concatenate(supervised)),
-                 position_ids=torch.from_numpy(positions),
-                 example_of_token=torch.from_numpy(np.concatenate(example_of_token)),
-                 layout=Layout(tuple(spans), pad_id, factor, varlen))
+    return Batch(
+        torch.from_numpy(ids),
+        torch.from_numpy(mask),
+        torch.from_numpy(labels),
+        list(tasks),
+        int(sum(lengths)),
+        int(ids.size),
+        torch.from_numpy(np.concatenate(supervised)),
+        position_ids=torch.from_numpy(positions),
+        example_of_token=torch.from_numpy(np.concatenate(example_of_token)),
+        layout=Layout(tuple(spans), pad_id, factor, varlen),
+    )
 
 
-def pack_encoded(examples: Sequence, pad_id: int, factor: Optional[int] = ROW_WIDTH_FACTOR,
-                 varlen: bool = False) -> Batch:
+def pack_encoded(
+    examples: Sequence, pad_id: int, factor: Optional[int] = ROW_WIDTH_FACTOR, varlen: bool = False
+) -> Batch:
     """:func:`pack` of encoded examples (:class:`harness.data.encoding.Encoded`)."""
     return pack([(e.input_ids, e.labels) for e in examples], [e.task for e in examples], pad_id, factor, varlen)
 
@@ -101,7 +114,7 @@ def examples_of(batch: Batch) -> list[tuple[np.ndarray, np.ndarray]]:
     """``(input_ids, labels)`` of every example of a batch, in sampler order (packed or padded)."""
     ids, labels = batch.input_ids.cpu().numpy(), batch.labels.cpu().numpy()
     if batch.layout is not None:
-        return [(ids[r, s:s + n], labels[r, s:s + n]) for r, s, n in batch.layout.spans]
+        return [(ids[r, s : s + n], labels[r, s : s + n]) for r, s, n in batch.layout.spans]
     lengths = batch.attention_mask.sum(dim=1).tolist()
     return [(ids[r, :n], labels[r, :n]) for r, n in enumerate(lengths)]
 
@@ -120,15 +133,23 @@ def rows_of(batch: Batch, start: int, end: int) -> Batch:
     supervised, example_of_token, spans = [], [], []
     for k, i in enumerate(kept):
         row, offset, n = batch.layout.spans[i]
-        at = torch.nonzero(labels[row - start, offset:offset + n] != IGNORE_INDEX).flatten()
+        at = torch.nonzero(labels[row - start, offset : offset + n] != IGNORE_INDEX).flatten()
         supervised.append(at + (row - start) * width + offset)
         example_of_token.append(torch.full((len(at),), k, dtype=torch.int64))
         spans.append((row - start, offset, n))
     mask = batch.attention_mask[start:end]
-    return Batch(batch.input_ids[start:end], mask, labels, [batch.tasks[i] for i in kept], int(mask.sum()),
-                 int(mask.numel()), torch.cat(supervised), position_ids=batch.position_ids[start:end],
-                 example_of_token=torch.cat(example_of_token),
-                 layout=replace(batch.layout, spans=tuple(spans)))
+    return Batch(
+        batch.input_ids[start:end],
+        mask,
+        labels,
+        [batch.tasks[i] for i in kept],
+        int(mask.sum()),
+        int(mask.numel()),
+        torch.cat(supervised),
+        position_ids=batch.position_ids[start:end],
+        example_of_token=torch.cat(example_of_token),
+        layout=replace(batch.layout, spans=tuple(spans)),
+    )
 
 
 def pack_like(batch: Batch, examples: Sequence[tuple[np.ndarray, np.ndarray]], tasks: Sequence[str]) -> Batch:

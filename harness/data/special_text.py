@@ -55,8 +55,9 @@ def escape_special_token_strings(text: str, tokenizer) -> str:
     return _pattern(strings).sub(lambda m: m.group(0)[0] + ESCAPE_CHAR + m.group(0)[1:], text)
 
 
-def apply_special_token_policy(examples: Sequence[Any], tokenizer, policy: SpecialTokenPolicy, task: str,
-                               split: str) -> list[Any]:
+def apply_special_token_policy(
+    examples: Sequence[Any], tokenizer, policy: SpecialTokenPolicy, task: str, split: str
+) -> list[Any]:
     """``examples`` (``data_recipes.Example``) checked against ``policy``: unchanged when no message contains a
     special-token string; with ``escape``, the offending messages escaped; with ``error``, a ``ValueError`` for
     the first offending row. Call it on every split of every task before tokenizer training and encoding."""
@@ -72,10 +73,11 @@ def apply_special_token_policy(examples: Sequence[Any], tokenizer, policy: Speci
         if policy == "error":
             role, tokens = hits[0]
             row = ex.meta.get("row", ex.meta.get("item", index))
-            raise ValueError(f"task {task!r}, split {split!r}, row {row}: the {role} text contains the special token "
-                             f"{tokens[0]!r}, which would be tokenised as the control token itself; clean the data "
-                             "or set data.special_tokens_in_text: escape")
-        messages = tuple({**m, "content": escape_special_token_strings(m["content"], tokenizer)}
-                         for m in ex.messages)
+            raise ValueError(
+                f"task {task!r}, split {split!r}, row {row}: the {role} text contains the special token "
+                f"{tokens[0]!r}, which would be tokenised as the control token itself; clean the data "
+                "or set data.special_tokens_in_text: escape"
+            )
+        messages = tuple({**m, "content": escape_special_token_strings(m["content"], tokenizer)} for m in ex.messages)
         out.append(replace(ex, messages=messages))
     return out

@@ -7,8 +7,9 @@ import numpy as np
 from harness.config import Mixture
 
 
-def mixture_stream(mixture: Mixture, pool_sizes: dict[str, int], n_examples: int,
-                   rng: np.random.Generator) -> list[tuple[str, int]]:
+def mixture_stream(
+    mixture: Mixture, pool_sizes: dict[str, int], n_examples: int, rng: np.random.Generator
+) -> list[tuple[str, int]]:
     """The stage's sequence of ``(task, pool index)`` draws, exactly ``n_examples`` long (counts: Σ counts).
 
     - weights: the task of every draw is sampled with probability w/Σw; within a task, examples are taken in a

@@ -15,17 +15,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from harness.evaluation.components import EVAL_METRICS, Component, EvalContext, ItemRecord
-
 from harness.core.registry import EVALUATORS, PROBES
+from harness.evaluation.components import EVAL_METRICS, Component, EvalContext, ItemRecord
 from harness.evaluation.hijack import hijack_token_ids
 from harness.evaluation.result import EvalResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from harness.evaluation.passes import run_evaluation
 
-__all__ = ["EVAL_METRICS", "EVALUATORS", "PROBES", "Component", "EvalContext", "EvalResult", "ItemRecord", "hijack_token_ids",
-           "run_evaluation"]
+__all__ = [
+    "EVAL_METRICS",
+    "EVALUATORS",
+    "PROBES",
+    "Component",
+    "EvalContext",
+    "EvalResult",
+    "ItemRecord",
+    "hijack_token_ids",
+    "run_evaluation",
+]
 
 
 def __getattr__(name: str) -> Any:

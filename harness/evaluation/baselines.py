@@ -53,8 +53,10 @@ def constant_answer_baseline(golds: Sequence[str], recipe: Any) -> list[Baseline
     scored = [(hits / n, c) for hits, c in zip(_hits(candidates, golds, recipe), candidates)]
     best_score = max(score for score, _ in scored)
     best = next(c for score, c in scored if score == best_score)
-    out = [Baseline("greedy", CONSTANT, best_score, n, best),
-           Baseline("mode_ok", CONSTANT, float(bool(recipe.mode_ok(best))), n, best)]
+    out = [
+        Baseline("greedy", CONSTANT, best_score, n, best),
+        Baseline("mode_ok", CONSTANT, float(bool(recipe.mode_ok(best))), n, best),
+    ]
     extra: dict[str, int] = {}
     for gold in golds:
         for metric, ok in recipe.extra_scores(best, gold).items():
@@ -99,8 +101,11 @@ def chance_baseline(golds: Sequence[str], recipe: Any) -> list[Baseline]:
 
 def task_baselines(golds: Sequence[str], gold_first_ids: Sequence[Optional[int]], recipe: Any) -> list[Baseline]:
     """Every baseline of one task × split pool: constant answer, majority first token, chance."""
-    return [*constant_answer_baseline(golds, recipe), *majority_first_token_baseline(gold_first_ids),
-            *chance_baseline(golds, recipe)]
+    return [
+        *constant_answer_baseline(golds, recipe),
+        *majority_first_token_baseline(gold_first_ids),
+        *chance_baseline(golds, recipe),
+    ]
 
 
 def strongest_baselines(baselines: Sequence[Baseline]) -> dict[str, Baseline]:

@@ -41,6 +41,7 @@ NEED_FIRST_LOGITS = "first_logits"
 EVAL_LOSS_METRIC = "eval_loss"
 TOP1_TABLE_SIZE = 10
 
+
 @dataclass
 class EvalContext:
     """What components may need besides the records: the tokenizer, the hijack token ids and the eval spec."""
@@ -132,8 +133,9 @@ class Component:
     def item_values(self, records: list[ItemRecord], recipe: Any, ctx: EvalContext) -> dict[str, list[float]]:
         return {}
 
-    def intervals(self, records: list[ItemRecord], recipe: Any, ctx: EvalContext
-                  ) -> dict[str, tuple[int, float, float]]:
+    def intervals(
+        self, records: list[ItemRecord], recipe: Any, ctx: EvalContext
+    ) -> dict[str, tuple[int, float, float]]:
         """``{metric: (n, low, high)}`` for metrics that are not proportions but have an interval of their own
         (``choice_auc``: DeLong); proportions get Wilson's from :meth:`item_values`."""
         return {}
@@ -167,8 +169,11 @@ class Greedy(Component):
         return {m: _mean(values) for m, values in self.item_values(records, recipe, ctx).items()}
 
     def item_values(self, records, recipe, ctx):
-        return {"greedy": [float(bool(r.correct)) for r in records], **_extra_scores(records, recipe),
-                "truncated": [float(bool(r.truncated)) for r in records]}
+        return {
+            "greedy": [float(bool(r.correct)) for r in records],
+            **_extra_scores(records, recipe),
+            "truncated": [float(bool(r.truncated)) for r in records],
+        }
 
 
 class ModeOk(Component):
@@ -205,8 +210,10 @@ class TeacherForced(Component):
         }
 
     def item_values(self, records, recipe, ctx):
-        return {"tf_first": [float(bool(r.tf_first)) for r in records],
-                "tf_exact": [float(bool(r.tf_exact)) for r in records]}
+        return {
+            "tf_first": [float(bool(r.tf_first)) for r in records],
+            "tf_exact": [float(bool(r.tf_exact)) for r in records],
+        }
 
 
 class FirstToken(Component):
@@ -219,8 +226,7 @@ class FirstToken(Component):
 
     name = "first_token"
     needs = frozenset({NEED_FIRST_LOGITS})
-    metric_names = ("ft_rank_mean", "ft_rank_median", "ft_mrr", "ft_hijack", "ft_top1", "ft_nonfinite",
-                    *CHOICE_METRICS)
+    metric_names = ("ft_rank_mean", "ft_rank_median", "ft_mrr", "ft_hijack", "ft_top1", "ft_nonfinite", *CHOICE_METRICS)
 
     def metrics(self, records, recipe, ctx):
         ranks = [r.gold_first_rank for r in records if r.gold_first_rank is not None]
@@ -237,8 +243,12 @@ class FirstToken(Component):
             out["ft_nonfinite"] = _mean(per_item["ft_nonfinite"])
         auc = _choice_auc(records)
         if auc is not None:
-            out.update(choice_auc=auc.auc, choice_auc_p=auc.p_value, choice_yes=_mean(per_item["choice_yes"]),
-                       choice_acc=_mean(per_item["choice_acc"]))
+            out.update(
+                choice_auc=auc.auc,
+                choice_auc_p=auc.p_value,
+                choice_yes=_mean(per_item["choice_yes"]),
+                choice_acc=_mean(per_item["choice_acc"]),
+            )
         return out
 
     def intervals(self, records, recipe, ctx):
@@ -247,8 +257,10 @@ class FirstToken(Component):
 
     def item_values(self, records, recipe, ctx):
         # NaN where an item has no gold first token, so the list stays aligned with the records
-        out = {"ft_mrr": [1.0 / r.gold_first_rank if r.gold_first_rank is not None else math.nan for r in records],
-               "ft_hijack": [float(r.top1_id in ctx.hijack_ids) for r in records]}
+        out = {
+            "ft_mrr": [1.0 / r.gold_first_rank if r.gold_first_rank is not None else math.nan for r in records],
+            "ft_hijack": [float(r.top1_id in ctx.hijack_ids) for r in records],
+        }
         if records and all(r.first_nonfinite is not None for r in records):
             out["ft_nonfinite"] = [float(r.first_nonfinite) for r in records]
         if _choice_auc(records) is not None:
@@ -290,5 +302,6 @@ PROBES.add("first_token", FirstToken())
 
 
 #: Every metric an evaluation can write (the store tells evaluation rows from training rows by these names).
-EVAL_METRICS = frozenset(m for registry in (EVALUATORS, PROBES) for n in registry.names()
-                         for m in registry.get(n).metric_names)
+EVAL_METRICS = frozenset(
+    m for registry in (EVALUATORS, PROBES) for n in registry.names() for m in registry.get(n).metric_names
+)

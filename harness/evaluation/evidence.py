@@ -28,13 +28,22 @@ def outcome_rows(samples: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         for metric, value in (s.get("outcomes") or {}).items():
             key = (s["step"], s["stage"], s["task"], s["split"], metric)
             grouped.setdefault(key, {})[s["index"]] = value
-    return [{"step": step, "stage": stage, "task": task, "split": split, "metric": metric, "outcomes": outcomes}
-            for (step, stage, task, split, metric), outcomes in grouped.items()]
+    return [
+        {"step": step, "stage": stage, "task": task, "split": split, "metric": metric, "outcomes": outcomes}
+        for (step, stage, task, split, metric), outcomes in grouped.items()
+    ]
 
 
-def run_seesaw(outcomes: list[dict[str, Any]], values: list[dict[str, Any]], *, test: str, delta: float,
-               alpha: float, seed: int, metrics: Sequence[str] = SEESAW_METRICS
-               ) -> tuple[list[dict[str, Any]], int]:
+def run_seesaw(
+    outcomes: list[dict[str, Any]],
+    values: list[dict[str, Any]],
+    *,
+    test: str,
+    delta: float,
+    alpha: float,
+    seed: int,
+    metrics: Sequence[str] = SEESAW_METRICS,
+) -> tuple[list[dict[str, Any]], int]:
     """``(events, number of paired tests made)`` for a run: the paired rule on per-item ``outcomes`` rows
     (:func:`outcome_rows`), benchmarks included (:func:`benchmark_family`), or with ``test == "none"`` the untested
     threshold rule on metric ``values`` rows (``{step, stage, task, split, metric, value}``; 0 tests; our tasks
@@ -46,8 +55,7 @@ def run_seesaw(outcomes: list[dict[str, Any]], values: list[dict[str, Any]], *, 
     if family:  # benchmarks: their changes and the tasks' over the same spans, in the same BH family
         tests += change_tests(family, [BENCH_FAMILY], seed=seed)
     events = paired_seesaw_events(outcomes, delta, metrics, alpha=alpha, seed=seed, tests=tests)
-    return [e for e in events if e["metric"] != BENCH_FAMILY or BENCH_TASK_PREFIX in e["rose"] + e["fell"]], \
-        len(tests)
+    return [e for e in events if e["metric"] != BENCH_FAMILY or BENCH_TASK_PREFIX in e["rose"] + e["fell"]], len(tests)
 
 
 #: The seesaw family in which benchmarks meet the tasks (event metric and split; see :func:`benchmark_family`)
@@ -81,9 +89,13 @@ def seesaw_rows(events: list[dict[str, Any]], n_tests: int, spec: Any, stage: st
     ``p_value`` included under the paired rule) and one run-level ``seesaw_tests`` row saying which rule ran — so
     the analysis knows the run's own events are stored, even when there are none."""
     rule = {"test": spec.seesaw_test, "alpha": spec.seesaw_alpha, "delta": spec.seesaw_delta}
-    return [*(Row(e["stage_to"], e["step_to"], e["rose"], e["split"], "seesaw", e["rose_by"], json.dumps(e))
-              for e in events),
-            Row(stage, step, None, "eval", SEESAW_TESTS_METRIC, float(n_tests), json.dumps(rule))]
+    return [
+        *(
+            Row(e["stage_to"], e["step_to"], e["rose"], e["split"], "seesaw", e["rose_by"], json.dumps(e))
+            for e in events
+        ),
+        Row(stage, step, None, "eval", SEESAW_TESTS_METRIC, float(n_tests), json.dumps(rule)),
+    ]
 
 
 def pool_baselines(items: Iterable[Any], recipes: Mapping[str, Any]) -> dict[tuple[str, str], list[Baseline]]:
@@ -92,30 +104,46 @@ def pool_baselines(items: Iterable[Any], recipes: Mapping[str, Any]) -> dict[tup
     pools: dict[tuple[str, str], list[Any]] = {}
     for item in items:
         pools.setdefault((item.task, item.split), []).append(item)
-    return {(task, split): task_baselines([it.gold_text for it in pool],
-                                          [it.gold_ids[0] if it.gold_ids else None for it in pool], recipes[task])
-            for (task, split), pool in pools.items()}
+    return {
+        (task, split): task_baselines(
+            [it.gold_text for it in pool], [it.gold_ids[0] if it.gold_ids else None for it in pool], recipes[task]
+        )
+        for (task, split), pool in pools.items()
+    }
 
 
 def baseline_rows(baselines: dict[tuple[str, str], list[Baseline]], stage: str, step: int) -> list[Row]:
     """``baseline_<metric>`` store rows: per task × split and metric the strongest baseline (the one a score must
     beat), with its pool size ``n`` and, as JSON text, what it is (``kind``, ``answer``)."""
-    return [Row(stage, step, task, split, BASELINE_PREFIX + metric, b.value,
-                json.dumps({"kind": b.kind, "answer": b.answer}), n=b.n)
-            for (task, split), found in baselines.items() for metric, b in strongest_baselines(found).items()]
+    return [
+        Row(
+            stage,
+            step,
+            task,
+            split,
+            BASELINE_PREFIX + metric,
+            b.value,
+            json.dumps({"kind": b.kind, "answer": b.answer}),
+            n=b.n,
+        )
+        for (task, split), found in baselines.items()
+        for metric, b in strongest_baselines(found).items()
+    ]
 
 
 def baselines_summary(baselines: dict[tuple[str, str], list[Baseline]]) -> dict[str, dict[str, list[dict]]]:
     """``{split: {task: [{metric, kind, value, n, answer}, ...]}}`` for ``summary.json``."""
     out: dict[str, dict[str, list[dict]]] = {}
     for (task, split), found in baselines.items():
-        out.setdefault(split, {})[task] = [{"metric": b.metric, "kind": b.kind, "value": b.value, "n": b.n,
-                                            "answer": b.answer} for b in found]
+        out.setdefault(split, {})[task] = [
+            {"metric": b.metric, "kind": b.kind, "value": b.value, "n": b.n, "answer": b.answer} for b in found
+        ]
     return out
 
 
-def format_score(value: Optional[float], low: Optional[float] = None, high: Optional[float] = None,
-                 n: Optional[int] = None) -> str:
+def format_score(
+    value: Optional[float], low: Optional[float] = None, high: Optional[float] = None, n: Optional[int] = None
+) -> str:
     """``0.458 [0.28,0.65] n=24`` for a proportion with its interval; the bare value otherwise (``-`` if none)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"

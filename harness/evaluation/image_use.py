@@ -79,13 +79,22 @@ class ImageUseStats:
         tasks' rows carry them) and is also given as ``<metric>_n`` / ``_lo`` / ``_hi`` rows. ``greedy`` is
         ``img_acc``."""
         out: list[tuple] = []
-        for name, p in (("greedy", self.acc), ("img_acc", self.acc), ("img_acc_blank", self.acc_blank),
-                        ("img_acc_swapped", self.acc_swapped), ("img_dependence", self.dependence)):
+        for name, p in (
+            ("greedy", self.acc),
+            ("img_acc", self.acc),
+            ("img_acc_blank", self.acc_blank),
+            ("img_acc_swapped", self.acc_swapped),
+            ("img_dependence", self.dependence),
+        ):
             out.append((name, p.value, p.n, p.lo, p.hi))
             if name != "greedy":
                 out += [(f"{name}_n", float(p.n)), (f"{name}_lo", p.lo), (f"{name}_hi", p.hi)]
-        out += [("img_ll_gap", self.ll_gap), ("img_ll_gap_lo", self.ll_gap_ci[0]),
-                ("img_ll_gap_hi", self.ll_gap_ci[1]), ("img_ll_gap_p", self.ll_gap_p)]
+        out += [
+            ("img_ll_gap", self.ll_gap),
+            ("img_ll_gap_lo", self.ll_gap_ci[0]),
+            ("img_ll_gap_hi", self.ll_gap_ci[1]),
+            ("img_ll_gap_p", self.ll_gap_p),
+        ]
         return [(self.task, self.split, metric, float(value), *rest) for metric, value, *rest in out]
 
 
@@ -107,8 +116,18 @@ def blank_like(image):
     return Image.new("RGB", image.size, max(colours)[1])
 
 
-def image_use(model, processor, examples: Sequence[Any], recipes: dict[str, Any], split: str, *, seed: int = 0,
-              batch_size: int = 16, max_new_tokens: int = 24, drop_images: bool = False) -> list[ImageUseStats]:
+def image_use(
+    model,
+    processor,
+    examples: Sequence[Any],
+    recipes: dict[str, Any],
+    split: str,
+    *,
+    seed: int = 0,
+    batch_size: int = 16,
+    max_new_tokens: int = 24,
+    drop_images: bool = False,
+) -> list[ImageUseStats]:
     """Run the probe on ``examples`` (one split; examples without an image are skipped), grouped by task.
 
     ``drop_images`` (``debug.drop_images``) feeds all-zero pixels in every condition, as the run's training did: the seed's bug, which the probe must report as dependence 0.
@@ -126,26 +145,34 @@ def image_use(model, processor, examples: Sequence[Any], recipes: dict[str, Any]
     model.eval()
     try:
         with torch.no_grad():
-            return [_probe_task(model, processor, task, items, recipes[task], split, seed, batch_size,
-                                max_new_tokens, drop_images) for task, items in by_task.items()]
+            return [
+                _probe_task(
+                    model, processor, task, items, recipes[task], split, seed, batch_size, max_new_tokens, drop_images
+                )
+                for task, items in by_task.items()
+            ]
     finally:
         model.train(was_training)
 
 
-def _probe_task(model, processor, task, examples, recipe, split, seed, batch_size, max_new_tokens,
-                drop_images=False) -> ImageUseStats:
+def _probe_task(
+    model, processor, task, examples, recipe, split, seed, batch_size, max_new_tokens, drop_images=False
+) -> ImageUseStats:
     from scipy.stats import ttest_rel
 
     n = len(examples)
     partner = derangement(n, random.Random(f"image_use:{seed}:{task}:{split}"))
-    images = {"real": [ex.image for ex in examples],
-              "blank": [blank_like(ex.image) for ex in examples],
-              "swapped": [examples[partner[i]].image for i in range(n)]}
+    images = {
+        "real": [ex.image for ex in examples],
+        "blank": [blank_like(ex.image) for ex in examples],
+        "swapped": [examples[partner[i]].image for i in range(n)],
+    }
     preds, pred_ids, lls = {}, {}, {}
     for condition in CONDITIONS:
         encoded = encode_image_examples(processor, examples, images[condition])
-        preds[condition], pred_ids[condition] = greedy_with_images(model, processor, encoded, batch_size,
-                                                                   max_new_tokens, drop_images)
+        preds[condition], pred_ids[condition] = greedy_with_images(
+            model, processor, encoded, batch_size, max_new_tokens, drop_images
+        )
         lls[condition] = gold_loglik(model, processor, encoded, batch_size, drop_images)
 
     def accuracy(condition: str) -> Proportion:
@@ -161,12 +188,28 @@ def _probe_task(model, processor, task, examples, recipe, split, seed, batch_siz
     else:  # identical differences (e.g. a model blind to images: all exactly 0): no spread to test
         mean = float(gaps.mean()) if n else float("nan")
         gap_ci, p_value = (mean, mean), float("nan")
-    items = [{"image_id": ex.meta.get("image_id"), "swapped_with": examples[partner[i]].meta.get("image_id"),
-              "gold": ex.answer, **{f"pred_{c}": preds[c][i] for c in CONDITIONS},
-              **{f"ll_{c}": lls[c][i] for c in CONDITIONS}} for i, ex in enumerate(examples)]
-    return ImageUseStats(task, split, accuracy("real"), accuracy("blank"), accuracy("swapped"),
-                         proportion(sum(changed), n), float(gaps.mean()) if n else float("nan"), gap_ci, p_value,
-                         items)
+    items = [
+        {
+            "image_id": ex.meta.get("image_id"),
+            "swapped_with": examples[partner[i]].meta.get("image_id"),
+            "gold": ex.answer,
+            **{f"pred_{c}": preds[c][i] for c in CONDITIONS},
+            **{f"ll_{c}": lls[c][i] for c in CONDITIONS},
+        }
+        for i, ex in enumerate(examples)
+    ]
+    return ImageUseStats(
+        task,
+        split,
+        accuracy("real"),
+        accuracy("blank"),
+        accuracy("swapped"),
+        proportion(sum(changed), n),
+        float(gaps.mean()) if n else float("nan"),
+        gap_ci,
+        p_value,
+        items,
+    )
 
 
 def _left_padded_prompts(encoded: Sequence[ImageEncoded], pad_id: int):
@@ -176,13 +219,14 @@ def _left_padded_prompts(encoded: Sequence[ImageEncoded], pad_id: int):
     ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for row, e in enumerate(encoded):
-        ids[row, width - e.prompt_length:] = torch.from_numpy(e.input_ids[: e.prompt_length])
-        mask[row, width - e.prompt_length:] = 1
+        ids[row, width - e.prompt_length :] = torch.from_numpy(e.input_ids[: e.prompt_length])
+        mask[row, width - e.prompt_length :] = 1
     return ids, mask
 
 
-def greedy_with_images(model, processor, encoded: Sequence[ImageEncoded], batch_size: int,
-                       max_new_tokens: int, drop_images: bool = False) -> tuple[list[str], list[tuple[int, ...]]]:
+def greedy_with_images(
+    model, processor, encoded: Sequence[ImageEncoded], batch_size: int, max_new_tokens: int, drop_images: bool = False
+) -> tuple[list[str], list[tuple[int, ...]]]:
     """Greedy continuations of each item's prompt with its image: ``(texts, token ids)``, up to EOS, pad dropped."""
     import torch
 
@@ -190,16 +234,22 @@ def greedy_with_images(model, processor, encoded: Sequence[ImageEncoded], batch_
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     texts, token_ids = [], []
     for start in range(0, len(encoded), batch_size):
-        chunk = encoded[start:start + batch_size]
+        chunk = encoded[start : start + batch_size]
         ids, mask = _left_padded_prompts(chunk, tokenizer.pad_token_id)
         kwargs: dict[str, Any] = {}
         if all(e.has_image for e in chunk):
             pixels = torch.from_numpy(np.stack([e.pixel_values for e in chunk]))
             kwargs["pixel_values"] = (torch.zeros_like(pixels) if drop_images else pixels).to(device, dtype)
-        generated = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                                   max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                   eos_token_id=tokenizer.eos_token_id, **kwargs)
-        for row in generated[:, ids.shape[1]:].tolist():
+        generated = model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            **kwargs,
+        )
+        for row in generated[:, ids.shape[1] :].tolist():
             if tokenizer.eos_token_id in row:
                 row = row[: row.index(tokenizer.eos_token_id)]
             row = [t for t in row if t != tokenizer.pad_token_id]
@@ -209,15 +259,16 @@ def greedy_with_images(model, processor, encoded: Sequence[ImageEncoded], batch_
     return texts, token_ids
 
 
-def gold_loglik(model, processor, encoded: Sequence[ImageEncoded], batch_size: int,
-                drop_images: bool = False) -> list[float]:
+def gold_loglik(
+    model, processor, encoded: Sequence[ImageEncoded], batch_size: int, drop_images: bool = False
+) -> list[float]:
     """Summed log-probability of each item's last assistant turn (its supervised tokens after the prompt)."""
     import torch
 
     device = next(model.parameters()).device
     out: list[float] = []
     for start in range(0, len(encoded), batch_size):
-        chunk = list(encoded[start:start + batch_size])
+        chunk = list(encoded[start : start + batch_size])
         batch = collate_mixed(chunk, processor.tokenizer.pad_token_id, drop_images).to(device)
         pixels = None if batch.pixel_values is None else batch.pixel_values.to(next(model.parameters()).dtype)
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, pixel_values=pixels).logits
@@ -263,18 +314,36 @@ class ImageEval:
         them (a proportion's with its n and Wilson interval)."""
         rows, samples = [], []
         for (task, split), examples in self.examples.items():
-            (stats,) = image_use(model, self.processor, examples, self.recipes, split, seed=self.seed,
-                                 batch_size=self.batch_size, max_new_tokens=self.max_new_tokens,
-                                 drop_images=self.drop_images)
+            (stats,) = image_use(
+                model,
+                self.processor,
+                examples,
+                self.recipes,
+                split,
+                seed=self.seed,
+                batch_size=self.batch_size,
+                max_new_tokens=self.max_new_tokens,
+                drop_images=self.drop_images,
+            )
             rows += stats.rows()
             recipe = self.recipes[task]
             for index, (ex, item) in enumerate(zip(examples, stats.items)):
                 correct = bool(recipe.is_correct(item["pred_real"], ex.answer))
                 # outcomes: the item's 0/1 greedy result, as text tasks' samples carry theirs — what puts image
                 # tasks into the paired seesaw test (harness.evaluation.evidence.outcome_rows)
-                samples.append({"task": task, "split": split, "index": index, "prompt": ex.prompt,
-                                "gold": ex.answer, "pred": item["pred_real"], "correct": correct,
-                                "outcomes": {"greedy": int(correct)}, **item})
+                samples.append(
+                    {
+                        "task": task,
+                        "split": split,
+                        "index": index,
+                        "prompt": ex.prompt,
+                        "gold": ex.answer,
+                        "pred": item["pred_real"],
+                        "correct": correct,
+                        "outcomes": {"greedy": int(correct)},
+                        **item,
+                    }
+                )
         return rows, samples
 
 
@@ -284,6 +353,5 @@ def image_eval(exp, data, tokenizer) -> Optional[ImageEval]:
         return None
     processor = processor_for(tokenizer)
     if processor is None:
-        raise ValueError("image tasks need an image-text model (model.builtin: llava-tiny or an image-text "
-                         "model.hf)")
+        raise ValueError("image tasks need an image-text model (model.builtin: llava-tiny or an image-text model.hf)")
     return ImageEval(exp, data, processor)

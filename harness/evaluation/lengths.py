@@ -44,25 +44,32 @@ def too_short_errors(max_new_tokens: int | None, needed: dict[str, int]) -> list
     """One message per task whose longest gold answer does not fit in an explicit ``max_new_tokens``."""
     if max_new_tokens is None:
         return []
-    return [f"eval.max_new_tokens={max_new_tokens} cuts task {task!r}: its longest gold answer needs {n} tokens "
-            f"(end token included); raise it to at least {n} or leave it null (auto)"
-            for task, n in sorted(needed.items()) if n > max_new_tokens]
+    return [
+        f"eval.max_new_tokens={max_new_tokens} cuts task {task!r}: its longest gold answer needs {n} tokens "
+        f"(end token included); raise it to at least {n} or leave it null (auto)"
+        for task, n in sorted(needed.items())
+        if n > max_new_tokens
+    ]
 
 
 def _template_end_token(tokenizer) -> int | None:
     """The special token right after an assistant message's content in the chat template, if there is one."""
     try:
         text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE_ANSWER}], tokenize=False)
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE_ANSWER}], tokenize=False
+        )
     except Exception:  # noqa: BLE001 - templates may reject this conversation; then EOS alone stops decoding
         return None
-    tail = text[text.find(_PROBE_ANSWER) + len(_PROBE_ANSWER):] if _PROBE_ANSWER in text else ""
+    tail = text[text.find(_PROBE_ANSWER) + len(_PROBE_ANSWER) :] if _PROBE_ANSWER in text else ""
     ids = tokenizer(tail, add_special_tokens=False)["input_ids"] if tail else []
     # Named special tokens, and every added token marked special (after EOS is reassigned, ChatML's <|im_end|> is
     # only the latter).
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    special.update(i for i, token in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items()
-                   if getattr(token, "special", False))
+    special.update(
+        i
+        for i, token in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items()
+        if getattr(token, "special", False)
+    )
     return ids[0] if ids and ids[0] in special else None
 
 

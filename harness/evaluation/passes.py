@@ -23,6 +23,8 @@ from typing import Any, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
+from harness.core.metrics import PROPORTION_METRICS
+from harness.data.encoding import IGNORE_INDEX
 from harness.evaluation.components import (
     EVALUATORS,
     NEED_FIRST_LOGITS,
@@ -33,14 +35,11 @@ from harness.evaluation.components import (
     EvalContext,
     ItemRecord,
 )
-from harness.core.metrics import PROPORTION_METRICS
 from harness.evaluation.hijack import hijack_token_ids
-from harness.evaluation.ranks import first_token_facts
 from harness.evaluation.lengths import default_max_new_tokens, stop_token_ids
+from harness.evaluation.ranks import first_token_facts
 from harness.evaluation.result import EvalResult
 from harness.evaluation.sharding import Shard, computed_fields, merge_computed
-from harness.data.encoding import IGNORE_INDEX
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # Model calls
@@ -76,11 +75,21 @@ class ModelIO:
                 pass
         return DynamicCache()
 
-    def __call__(self, model, input_ids, attention_mask, position_ids, *, keep: int = 0,
-                 cache: Any = None, use_cache: bool = False) -> tuple[torch.Tensor, Any]:
+    def __call__(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        position_ids,
+        *,
+        keep: int = 0,
+        cache: Any = None,
+        use_cache: bool = False,
+    ) -> tuple[torch.Tensor, Any]:
         """``(logits, cache)``; ``logits`` are for the last ``keep`` positions (all when ``keep == 0``)."""
-        kwargs: dict[str, Any] = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                      use_cache=use_cache)
+        kwargs: dict[str, Any] = dict(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache
+        )
         if use_cache:
             kwargs[self.cache_arg] = cache
         if keep and self.keep_logits:
@@ -99,8 +108,9 @@ class ModelIO:
         return logits, new_cache
 
 
-def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: Any = None
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def left_pad(
+    seqs: Sequence[Sequence[int]], pad_id: int, device: Any = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(input_ids, attention_mask, position_ids)`` for left-padded ``seqs``; position ids count real tokens
     only (0 on padding), exactly as ``generate`` derives them from the attention mask."""
     width = max(len(s) for s in seqs)
@@ -108,15 +118,22 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: Any = None
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for row, seq in enumerate(seqs):
         if len(seq):
-            ids[row, width - len(seq):] = torch.as_tensor(list(seq), dtype=torch.long)
-            mask[row, width - len(seq):] = 1
+            ids[row, width - len(seq) :] = torch.as_tensor(list(seq), dtype=torch.long)
+            mask[row, width - len(seq) :] = 1
     position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
     return ids.to(device), mask.to(device), position_ids.to(device)
 
 
-def greedy_decode(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                  eos_token_id: int | Sequence[int] | None, pad_token_id: int, io: ModelIO | None = None, return_first_logits: bool = False
-                  ) -> tuple[list[list[int]], torch.Tensor | None]:
+def greedy_decode(
+    model,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_token_id: int | Sequence[int] | None,
+    pad_token_id: int,
+    io: ModelIO | None = None,
+    return_first_logits: bool = False,
+) -> tuple[list[list[int]], torch.Tensor | None]:
     """Greedy continuation of one left-padded batch of prompts with a KV cache.
 
     ``eos_token_id`` may be a list (every end-of-turn token, as ``generate`` accepts). Returns the generated ids per
@@ -167,7 +184,7 @@ def _batches(order: list[int], size: int, part: tuple[int, int] = (0, 1)) -> Ite
     rank, world = part
     for k, start in enumerate(range(0, len(order), size)):
         if k % world == rank:
-            yield order[start:start + size]
+            yield order[start : start + size]
 
 
 class _TokenNames:
@@ -196,8 +213,9 @@ def _fill_first(records: list[ItemRecord], logits: torch.Tensor, names: _TokenNa
             first, second = rec.choice_ids
             rec.choice_p = float(torch.sigmoid(logits[row, first].float() - logits[row, second].float()))
     names.learn([*facts["top1"], *(i for ids, _ in facts["top5"] for i in ids), *(g for g in golds if g is not None)])
-    for rec, rank, nonfinite, top1, (ids, probs) in zip(records, facts["rank"], facts["nonfinite"], facts["top1"],
-                                                        facts["top5"]):
+    for rec, rank, nonfinite, top1, (ids, probs) in zip(
+        records, facts["rank"], facts["nonfinite"], facts["top1"], facts["top5"]
+    ):
         rec.gold_first_rank = rank
         rec.first_nonfinite = nonfinite
         rec.gold_first_token = names(rec.gold_first_id) if rec.gold_first_id is not None else None
@@ -206,8 +224,9 @@ def _fill_first(records: list[ItemRecord], logits: torch.Tensor, names: _TokenNa
         rec.top5 = [{"token": names(i), "id": i, "prob": p} for i, p in zip(ids, probs)]
 
 
-def _greedy_pass(model, io, records, tokenizer, spec, want_first: bool, names: _TokenNames,
-                 part: tuple[int, int]) -> None:
+def _greedy_pass(
+    model, io, records, tokenizer, spec, want_first: bool, names: _TokenNames, part: tuple[int, int]
+) -> None:
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     stops = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
@@ -216,8 +235,15 @@ def _greedy_pass(model, io, records, tokenizer, spec, want_first: bool, names: _
     order = sorted(range(len(records)), key=lambda i: len(records[i].item.prompt_ids))
     for chunk in _batches(order, spec.batch_size, part):
         batch = [records[i] for i in chunk]
-        generated, first = greedy_decode(model, [r.item.prompt_ids for r in batch], max_new_tokens=max_new,
-                                         eos_token_id=stops, pad_token_id=pad, io=io, return_first_logits=want_first)
+        generated, first = greedy_decode(
+            model,
+            [r.item.prompt_ids for r in batch],
+            max_new_tokens=max_new,
+            eos_token_id=stops,
+            pad_token_id=pad,
+            io=io,
+            return_first_logits=want_first,
+        )
         for rec, ids in zip(batch, generated):
             rec.pred_ids = ids
             rec.truncated = len(ids) >= max_new and (not ids or ids[-1] not in stops)
@@ -225,8 +251,9 @@ def _greedy_pass(model, io, records, tokenizer, spec, want_first: bool, names: _
             _fill_first(batch, first, names)
 
 
-def _teacher_forced_pass(model, io, records, tokenizer, spec, want_first: bool, names: _TokenNames,
-                         part: tuple[int, int]) -> None:
+def _teacher_forced_pass(
+    model, io, records, tokenizer, spec, want_first: bool, names: _TokenNames, part: tuple[int, int]
+) -> None:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     order = sorted(range(len(records)), key=lambda i: len(records[i].item.prompt_ids) + len(records[i].item.gold_ids))
     for chunk in _batches(order, spec.batch_size, part):
@@ -240,14 +267,14 @@ def _teacher_forced_pass(model, io, records, tokenizer, spec, want_first: bool, 
         lengths = torch.tensor([len(g) for g in golds], device=ids.device)
         if longest:
             predicting = logits[:, :longest].float()  # kept position k predicts token width - longest + k
-            labels = ids[:, width - longest:].clone()
+            labels = ids[:, width - longest :].clone()
             offsets = torch.arange(longest, device=ids.device)[None, :]
             labels[offsets < (longest - lengths)[:, None]] = IGNORE_INDEX  # positions before this row's answer
             nll = F.cross_entropy(predicting.transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")
             hits = predicting.argmax(dim=-1) == labels
             nll_rows, hit_rows = nll.sum(dim=1).tolist(), hits.tolist()
             for row, (rec, gold) in enumerate(zip(batch, golds)):
-                rec.tf_hits = hit_rows[row][longest - len(gold):]
+                rec.tf_hits = hit_rows[row][longest - len(gold) :]
                 rec.tf_nll = nll_rows[row]
         else:
             for rec in batch:
@@ -299,8 +326,15 @@ def _components(spec) -> list[Component]:
     return out
 
 
-def run_evaluation(model, tokenizer, items: list, recipes: dict[str, Any], spec,
-                   hijack_ids: set[int] | None = None, shard: Shard | None = None) -> EvalResult:
+def run_evaluation(
+    model,
+    tokenizer,
+    items: list,
+    recipes: dict[str, Any],
+    spec,
+    hijack_ids: set[int] | None = None,
+    shard: Shard | None = None,
+) -> EvalResult:
     """Evaluate ``model`` on ``items`` (:class:`harness.data.batches.EvalItem`) with the evaluators and probes of ``spec``.
 
     ``recipes`` maps each task to its recipe (normaliser, ``is_correct``, ``mode_ok``). ``hijack_ids`` defaults to
@@ -334,8 +368,16 @@ def run_evaluation(model, tokenizer, items: list, recipes: dict[str, Any], spec,
             with torch.no_grad():
                 want_first = NEED_FIRST_LOGITS in needs
                 if NEED_GREEDY in needs:
-                    _greedy_pass(model, io, records, tokenizer, spec,
-                                 want_first and NEED_TEACHER_FORCED not in needs, names, part)
+                    _greedy_pass(
+                        model,
+                        io,
+                        records,
+                        tokenizer,
+                        spec,
+                        want_first and NEED_TEACHER_FORCED not in needs,
+                        names,
+                        part,
+                    )
                 if NEED_TEACHER_FORCED in needs:
                     _teacher_forced_pass(model, io, records, tokenizer, spec, want_first, names, part)
                 elif want_first and NEED_GREEDY not in needs:

@@ -27,8 +27,10 @@ def gold_ranks(logits: torch.Tensor, gold_ids: Sequence[int | None]) -> tuple[li
     ranks = (logits >= gold_logit).sum(dim=1)
     nonfinite = ~torch.isfinite(logits).all(dim=1)
     ranks = torch.where(nonfinite, torch.full_like(ranks, vocab), ranks)
-    return ([int(r) if g is not None else None for r, g in zip(ranks.tolist(), gold_ids)],
-            [bool(x) for x in nonfinite.tolist()])
+    return (
+        [int(r) if g is not None else None for r, g in zip(ranks.tolist(), gold_ids)],
+        [bool(x) for x in nonfinite.tolist()],
+    )
 
 
 def first_token_facts(logits: torch.Tensor, gold_ids: Sequence[int | None]) -> dict[str, list]:

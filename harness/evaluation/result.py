@@ -66,6 +66,15 @@ class EvalResult:
     def outcome_rows(self, step: int, stage: str) -> list[dict[str, Any]]:
         """Rows for :func:`harness.core.seesaw.change_tests` / ``paired_seesaw_events``: ``{step, stage,
         task, split, metric, value, outcomes}`` per task × split × metric with per-item values."""
-        return [{"step": step, "stage": stage, "task": task, "split": split, "metric": metric,
-                 "value": sum(values) / len(values) if values else float("nan"), "outcomes": list(values)}
-                for (task, split, metric), values in self.item_values.items()]
+        return [
+            {
+                "step": step,
+                "stage": stage,
+                "task": task,
+                "split": split,
+                "metric": metric,
+                "value": sum(values) / len(values) if values else float("nan"),
+                "outcomes": list(values),
+            }
+            for (task, split, metric), values in self.item_values.items()
+        ]

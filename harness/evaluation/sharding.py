@@ -16,8 +16,19 @@ from harness.evaluation.components import ItemRecord
 
 #: The :class:`ItemRecord` fields the model passes fill in (``pred``, ``correct`` and ``mode_ok`` are derived from
 #: ``pred_ids`` afterwards, on the merged records).
-MODEL_FIELDS = ("pred_ids", "truncated", "tf_hits", "tf_nll", "gold_first_token", "gold_first_rank",
-                "first_nonfinite", "top1_id", "top1_token", "top5", "choice_p")
+MODEL_FIELDS = (
+    "pred_ids",
+    "truncated",
+    "tf_hits",
+    "tf_nll",
+    "gold_first_token",
+    "gold_first_rank",
+    "first_nonfinite",
+    "top1_id",
+    "top1_token",
+    "top5",
+    "choice_p",
+)
 
 
 class Shard(Protocol):

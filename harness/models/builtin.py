@@ -27,26 +27,63 @@ class BuiltinArch:
 # The registry lives in harness.core.registry (harness.config validates model.builtin through it); it names this
 # module as its provider.
 
-_TINY = dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-             max_position_embeddings=512, tie_word_embeddings=True)
+_TINY = dict(
+    hidden_size=128,
+    intermediate_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
 BUILTIN_MODELS.add("qwen2-tiny", BuiltinArch("qwen2", dict(_TINY, num_key_value_heads=2, rope_theta=10000.0)))
 BUILTIN_MODELS.add("llama-tiny", BuiltinArch("llama", dict(_TINY, num_key_value_heads=2, rope_theta=10000.0)))
 # GPT-2: learned positions, LayerNorm, GELU MLP (c_fc → c_proj), fused q/k/v (attn.c_attn), tied head. Its config
 # names are n_embd / n_layer / n_head / n_positions / n_inner; the generic names (hidden_size, …) are accepted as
 # overrides too. Dropout off, like the other builtins (and so that runs stay deterministic).
-BUILTIN_MODELS.add("gpt2-tiny", BuiltinArch("gpt2", dict(
-    n_embd=128, n_inner=512, n_layer=4, n_head=4, n_positions=512, tie_word_embeddings=True,
-    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)))
+BUILTIN_MODELS.add(
+    "gpt2-tiny",
+    BuiltinArch(
+        "gpt2",
+        dict(
+            n_embd=128,
+            n_inner=512,
+            n_layer=4,
+            n_head=4,
+            n_positions=512,
+            tie_word_embeddings=True,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        ),
+    ),
+)
 # Qwen3.5's text model (transformers' qwen3_5_text → Qwen3_5ForCausalLM): hybrid layers, every 4th full (gated)
 # attention and the others Gated DeltaNet linear attention (linear_attn.in_proj_qkv / in_proj_z / in_proj_a / in_proj_b
 # / conv1d / out_proj); partial RoPE. Without a layer_types override, a model with fewer than 4 layers gets its last
 # layer as full attention (so both kinds are always present when num_hidden_layers >= 2). On CPU (and without the
 # flash-linear-attention / causal-conv1d kernels) transformers runs the reference PyTorch implementation.
-BUILTIN_MODELS.add("qwen3_5-tiny", BuiltinArch("qwen3_5_text", dict(
-    hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
-    linear_conv_kernel_dim=4, max_position_embeddings=512, tie_word_embeddings=True,
-    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})))
+BUILTIN_MODELS.add(
+    "qwen3_5-tiny",
+    BuiltinArch(
+        "qwen3_5_text",
+        dict(
+            hidden_size=128,
+            intermediate_size=512,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
+            linear_conv_kernel_dim=4,
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        ),
+    ),
+)
 
 FULL_ATTENTION_INTERVAL = 4  # qwen3_5-tiny: layer i is full attention when (i + 1) % 4 == 0 (Qwen3.5's own pattern)
 
@@ -106,5 +143,3 @@ def build_builtin(spec: "ModelSpec", tokenizer, seed: int):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     return model
-
-

@@ -42,8 +42,11 @@ def _is_positive_int(value: Any) -> bool:
 
 def size_errors(overrides: dict[str, Any], defaults: dict[str, Any]) -> Errors:
     """``model.config.<key>`` errors for overrides of positive-integer fields that are not positive integers."""
-    return [(f"model.config.{key}", f"must be a positive integer, got {value!r}")
-            for key, value in overrides.items() if _is_positive_int(defaults.get(key)) and not _is_positive_int(value)]
+    return [
+        (f"model.config.{key}", f"must be a positive integer, got {value!r}")
+        for key, value in overrides.items()
+        if _is_positive_int(defaults.get(key)) and not _is_positive_int(value)
+    ]
 
 
 def model_config_errors(spec: "ModelSpec", arch, config_class) -> Errors:
@@ -78,8 +81,12 @@ def check_model_spec(spec: "ModelSpec") -> list[tuple[str, str]]:
         return errors
     if spec.builtin not in BUILTIN_MODELS:
         known = BUILTIN_MODELS.names()
-        errors.append(("model.builtin", f"unknown builtin model {spec.builtin!r}{suggest(spec.builtin, known)}; "
-                                        f"known: {', '.join(known)}"))
+        errors.append(
+            (
+                "model.builtin",
+                f"unknown builtin model {spec.builtin!r}{suggest(spec.builtin, known)}; known: {', '.join(known)}",
+            )
+        )
         return errors
     arch = BUILTIN_MODELS.get(spec.builtin)
     config_class = _config_class(arch.model_type)
@@ -87,8 +94,9 @@ def check_model_spec(spec: "ModelSpec") -> list[tuple[str, str]]:
     known_fields = list(config_class().to_dict()) + list(getattr(config_class, "attribute_map", {}) or {})
     for key in spec.config:
         if key not in known_fields:
-            errors.append((f"model.config.{key}", f"not a field of the {arch.model_type} config"
-                                                  f"{suggest(key, known_fields)}"))
+            errors.append(
+                (f"model.config.{key}", f"not a field of the {arch.model_type} config{suggest(key, known_fields)}")
+            )
     if not errors:
         errors += model_config_errors(spec, arch, config_class)
     return errors
@@ -100,15 +108,22 @@ def check_vision_spec(spec) -> list[tuple[str, str]]:
     from transformers import SiglipVisionConfig
 
     if spec.builtin != VISION_BUILTIN:
-        return [(f"model.{key}", f"applies to builtin {VISION_BUILTIN} only")
-                for key in ("text", "vision") if getattr(spec, key)]
+        return [
+            (f"model.{key}", f"applies to builtin {VISION_BUILTIN} only")
+            for key in ("text", "vision")
+            if getattr(spec, key)
+        ]
     if (spec.text or DEFAULT_TEXT) == VISION_BUILTIN:
         return [("model.text", f"must be a text architecture, not {VISION_BUILTIN}")]
-    errors = [(key.replace("model.builtin", "model.text"), message)
-              for key, message in check_model_spec(text_spec(spec))]
+    errors = [
+        (key.replace("model.builtin", "model.text"), message) for key, message in check_model_spec(text_spec(spec))
+    ]
     known = set(SiglipVisionConfig().to_dict()) | {"pixel_gain"}
-    errors += [(f"model.vision.{key}", "not a field of the siglip_vision_model config") for key in spec.vision
-               if key not in known]
+    errors += [
+        (f"model.vision.{key}", "not a field of the siglip_vision_model config")
+        for key in spec.vision
+        if key not in known
+    ]
     vision = {**VISION_DEFAULTS, **spec.vision}
     gain = vision.get("pixel_gain", 1.0)
     if not errors and (not isinstance(gain, (int, float)) or gain <= 0):

@@ -32,8 +32,15 @@ VISION_PARTS: tuple[str, ...] = ("vision_tower", "projector", "language_model")
 PIXEL_GAIN = 20.0
 
 # A tiny SigLIP vision tower (siglip_vision_model): (32 / 8)² = 16 patches, each one image token.
-VISION_DEFAULTS: dict[str, Any] = dict(image_size=32, patch_size=8, hidden_size=64, intermediate_size=128,
-                                       num_hidden_layers=2, num_attention_heads=2, attention_dropout=0.0)
+VISION_DEFAULTS: dict[str, Any] = dict(
+    image_size=32,
+    patch_size=8,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    attention_dropout=0.0,
+)
 
 # ChatML, as harness.models.tokenizer.CHAT_TEMPLATE, but a message's content may also be a list of parts
 # ({"type": "text", "text": ...} / {"type": "image"}), the form processors' apply_chat_template use. Plain string
@@ -86,8 +93,12 @@ def add_image_token(tokenizer) -> int:
     return tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
 
 
-def llava_tiny_config(tokenizer, text: str = "qwen2-tiny", text_overrides: Mapping[str, Any] | None = None,
-                      vision_overrides: Mapping[str, Any] | None = None):
+def llava_tiny_config(
+    tokenizer,
+    text: str = "qwen2-tiny",
+    text_overrides: Mapping[str, Any] | None = None,
+    vision_overrides: Mapping[str, Any] | None = None,
+):
     """The ``LlavaConfig`` of llava-tiny for ``tokenizer`` (which must already hold ``<image>``).
 
     ``text`` names a builtin text architecture of :mod:`harness.models.builtin`; its config comes from
@@ -101,10 +112,13 @@ def llava_tiny_config(tokenizer, text: str = "qwen2-tiny", text_overrides: Mappi
     vision_config = SiglipVisionConfig(**{**VISION_DEFAULTS, **dict(vision_overrides or {})})
     n_image_tokens = (vision_config.image_size // vision_config.patch_size) ** 2
     return LlavaConfig(
-        vision_config=vision_config, text_config=text_config,
-        image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN), image_seq_length=n_image_tokens,
+        vision_config=vision_config,
+        text_config=text_config,
+        image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        image_seq_length=n_image_tokens,
         vision_feature_select_strategy="full",  # SigLIP has no CLS token to drop
-        vision_feature_layer=-1, projector_hidden_act="gelu",
+        vision_feature_layer=-1,
+        projector_hidden_act="gelu",
         tie_word_embeddings=text_config.tie_word_embeddings,
     )
 
@@ -116,15 +130,27 @@ def build_processor(tokenizer, vision_config, pixel_gain: float = PIXEL_GAIN):
     from transformers import LlavaProcessor, SiglipImageProcessorPil
 
     size = vision_config.image_size
-    image_processor = SiglipImageProcessorPil(size={"height": size, "width": size}, image_mean=[0.5] * 3,
-                                              image_std=[0.5 / pixel_gain] * 3)
-    return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=vision_config.patch_size,
-                          vision_feature_select_strategy="full", chat_template=CHAT_TEMPLATE,
-                          image_token=IMAGE_TOKEN, num_additional_image_tokens=0)
+    image_processor = SiglipImageProcessorPil(
+        size={"height": size, "width": size}, image_mean=[0.5] * 3, image_std=[0.5 / pixel_gain] * 3
+    )
+    return LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=vision_config.patch_size,
+        vision_feature_select_strategy="full",
+        chat_template=CHAT_TEMPLATE,
+        image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=0,
+    )
 
 
-def build_llava_tiny(tokenizer, seed: int, text: str = "qwen2-tiny", text_overrides: Mapping[str, Any] | None = None,
-                     vision_overrides: Mapping[str, Any] | None = None):
+def build_llava_tiny(
+    tokenizer,
+    seed: int,
+    text: str = "qwen2-tiny",
+    text_overrides: Mapping[str, Any] | None = None,
+    vision_overrides: Mapping[str, Any] | None = None,
+):
     """``(model, processor)``: a freshly initialised llava-tiny (deterministic for ``seed``).
 
     ``vision_overrides`` are fields of ``SiglipVisionConfig``, plus ``pixel_gain`` (the processor's, see
@@ -161,8 +187,9 @@ def _vision_settings(vision_overrides: Mapping[str, Any] | None) -> tuple[dict[s
     return fields, float(fields.pop("pixel_gain", PIXEL_GAIN))
 
 
-def load_image_text_model(path: str, dtype: str = "float32", revision: str | None = None,
-                          trust_remote_code: bool = False):
+def load_image_text_model(
+    path: str, dtype: str = "float32", revision: str | None = None, trust_remote_code: bool = False
+):
     """``(model, processor)`` of any image-text-to-text model transformers supports, by local path or hub id.
 
     A tokenizer without a pad token pads with EOS (pad positions are always masked), as :func:`harness.models.builtin.load_hf`
@@ -172,8 +199,9 @@ def load_image_text_model(path: str, dtype: str = "float32", revision: str | Non
     from transformers import AutoModelForImageTextToText
 
     processor = load_image_text_processor(path, revision, trust_remote_code)
-    model = AutoModelForImageTextToText.from_pretrained(path, revision=revision, dtype=getattr(torch, dtype),
-                                                        trust_remote_code=trust_remote_code)
+    model = AutoModelForImageTextToText.from_pretrained(
+        path, revision=revision, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+    )
     _set_generation_ids(model, processor.tokenizer)
     return model, processor
 
@@ -247,8 +275,13 @@ def is_image_model(spec) -> bool:
 
 def text_spec(spec):
     """The text builtin's :class:`~harness.config.ModelSpec` inside a ``llava-tiny`` spec."""
-    return ModelSpec(builtin=spec.text or DEFAULT_TEXT, config=spec.config, tokenizer=spec.tokenizer,
-                     pretrain=spec.pretrain, dtype=spec.dtype)
+    return ModelSpec(
+        builtin=spec.text or DEFAULT_TEXT,
+        config=spec.config,
+        tokenizer=spec.tokenizer,
+        pretrain=spec.pretrain,
+        dtype=spec.dtype,
+    )
 
 
 def with_processor(spec, tokenizer):
@@ -292,8 +325,10 @@ def part_notes(model, rows: list[dict[str, Any]], inputs: dict[str, Any]) -> lis
     ids = inputs["input_ids"]
     n_image = int((ids == image_token_id(base)).sum())
     pixels = inputs.get("pixel_values")
-    lines = [f"sample: input_ids {list(ids.shape)} with {n_image} image tokens; pixel_values "
-             + (f"{list(pixels.shape)}" if pixels is not None else "none (text-only sample)")]
+    lines = [
+        f"sample: input_ids {list(ids.shape)} with {n_image} image tokens; pixel_values "
+        + (f"{list(pixels.shape)}" if pixels is not None else "none (text-only sample)")
+    ]
     for part, names in parameters_by_part(base).items():
         total = sum(params[n].numel() for n in names)
         trainable = sum(params[n].numel() for n in names if params[n].requires_grad)

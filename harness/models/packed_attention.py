@@ -113,14 +113,22 @@ def segment_plan(position_ids: torch.Tensor) -> SegmentPlan:
         gather = torch.zeros(hi - lo, length, dtype=torch.long)
         for e, (n_tokens, start) in enumerate(segments[lo:hi]):
             gather[e, :n_tokens] = torch.arange(start, start + n_tokens)
-            source[start:start + n_tokens] = torch.arange(n_tokens) + offset + e * length
+            source[start : start + n_tokens] = torch.arange(n_tokens) + offset + e * length
         blocks.append(Block(gather.flatten().to(position_ids.device), hi - lo, length))
         offset += (hi - lo) * length
     return SegmentPlan(tuple(blocks), source.to(position_ids.device), flat.numel())
 
 
-def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                             attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+def varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling=None,
+    **kwargs,
+):
     """transformers' attention-function signature: ``query`` [B, H, T, d], ``key``/``value`` [B, H_kv, T, d];
     returns ``([B, T, H, d], None)``. The plan comes in ``kwargs[SEGMENTS_KWARG]``."""
     plan: SegmentPlan = kwargs.get(SEGMENTS_KWARG)
@@ -140,8 +148,10 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     q, k, v = (x.transpose(1, 2).reshape(batch * tokens, x.shape[1], dim) for x in (query, key, value))
     outputs = []
     for block in plan.blocks:
-        qb, kb, vb = (x.index_select(0, block.gather).view(block.n, block.length, x.shape[1], dim).transpose(1, 2)
-                      for x in (q, k, v))
+        qb, kb, vb = (
+            x.index_select(0, block.gather).view(block.n, block.length, x.shape[1], dim).transpose(1, 2)
+            for x in (q, k, v)
+        )
         if groups > 1:
             kb, vb = kb.repeat_interleave(groups, dim=1), vb.repeat_interleave(groups, dim=1)
         out = F.scaled_dot_product_attention(qb, kb, vb, dropout_p=dropout, is_causal=True, scale=scaling)

@@ -92,8 +92,9 @@ def _robust_z(values, reference):
     return (values - median) / (1.4826 * mad)  # 1.4826 · MAD estimates the standard deviation of a normal sample
 
 
-def row_indicators(weight, ids: Sequence[int], unused_ids: Sequence[int] = (),
-                   norm_z: float = NORM_Z, mean_cos_z: float = MEAN_COS_Z) -> list[RowIndicators]:
+def row_indicators(
+    weight, ids: Sequence[int], unused_ids: Sequence[int] = (), norm_z: float = NORM_Z, mean_cos_z: float = MEAN_COS_Z
+) -> list[RowIndicators]:
     """The indicators of rows ``ids`` of ``weight`` [V, d] against all its rows (see the module docstring)."""
     import torch
     import torch.nn.functional as F
@@ -122,8 +123,16 @@ def row_indicators(weight, ids: Sequence[int], unused_ids: Sequence[int] = (),
         score = None if unused_score is None else float(unused_score[k])
         if score is not None and score > unused_cut:
             reasons.append(f"looks like the never-trained rows (score {score:.2f} > cut {unused_cut:.2f})")
-        out.append(RowIndicators(float(norms[index[k]]), float(z_norm[k]), float(mean_cos[index[k]]),
-                                 float(z_cos[k]), score, tuple(reasons)))
+        out.append(
+            RowIndicators(
+                float(norms[index[k]]),
+                float(z_norm[k]),
+                float(mean_cos[index[k]]),
+                float(z_cos[k]),
+                score,
+                tuple(reasons),
+            )
+        )
     return out
 
 
@@ -142,9 +151,14 @@ def _unused_scores(rows, mean_row, index, unused, reference):
     return scores[index], cut
 
 
-def detect_undertrained(model, tokenizer, token_ids: Optional[Sequence[int]] = None,
-                        unused_ids: Optional[Sequence[int]] = None, norm_z: float = NORM_Z,
-                        mean_cos_z: float = MEAN_COS_Z) -> list[TokenReport]:
+def detect_undertrained(
+    model,
+    tokenizer,
+    token_ids: Optional[Sequence[int]] = None,
+    unused_ids: Optional[Sequence[int]] = None,
+    norm_z: float = NORM_Z,
+    mean_cos_z: float = MEAN_COS_Z,
+) -> list[TokenReport]:
     """A report per candidate token (default :func:`candidate_token_ids`) of ``model``'s input and, when untied,
     output embedding rows. ``unused_ids`` defaults to :func:`reference_unused_ids` (rows past the vocabulary and
     reserved tokens); pass more known-unused ids when you have them."""
@@ -174,9 +188,17 @@ def rate_with_interval(flags: Sequence[bool]) -> tuple[float, int, tuple[float, 
 
 def flagged_summary(reports: Sequence[TokenReport]) -> list[dict]:
     """The flagged tokens as ``summary.json`` records them: token, id, row norms (output ``None`` when tied), why."""
-    return [{"token": r.token, "id": r.id, "input_norm": r.input.norm,
-             "output_norm": r.output.norm if r.output is not None else None, "why": r.why}
-            for r in reports if r.flagged]
+    return [
+        {
+            "token": r.token,
+            "id": r.id,
+            "input_norm": r.input.norm,
+            "output_norm": r.output.norm if r.output is not None else None,
+            "why": r.why,
+        }
+        for r in reports
+        if r.flagged
+    ]
 
 
 def warning_line(reports: Sequence[TokenReport], added: Iterable[int], fate: str) -> Optional[str]:
@@ -190,8 +212,10 @@ def warning_line(reports: Sequence[TokenReport], added: Iterable[int], fate: str
     own = [r for r in flagged if r.id not in set(added)]
     names = ", ".join(f"{r.token} (id {r.id})" for r in flagged[:12])
     more = f" and {len(flagged) - 12} more" if len(flagged) > 12 else ""
-    return (f"{'warning' if own else 'note'}: {len(flagged)} special token(s) with under-trained embedding rows: "
-            f"{names}{more} — {fate}; harness inspect --tokens says why")
+    return (
+        f"{'warning' if own else 'note'}: {len(flagged)} special token(s) with under-trained embedding rows: "
+        f"{names}{more} — {fate}; harness inspect --tokens says why"
+    )
 
 
 _VOCAB_MATRICES = ("model.embed_tokens.weight", "lm_head.weight")  # what an unfreeze regex must hit to train rows

@@ -20,8 +20,22 @@ from harness.runs.stage_cache import META
 
 ABANDONED_AFTER_S = 6 * 3600
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_UNITS_B = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
-            "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS_B = {
+    "": 1,
+    "b": 1,
+    "k": 1e3,
+    "kb": 1e3,
+    "m": 1e6,
+    "mb": 1e6,
+    "g": 1e9,
+    "gb": 1e9,
+    "t": 1e12,
+    "tb": 1e12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_age(text: str) -> float:
@@ -83,8 +97,9 @@ def list_entries(root: Path) -> list[EntryInfo]:
     return sorted(out, key=lambda e: e.last_used)
 
 
-def prune(root: Path, older_than_s: Optional[float] = None, max_size: Optional[int] = None,
-          now: Optional[float] = None) -> list[EntryInfo]:
+def prune(
+    root: Path, older_than_s: Optional[float] = None, max_size: Optional[int] = None, now: Optional[float] = None
+) -> list[EntryInfo]:
     """Remove entries unused for ``older_than_s``, corrupt ones, then the least recently used until the rest total
     at most ``max_size`` bytes; also writers' temporary directories abandoned long ago. Returns what went."""
     now = time.time() if now is None else now

@@ -11,10 +11,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from harness.config import ConfigError, Experiment
 from harness.data.encoding import position_limit
-from harness.runs.evallog import make_benchmarks
 from harness.evaluation.evidence import pool_baselines
 from harness.runs.console import Console
-from harness.runs.evallog import EvalLog
+from harness.runs.evallog import EvalLog, make_benchmarks
 from harness.runs.prepare import build_task_data, encode_task_data
 from harness.runs.rundir import claim_run_dir, unique_run_name
 from harness.runs.runner import RunResult, finish_run, log_baselines, open_run
@@ -54,17 +53,39 @@ def _evaluate_claimed(exp: Experiment, checkpoint: Path, run_dir: Path, console)
     for note in encoded.notes():
         console.info(note)
     tracker = Tracker(exp, run_dir, run_id, {**exp.resolved_dict(), "checkpoint": str(checkpoint)})
-    evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
-                    console.evaluation_hook(encoded.eval_items), run_id=run_id,
-                    benchmarks=make_benchmarks(exp, data.world, tokenizer, run_dir, [step]))
+    evals = EvalLog(
+        exp,
+        encoded.eval_items,
+        data.recipes,
+        tokenizer,
+        tracker,
+        run_dir / "samples.jsonl",
+        console.evaluation_hook(encoded.eval_items),
+        run_id=run_id,
+        benchmarks=make_benchmarks(exp, data.world, tokenizer, run_dir, [step]),
+    )
     try:
         baselines = log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stage)
         evals.run(model, stage, step)
     finally:
         tracker.close()
-    summary = {"run_id": run_id, "experiment": exp.name, "run_dir": str(run_dir), "checkpoint": str(checkpoint),
-               "stages": [{"name": stage, "start_step": step, "end_step": step,
-                           "metrics": evals.stage_end_table(stage), "intervals": evals.stage_end_intervals(stage)}],
-               "baselines": baselines, "seesaw_events": [], "too_long": encoded.too_long_counts(),
-               "timing": {"total_s": evals.seconds, "eval_s": evals.seconds, "eval_share": 1.0}}
+    summary = {
+        "run_id": run_id,
+        "experiment": exp.name,
+        "run_dir": str(run_dir),
+        "checkpoint": str(checkpoint),
+        "stages": [
+            {
+                "name": stage,
+                "start_step": step,
+                "end_step": step,
+                "metrics": evals.stage_end_table(stage),
+                "intervals": evals.stage_end_intervals(stage),
+            }
+        ],
+        "baselines": baselines,
+        "seesaw_events": [],
+        "too_long": encoded.too_long_counts(),
+        "timing": {"total_s": evals.seconds, "eval_s": evals.seconds, "eval_share": 1.0},
+    }
     return finish_run(exp, run_dir, summary, console)

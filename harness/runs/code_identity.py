@@ -39,8 +39,15 @@ from typing import Iterable
 from harness.runs.pretrain import cache_root
 
 REPO = Path(__file__).resolve().parents[2]
-SHAPING_PACKAGES = ("harness/core", "harness/config", "harness/data", "harness/models", "harness/training",
-                    "harness/evaluation", "data_recipes")
+SHAPING_PACKAGES = (
+    "harness/core",
+    "harness/config",
+    "harness/data",
+    "harness/models",
+    "harness/training",
+    "harness/evaluation",
+    "data_recipes",
+)
 SHAPING_RUN_MODULES = ("prepare", "pretrain", "images", "packing", "runner", "evallog", "ranks", "stage_cache")
 # The other modules of harness/runs, each with why it cannot change a stored number (a new module must be placed in
 # one list or the other: tests/test_stage_cache_key.py)
@@ -59,8 +66,11 @@ def shaping_files(root: Path = REPO) -> list[Path]:
     """The files whose content is in :func:`code_fingerprint`, relative to ``root`` (the repository), sorted."""
     files: list[Path] = []
     for package in SHAPING_PACKAGES:
-        files += [p for p in (root / package).rglob("*") if p.is_file() and "__pycache__" not in p.parts
-                  and p.suffix != ".pyc"]
+        files += [
+            p
+            for p in (root / package).rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+        ]
     files += [root / "harness" / "runs" / f"{name}.py" for name in SHAPING_RUN_MODULES]
     return sorted(p.relative_to(root) for p in files)
 
@@ -70,8 +80,12 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-                    and isinstance(body[0].value.value, str):
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(getattr(body[0], "value", None), ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 node.body = body[1:] or [ast.Pass()]
     return tree
 

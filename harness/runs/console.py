@@ -31,8 +31,14 @@ PLAIN_EVERY_S = 30.0
 class PlainProgress:
     """``advance(n)`` printing ``name: done/total steps (pct%), elapsed, ~left`` lines through ``write``."""
 
-    def __init__(self, name: str, total: int, write: Callable[[str], None],
-                 every_fraction: float = PLAIN_EVERY_FRACTION, every_s: float = PLAIN_EVERY_S):
+    def __init__(
+        self,
+        name: str,
+        total: int,
+        write: Callable[[str], None],
+        every_fraction: float = PLAIN_EVERY_FRACTION,
+        every_s: float = PLAIN_EVERY_S,
+    ):
         self.name, self.total, self.write = name, total, write
         self.every_steps = max(1, int(total * every_fraction))
         self.every_s = every_s
@@ -44,13 +50,18 @@ class PlainProgress:
             return
         self.done += n
         now = time.monotonic()
-        if (self.done - self.printed_at < self.every_steps and now - self.last_time < self.every_s
-                and self.done < self.total):
+        if (
+            self.done - self.printed_at < self.every_steps
+            and now - self.last_time < self.every_s
+            and self.done < self.total
+        ):
             return
         elapsed = now - self.started
         left = elapsed / self.done * (self.total - self.done)
-        self.write(f"{self.name}: {self.done}/{self.total} steps ({100 * self.done / max(self.total, 1):.0f}%), "
-                   f"{elapsed:.0f}s elapsed, ~{left:.0f}s left")
+        self.write(
+            f"{self.name}: {self.done}/{self.total} steps ({100 * self.done / max(self.total, 1):.0f}%), "
+            f"{elapsed:.0f}s elapsed, ~{left:.0f}s left"
+        )
         self.printed_at, self.last_time = self.done, now
 
 
@@ -77,8 +88,7 @@ def evaluation_lines(stage: str, step: int, rows: Iterable[Any], n_items: dict[t
 
 
 def _score(row: Any) -> str:
-    return format_score(row.value, getattr(row, "ci_low", None), getattr(row, "ci_high", None),
-                        getattr(row, "n", None))
+    return format_score(row.value, getattr(row, "ci_low", None), getattr(row, "ci_high", None), getattr(row, "n", None))
 
 
 def choice_lines(stage: str, step: int, rows: Iterable[Any]) -> list[str]:
@@ -90,8 +100,11 @@ def choice_lines(stage: str, step: int, rows: Iterable[Any]) -> list[str]:
             found.setdefault(row.split, {}).setdefault(row.task, {})[row.metric] = row
     lines = []
     for split, tasks in found.items():
-        cells = [f"{task} {_score(m['choice_auc'])} p={m['choice_auc_p'].value:.2g}, yes {_score(m['choice_yes'])}"
-                 for task, m in tasks.items() if {"choice_auc", "choice_auc_p", "choice_yes"} <= m.keys()]
+        cells = [
+            f"{task} {_score(m['choice_auc'])} p={m['choice_auc_p'].value:.2g}, yes {_score(m['choice_yes'])}"
+            for task, m in tasks.items()
+            if {"choice_auc", "choice_auc_p", "choice_yes"} <= m.keys()
+        ]
         if cells:
             lines.append(f"choice {stage}@{step} {split} (auc of P(yes), yes share): " + " · ".join(cells))
     return lines
@@ -99,8 +112,11 @@ def choice_lines(stage: str, step: int, rows: Iterable[Any]) -> list[str]:
 
 def benchmark_lines(stage: str, step: int, rows: Iterable[Any]) -> list[str]:
     """One line with every benchmark metric of the evaluation (``eval.benchmarks``), intervals and n."""
-    cells = [f"{row.task[len(BENCH_TASK_PREFIX):]} {row.metric} {_score(row)}" for row in rows
-             if is_benchmark_task(row.task)]
+    cells = [
+        f"{row.task[len(BENCH_TASK_PREFIX) :]} {row.metric} {_score(row)}"
+        for row in rows
+        if is_benchmark_task(row.task)
+    ]
     return [f"bench {stage}@{step}: " + " · ".join(cells)] if cells else []
 
 
@@ -113,8 +129,9 @@ class Console:
         if self.enabled:
             self.rich.print(message, markup=False, soft_wrap=True)
 
-    def evaluation_hook(self, items: Iterable[Any], then: Optional[Callable[[str, int, list], None]] = None
-                        ) -> Callable[[str, int, list], None]:
+    def evaluation_hook(
+        self, items: Iterable[Any], then: Optional[Callable[[str, int, list], None]] = None
+    ) -> Callable[[str, int, list], None]:
         """An ``on_evaluation(stage, step, rows)`` callback that prints :func:`evaluation_lines` (item counts from
         the eval ``items``), then calls ``then``."""
         n_items = Counter((item.task, item.split) for item in items)
@@ -136,8 +153,15 @@ class Console:
         if not self.rich.is_terminal:
             yield PlainProgress(name, total, self.info)
             return
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), TimeRemainingColumn(), console=self.rich, transient=False) as bar:
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.rich,
+            transient=False,
+        ) as bar:
             task = bar.add_task(name, total=total)
             yield lambda n=1: bar.advance(task, n)
 
@@ -150,8 +174,13 @@ class Console:
         console = self
 
         def make(name: str, total: int) -> Callable[[int], None]:
-            bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                           TimeElapsedColumn(), console=console.rich)
+            bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console.rich,
+            )
             task = bar.add_task(name, total=total)
             bar.start()
 
@@ -180,8 +209,10 @@ class Console:
                     values = st["metrics"].get(split, {}).get(task, {})
                     cis = st.get("intervals", {}).get(split, {}).get(task, {})
                     n = next((c["n"] for c in cis.values()), None)
-                    cells = [format_score(values.get(m), cis.get(m, {}).get("ci_low"), cis.get(m, {}).get("ci_high"))
-                             for m in TABLE_METRICS]
+                    cells = [
+                        format_score(values.get(m), cis.get(m, {}).get("ci_low"), cis.get(m, {}).get("ci_high"))
+                        for m in TABLE_METRICS
+                    ]
                     table.add_row(task if i == 0 else "", st["name"], "-" if n is None else str(n), *cells)
             self._print_table(table)
         events = summary.get("seesaw_events", [])
@@ -193,8 +224,11 @@ class Console:
         else:
             self.rich.print(f"no seesaw events{_rule(summary)}", markup=False, soft_wrap=True)
         timing = summary["timing"]
-        self.rich.print(f"done in {timing['total_s']:.1f}s (evaluation {100 * timing['eval_share']:.0f}%) → "
-                        f"{summary['run_dir']}", markup=False, soft_wrap=True)
+        self.rich.print(
+            f"done in {timing['total_s']:.1f}s (evaluation {100 * timing['eval_share']:.0f}%) → {summary['run_dir']}",
+            markup=False,
+            soft_wrap=True,
+        )
 
     def _print_table(self, table: Table) -> None:
         """A table as wide as the terminal allows; in a log (stderr not a terminal) at its natural width, however
@@ -204,8 +238,13 @@ class Console:
             self.rich.print(table)
             return
         natural = Measurement.get(self.rich, self.rich.options.update_width(1 << 16), table).maximum
-        wide = RichConsole(file=self.rich.file, width=max(natural, self.rich.width), highlight=False,
-                           color_system=None, force_terminal=False)
+        wide = RichConsole(
+            file=self.rich.file,
+            width=max(natural, self.rich.width),
+            highlight=False,
+            color_system=None,
+            force_terminal=False,
+        )
         wide.print(table)
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from harness.config import Experiment
-from harness.evaluation import EVAL_METRICS, hijack_token_ids, run_evaluation
-from harness.evaluation.evidence import outcome_rows
 from harness.core.jsonl import append_jsonl, read_jsonl
 from harness.core.metrics import is_benchmark_task
 from harness.core.store import Row, atomic_write_text
+from harness.evaluation import EVAL_METRICS, hijack_token_ids, run_evaluation
+from harness.evaluation.evidence import outcome_rows
 
 
 @dataclass
@@ -57,8 +57,9 @@ class EvalLog:
 
     def run(self, model, stage: str, step: int) -> None:
         started = time.perf_counter()
-        result = run_evaluation(model, self.tokenizer, self.items, self.recipes, self.exp.eval, self.hijack_ids,
-                                shard=self.shard)
+        result = run_evaluation(
+            model, self.tokenizer, self.items, self.recipes, self.exp.eval, self.hijack_ids, shard=self.shard
+        )
         metrics, samples = list(result.metrics), list(result.samples)
         if self.image_eval is not None:  # image tasks: greedy with their images and the image_use probe
             image_rows, image_samples = self.image_eval(model)
@@ -96,8 +97,10 @@ class EvalLog:
             return
         step = self.history[-1].step
         last = [r for r in self.history if r.step == step and r.stage == self.history[-1].stage]
-        self._record([Row(stage, r.step, r.task, r.split, r.metric, r.value, r.text, r.n, r.ci_low, r.ci_high)
-                      for r in last], step)
+        self._record(
+            [Row(stage, r.step, r.task, r.split, r.metric, r.value, r.text, r.n, r.ci_low, r.ci_high) for r in last],
+            step,
+        )
         self.outcomes.extend(_relabelled(self.outcomes, step, stage))
 
     def _record(self, rows: list[Row], step: int) -> None:
@@ -117,8 +120,9 @@ class EvalLog:
             per_key[key] = per_key.get(key, 0) + 1
             top5 = " ".join(f"{t['token']!r}:{t['prob']:.2f}" for t in s.get("top5", []))
             data.append([s["task"], s["split"], s["prompt"], s["gold"], s.get("pred"), s.get("correct"), top5])
-        self.tracker.log_table("samples", ["task", "split", "prompt", "gold", "pred", "correct", "top5_first"],
-                               data, step)
+        self.tracker.log_table(
+            "samples", ["task", "split", "prompt", "gold", "pred", "correct", "top5_first"], data, step
+        )
         top1 = [[task, split, tok, count] for (task, split), pairs in result.top1.items() for tok, count in pairs]
         self.tracker.log_table("ft_top1", ["task", "split", "token", "count"], top1, step)
 
@@ -140,19 +144,25 @@ class EvalLog:
         out: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
         for r in rows:
             if r.step == max(x.step for x in rows) and r.n is not None:
-                out.setdefault(r.split, {}).setdefault(r.task, {})[r.metric] = {"n": r.n, "ci_low": r.ci_low,
-                                                                               "ci_high": r.ci_high}
+                out.setdefault(r.split, {}).setdefault(r.task, {})[r.metric] = {
+                    "n": r.n,
+                    "ci_low": r.ci_low,
+                    "ci_high": r.ci_high,
+                }
         return out
 
     def history_dicts(self) -> list[dict[str, Any]]:
-        return [{"stage": r.stage, "step": r.step, "task": r.task, "split": r.split, "metric": r.metric,
-                 "value": r.value} for r in self.history]
+        return [
+            {"stage": r.stage, "step": r.step, "task": r.task, "split": r.split, "metric": r.metric, "value": r.value}
+            for r in self.history
+        ]
 
 
 def _is_eval_row(row: Row) -> bool:
     """Rows written by evaluations (the others are training metrics, compositions and seesaw events)."""
-    return row.task is not None and (row.metric in EVAL_METRICS or row.metric.startswith("img_")
-                                     or is_benchmark_task(row.task))
+    return row.task is not None and (
+        row.metric in EVAL_METRICS or row.metric.startswith("img_") or is_benchmark_task(row.task)
+    )
 
 
 def _relabelled(outcomes: list[dict], step: int, stage: str) -> list[dict]:
@@ -200,8 +210,9 @@ def make_benchmarks(exp: Experiment, world: Any, tokenizer: Any, run_dir: Path, 
     edges = {0}
     for steps in stage_steps:
         edges.add(max(edges) + steps)
-    benchmarks = Benchmarks(exp.eval.benchmarks, include, tokenizer, batch_size=exp.eval.batch_size,
-                            stage_edges=frozenset(edges))
+    benchmarks = Benchmarks(
+        exp.eval.benchmarks, include, tokenizer, batch_size=exp.eval.batch_size, stage_edges=frozenset(edges)
+    )
     unknown = benchmarks.unknown()
     if unknown:
         raise ConfigError(exp.name, [(f"eval.benchmarks[{i}].task", m) for i, m in unknown])

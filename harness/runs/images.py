@@ -37,8 +37,12 @@ def load_vision_base(exp, data, console=None) -> tuple[Any, Any, list[int], dict
     model, processor = build_llava_tiny(tokenizer, exp.seed, spec.text or DEFAULT_TEXT, spec.config, spec.vision)
     copy_text_weights(text_model, model)
     register_processor(tokenizer, processor)
-    info = {"source": f"{VISION_BUILTIN} ({spec.text or DEFAULT_TEXT})", "cache_hit": base.cache_hit,
-            "cache_dir": str(base.cache_dir) if base.cache_dir else None, "pretrain_final_loss": base.final_loss}
+    info = {
+        "source": f"{VISION_BUILTIN} ({spec.text or DEFAULT_TEXT})",
+        "cache_hit": base.cache_hit,
+        "cache_dir": str(base.cache_dir) if base.cache_dir else None,
+        "pretrain_final_loss": base.final_loss,
+    }
     return model, tokenizer, builtin_added_token_ids(tokenizer), info
 
 
@@ -50,13 +54,12 @@ def untrained_vision_base(exp, data) -> tuple[Any, Any, list[int], str]:
         model, tokenizer, added, _ = load_vision_base(exp, data)
         return model, tokenizer, added, f"model.hf {spec.hf} (image-text)"
     all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
-    tokenizer = train_tokenizer(tokenizer_texts(data.corpus, all_train), spec.tokenizer.vocab_size,
-                                spec.tokenizer.min_frequency)
+    tokenizer = train_tokenizer(
+        tokenizer_texts(data.corpus, all_train), spec.tokenizer.vocab_size, spec.tokenizer.min_frequency
+    )
     model, processor = build_llava_tiny(tokenizer, exp.seed, spec.text or DEFAULT_TEXT, spec.config, spec.vision)
     register_processor(tokenizer, processor)
     source = f"builtin {VISION_BUILTIN} ({spec.text or DEFAULT_TEXT})"
     if spec.pretrain is not None:
         source += " (untrained: text pretraining not run)"
     return model, tokenizer, builtin_added_token_ids(tokenizer), source
-
-

@@ -28,8 +28,9 @@ from harness.training.packing import PackingError, check_packing
 log = logging.getLogger(__name__)
 
 
-def stage_batches(plan: StagePlan, model, tasks: list[str], pad_id: int, step: int,
-                  record: Optional[Callable[[list[Row], int], None]]) -> list:
+def stage_batches(
+    plan: StagePlan, model, tasks: list[str], pad_id: int, step: int, record: Optional[Callable[[list[Row], int], None]]
+) -> list:
     """The batches stage ``plan`` trains on; the check's rows go to ``record(rows, step)`` (the tracker's log;
     None: a resumed stage, whose rows were recorded when it began), the decision's warning to the log."""
     stage = plan.stage
@@ -61,8 +62,10 @@ def stage_batches(plan: StagePlan, model, tasks: list[str], pad_id: int, step: i
     if result.exact:
         return packed
     if setting is True:
-        raise PackingError(f"stage {stage.name!r}: train.packing: true, but {result.why()}; set train.packing "
-                           "to auto (pads instead) or false")
+        raise PackingError(
+            f"stage {stage.name!r}: train.packing: true, but {result.why()}; set train.packing "
+            "to auto (pads instead) or false"
+        )
     log.warning("stage %r: %s; training on padded batches (train.packing: auto)", stage.name, result.why())
     return plan.batches
 
@@ -81,7 +84,9 @@ def layouts(model, compiled: bool = False) -> list[tuple[bool, Optional[int]]]:
 
 
 def _rows(stage: str, step: int, result: Any, varlen: bool) -> list[Row]:
-    return [Row(stage, step, None, "train", "packing_max_rel_diff", result.max_rel_diff),
-            Row(stage, step, None, "train", "packing_tolerance", result.tolerance),
-            Row(stage, step, None, "train", "packed", float(result.exact)),
-            Row(stage, step, None, "train", "packing_varlen", float(result.exact and varlen))]
+    return [
+        Row(stage, step, None, "train", "packing_max_rel_diff", result.max_rel_diff),
+        Row(stage, step, None, "train", "packing_tolerance", result.tolerance),
+        Row(stage, step, None, "train", "packed", float(result.exact)),
+        Row(stage, step, None, "train", "packing_varlen", float(result.exact and varlen)),
+    ]

@@ -16,20 +16,19 @@ import transformers
 from jinja2.exceptions import TemplateError
 
 from data_recipes import build_world, corpus, get_recipe
-
 from harness.config import Experiment, ResolvedStage, task_seed
 from harness.data.batches import collate, length_grouped_batches
 from harness.data.encoding import encode_examples, eval_items, fit_eval_items
+from harness.data.images import collate_mixed, encode_image_examples
+from harness.data.special_text import apply_special_token_policy
 from harness.data.steering.stream import AdaptiveStream
 from harness.data.stream import mixture_stream
 from harness.evaluation.lengths import default_max_new_tokens, needed_new_tokens, too_short_errors
 from harness.models.builtin import builtin_added_token_ids
 from harness.models.hf import load_hf
-from harness.runs.pretrain import builtin_base, content_hash
-from harness.data.special_text import apply_special_token_policy
-from harness.data.images import collate_mixed, encode_image_examples
-from harness.runs.images import load_vision_base
 from harness.models.image_text import is_image_model, processor_for
+from harness.runs.images import load_vision_base
+from harness.runs.pretrain import builtin_base, content_hash
 
 
 class DataError(Exception):
@@ -63,8 +62,12 @@ def build_task_data(exp: Experiment) -> TaskData:
         if spec.system is not None:
             splits[name] = with_system(name, splits[name], spec.system)
         recipes[name] = recipe
-    return TaskData(recipes, splits, corpus(world, exp.world.seed, docs_per_person=exp.world.docs_per_person,
-                                            permute=exp.world.permute), world)
+    return TaskData(
+        recipes,
+        splits,
+        corpus(world, exp.world.seed, docs_per_person=exp.world.docs_per_person, permute=exp.world.permute),
+        world,
+    )
 
 
 def with_system(task: str, splits: dict[str, list], text: str) -> dict[str, list]:
@@ -72,12 +75,13 @@ def with_system(task: str, splits: dict[str, list], text: str) -> dict[str, list
     try:
         return {split: [ex.with_system(text) for ex in examples] for split, examples in splits.items()}
     except ValueError:
-        raise DataError(f"tasks.{task}.system: the recipe's examples already carry a system turn (a data file's "
-                        "system column?); set one or the other") from None
+        raise DataError(
+            f"tasks.{task}.system: the recipe's examples already carry a system turn (a data file's "
+            "system column?); set one or the other"
+        ) from None
 
 
-def after_progress(on_progress: Optional[Callable[[], None]],
-                   then: Optional[Callable[..., Any]]) -> Optional[Callable]:
+def after_progress(on_progress: Optional[Callable[[], None]], then: Optional[Callable[..., Any]]) -> Optional[Callable]:
     """``then`` (an ``on_evaluation`` or a progress bar's ``advance``) preceded by ``on_progress()`` (a sweep
     trial's heartbeat); ``then`` itself when there is no ``on_progress``."""
     if on_progress is None:
@@ -90,8 +94,9 @@ def after_progress(on_progress: Optional[Callable[[], None]],
     return call
 
 
-def load_base(exp: Experiment, data: TaskData, console=None,
-              on_progress: Optional[Callable[[], None]] = None) -> tuple[Any, Any, list[int], dict[str, Any]]:
+def load_base(
+    exp: Experiment, data: TaskData, console=None, on_progress: Optional[Callable[[], None]] = None
+) -> tuple[Any, Any, list[int], dict[str, Any]]:
     """The base model (on the GPU when there is one) and tokenizer — a hub/local model, or a builtin one,
     pretrained and cached — the ids of the tokens the harness added to it, and facts about where it came from.
     ``on_progress()`` is called after every pretraining step."""
@@ -112,10 +117,17 @@ def load_base(exp: Experiment, data: TaskData, console=None,
         model, tokenizer, base = builtin_base(exp.model, data.corpus, all_train, exp.seed, progress)
         added = builtin_added_token_ids(tokenizer)
         if exp.model.pretrain is not None and console is not None:
-            console.info("base model: " + ("cache hit" if base.cache_hit else f"pretrained (loss {base.final_loss:.3f})")
-                         + f" ({base.cache_dir})")
-        info = {"source": exp.model.builtin, "cache_hit": base.cache_hit,
-                "cache_dir": str(base.cache_dir) if base.cache_dir else None, "pretrain_final_loss": base.final_loss}
+            console.info(
+                "base model: "
+                + ("cache hit" if base.cache_hit else f"pretrained (loss {base.final_loss:.3f})")
+                + f" ({base.cache_dir})"
+            )
+        info = {
+            "source": exp.model.builtin,
+            "cache_hit": base.cache_hit,
+            "cache_dir": str(base.cache_dir) if base.cache_dir else None,
+            "pretrain_final_loss": base.final_loss,
+        }
     if torch.cuda.is_available():
         model = model.to("cuda")
     return model, tokenizer, added, info
@@ -157,8 +169,10 @@ class EncodedData:
         if self.empty_splits:
             lines.append("evaluation skips empty splits: " + ", ".join(f"{t}/{s}" for t, s in self.empty_splits))
         if self.too_long:
-            lines.append("evaluation dropped items too long for the model (data.too_long: drop): "
-                         + ", ".join(f"{t}/{s} {n}" for (t, s), n in sorted(self.too_long.items())))
+            lines.append(
+                "evaluation dropped items too long for the model (data.too_long: drop): "
+                + ", ".join(f"{t}/{s} {n}" for (t, s), n in sorted(self.too_long.items()))
+            )
         return lines
 
     def too_long_counts(self) -> dict[str, int]:
@@ -196,16 +210,25 @@ def encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: 
         for enc in pool:  # shared with later runs: writing into them would change those runs' data
             enc.input_ids.setflags(write=False)
             enc.labels.setflags(write=False)
-    _last_encoding[key] = ({name: {split: list(examples) for split, examples in task_splits.items()}
-                            for name, task_splits in data.splits.items()}, encoded)
+    _last_encoding[key] = (
+        {
+            name: {split: list(examples) for split, examples in task_splits.items()}
+            for name, task_splits in data.splits.items()
+        },
+        encoded,
+    )
     return _fresh_lists(encoded)
 
 
 def _fresh_lists(encoded: EncodedData) -> EncodedData:
     """``encoded`` with containers of its own (the items and arrays inside are shared, and not to be changed)."""
-    return replace(encoded, train={task: list(pool) for task, pool in encoded.train.items()},
-                   eval_items=list(encoded.eval_items), empty_splits=list(encoded.empty_splits),
-                   too_long=dict(encoded.too_long))
+    return replace(
+        encoded,
+        train={task: list(pool) for task, pool in encoded.train.items()},
+        eval_items=list(encoded.eval_items),
+        empty_splits=list(encoded.empty_splits),
+        too_long=dict(encoded.too_long),
+    )
 
 
 def _encoding_key(exp: Experiment, data: TaskData, tokenizer, max_positions: Optional[int]) -> Optional[str]:
@@ -218,12 +241,22 @@ def _encoding_key(exp: Experiment, data: TaskData, tokenizer, max_positions: Opt
     if backend is None or any(recipe.has_images for recipe in data.recipes.values()):
         return None
     resolved = exp.resolved_dict()
-    facts = {"data": task_data_hash(data.splits, data.corpus),
-             "recipes": {name: type(recipe).__qualname__ for name, recipe in data.recipes.items()},
-             "tokenizer": [type(tokenizer).__qualname__, backend.to_str(), tokenizer.chat_template,
-                           tokenizer.special_tokens_map, len(tokenizer)],
-             "settings": {k: resolved[k] for k in ("data", "eval", "tasks")}, "seed": exp.seed,
-             "data_seed": exp.data_seed, "max_length": exp.train.max_length, "max_positions": max_positions}
+    facts = {
+        "data": task_data_hash(data.splits, data.corpus),
+        "recipes": {name: type(recipe).__qualname__ for name, recipe in data.recipes.items()},
+        "tokenizer": [
+            type(tokenizer).__qualname__,
+            backend.to_str(),
+            tokenizer.chat_template,
+            tokenizer.special_tokens_map,
+            len(tokenizer),
+        ],
+        "settings": {k: resolved[k] for k in ("data", "eval", "tasks")},
+        "seed": exp.seed,
+        "data_seed": exp.data_seed,
+        "max_length": exp.train.max_length,
+        "max_positions": max_positions,
+    }
     return content_hash(facts)
 
 
@@ -234,16 +267,20 @@ def _encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions:
     for name, splits in data.splits.items():
         if data.recipes[name].has_images:  # image tasks are evaluated by harness.runs.images.ImageEval
             if processor is None:
-                raise DataError(f"tasks.{name}: its examples have images but the model is text-only "
-                                "(model.builtin: llava-tiny, or an image-text model.hf)")
+                raise DataError(
+                    f"tasks.{name}: its examples have images but the model is text-only "
+                    "(model.builtin: llava-tiny, or an image-text model.hf)"
+                )
             train[name] = encode_image_examples(processor, splits["train"])
         else:
             with _template_refusal(name):
                 train[name] = encode_examples(tokenizer, splits["train"])
         for index, (ex, enc) in enumerate(zip(splits["train"], train[name])):
             if enc.n_supervised <= 1:  # only the end-of-turn token: the answer tokenised to nothing
-                raise DataError(f"tasks.{name}: training example {index} has an answer that tokenises to nothing "
-                                f"(prompt {ex.prompt[:60]!r})")
+                raise DataError(
+                    f"tasks.{name}: training example {index} has an answer that tokenises to nothing "
+                    f"(prompt {ex.prompt[:60]!r})"
+                )
     items, empty = [], []
     for name, splits in data.splits.items():
         if data.recipes[name].has_images:
@@ -285,8 +322,9 @@ def _check_special_token_text(exp: Experiment, data: TaskData, tokenizer) -> Non
     for name, splits in data.splits.items():
         for split, examples in splits.items():
             try:
-                splits[split] = apply_special_token_policy(examples, tokenizer, exp.data.special_tokens_in_text,
-                                                           name, split)
+                splits[split] = apply_special_token_policy(
+                    examples, tokenizer, exp.data.special_tokens_in_text, name, split
+                )
             except ValueError as e:
                 raise DataError(f"tasks.{name}: {e}") from None
 
@@ -300,8 +338,10 @@ def _fit_eval(exp: Experiment, items: list, max_positions: Optional[int]) -> tup
     if dropped and exp.data.too_long == "error":
         (task, split), n = next(iter(dropped.items()))
         bound = f"max_length={limit}" if limit == exp.train.max_length else f"the model's {limit} positions"
-        raise DataError(f"tasks.{task}: {n} {split} evaluation items (prompt plus answer) are longer than {bound} "
-                        "(data.too_long: error)")
+        raise DataError(
+            f"tasks.{task}: {n} {split} evaluation items (prompt plus answer) are longer than {bound} "
+            "(data.too_long: error)"
+        )
     return kept, dropped
 
 
@@ -324,7 +364,7 @@ class StagePlan:
         if not isinstance(self.batches, list) and not any(c["examples"] for c in self.composition.values()):
             for r in rows:
                 if r.stage == self.stage.name and r.metric.startswith("mix_") and r.task in self.composition:
-                    self.composition[r.task][r.metric[len("mix_"):]] = r.value
+                    self.composition[r.task][r.metric[len("mix_") :]] = r.value
         return self
 
     def token_batches(self) -> Any:
@@ -332,7 +372,7 @@ class StagePlan:
         if isinstance(self.batches, list):
             return self.batches
         pool = self.batches.pool_examples()
-        return [self.batches.collate(pool[i:i + 256]) for i in range(0, len(pool), 256)]
+        return [self.batches.collate(pool[i : i + 256]) for i in range(0, len(pool), 256)]
 
 
 def plan_stage(exp: Experiment, stage: ResolvedStage, index: int, pools: dict[str, list], pad_id: int) -> StagePlan:
@@ -342,11 +382,15 @@ def plan_stage(exp: Experiment, stage: ResolvedStage, index: int, pools: dict[st
         kept[task] = [e for e in pools[task] if e.length <= stage.train.max_length]
         dropped[task] = len(pools[task]) - len(kept[task])
         if dropped[task] and exp.data.too_long == "error":
-            raise DataError(f"stage {stage.name!r}: {dropped[task]} examples of task {task!r} are longer than "
-                            f"max_length={stage.train.max_length} (data.too_long: error)")
+            raise DataError(
+                f"stage {stage.name!r}: {dropped[task]} examples of task {task!r} are longer than "
+                f"max_length={stage.train.max_length} (data.too_long: error)"
+            )
         if not kept[task]:
-            raise DataError(f"stage {stage.name!r}: every example of task {task!r} is longer than "
-                            f"max_length={stage.train.max_length}; its pool is empty")
+            raise DataError(
+                f"stage {stage.name!r}: every example of task {task!r} is longer than "
+                f"max_length={stage.train.max_length}; its pool is empty"
+            )
     rng = np.random.default_rng([exp.seed, index])
     if stage.mixture.kind == "adaptive":
         return _adaptive_plan(exp, stage, kept, dropped, rng, pad_id)
@@ -365,15 +409,28 @@ def plan_stage(exp: Experiment, stage: ResolvedStage, index: int, pools: dict[st
         c["dropped_too_long"] = dropped.get(task, 0)
     if any(getattr(e, "pixel_values", None) is not None for e in examples):
         if stage.train.packing is True:
-            raise DataError(f"stage {stage.name!r}: train.packing: true, but its batches hold images; packed batches "
-                            "are text-only (set train.packing to auto, which pads image batches, or false)")
-        return StagePlan(stage, [collate_mixed(b, pad_id, exp.debug.drop_images) for b in grouped], composition,
-                         grouped, has_images=True)
+            raise DataError(
+                f"stage {stage.name!r}: train.packing: true, but its batches hold images; packed batches "
+                "are text-only (set train.packing to auto, which pads image batches, or false)"
+            )
+        return StagePlan(
+            stage,
+            [collate_mixed(b, pad_id, exp.debug.drop_images) for b in grouped],
+            composition,
+            grouped,
+            has_images=True,
+        )
     return StagePlan(stage, [collate(b, pad_id) for b in grouped], composition, grouped)
 
 
-def _adaptive_plan(exp: Experiment, stage: ResolvedStage, kept: dict[str, list], dropped: dict[str, int],
-                   rng: np.random.Generator, pad_id: int) -> StagePlan:
+def _adaptive_plan(
+    exp: Experiment,
+    stage: ResolvedStage,
+    kept: dict[str, list],
+    dropped: dict[str, int],
+    rng: np.random.Generator,
+    pad_id: int,
+) -> StagePlan:
     """An adaptive stage's plan: a stream that draws each step's batch from the controller's current weights."""
     images = any(getattr(e, "pixel_values", None) is not None for pool in kept.values() for e in pool)
 
@@ -381,11 +438,14 @@ def _adaptive_plan(exp: Experiment, stage: ResolvedStage, kept: dict[str, list],
         return collate_mixed(examples, pad_id, exp.debug.drop_images) if images else collate(examples, pad_id)
 
     if stage.train.packing is True:
-        raise DataError(f"stage {stage.name!r}: train.packing: true, but an adaptive mixture draws its batches as the "
-                        "stage trains and they are padded (set train.packing to auto or false)")
+        raise DataError(
+            f"stage {stage.name!r}: train.packing: true, but an adaptive mixture draws its batches as the "
+            "stage trains and they are padded (set train.packing to auto or false)"
+        )
     spec = stage.mixture.adaptive
-    stream = AdaptiveStream(spec, kept, stage.steps, stage.train.batch_size, rng, collate_batch, dropped,
-                            reference_losses(spec, stage.name))
+    stream = AdaptiveStream(
+        spec, kept, stage.steps, stage.train.batch_size, rng, collate_batch, dropped, reference_losses(spec, stage.name)
+    )
     return StagePlan(stage, stream, stream.composition)
 
 

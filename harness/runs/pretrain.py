@@ -17,9 +17,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from harness.training.checkpoint import save_hf_checkpoint
 from harness.config import ModelSpec, OptimSpec, PretrainSpec
 from harness.models.tokenizer import ENDOFTEXT, train_tokenizer
+from harness.training.checkpoint import save_hf_checkpoint
 
 CACHE_VERSION = "1"
 
@@ -68,16 +68,22 @@ def _packed_batches(tokenizer, corpus: list[str], spec: PretrainSpec, seed: int)
     batches = []
     for _ in range(spec.steps):
         starts = rng.integers(0, len(stream) - length - 1, size=spec.batch_size)
-        window = np.stack([stream[s:s + length + 1] for s in starts])
+        window = np.stack([stream[s : s + length + 1] for s in starts])
         ids = torch.from_numpy(window[:, :-1].copy())
         labels = torch.from_numpy(window[:, 1:].copy())
-        batches.append(Batch(ids, torch.ones_like(ids), labels, ["pretrain"] * spec.batch_size,
-                             ids.numel(), ids.numel()))
+        batches.append(
+            Batch(ids, torch.ones_like(ids), labels, ["pretrain"] * spec.batch_size, ids.numel(), ids.numel())
+        )
     return batches
 
 
-def builtin_base(spec: ModelSpec, corpus: list[str], train_examples: list, seed: int,
-                 progress: Optional[Callable[[str, int], Callable[[int], None]]] = None):
+def builtin_base(
+    spec: ModelSpec,
+    corpus: list[str],
+    train_examples: list,
+    seed: int,
+    progress: Optional[Callable[[str, int], Callable[[int], None]]] = None,
+):
     """(model, tokenizer, info) for a builtin architecture, pretrained and cached when ``spec.pretrain`` is set."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -85,19 +91,22 @@ def builtin_base(spec: ModelSpec, corpus: list[str], train_examples: list, seed:
     from harness.models.builtin import build_builtin, builtin_config
     from harness.training.loop import StageLoop, train_stage
 
-    tokenizer = train_tokenizer(tokenizer_texts(corpus, train_examples), spec.tokenizer.vocab_size,
-                                spec.tokenizer.min_frequency)
+    tokenizer = train_tokenizer(
+        tokenizer_texts(corpus, train_examples), spec.tokenizer.vocab_size, spec.tokenizer.min_frequency
+    )
     if spec.pretrain is None:
         return build_builtin(spec, tokenizer, seed), tokenizer, BaseModelInfo(None, False, None)
 
-    key = content_hash({
-        "version": CACHE_VERSION,
-        "tokenizer": tokenizer.backend_tokenizer.to_str(),
-        "config": builtin_config(spec, tokenizer).to_dict(),
-        "pretrain": spec.pretrain.model_dump(),
-        "corpus": hashlib.sha256("\x00".join(corpus).encode()).hexdigest(),
-        "seed": seed,
-    })
+    key = content_hash(
+        {
+            "version": CACHE_VERSION,
+            "tokenizer": tokenizer.backend_tokenizer.to_str(),
+            "config": builtin_config(spec, tokenizer).to_dict(),
+            "pretrain": spec.pretrain.model_dump(),
+            "corpus": hashlib.sha256("\x00".join(corpus).encode()).hexdigest(),
+            "seed": seed,
+        }
+    )
     cache_dir = cache_root() / "base" / key[:20]
     if (cache_dir / "meta.json").exists():
         meta = json.loads((cache_dir / "meta.json").read_text())
@@ -114,11 +123,21 @@ def builtin_base(spec: ModelSpec, corpus: list[str], train_examples: list, seed:
     def log(rows, step):
         losses.extend(r.value for r in rows if r.task is None and r.metric == "loss")
 
-    train_stage(model, batches, StageLoop(
-        stage="pretrain", start_step=0, optim=OptimSpec(lr=pre.lr, warmup=pre.warmup, weight_decay=pre.weight_decay),
-        tasks=["pretrain"], log=log, evaluate=lambda step: None, log_every=max(1, pre.steps // 10),
-        diagnostics=False, progress=progress("pretrain", pre.steps) if progress else None,
-    ))
+    train_stage(
+        model,
+        batches,
+        StageLoop(
+            stage="pretrain",
+            start_step=0,
+            optim=OptimSpec(lr=pre.lr, warmup=pre.warmup, weight_decay=pre.weight_decay),
+            tasks=["pretrain"],
+            log=log,
+            evaluate=lambda step: None,
+            log_every=max(1, pre.steps // 10),
+            diagnostics=False,
+            progress=progress("pretrain", pre.steps) if progress else None,
+        ),
+    )
     model.eval()
     save_hf_checkpoint(cache_dir, model, tokenizer, {"final_loss": losses[-1] if losses else None, "key": key})
     return model, tokenizer, BaseModelInfo(cache_dir, False, losses[-1] if losses else None)

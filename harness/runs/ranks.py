@@ -41,8 +41,16 @@ def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
             skip = True
         elif not a.startswith("--nproc="):
             args.append(a)
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "harness", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "harness",
+        *args,
+    ]
 
 
 def launched_by_torchrun() -> bool:
@@ -64,14 +72,20 @@ def launch(nproc: int, argv: list[str]) -> int:
         run(parse_args(torchrun_command(nproc, argv)[3:]))
         return 0
     except SignalException as e:  # Ctrl-C / SIGTERM to the launcher: torchrun has stopped the ranks
-        print(f"error: stopped by {signal.Signals(e.sigval).name} (torchrun stopped the {nproc} ranks)",
-              file=sys.stderr, flush=True)
+        print(
+            f"error: stopped by {signal.Signals(e.sigval).name} (torchrun stopped the {nproc} ranks)",
+            file=sys.stderr,
+            flush=True,
+        )
         return 128 + int(e.sigval)
     except ChildFailedError as e:
         rank, code = _first_failure(e.failures)
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-        print(f"error: rank {rank} of {nproc} {how} (the first rank to fail; torchrun stopped any other still "
-              "running)", file=sys.stderr, flush=True)
+        print(
+            f"error: rank {rank} of {nproc} {how} (the first rank to fail; torchrun stopped any other still running)",
+            file=sys.stderr,
+            flush=True,
+        )
         return 128 - code if code < 0 else code
     finally:
         del os.environ[SCRATCH_ENV]
@@ -87,6 +101,7 @@ def _first_failure(failures: dict) -> tuple[int, int]:
     def order(item):
         rank, failure = item
         return failure.timestamp, failure.exitcode in effects, rank
+
     rank, failure = min(failures.items(), key=order)
     return rank, failure.exitcode
 
@@ -96,8 +111,10 @@ def _scratch_for_resume(run_dir: Path, scratch: Path) -> None:
     samples, config), with symbolic links to the checkpoints it reads. What it writes goes into the scratch copy:
     checkpoint writes replace the links (:func:`harness.training.checkpoint.atomic_directory`), never their targets."""
     if not (run_dir / "checkpoints").is_dir():
-        raise RunDirError(f"--resume: this rank cannot see {run_dir}/checkpoints (ranks on several machines need the "
-                          "run directory on a shared filesystem, or a copy of it on every node)")
+        raise RunDirError(
+            f"--resume: this rank cannot see {run_dir}/checkpoints (ranks on several machines need the "
+            "run directory on a shared filesystem, or a copy of it on every node)"
+        )
     shutil.copytree(run_dir, scratch, ignore=shutil.ignore_patterns("checkpoints", "wandb", ".*"))
     for sub in ("", "resume"):
         source = run_dir / "checkpoints" / sub
@@ -130,8 +147,16 @@ def rank_session(exp, run_dir: Path, resume: bool = False) -> Iterator[tuple[obj
                 _warm_base_model(exp)
             else:
                 scratch = Path(tempfile.mkdtemp(prefix=f"harness-rank{rank}-", dir=os.environ.get(SCRATCH_ENV)))
-                exp = exp.model_copy(update={"tracking": exp.tracking.model_copy(update={
-                    "console": False, "wandb": exp.tracking.wandb.model_copy(update={"mode": "disabled"})})})
+                exp = exp.model_copy(
+                    update={
+                        "tracking": exp.tracking.model_copy(
+                            update={
+                                "console": False,
+                                "wandb": exp.tracking.wandb.model_copy(update={"mode": "disabled"}),
+                            }
+                        )
+                    }
+                )
                 if resume:  # before the barrier: rank 0 starts rewriting its store and samples after it
                     _scratch_for_resume(run_dir, scratch / "run")
                     # this rank's experiment differs in tracking only: the resume's same-experiment check compares it

@@ -27,8 +27,17 @@ from typing import Optional, Union
 LOCK_FILE = ".lock"
 # What a run writes into its directory: ``--force`` deletes exactly these (never a user's other files, so a mistaken
 # ``--out .`` cannot wipe a working directory).
-RUN_OUTPUTS = ("config.resolved.yaml", "run.json", "samples.jsonl", "metrics.parquet", "summary.json",
-               "nonfinite.json", "checkpoints", "wandb", "report")
+RUN_OUTPUTS = (
+    "config.resolved.yaml",
+    "run.json",
+    "samples.jsonl",
+    "metrics.parquet",
+    "summary.json",
+    "nonfinite.json",
+    "checkpoints",
+    "wandb",
+    "report",
+)
 
 
 class RunDirError(Exception):
@@ -113,8 +122,10 @@ class RunDirClaim:
         others = sorted(p.name for p in self.path.iterdir() if p.name != LOCK_FILE)
         if others:
             shown = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
-            raise RunDirError(f"run directory {self.path} is not empty ({shown}); pass --resume to continue the run "
-                              "in it, --force to start over in it, or choose another --out")
+            raise RunDirError(
+                f"run directory {self.path} is not empty ({shown}); pass --resume to continue the run "
+                "in it, --force to start over in it, or choose another --out"
+            )
 
     def release(self) -> None:
         """Drop the lock (the ``.lock`` file stays: removing it would let a third process lock a new inode while a

@@ -21,30 +21,49 @@ import numpy as np
 import torch
 from safetensors.torch import load_model
 
-from harness.training import parallel as distributed
-from harness.training.adapters import drop_adapter, format_trainable_report, merged_state_dict, prepare_stage_model, trainable_report
-from harness.training.special_tokens import stage_special_tokens
-from harness.training.checkpoint import (Start, latest_resume_point, load_state_dict, resume_start, save_resume_point,
-                                save_stage_checkpoint)
-from harness.config import (ConfigError, Experiment, ResolvedStage, TrainableSpec, computing_debug, dump_yaml,
-                            safe_load)
-from harness.runs.console import Console
-from harness.data.encoding import position_limit
-from harness.runs.evallog import EvalLog, make_benchmarks
-from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_baselines, run_seesaw, seesaw_rows
-from harness.training.guard import Injector, NonFiniteError, write_report
-from harness.models.hf import count_parameters
-from harness.runs.prepare import (DataError, StagePlan, after_progress, build_task_data, encode_task_data, load_base,
-                             plan_stage, undertrained_tokens)
-from harness.runs.packing import stage_batches
-from harness.runs.stage_cache import StageCache
-from harness.runs.rundir import claim_run_dir, clear_run_outputs, unique_run_name
+from harness.config import ConfigError, Experiment, ResolvedStage, TrainableSpec, computing_debug, dump_yaml, safe_load
 from harness.core.store import Row, atomic_write_text
-from harness.runs.tracking import Tracker
-from harness.training.loop import LoopState, StageLoop, train_stage
-from harness.models.undertrained import flagged_summary, row_fate, warning_line
+from harness.data.encoding import position_limit
+from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_baselines, run_seesaw, seesaw_rows
 from harness.evaluation.image_use import image_eval
+from harness.models.hf import count_parameters
 from harness.models.image_text import processor_for
+from harness.models.undertrained import flagged_summary, row_fate, warning_line
+from harness.runs.console import Console
+from harness.runs.evallog import EvalLog, make_benchmarks
+from harness.runs.packing import stage_batches
+from harness.runs.prepare import (
+    DataError,
+    StagePlan,
+    after_progress,
+    build_task_data,
+    encode_task_data,
+    load_base,
+    plan_stage,
+    undertrained_tokens,
+)
+from harness.runs.rundir import claim_run_dir, clear_run_outputs, unique_run_name
+from harness.runs.stage_cache import StageCache
+from harness.runs.tracking import Tracker
+from harness.training import parallel as distributed
+from harness.training.adapters import (
+    drop_adapter,
+    format_trainable_report,
+    merged_state_dict,
+    prepare_stage_model,
+    trainable_report,
+)
+from harness.training.checkpoint import (
+    Start,
+    latest_resume_point,
+    load_state_dict,
+    resume_start,
+    save_resume_point,
+    save_stage_checkpoint,
+)
+from harness.training.guard import Injector, NonFiniteError, write_report
+from harness.training.loop import LoopState, StageLoop, train_stage
+from harness.training.special_tokens import stage_special_tokens
 
 
 def new_run_id(exp: Experiment) -> str:
@@ -61,10 +80,15 @@ class RunResult:
     summary: dict[str, Any]
 
 
-def run_experiment(exp: Experiment, run_dir: Path, console=None,
-                   on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None,
-                   resume: bool = False, force: bool = False,
-                   on_progress: Optional[Callable[[], None]] = None) -> RunResult:
+def run_experiment(
+    exp: Experiment,
+    run_dir: Path,
+    console=None,
+    on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None,
+    resume: bool = False,
+    force: bool = False,
+    on_progress: Optional[Callable[[], None]] = None,
+) -> RunResult:
     """Train and evaluate ``exp`` into ``run_dir``; returns the summary (also written to ``summary.json``).
 
     ``on_progress()`` is called after every training step and every evaluation (a sweep trial's heartbeat: a run
@@ -78,8 +102,7 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
         if force and not resume:
             clear_run_outputs(run_dir)
         try:
-            return _run_claimed(exp, run_dir, console, after_progress(on_progress, on_evaluation), resume,
-                                on_progress)
+            return _run_claimed(exp, run_dir, console, after_progress(on_progress, on_evaluation), resume, on_progress)
         except DataError:
             # Task data is checked before any training: a new run that stops there has written only its config
             # and run.json, which would make the corrected rerun on the same --out refuse a "used" directory.
@@ -88,9 +111,14 @@ def run_experiment(exp: Experiment, run_dir: Path, console=None,
             raise
 
 
-def _run_claimed(exp: Experiment, run_dir: Path, console,
-                 on_evaluation: Optional[Callable[[str, int, list[Row]], None]], resume: bool,
-                 on_progress: Optional[Callable[[], None]] = None) -> RunResult:
+def _run_claimed(
+    exp: Experiment,
+    run_dir: Path,
+    console,
+    on_evaluation: Optional[Callable[[str, int, list[Row]], None]],
+    resume: bool,
+    on_progress: Optional[Callable[[], None]] = None,
+) -> RunResult:
     """The body of :func:`run_experiment`, in a directory this process holds.
 
     ``on_evaluation(stage, step, rows)`` is called after every evaluation (sweeps report to their pruner there);
@@ -126,17 +154,42 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     tracker = Tracker(exp, run_dir, run_id, exp.resolved_dict(), resume_filter=start.keep)
     baselines = log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stages[0].name)
     cache.replay(tracker, run_dir / "samples.jsonl", on_evaluation)  # after the baselines: the order of a whole run
-    evals = EvalLog(exp, encoded.eval_items, data.recipes, tokenizer, tracker, run_dir / "samples.jsonl",
-                    console.evaluation_hook(encoded.eval_items, on_evaluation), resume_filter=start.keep,
-                    run_id=run_id, image_eval=image_eval(exp, data, tokenizer), shard=distributed.current(),
-                    benchmarks=make_benchmarks(exp, data.world, tokenizer, run_dir, [len(p.batches) for p in plans]))
-    run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, added, tracker, evals, _init_states(
-        model, stages, start.stage_index, run_dir), baselines, undertrained, encoded.too_long_counts())
+    evals = EvalLog(
+        exp,
+        encoded.eval_items,
+        data.recipes,
+        tokenizer,
+        tracker,
+        run_dir / "samples.jsonl",
+        console.evaluation_hook(encoded.eval_items, on_evaluation),
+        resume_filter=start.keep,
+        run_id=run_id,
+        image_eval=image_eval(exp, data, tokenizer),
+        shard=distributed.current(),
+        benchmarks=make_benchmarks(exp, data.world, tokenizer, run_dir, [len(p.batches) for p in plans]),
+    )
+    run = _Run(
+        exp,
+        run_dir,
+        run_id,
+        console,
+        stages,
+        plans,
+        tokenizer,
+        added,
+        tracker,
+        evals,
+        _init_states(model, stages, start.stage_index, run_dir),
+        baselines,
+        undertrained,
+        encoded.too_long_counts(),
+    )
     model = _restore(model, start, stages, run)
 
     injector = Injector(**exp.debug.inject_nonfinite.model_dump()) if exp.debug.inject_nonfinite else None
-    summary_stages = [_stage_summary(plans[i].recorded(tracker.store.rows()), evals, i, plans)
-                      for i in range(start.stage_index)]
+    summary_stages = [
+        _stage_summary(plans[i].recorded(tracker.store.rows()), evals, i, plans) for i in range(start.stage_index)
+    ]
     cache.annotate(summary_stages)
     step, loop_state, exit_code = start.step, start.loop_state, 1
     try:
@@ -157,8 +210,16 @@ def _run_claimed(exp: Experiment, run_dir: Path, console,
     return finish_run(exp, run_dir, _close_run(run, step, summary_stages, base, started, start.resumed_from), console)
 
 
-def _run_stage(run: _Run, model, index: int, step: int, loop_state: LoopState, cache: StageCache,
-               injector: Optional[Injector], on_progress: Optional[Callable[[], None]]) -> tuple[Any, int]:
+def _run_stage(
+    run: _Run,
+    model,
+    index: int,
+    step: int,
+    loop_state: LoopState,
+    cache: StageCache,
+    injector: Optional[Injector],
+    on_progress: Optional[Callable[[], None]],
+) -> tuple[Any, int]:
     """Stage ``index`` from where ``loop_state`` left it (its first batch, or inside it on a resume) to its end:
     ``(model, step)`` after it."""
     exp, stage, plan, tracker = run.exp, run.stages[index], run.plans[index], run.tracker
@@ -166,18 +227,36 @@ def _run_stage(run: _Run, model, index: int, step: int, loop_state: LoopState, c
     if loop_state.batch_index == 0:  # the stage begins here (a resumed run may continue inside one)
         cache.stage_began(index, tracker, samples)
         model = _begin_stage(run, model, index, step)
-    batches = stage_batches(plan, model, list(exp.tasks), run.tokenizer.pad_token_id, step,
-                            tracker.log if loop_state.batch_index == 0 else None)
+    batches = stage_batches(
+        plan,
+        model,
+        list(exp.tasks),
+        run.tokenizer.pad_token_id,
+        step,
+        tracker.log if loop_state.batch_index == 0 else None,
+    )
     save_resume_point_at = _resume_saver(run, model, index)
     with run.console.stage_progress(stage.name, len(plan.batches)) as advance:
         advance(loop_state.batch_index)
-        step = train_stage(model, batches, StageLoop(
-            stage=stage.name, start_step=step - loop_state.batch_index, tasks=list(exp.tasks),
-            log=tracker.log, evaluate=lambda s, name=stage.name: run.evals.run(model, name, s), train=stage.train,
-            special_tokens=stage_special_tokens(run.tokenizer, plan.token_batches()), eval_every=exp.eval.every,
-            injector=injector, save_checkpoint=save_resume_point_at,
-            progress=after_progress(on_progress, advance), kill_at=distributed.kill_step(exp.debug.kill_rank),
-        ), resume=loop_state)
+        step = train_stage(
+            model,
+            batches,
+            StageLoop(
+                stage=stage.name,
+                start_step=step - loop_state.batch_index,
+                tasks=list(exp.tasks),
+                log=tracker.log,
+                evaluate=lambda s, name=stage.name: run.evals.run(model, name, s),
+                train=stage.train,
+                special_tokens=stage_special_tokens(run.tokenizer, plan.token_batches()),
+                eval_every=exp.eval.every,
+                injector=injector,
+                save_checkpoint=save_resume_point_at,
+                progress=after_progress(on_progress, advance),
+                kill_at=distributed.kill_step(exp.debug.kill_rank),
+            ),
+            resume=loop_state,
+        )
     _end_stage(run, model, index, step, save_resume_point_at)
     cache.stage_ended(index, model, step, tracker, samples)
     return model, step
@@ -232,8 +311,9 @@ def _describe_base(exp: Experiment, data, model, tokenizer, added: list[int], co
     reports = undertrained_tokens(exp, data, model, tokenizer)
     if reports is None:
         return None
-    fate = row_fate([(s.name, s.train.trainable) for s in exp.resolved_stages()],
-                    [r.id for r in reports if r.flagged], added)
+    fate = row_fate(
+        [(s.name, s.train.trainable) for s in exp.resolved_stages()], [r.id for r in reports if r.flagged], added
+    )
     line = warning_line(reports, added, fate)
     if line:
         console.info(line)
@@ -248,24 +328,44 @@ def log_baselines(tracker: Tracker, baselines: dict, stage: str) -> dict[str, An
     return baselines_summary(baselines)
 
 
-def _close_run(run: _Run, step: int, stages: list[dict[str, Any]], base: dict[str, Any], started: float,
-               resumed_from: Optional[str]) -> dict[str, Any]:
+def _close_run(
+    run: _Run,
+    step: int,
+    stages: list[dict[str, Any]],
+    base: dict[str, Any],
+    started: float,
+    resumed_from: Optional[str],
+) -> dict[str, Any]:
     """Log the seesaw events of the whole run (under ``eval.seesaw_test``) and close the tracker; returns the run's
     summary."""
     spec = run.exp.eval
-    events, n_tests = run_seesaw(run.evals.outcomes, run.evals.history_dicts(), test=spec.seesaw_test,
-                                 delta=spec.seesaw_delta, alpha=spec.seesaw_alpha, seed=run.exp.seed)
+    events, n_tests = run_seesaw(
+        run.evals.outcomes,
+        run.evals.history_dicts(),
+        test=spec.seesaw_test,
+        delta=spec.seesaw_delta,
+        alpha=spec.seesaw_alpha,
+        seed=run.exp.seed,
+    )
     run.tracker.log(seesaw_rows(events, n_tests, spec, run.stages[-1].name, step), step)
     total = time.perf_counter() - started
     summary = {
-        "run_id": run.run_id, "experiment": run.exp.name, "run_dir": str(run.run_dir), "base": base,
-        "stages": stages, "baselines": run.baselines, "seesaw_events": events,
-        "seesaw": {"test": spec.seesaw_test, "alpha": spec.seesaw_alpha, "delta": spec.seesaw_delta,
-                   "tests": n_tests},
-        "timing": {"total_s": total, "eval_s": run.evals.seconds, "base_s": base["seconds"],
-                   "eval_share": run.evals.seconds / total if total else 0.0,
-                   # of eval_s: the lm-eval benchmarks (eval.benchmarks), so their overhead reads off one run
-                   **({"bench_s": run.evals.bench_seconds} if run.exp.eval.benchmarks else {})},
+        "run_id": run.run_id,
+        "experiment": run.exp.name,
+        "run_dir": str(run.run_dir),
+        "base": base,
+        "stages": stages,
+        "baselines": run.baselines,
+        "seesaw_events": events,
+        "seesaw": {"test": spec.seesaw_test, "alpha": spec.seesaw_alpha, "delta": spec.seesaw_delta, "tests": n_tests},
+        "timing": {
+            "total_s": total,
+            "eval_s": run.evals.seconds,
+            "base_s": base["seconds"],
+            "eval_share": run.evals.seconds / total if total else 0.0,
+            # of eval_s: the lm-eval benchmarks (eval.benchmarks), so their overhead reads off one run
+            **({"bench_s": run.evals.bench_seconds} if run.exp.eval.benchmarks else {}),
+        },
         "resumed_from": resumed_from,
         "undertrained_tokens": run.undertrained,
         "too_long": run.too_long,  # evaluation items dropped as too long for the model, per "task/split"
@@ -342,8 +442,9 @@ def _restore(model, start: Start, stages: list[ResolvedStage], run: _Run):
     if start.weights is None:
         return model
     index = start.weights.stage_index
-    model = prepare_stage_model(model, stages[index].train.trainable, run.added, _inherited(stages, index),
-                                run.undertrained_ids)
+    model = prepare_stage_model(
+        model, stages[index].train.trainable, run.added, _inherited(stages, index), run.undertrained_ids
+    )
     load_model(model, str(start.weights.file))
     start.weights.restore_rng()  # torch's CPU generator; from a resume point also this rank's others
     return model
@@ -355,15 +456,23 @@ def _begin_stage(run: _Run, model, index: int, step: int):
     if stage.init != "previous":
         model = drop_adapter(model)
         model.load_state_dict(run.init.states[stage.init])
-    model = prepare_stage_model(model, stage.train.trainable, run.added, _inherited(run.stages, index),
-                                run.undertrained_ids)
+    model = prepare_stage_model(
+        model, stage.train.trainable, run.added, _inherited(run.stages, index), run.undertrained_ids
+    )
     report = trainable_report(model)
-    run.tracker.log([Row(stage.name, step, None, "train", "trainable_params", report["trainable"]),
-                     Row(stage.name, step, None, "train", "trainable_share", report["share"])], step)
+    run.tracker.log(
+        [
+            Row(stage.name, step, None, "train", "trainable_params", report["trainable"]),
+            Row(stage.name, step, None, "train", "trainable_share", report["share"]),
+        ],
+        step,
+    )
     run.console.info(f"stage {stage.name}: {format_trainable_report(report)}")
-    run.console.info(f"stage {stage.name} ({index + 1}/{len(run.stages)}): {len(plan.batches)} steps, init "
-                     f"{stage.init}, mixture {_mixture_said(stage.mixture)}: "
-                     + ", ".join(f"{t} {c['share']:.2f}" for t, c in sorted(plan.composition.items())))
+    run.console.info(
+        f"stage {stage.name} ({index + 1}/{len(run.stages)}): {len(plan.batches)} steps, init "
+        f"{stage.init}, mixture {_mixture_said(stage.mixture)}: "
+        + ", ".join(f"{t} {c['share']:.2f}" for t, c in sorted(plan.composition.items()))
+    )
     if index > 0 and stage.init == "previous":
         run.evals.repeat_last(stage.name)
     else:
@@ -386,6 +495,7 @@ def _resume_saver(run: _Run, model, index: int) -> Callable[[int, LoopState], No
     def save(at_step: int, loop_state: LoopState) -> None:
         run.tracker.flush()
         save_resume_point(run.run_dir, model, index, stage.name, at_step, loop_state, stage.train.keep_checkpoints)
+
     return save
 
 
@@ -393,21 +503,36 @@ def _end_stage(run: _Run, model, index: int, step: int, save_resume_point_at) ->
     """Log the stage's effective composition; keep its weights when a later stage starts from them; write its
     Hugging Face checkpoint and a resume point at its end (as the stage asks)."""
     stage, plan = run.stages[index], run.plans[index]
-    run.tracker.log([Row(stage.name, step, task, "train", f"mix_{key}", value)
-                     for task, c in plan.composition.items() for key, value in c.items()], step)
+    run.tracker.log(
+        [
+            Row(stage.name, step, task, "train", f"mix_{key}", value)
+            for task, c in plan.composition.items()
+            for key, value in c.items()
+        ],
+        step,
+    )
     if stage.name in run.init.needed:
         run.init.states[stage.name] = merged_state_dict(model)
     if stage.train.checkpoint or stage.name in run.init.needed:
-        save_stage_checkpoint(model, processor_for(run.tokenizer) or run.tokenizer, run.run_dir / "checkpoints" / stage.name,
-                              {"run_id": run.run_id, "stage": stage.name, "step": step, "experiment": run.exp.name})
+        save_stage_checkpoint(
+            model,
+            processor_for(run.tokenizer) or run.tokenizer,
+            run.run_dir / "checkpoints" / stage.name,
+            {"run_id": run.run_id, "stage": stage.name, "step": step, "experiment": run.exp.name},
+        )
     if stage.train.checkpoint_every:
         save_resume_point_at(step, LoopState(len(plan.batches)))
 
 
 def _stage_summary(plan: StagePlan, evals: EvalLog, index: int, plans: list[StagePlan]) -> dict[str, Any]:
     start = sum(len(p.batches) for p in plans[:index])
-    return {"name": plan.stage.name, "start_step": start, "end_step": start + len(plan.batches),
-            "init": plan.stage.init, "mixture": plan.stage.mixture.to_yaml(), "composition": plan.composition,
-            "metrics": evals.stage_end_table(plan.stage.name), "intervals": evals.stage_end_intervals(plan.stage.name)}
-
-
+    return {
+        "name": plan.stage.name,
+        "start_step": start,
+        "end_step": start + len(plan.batches),
+        "init": plan.stage.init,
+        "mixture": plan.stage.mixture.to_yaml(),
+        "composition": plan.composition,
+        "metrics": evals.stage_end_table(plan.stage.name),
+        "intervals": evals.stage_end_intervals(plan.stage.name),
+    }

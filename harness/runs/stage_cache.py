@@ -46,17 +46,16 @@ import transformers
 from safetensors.torch import save_model
 
 import harness
-from harness.training import compiling
-from harness.training import parallel as distributed
-from harness.training import rng
-from harness.training.checkpoint import SavedWeights, Start
-from harness.training.compiling import compile_decision
 from harness.config import Experiment, ResolvedStage, computing_debug
+from harness.core.metrics import is_benchmark_task
+from harness.core.store import Row
 from harness.evaluation import EVAL_METRICS
 from harness.runs.code_identity import code_fingerprint
 from harness.runs.pretrain import cache_root, content_hash
-from harness.core.metrics import is_benchmark_task
-from harness.core.store import Row
+from harness.training import compiling, rng
+from harness.training import parallel as distributed
+from harness.training.checkpoint import SavedWeights, Start
+from harness.training.compiling import compile_decision
 
 # Bump when an entry's layout or what a key covers changes (2: samples carry per-item outcomes for the paired seesaw;
 # 3: rows keep their n and Wilson interval, which entries of 2 dropped; 4: the key covers the whole experiment but
@@ -75,15 +74,27 @@ NOT_SHAPING = {
     "name": "the experiment's label: it names the run directory and the entry's meta, not what is computed",
     "seeds": "the list of replicates `harness run` starts; each replicate's own seed (seed) is in the key",
     "tracking": "where rows go (wandb, console), not what they are",
-    **{f"train.{k}": "what the run keeps on disk (checkpoints, cache use), not what a stage computes"
-       for k in sorted(STAGE_NOT_SHAPING)},
+    **{
+        f"train.{k}": "what the run keeps on disk (checkpoints, cache use), not what a stage computes"
+        for k in sorted(STAGE_NOT_SHAPING)
+    },
     "train.compile": "the top-level setting never runs as such: each stage's key holds its own compile decision "
-                     "(auto and false share an eager stage)",
+    "(auto and false share an eager stage)",
     "debug.kill_rank": "only stops a run; a stage it stopped is never stored",
 }
 # Every field of a Row: a replayed row must equal the computed one (n and the interval included)
-_ROW_SCHEMA = {"stage": pl.Utf8, "step": pl.Int64, "task": pl.Utf8, "split": pl.Utf8, "metric": pl.Utf8,
-               "value": pl.Float64, "text": pl.Utf8, "n": pl.Int64, "ci_low": pl.Float64, "ci_high": pl.Float64}
+_ROW_SCHEMA = {
+    "stage": pl.Utf8,
+    "step": pl.Int64,
+    "task": pl.Utf8,
+    "split": pl.Utf8,
+    "metric": pl.Utf8,
+    "value": pl.Float64,
+    "text": pl.Utf8,
+    "n": pl.Int64,
+    "ci_low": pl.Float64,
+    "ci_high": pl.Float64,
+}
 log = logging.getLogger(__name__)
 
 
@@ -110,8 +121,9 @@ def task_data_hash(splits: dict[str, dict[str, list]], corpus: Sequence[str]) ->
     for task in sorted(splits):
         for split in sorted(splits[task]):
             for ex in splits[task][split]:
-                digest.update(json.dumps([task, split, ex.task, ex.messages, ex.meta], sort_keys=True,
-                                         default=str).encode())
+                digest.update(
+                    json.dumps([task, split, ex.task, ex.messages, ex.meta], sort_keys=True, default=str).encode()
+                )
     digest.update("\x00".join(corpus).encode())
     return digest.hexdigest()
 
@@ -141,15 +153,22 @@ def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str, code: Op
     shared["train"] = {k: v for k, v in resolved["train"].items() if f"train.{k}" not in NOT_SHAPING}
     # debug.kill_rank only stops a run (a stage it stopped is never stored): not part of the key
     shared["debug"] = computing_debug(resolved["debug"])
-    common = {"cache": STAGE_CACHE_VERSION, "harness": harness.__version__, "torch": torch.__version__,
-              "transformers": transformers.__version__, "device": device, "base": base,
-              "code": code if code is not None else code_fingerprint(),
-              # on a CPU the intra-op thread count changes the order of float sums: a stage computed with 2 threads
-              # is not bit-identical to the same stage computed by a 1-thread sweep worker
-              "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
-              "task_data": data_hash, "experiment": shared,
-              # data-parallel ranks add the same gradient terms in another order: not one process's stage either
-              **({"ranks": _ranks()} if _ranks() > 1 else {})}
+    common = {
+        "cache": STAGE_CACHE_VERSION,
+        "harness": harness.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": device,
+        "base": base,
+        "code": code if code is not None else code_fingerprint(),
+        # on a CPU the intra-op thread count changes the order of float sums: a stage computed with 2 threads
+        # is not bit-identical to the same stage computed by a 1-thread sweep worker
+        "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
+        "task_data": data_hash,
+        "experiment": shared,
+        # data-parallel ranks add the same gradient terms in another order: not one process's stage either
+        **({"ranks": _ranks()} if _ranks() > 1 else {}),
+    }
     keys, previous = [], content_hash(common)
     for index, stage in enumerate(resolved["stages"]):
         shaping = {k: v for k, v in stage.items() if k not in STAGE_NOT_SHAPING}
@@ -218,8 +237,10 @@ def _rng_states(device_states: Optional[list] = None) -> tuple[dict[str, Any], d
         tensors["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
     name, keys, pos, has_gauss, gauss = np.random.get_state()
     version, state, gauss_next = random.getstate()
-    return tensors, {"numpy": [name, keys.tolist(), pos, has_gauss, gauss],
-                     "python": [version, list(state), gauss_next]}
+    return tensors, {
+        "numpy": [name, keys.tolist(), pos, has_gauss, gauss],
+        "python": [version, list(state), gauss_next],
+    }
 
 
 def _set_global_rng(entry: Path) -> torch.Tensor:
@@ -267,11 +288,24 @@ class StageCache:
     fallbacks: int = field(default_factory=lambda: compiling.fallbacks)
 
     @classmethod
-    def for_run(cls, exp: Experiment, stages: list[ResolvedStage], data, base_info: dict[str, Any], model,
-                run_dir: Path, run_id: str, console) -> "StageCache":
+    def for_run(
+        cls,
+        exp: Experiment,
+        stages: list[ResolvedStage],
+        data,
+        base_info: dict[str, Any],
+        model,
+        run_dir: Path,
+        run_id: str,
+        console,
+    ) -> "StageCache":
         """The cache handle of a run on ``data`` (:class:`harness.runs.prepare.TaskData`) from the base ``model``."""
-        keys = stage_keys(exp, base_key(base_info, model), task_data_hash(data.splits, data.corpus),
-                          next(model.parameters()).device.type)
+        keys = stage_keys(
+            exp,
+            base_key(base_info, model),
+            task_data_hash(data.splits, data.corpus),
+            next(model.parameters()).device.type,
+        )
         return cls(exp, stages, keys, run_dir, run_id, console)
 
     def _mode(self, index: int):
@@ -296,8 +330,9 @@ class StageCache:
         weights = SavedWeights(last / "model.safetensors", len(self.hits) - 1, torch_rng)
         return Start(len(self.hits), self.hits[-1]["end_step"], weights=weights)
 
-    def replay(self, tracker, samples_path: Path,
-               on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None) -> None:
+    def replay(
+        self, tracker, samples_path: Path, on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None
+    ) -> None:
         """Copy the cached stages' rows into ``tracker`` and their samples into ``samples_path`` (marked
         ``cached_from``), their checkpoints into the run, and set the global RNGs as the last one left them;
         ``on_evaluation`` hears every cached evaluation as if it had just run."""
@@ -308,8 +343,11 @@ class StageCache:
             rows = [Row(**r) for r in pl.read_parquet(entry / "rows.parquet").iter_rows(named=True)]
             for step, group in _runs_of(rows, key=lambda r: r.step):
                 tracker.log(group, step, cached_from=source)
-            evaluations += [(key[0], key[1], group) for key, group in
-                            _runs_of(rows, key=lambda r: (r.stage, r.step) if _is_eval(r) else None) if key]
+            evaluations += [
+                (key[0], key[1], group)
+                for key, group in _runs_of(rows, key=lambda r: (r.stage, r.step) if _is_eval(r) else None)
+                if key
+            ]
             _append_samples(entry / "samples.jsonl", samples_path, source, self.run_id)
             if CHECKPOINT in meta.get("parts", []):
                 target = self.run_dir / "checkpoints" / stage.name
@@ -319,8 +357,10 @@ class StageCache:
                 os.utime(entry)  # last used: what prune --older-than reads
             except OSError:  # a cache on a filesystem this user may only read
                 pass
-            self.console.info(f"stage {stage.name}: from the stage cache ({meta['end_step']} steps done; computed "
-                              f"by run {source}, entry {self.keys[index][:12]})")
+            self.console.info(
+                f"stage {stage.name}: from the stage cache ({meta['end_step']} steps done; computed "
+                f"by run {source}, entry {self.keys[index][:12]})"
+            )
         tracker.flush()
         if self.hits:
             _set_global_rng(self.root / self.keys[len(self.hits) - 1])
@@ -334,16 +374,19 @@ class StageCache:
 
     def stage_began(self, index: int, tracker, samples_path: Path) -> None:
         """Mark where stage ``index``'s rows and samples begin (only stages begun in this process are stored)."""
-        self.began[index] = _Began(len(tracker.existing_rows()),
-                                   samples_path.stat().st_size if samples_path.exists() else 0)
+        self.began[index] = _Began(
+            len(tracker.existing_rows()), samples_path.stat().st_size if samples_path.exists() else 0
+        )
 
     def stage_ended(self, index: int, model, step: int, tracker, samples_path: Path) -> None:
         """Store stage ``index``'s outcome (call after everything the stage does, before the next one begins)."""
         if self._mode(index) is not True or index not in self.began:
             return
         if compiling.fallbacks != self.fallbacks:
-            self.console.info(f"stage {self.stages[index].name}: not stored in the stage cache (torch.compile fell "
-                              "back to eager in this run; the key says compiled)")
+            self.console.info(
+                f"stage {self.stages[index].name}: not stored in the stage cache (torch.compile fell "
+                "back to eager in this run; the key says compiled)"
+            )
             return
         began, stage = self.began.pop(index), self.stages[index]
         stores, device_states = self._rank_zero_stores(stage.name)
@@ -352,13 +395,34 @@ class StageCache:
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{self.keys[index]}.", dir=self.root))
         try:
-            parts = _write_entry(tmp, model, tracker.existing_rows()[began.rows:], samples_path, began.samples,
-                                 self.run_dir / "checkpoints" / stage.name, step, device_states)
-            files = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _file_sha256(p)}
-                     for p in sorted(tmp.rglob("*")) if p.is_file()}
-            meta = {"key": self.keys[index], "stage": stage.name, "index": index, "end_step": step,
-                    "steps": stage.steps, "source_run_id": self.run_id, "experiment": self.exp.name,
-                    "created": time.time(), "harness": harness.__version__, "parts": parts, "files": files}
+            parts = _write_entry(
+                tmp,
+                model,
+                tracker.existing_rows()[began.rows :],
+                samples_path,
+                began.samples,
+                self.run_dir / "checkpoints" / stage.name,
+                step,
+                device_states,
+            )
+            files = {
+                str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _file_sha256(p)}
+                for p in sorted(tmp.rglob("*"))
+                if p.is_file()
+            }
+            meta = {
+                "key": self.keys[index],
+                "stage": stage.name,
+                "index": index,
+                "end_step": step,
+                "steps": stage.steps,
+                "source_run_id": self.run_id,
+                "experiment": self.exp.name,
+                "created": time.time(),
+                "harness": harness.__version__,
+                "parts": parts,
+                "files": files,
+            }
             (tmp / META).write_text(json.dumps(meta, indent=2))
             _publish(tmp, self.root / self.keys[index], CHECKPOINT in parts)
         except BaseException:
@@ -385,8 +449,16 @@ class StageCache:
             entry["cached_from"] = meta["source_run_id"]
 
 
-def _write_entry(tmp: Path, model, rows: list[Row], samples_path: Path, samples_from: int, checkpoint: Path,
-                 step: int, device_states: Optional[list] = None) -> list[str]:
+def _write_entry(
+    tmp: Path,
+    model,
+    rows: list[Row],
+    samples_path: Path,
+    samples_from: int,
+    checkpoint: Path,
+    step: int,
+    device_states: Optional[list] = None,
+) -> list[str]:
     """Write a stage's outcome into ``tmp``; returns the optional parts written (``checkpoint``)."""
     save_model(model, str(tmp / "model.safetensors"))
     tensors, states = _rng_states(device_states)

@@ -22,8 +22,14 @@ def wandb_key(metric: str, split: str, task: Optional[str]) -> str:
 class Tracker:
     """Fans rows out to the store and wandb; owns the wandb run."""
 
-    def __init__(self, exp: Experiment, run_dir: Path, run_id: str, config: dict[str, Any],
-                 resume_filter: Optional[Callable[[str, int, str], bool]] = None):
+    def __init__(
+        self,
+        exp: Experiment,
+        run_dir: Path,
+        run_id: str,
+        config: dict[str, Any],
+        resume_filter: Optional[Callable[[str, int, str], bool]] = None,
+    ):
         """``resume_filter(stage, step, metric)``: continue a run, keeping the stored rows it accepts."""
         self.store = MetricsStore(run_dir, run_id)
         if resume_filter is not None:
@@ -36,8 +42,16 @@ class Tracker:
             import wandb
 
             self.wandb_run = wandb.init(
-                mode=spec.mode, project=spec.project, entity=spec.entity, group=spec.group, tags=spec.tags,
-                name=run_id, id=run_id, dir=str(run_dir), config=config, reinit="create_new",
+                mode=spec.mode,
+                project=spec.project,
+                entity=spec.entity,
+                group=spec.group,
+                tags=spec.tags,
+                name=run_id,
+                id=run_id,
+                dir=str(run_dir),
+                config=config,
+                reinit="create_new",
                 resume="allow" if resume_filter is not None else None,
                 settings=wandb.Settings(console="off", silent=True),
             )

@@ -58,14 +58,31 @@ def replicate(exp: Experiment, seed: int) -> Experiment:
 
 def _write_group(group_dir: Path, exp: Experiment, seeds: Sequence[int], status: dict[int, str]) -> None:
     group_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(group_dir / GROUP_FILE, json.dumps({
-        "kind": "seeds", "experiment": exp.name, "seeds": list(seeds), "data_seed": pinned_data_seed(exp),
-        "replicates": {str(s): replicate_dir(group_dir, s).name for s in seeds},
-        "status": {str(s): status.get(s, "pending") for s in seeds}}, indent=2))
+    atomic_write_text(
+        group_dir / GROUP_FILE,
+        json.dumps(
+            {
+                "kind": "seeds",
+                "experiment": exp.name,
+                "seeds": list(seeds),
+                "data_seed": pinned_data_seed(exp),
+                "replicates": {str(s): replicate_dir(group_dir, s).name for s in seeds},
+                "status": {str(s): status.get(s, "pending") for s in seeds},
+            },
+            indent=2,
+        ),
+    )
 
 
-def run_group(exp: Experiment, group_dir: Path, seeds: Sequence[int], *, jobs: int = 1,
-              command: Optional[list[str]] = None, echo: Callable[[str], None] = print) -> dict[int, int]:
+def run_group(
+    exp: Experiment,
+    group_dir: Path,
+    seeds: Sequence[int],
+    *,
+    jobs: int = 1,
+    command: Optional[list[str]] = None,
+    echo: Callable[[str], None] = print,
+) -> dict[int, int]:
     """Run every replicate; returns ``{seed: exit code}``.
 
     ``jobs == 1`` runs them in this process (an exception ends the group, as it would a single run); otherwise
@@ -119,8 +136,20 @@ def replica_log(group_dir: Path, seed: int) -> Path:
 def _start(command: list[str], exp: Experiment, group_dir: Path, seed: int) -> subprocess.Popen:
     out = replicate_dir(group_dir, seed)
     out.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "harness", *command, "--set", f"seed={seed}", "--set", "seeds=null",
-            "--set", f"data_seed={pinned_data_seed(exp)}", "--out", str(out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "harness",
+        *command,
+        "--set",
+        f"seed={seed}",
+        "--set",
+        "seeds=null",
+        "--set",
+        f"data_seed={pinned_data_seed(exp)}",
+        "--out",
+        str(out),
+    ]
     # beside the replicate's directory, not in it: the run claims its directory only if it is empty
     with open(replica_log(group_dir, seed), "w", encoding="utf-8") as log:
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)

@@ -60,8 +60,12 @@ _QWEN35 = {
 }
 TARGET_ALIASES: dict[str, dict[str, list[str]]] = {
     "gpt2": {
-        "q_proj": ["attn.c_attn"], "k_proj": ["attn.c_attn"], "v_proj": ["attn.c_attn"],
-        "o_proj": ["attn.c_proj"], "up_proj": ["mlp.c_fc"], "down_proj": ["mlp.c_proj"],
+        "q_proj": ["attn.c_attn"],
+        "k_proj": ["attn.c_attn"],
+        "v_proj": ["attn.c_attn"],
+        "o_proj": ["attn.c_proj"],
+        "up_proj": ["mlp.c_fc"],
+        "down_proj": ["mlp.c_proj"],
     },
     "qwen3_5_text": _QWEN35,
     "qwen3_5": _QWEN35,
@@ -147,10 +151,17 @@ def resolve_target_modules(model, names: Optional[Iterable[str]]) -> list[str]:
         candidates = aliases.get(name, [name])
         present = [c for c in candidates if any(m == c or m.endswith("." + c) for m in module_names)]
         if not present:
-            leaves = sorted({m.split(".")[-1] for m, mod in base.named_modules()
-                             if isinstance(mod, torch.nn.Linear) or type(mod).__name__ == "Conv1D"})
-            raise ValueError(f"trainable.target_modules: {name!r} matches no module of this {model_type} model; "
-                             f"its linear layers are: {', '.join(leaves)}")
+            leaves = sorted(
+                {
+                    m.split(".")[-1]
+                    for m, mod in base.named_modules()
+                    if isinstance(mod, torch.nn.Linear) or type(mod).__name__ == "Conv1D"
+                }
+            )
+            raise ValueError(
+                f"trainable.target_modules: {name!r} matches no module of this {model_type} model; "
+                f"its linear layers are: {', '.join(leaves)}"
+            )
         resolved.extend(c for c in present if c not in resolved)
     return resolved
 
@@ -200,10 +211,22 @@ def _adapter_config(model, spec: TrainableSpec):
         targets = r".*language_model.*\.(" + "|".join(re.escape(t) for t in targets) + ")"
     fan_in_fan_out = getattr(unwrap(model).config, "model_type", "") == "gpt2"  # GPT-2's Conv1D stores W transposed
     if spec.mode == "lora":
-        return LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=targets,
-                          fan_in_fan_out=fan_in_fan_out, bias="none", task_type="CAUSAL_LM")
-    return HiraConfig(r=spec.r, hira_dropout=spec.dropout, target_modules=targets, fan_in_fan_out=fan_in_fan_out,
-                      task_type="CAUSAL_LM")
+        return LoraConfig(
+            r=spec.r,
+            lora_alpha=spec.alpha,
+            lora_dropout=spec.dropout,
+            target_modules=targets,
+            fan_in_fan_out=fan_in_fan_out,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+    return HiraConfig(
+        r=spec.r,
+        hira_dropout=spec.dropout,
+        target_modules=targets,
+        fan_in_fan_out=fan_in_fan_out,
+        task_type="CAUSAL_LM",
+    )
 
 
 def adapter_prefix(model) -> str:
@@ -216,8 +239,13 @@ def adapter_prefix(model) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def prepare_stage_model(model, trainable: TrainableSpec, added_token_ids: Iterable[int],
-                        previous: Optional[TrainableSpec] = None, undertrained_ids: Iterable[int] = ()):
+def prepare_stage_model(
+    model,
+    trainable: TrainableSpec,
+    added_token_ids: Iterable[int],
+    previous: Optional[TrainableSpec] = None,
+    undertrained_ids: Iterable[int] = (),
+):
     """Set what trains in this stage; returns the model to train (a ``PeftModel`` in adapter modes).
 
     ``added_token_ids``: the rows ``new_token_rows`` trains (``load_hf(..., return_added=True)``'s ids, or
@@ -251,11 +279,14 @@ def prepare_stage_model(model, trainable: TrainableSpec, added_token_ids: Iterab
 
             model = get_peft_model(model, _adapter_config(model, trainable))
     _unfreeze(unwrap(model), trainable.unfreeze)
-    _train_new_token_rows(model, trainable, sorted({int(i) for i in added_token_ids}),
-                          sorted({int(i) for i in undertrained_ids}))
+    _train_new_token_rows(
+        model, trainable, sorted({int(i) for i in added_token_ids}), sorted({int(i) for i in undertrained_ids})
+    )
     if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(f"trainable.mode {trainable.mode!r} leaves nothing to train; add new_token_rows: true or "
-                         "unfreeze: [regex, …]")
+        raise ValueError(
+            f"trainable.mode {trainable.mode!r} leaves nothing to train; add new_token_rows: true or "
+            "unfreeze: [regex, …]"
+        )
     return model
 
 
@@ -265,20 +296,27 @@ def _carry_adapter(model, trainable: TrainableSpec, previous: Optional[Trainable
     if not is_peft_model(model):
         return model, False
     if previous is None or previous.mode not in ADAPTER_MODES:
-        raise ValueError("the model carries a peft adapter but no previous adapter stage was given; merge it "
-                         "(prepare with previous=<that stage's trainable>) or drop it first (drop_adapter)")
+        raise ValueError(
+            "the model carries a peft adapter but no previous adapter stage was given; merge it "
+            "(prepare with previous=<that stage's trainable>) or drop it first (drop_adapter)"
+        )
     if previous.adapter == "merge":
         return model.merge_and_unload(), False
     if trainable.mode != previous.mode:
-        raise ValueError(f"adapter: continue keeps training the previous stage's {previous.mode} adapter, "
-                         f"but this stage's trainable.mode is {trainable.mode!r}; use mode {previous.mode} "
-                         "or adapter: merge in the previous stage")
-    fields = ("r", "alpha", "dropout", "target_modules") if trainable.mode == "lora" else \
-        ("r", "dropout", "target_modules")  # HiRA has no alpha
+        raise ValueError(
+            f"adapter: continue keeps training the previous stage's {previous.mode} adapter, "
+            f"but this stage's trainable.mode is {trainable.mode!r}; use mode {previous.mode} "
+            "or adapter: merge in the previous stage"
+        )
+    fields = (
+        ("r", "alpha", "dropout", "target_modules") if trainable.mode == "lora" else ("r", "dropout", "target_modules")
+    )  # HiRA has no alpha
     changed = [f for f in fields if getattr(trainable, f) != getattr(previous, f)]
     if changed:
-        raise ValueError(f"adapter: continue keeps the previous stage's adapter, but this stage changes "
-                         f"{', '.join(changed)}; keep them equal or merge the adapter first")
+        raise ValueError(
+            f"adapter: continue keeps the previous stage's adapter, but this stage changes "
+            f"{', '.join(changed)}; keep them equal or merge the adapter first"
+        )
     return model, True
 
 
@@ -308,9 +346,11 @@ def _train_new_token_rows(model, trainable: TrainableSpec, added: list[int], und
     vocab = vocab_parameters(model)
     setting = trainable.new_token_rows
     if setting is True and not added:
-        raise ValueError("trainable.new_token_rows: no tokens were added to this model's vocabulary (its "
-                         "tokenizer already had a chat template and every special token), so there are no new "
-                         "rows to train")
+        raise ValueError(
+            "trainable.new_token_rows: no tokens were added to this model's vocabulary (its "
+            "tokenizer already had a chat template and every special token), so there are no new "
+            "rows to train"
+        )
     rows = added if setting is True else sorted(set(added) | set(undertrained)) if setting == "auto" else []
     if rows:
         for where, w, _ in vocab:
@@ -319,9 +359,12 @@ def _train_new_token_rows(model, trainable: TrainableSpec, added: list[int], und
             if not w.requires_grad:  # a matrix the mode / unfreeze already trains stays fully trainable
                 _mask_rows(w, rows)
     elif added and trainable.mode != "full" and not any(w.requires_grad for _, w, _ in vocab):
-        warnings.warn(f"{len(added)} token(s) were added to the vocabulary but their embedding / output rows are "
-                      f"frozen in this stage (trainable.mode {trainable.mode}); they keep their initial values — set "
-                      "trainable.new_token_rows: auto or true to train them", stacklevel=3)
+        warnings.warn(
+            f"{len(added)} token(s) were added to the vocabulary but their embedding / output rows are "
+            f"frozen in this stage (trainable.mode {trainable.mode}); they keep their initial values — set "
+            "trainable.new_token_rows: auto or true to train them",
+            stacklevel=3,
+        )
 
 
 def drop_adapter(model):
@@ -365,7 +408,6 @@ def trainable_report(model) -> dict[str, Any]:
 
 def format_trainable_report(report: dict[str, Any]) -> str:
     """One line for :func:`trainable_report`: trainable of total parameters, share, adapter size."""
-    return (f"trainable {report['trainable']:,} of {report['total']:,} parameters ({100 * report['share']:.2f}%)"
-            + (f", adapter {report['adapter']:,}" if report.get("adapter") else ""))
-
-
+    return f"trainable {report['trainable']:,} of {report['total']:,} parameters ({100 * report['share']:.2f}%)" + (
+        f", adapter {report['adapter']:,}" if report.get("adapter") else ""
+    )

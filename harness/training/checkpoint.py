@@ -28,10 +28,10 @@ import torch
 from safetensors.torch import save_model
 from transformers import AutoModelForCausalLM
 
+from harness.config import ResolvedStage
 from harness.training import parallel as distributed
 from harness.training import rng
 from harness.training.adapters import adapter_prefix, is_peft_model, merged_copy, trainable_report, vocab_parameters
-from harness.config import ResolvedStage
 from harness.training.loop import LoopState
 
 RESUME_DIR = "resume"  # under <run>/checkpoints/
@@ -88,8 +88,11 @@ class _StageArtifacts:
     def save_pretrained(self, directory, safe_serialization: bool = True) -> None:
         self.merged.save_pretrained(directory, safe_serialization=safe_serialization)
         if self.peft_model is not None:
-            self.peft_model.save_pretrained(Path(directory) / "adapter", safe_serialization=safe_serialization,
-                                            save_embedding_layers=self.save_embedding_layers)
+            self.peft_model.save_pretrained(
+                Path(directory) / "adapter",
+                safe_serialization=safe_serialization,
+                save_embedding_layers=self.save_embedding_layers,
+            )
 
 
 def save_stage_checkpoint(model, tokenizer, directory, meta: dict) -> dict:
@@ -106,12 +109,17 @@ def save_stage_checkpoint(model, tokenizer, directory, meta: dict) -> dict:
         vocab_ids = {id(w) for _, w, _ in vocab_parameters(model)}
         prefix = adapter_prefix(model)
         vocab_trained = any(w.requires_grad for _, w, _ in vocab_parameters(model))
-        outside = [n for n, p in model.named_parameters()
-                   if p.requires_grad and prefix not in n and id(p) not in vocab_ids]
+        outside = [
+            n for n, p in model.named_parameters() if p.requires_grad and prefix not in n and id(p) not in vocab_ids
+        ]
         config = model.peft_config[model.active_adapter]
-        meta["adapter"] = {"type": str(config.peft_type.value).lower(), "dir": "adapter",
-                           "includes_embeddings": vocab_trained, "not_in_adapter": outside,
-                           "complete": not outside}
+        meta["adapter"] = {
+            "type": str(config.peft_type.value).lower(),
+            "dir": "adapter",
+            "includes_embeddings": vocab_trained,
+            "not_in_adapter": outside,
+            "complete": not outside,
+        }
         artifacts = _StageArtifacts(merged_copy(model), model, save_embedding_layers=vocab_trained)
     else:
         artifacts = _StageArtifacts(model)
@@ -124,8 +132,9 @@ def save_stage_checkpoint(model, tokenizer, directory, meta: dict) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def save_resume_point(run_dir: Path, model, stage_index: int, stage: str, step: int, loop_state: LoopState,
-                      keep: int) -> None:
+def save_resume_point(
+    run_dir: Path, model, stage_index: int, stage: str, step: int, loop_state: LoopState, keep: int
+) -> None:
     """Model, optimiser, scheduler, RNG states, the data position and the loop's window (and an adaptive stage's
     stream, ``mixture``, with each rank's partial per-task loss sums, ``steer``), written atomically; only the newest
     ``keep`` are kept.
@@ -143,13 +152,27 @@ def save_resume_point(run_dir: Path, model, stage_index: int, stage: str, step: 
     root = run_dir / "checkpoints" / RESUME_DIR
     with atomic_directory(root / f"step-{step:08d}") as tmp:
         save_model(model, str(tmp / "model.safetensors"))
-        torch.save({"optimizer": loop_state.optimizer, "scheduler": loop_state.scheduler,
-                    "torch_rng": own["torch_rng"], "rng": states, **({"ranks": ranks} if ranks else {})},
-                   tmp / "optimizer.pt")
-        state = {"stage_index": stage_index, "stage": stage, "step": step, "batch_index": loop_state.batch_index,
-                 "consecutive_skips": loop_state.consecutive_skips, "window": loop_state.window,
-                 "mixture": loop_state.mixture, "steer": loop_state.steer,
-                 "world": parallel.world if parallel is not None else 1}
+        torch.save(
+            {
+                "optimizer": loop_state.optimizer,
+                "scheduler": loop_state.scheduler,
+                "torch_rng": own["torch_rng"],
+                "rng": states,
+                **({"ranks": ranks} if ranks else {}),
+            },
+            tmp / "optimizer.pt",
+        )
+        state = {
+            "stage_index": stage_index,
+            "stage": stage,
+            "step": step,
+            "batch_index": loop_state.batch_index,
+            "consecutive_skips": loop_state.consecutive_skips,
+            "window": loop_state.window,
+            "mixture": loop_state.mixture,
+            "steer": loop_state.steer,
+            "world": parallel.world if parallel is not None else 1,
+        }
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
     for old in sorted(root.glob("step-*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
@@ -181,8 +204,10 @@ def _check_world(point: Path, world: int) -> None:
     saved = json.loads((point / "state.json").read_text()).get("world", 1)
     if saved != world:
         hint = "without --nproc" if saved == 1 else f"with --nproc {saved}"
-        raise WorldSizeError(f"--resume: {point} was written by {_ranks_said(saved)}, this run has "
-                             f"{_ranks_said(world)}; resume it {hint}")
+        raise WorldSizeError(
+            f"--resume: {point} was written by {_ranks_said(saved)}, this run has "
+            f"{_ranks_said(world)}; resume it {hint}"
+        )
 
 
 @dataclass
@@ -237,15 +262,24 @@ def resume_start(point: Optional[Path], stages: Sequence[ResolvedStage], stage_l
     keep = _rows_before({s.name: i for i, s in enumerate(stages)}, index, step)
     if state["batch_index"] >= stage_lengths[index]:  # the stage had finished: the next one begins
         return Start(index + 1, step, LoopState(), weights, keep, point.name)
-    loop_state = LoopState(state["batch_index"], state["consecutive_skips"], state["window"], bundle["optimizer"],
-                           bundle["scheduler"], state.get("mixture"), state.get("steer"))
+    loop_state = LoopState(
+        state["batch_index"],
+        state["consecutive_skips"],
+        state["window"],
+        bundle["optimizer"],
+        bundle["scheduler"],
+        state.get("mixture"),
+        state.get("steer"),
+    )
     return Start(index, step, loop_state, weights, keep, point.name)
 
 
 def _rows_before(stage_order: dict[str, int], stage_index: int, step: int) -> RowFilter:
     """Rows written before the resume point: earlier steps, or the same step in this stage or an earlier one."""
+
     def keep(row_stage: str, row_step: int, metric: str) -> bool:
         if metric == "seesaw":
             return False  # recomputed at the end of the run
         return row_step < step or (row_step == step and stage_order.get(row_stage, 10**9) <= stage_index)
+
     return keep

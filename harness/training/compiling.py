@@ -72,9 +72,11 @@ def compile_decision(setting: Union[bool, str], steps: int, device_type: str) ->
     if setting == "auto":
         return device_type == "cpu" and steps >= AUTO_COMPILE_MIN_STEPS and can_compile(device_type)
     if setting is True and not can_compile(device_type):
-        raise CompileFailed(f"train.compile: true, but torch.compile cannot run on {device_type} here (no "
-                            f"{'Triton' if device_type == 'cuda' else 'working C++ compiler'} found, or a Python "
-                            "TorchDynamo does not support); set train.compile to auto (falls back to eager) or false")
+        raise CompileFailed(
+            f"train.compile: true, but torch.compile cannot run on {device_type} here (no "
+            f"{'Triton' if device_type == 'cuda' else 'working C++ compiler'} found, or a Python "
+            "TorchDynamo does not support); set train.compile to auto (falls back to eager) or false"
+        )
     return bool(setting)
 
 
@@ -105,9 +107,11 @@ def compiled_stage(compiled: bool) -> Iterator[None]:
 def _enter_deterministic() -> None:
     global _before
     if _in_compiled_stage and _before is None:
-        _before = (torch.are_deterministic_algorithms_enabled(),
-                   torch.is_deterministic_algorithms_warn_only_enabled(),
-                   torch.utils.deterministic.fill_uninitialized_memory)
+        _before = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+            torch.utils.deterministic.fill_uninitialized_memory,
+        )
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.utils.deterministic.fill_uninitialized_memory = False  # costs time; correct code never reads it
 
@@ -148,8 +152,10 @@ class _Compiled:
         if self.error is None:
             return self.compiled(*args, **kwargs)
         if strict:
-            raise CompileFailed(f"train.compile: true, but torch.compile failed ({_describe(self.error)}); set "
-                                "train.compile to auto (falls back to eager) or false") from self.error
+            raise CompileFailed(
+                f"train.compile: true, but torch.compile failed ({_describe(self.error)}); set "
+                "train.compile to auto (falls back to eager) or false"
+            ) from self.error
         _leave_deterministic()  # eager exactly as a stage that never compiled
         if not self.warned:  # say why once, then eager without retrying
             global fallbacks

@@ -10,14 +10,14 @@ import torch
 from harness.models.packed_attention import SEGMENTS_KWARG, packed_attention, segment_plan
 from harness.training.compiling import forward_of
 
-
 # Model types whose logits are exactly lm_head(last hidden state); for them the loss projects only supervised
 # positions. Others (logit soft-capping, scaling) go through the model's own forward.
 _HEAD_ONLY_TYPES = {"qwen2", "qwen3", "llama", "mistral", "gpt2", "qwen3_5", "qwen3_5_text", "olmo2", "phi3"}
 
 
-def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 position_ids: Optional[torch.Tensor] = None) -> dict:
+def model_inputs(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: Optional[torch.Tensor] = None
+) -> dict:
     """The keyword arguments of the model's forward: a padded batch's mask, or a packed batch's restarting
     positions with no mask and no cache — transformers' padding-free format (a cache, or any 2-D mask, turns off
     its detection of where examples start: attention would then cross them)."""
@@ -26,15 +26,22 @@ def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return {"input_ids": input_ids, "position_ids": position_ids, "use_cache": False}
 
 
-def supervised_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      selected: torch.Tensor, compiled: Union[bool, str] = False,
-                      position_ids: Optional[torch.Tensor] = None, varlen: bool = False) -> torch.Tensor:
+def supervised_logits(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    selected: torch.Tensor,
+    compiled: Union[bool, str] = False,
+    position_ids: Optional[torch.Tensor] = None,
+    varlen: bool = False,
+) -> torch.Tensor:
     """Logits ``[N, V]`` at the ``selected`` flat positions (row × T + t, as :attr:`harness.data.batches.Batch.supervised`)
     only; they gather without a host sync. ``compiled``: run the forward through ``torch.compile``
     (:func:`harness.training.compiling.forward_of`: ``"auto"`` falls back to eager if compiling fails, ``True`` raises).
     ``position_ids``: a packed batch's (:mod:`harness.data.packing`); ``attention_mask`` is then not passed.
     ``varlen``: the packed batch attends example by example (:mod:`harness.models.packed_attention`; its plan is
     built on the host from ``position_ids``, one device sync per step on a GPU — not measured there yet)."""
+
     def pick(x: torch.Tensor) -> torch.Tensor:  # [B, T, …] → [N, …]
         return x.flatten(0, 1).index_select(0, selected)
 

@@ -60,6 +60,7 @@ def first_nonfinite_module(model, run_forward) -> Optional[str]:
                 if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all():
                     found.append(name)
                     return
+
         return check
 
     for name, module in model.named_modules():
@@ -76,8 +77,11 @@ def first_nonfinite_module(model, run_forward) -> Optional[str]:
 
 def nonfinite_grads(model) -> list[str]:
     # A sharded (FSDP) gradient counts its non-finite entries on every rank's shard (a sum every rank computes).
-    return [name for name, p in model.named_parameters()
-            if p.grad is not None and int(gathered((~torch.isfinite(p.grad)).sum())) > 0]
+    return [
+        name
+        for name, p in model.named_parameters()
+        if p.grad is not None and int(gathered((~torch.isfinite(p.grad)).sum())) > 0
+    ]
 
 
 @dataclass
@@ -99,8 +103,7 @@ class Injector:
     def before_forward(self, model, step: int) -> None:
         if self.where != "forward" or not self.active(step):
             return
-        name, module = next(((n, m) for n, m in model.named_modules() if n and re.search(self.module, n)),
-                            (None, None))
+        name, module = next(((n, m) for n, m in model.named_modules() if n and re.search(self.module, n)), (None, None))
         if module is None:
             raise ValueError(f"debug.inject_nonfinite.module: no module matches {self.module!r}")
 
@@ -110,7 +113,6 @@ class Injector:
             return (output[0] * float("nan"), *output[1:])
 
         self._handle = module.register_forward_hook(poison)  # kept through the guard's re-run; removed after
-
 
     def remove(self) -> None:
         if self._handle is not None:

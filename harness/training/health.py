@@ -27,7 +27,7 @@ def module_group(name: str) -> str:
     """The health group of a parameter name."""
     layer = _LAYER.search(name)
     if layer:
-        rest = name[layer.end():]
+        rest = name[layer.end() :]
         if _ATTN.search(rest):
             return f"layers.{layer.group(1)}.attn"
         if _MLP.search(rest):

@@ -29,24 +29,31 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
+from harness.config import LossSpec, OptimSpec, TrainSpec
+from harness.core.store import Row
+from harness.data.batches import Batch, task_share_max
+from harness.data.images import vision_supervised_logits
 from harness.training import parallel as distributed
 from harness.training.adapters import param_groups, unwrap
-from harness.training.special_tokens import check_special_token_gradients
 from harness.training.compiling import compile_decision, compiled_stage
 from harness.training.forward import supervised_logits
-from harness.config import LossSpec, OptimSpec, TrainSpec
-from harness.data.batches import Batch, task_share_max
-from harness.training.health import GroupStats, gathered
 from harness.training.guard import Injector, NonFiniteError, first_nonfinite_module, nonfinite_grads
+from harness.training.health import GroupStats, gathered
 from harness.training.losses import first_answer_tokens, token_losses_and_ce, token_weights, weighted_mean
+from harness.training.special_tokens import check_special_token_gradients
 from harness.training.steering import Steering
-from harness.core.store import Row
-from harness.data.images import vision_supervised_logits
 
 
-def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, tasks: list[str],
-               precision: str = "fp32", compiled: Union[bool, str] = False,
-               parallel: Optional[distributed.DataParallel] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def batch_loss(
+    model,
+    batch: Batch,
+    spec: LossSpec,
+    task_ids: torch.Tensor,
+    tasks: list[str],
+    precision: str = "fp32",
+    compiled: Union[bool, str] = False,
+    parallel: Optional[distributed.DataParallel] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss to back-propagate, plain CE per supervised token, task index per supervised token)``.
 
     The loss is the stage's (CE or GEM, with per-task and first-token weights); CE is returned as well so every
@@ -59,11 +66,13 @@ def batch_loss(model, batch: Batch, spec: LossSpec, task_ids: torch.Tensor, task
         if getattr(batch, "pixel_values", None) is not None:  # an image-text batch (harness.data.images)
             logits = vision_supervised_logits(unwrap(model), batch, supervised)
         elif parallel is None:
-            logits = supervised_logits(unwrap(model), batch.input_ids, batch.attention_mask, supervised, compiled,
-                                       batch.position_ids, varlen)
+            logits = supervised_logits(
+                unwrap(model), batch.input_ids, batch.attention_mask, supervised, compiled, batch.position_ids, varlen
+            )
         else:
-            logits = parallel.logits_module(model)(batch.input_ids, batch.attention_mask, supervised, compiled,
-                                                   batch.position_ids, varlen)
+            logits = parallel.logits_module(model)(
+                batch.input_ids, batch.attention_mask, supervised, compiled, batch.position_ids, varlen
+            )
     losses, ce = token_losses_and_ce(logits, batch.labels.flatten()[supervised], spec)
     example_of_token = batch.example_of_token  # the example (index into batch.tasks) of each supervised token
     task_of_token = task_ids[example_of_token]
@@ -121,13 +130,20 @@ class Window:
         self.token_count = torch.zeros(self.n_tasks) if self.token_count is None else self.token_count
         self.grad_norm_sum = torch.zeros(()) if self.grad_norm_sum is None else self.grad_norm_sum
 
-    def add(self, losses: torch.Tensor, task_of_token: torch.Tensor, grad_norm: torch.Tensor, batch: Batch,
-            global_share: Optional[float] = None) -> None:
+    def add(
+        self,
+        losses: torch.Tensor,
+        task_of_token: torch.Tensor,
+        grad_norm: torch.Tensor,
+        batch: Batch,
+        global_share: Optional[float] = None,
+    ) -> None:
         """One successful step. ``global_share``: the global batch's (:func:`task_share_max`), when ``batch``
         is one rank's slice of it; else it is ``batch``'s own."""
         if self.loss_sum.device != losses.device:  # sums live where the losses are: no per-step host copy
             self.loss_sum, self.token_count, self.grad_norm_sum = (
-                t.to(losses.device) for t in (self.loss_sum, self.token_count, self.grad_norm_sum))
+                t.to(losses.device) for t in (self.loss_sum, self.token_count, self.grad_norm_sum)
+            )
         self.loss_sum.index_add_(0, task_of_token, losses.detach().float())
         self.token_count.index_add_(0, task_of_token, torch.ones_like(losses, dtype=torch.float32))
         self.grad_norm_sum += grad_norm.detach().float()
@@ -155,16 +171,32 @@ class Window:
         return out
 
     def state(self) -> dict[str, Any]:
-        return {"loss_sum": self.loss_sum.tolist(), "token_count": self.token_count.tolist(),
-                "grad_norm_sum": float(self.grad_norm_sum), "steps": self.steps, "skipped": self.skipped,
-                "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens,
-                "task_share_max_sum": self.task_share_max_sum, "seconds": self.seconds}
+        return {
+            "loss_sum": self.loss_sum.tolist(),
+            "token_count": self.token_count.tolist(),
+            "grad_norm_sum": float(self.grad_norm_sum),
+            "steps": self.steps,
+            "skipped": self.skipped,
+            "real_tokens": self.real_tokens,
+            "padded_tokens": self.padded_tokens,
+            "task_share_max_sum": self.task_share_max_sum,
+            "seconds": self.seconds,
+        }
 
     @classmethod
     def from_state(cls, n_tasks: int, state: dict[str, Any]) -> "Window":
-        return cls(n_tasks, torch.tensor(state["loss_sum"]), torch.tensor(state["token_count"]),
-                   torch.tensor(state["grad_norm_sum"]), state["steps"], state["skipped"], state["real_tokens"],
-                   state["padded_tokens"], state.get("task_share_max_sum", 0.0), state["seconds"])
+        return cls(
+            n_tasks,
+            torch.tensor(state["loss_sum"]),
+            torch.tensor(state["token_count"]),
+            torch.tensor(state["grad_norm_sum"]),
+            state["steps"],
+            state["skipped"],
+            state["real_tokens"],
+            state["padded_tokens"],
+            state.get("task_share_max_sum", 0.0),
+            state["seconds"],
+        )
 
 
 @dataclass
@@ -204,12 +236,23 @@ class StageLoop:
     progress: Optional[Callable[[int], None]]
     kill_at: Optional[int]  # debug.kill_rank: the global step at which this process SIGKILLs itself
 
-    def __init__(self, stage: str, start_step: int, tasks: list[str], log: Callable[[list[Row], int], None],
-                 evaluate: Callable[[int], None], train: Optional[TrainSpec] = None, *, eval_every: int = 10**9,
-                 special_tokens: Optional[dict[str, int]] = None, injector: Optional[Injector] = None,
-                 save_checkpoint: Optional[Callable[[int, LoopState], None]] = None,
-                 progress: Optional[Callable[[int], None]] = None, kill_at: Optional[int] = None,
-                 **train_settings: Any):
+    def __init__(
+        self,
+        stage: str,
+        start_step: int,
+        tasks: list[str],
+        log: Callable[[list[Row], int], None],
+        evaluate: Callable[[int], None],
+        train: Optional[TrainSpec] = None,
+        *,
+        eval_every: int = 10**9,
+        special_tokens: Optional[dict[str, int]] = None,
+        injector: Optional[Injector] = None,
+        save_checkpoint: Optional[Callable[[int, LoopState], None]] = None,
+        progress: Optional[Callable[[int], None]] = None,
+        kill_at: Optional[int] = None,
+        **train_settings: Any,
+    ):
         unknown = sorted(set(train_settings) - set(TrainSpec.model_fields))
         if unknown:
             raise TypeError(f"StageLoop: unknown train setting(s) {', '.join(unknown)}")
@@ -221,8 +264,9 @@ class StageLoop:
         self.save_checkpoint, self.progress, self.kill_at = save_checkpoint, progress, kill_at
 
 
-def _diagnose(model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step: int, what: str,
-              parallel=None) -> dict[str, Any]:
+def _diagnose(
+    model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step: int, what: str, parallel=None
+) -> dict[str, Any]:
     """Name the first module with a non-finite output (re-running the batch with hooks) and the bad grads. A
     sharded (FSDP) model re-runs through its sharded forward, on every rank (the all-gathers must match); a DDP
     model re-runs outside DDP (a second DDP forward before the optimiser step would confuse its reducer)."""
@@ -231,17 +275,30 @@ def _diagnose(model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step
     for t in batch.tasks:
         tasks[t] = tasks.get(t, 0) + 1
     return {
-        "step": step, "stage": loop.stage, "what": what,
+        "step": step,
+        "stage": loop.stage,
+        "what": what,
         "first_module": first_nonfinite_module(
-            model, lambda: batch_loss(model, batch, loop.train.loss, task_ids, loop.tasks, loop.train.precision,
-                                      parallel=through)),
+            model,
+            lambda: batch_loss(
+                model, batch, loop.train.loss, task_ids, loop.tasks, loop.train.precision, parallel=through
+            ),
+        ),
         "nonfinite_grads": nonfinite_grads(model),
         "tasks": tasks,
     }
 
 
-def _nonfinite_report(model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step: int, loss: torch.Tensor,
-                      grad_norm: torch.Tensor, parallel) -> Optional[dict[str, Any]]:
+def _nonfinite_report(
+    model,
+    batch: Batch,
+    loop: StageLoop,
+    task_ids: torch.Tensor,
+    step: int,
+    loss: torch.Tensor,
+    grad_norm: torch.Tensor,
+    parallel,
+) -> Optional[dict[str, Any]]:
     """None when the step's loss and gradient are finite (on every rank), else the guard's report — with several
     ranks, the report of the first rank where it began, on every rank, so that all of them stop here."""
     loss_bad, grad_bad = (~torch.isfinite(torch.stack([loss.detach().float(), grad_norm.float()]))).tolist()
@@ -252,8 +309,15 @@ def _nonfinite_report(model, batch: Batch, loop: StageLoop, task_ids: torch.Tens
     return parallel.report_of(bad_ranks[0], report) if bad_ranks else report
 
 
-def _window_rows(loop: StageLoop, step: int, window: Window, lr: float, groups: Optional[GroupStats],
-                 before: Optional[dict], group_grads: Optional[dict[str, float]]) -> list[Row]:
+def _window_rows(
+    loop: StageLoop,
+    step: int,
+    window: Window,
+    lr: float,
+    groups: Optional[GroupStats],
+    before: Optional[dict],
+    group_grads: Optional[dict[str, float]],
+) -> list[Row]:
     """The window's training metrics, with the per-module-group update ratios and grad norms when measured."""
     out = window.rows(loop.tasks, loop.stage, step, lr)
     if groups is not None and before is not None:
@@ -290,8 +354,9 @@ def _optimizer_for(trained, spec: OptimSpec, steps: int, state: LoopState, paral
     return optimizer, scheduler
 
 
-def _skip_or_stop(report: dict[str, Any], state: LoopState, loop: StageLoop, optimizer, scheduler, window: Window,
-                  step: int) -> None:
+def _skip_or_stop(
+    report: dict[str, Any], state: LoopState, loop: StageLoop, optimizer, scheduler, window: Window, step: int
+) -> None:
     """A non-finite step: stop (``nonfinite.action: stop``, or too many skips in a row), or drop the step and keep
     the schedule (``skip_step``)."""
     nonfinite = loop.train.nonfinite
@@ -308,8 +373,9 @@ def _skip_or_stop(report: dict[str, Any], state: LoopState, loop: StageLoop, opt
     loop.log([Row(loop.stage, step, None, "train", "nonfinite_skip", 1.0)], step)
 
 
-def _source(batches, loop: StageLoop, state: LoopState, parallel
-            ) -> tuple[LoopState, Any, Optional[list[float]], Optional[Steering]]:
+def _source(
+    batches, loop: StageLoop, state: LoopState, parallel
+) -> tuple[LoopState, Any, Optional[list[float]], Optional[Steering]]:
     """``(state, batches, shares, steering)``: a static stage's batches (this rank's slices) with each global
     batch's largest task share (the metric is about the batch the mixture sampler drew, not one rank's slice of it;
     None in one process), or an adaptive stream with the steering that feeds it (resumed where ``state`` left it;
@@ -326,8 +392,7 @@ def _source(batches, loop: StageLoop, state: LoopState, parallel
     return state, batches, None, steering
 
 
-def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState],
-                 compiled: Union[bool, str]) -> int:
+def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState], compiled: Union[bool, str]) -> int:
     train, task_index = loop.train, {t: i for i, t in enumerate(loop.tasks)}
     parallel = distributed.current(train.parallel)  # None in a single process
     state, batches, shares, steering = _source(batches, loop, resume or LoopState(), parallel)
@@ -355,8 +420,9 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState],
             os.kill(os.getpid(), signal.SIGKILL)
         if loop.injector is not None:
             loop.injector.before_forward(trained, step)
-        loss, ce, task_of_token = batch_loss(trained, batch, train.loss, task_ids, loop.tasks, train.precision,
-                                             compiled, parallel)
+        loss, ce, task_of_token = batch_loss(
+            trained, batch, train.loss, task_ids, loop.tasks, train.precision, compiled, parallel
+        )
         loss.backward()
         if i + 1 < len(batches) and steering is None:  # on a GPU the next batch's copy overlaps this step's work
             upcoming = batches[i + 1].to(device)
@@ -401,15 +467,28 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState],
                 parallel.sync(model)
             loop.evaluate(step)
             trained.train()
-        if loop.save_checkpoint is not None and train.checkpoint_every and step % train.checkpoint_every == 0 \
-                and i + 1 < len(batches):
-            _checkpoint(model, loop, step, LoopState(i + 1, state.consecutive_skips, window.state()), optimizer,
-                        scheduler, parallel, steering)
+        if (
+            loop.save_checkpoint is not None
+            and train.checkpoint_every
+            and step % train.checkpoint_every == 0
+            and i + 1 < len(batches)
+        ):
+            _checkpoint(
+                model,
+                loop,
+                step,
+                LoopState(i + 1, state.consecutive_skips, window.state()),
+                optimizer,
+                scheduler,
+                parallel,
+                steering,
+            )
     return loop.start_step + len(batches)
 
 
-def _checkpoint(model, loop: StageLoop, step: int, at: LoopState, optimizer, scheduler, parallel,
-                steering: Optional[Steering]) -> None:
+def _checkpoint(
+    model, loop: StageLoop, step: int, at: LoopState, optimizer, scheduler, parallel, steering: Optional[Steering]
+) -> None:
     """A resume point after ``step``: the loop's position ``at``, the optimiser and schedule, an adaptive stage's
     stream and partial sums."""
     if parallel is not None:

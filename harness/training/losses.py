@@ -47,8 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
 GEM_LOGSIGMOID_TEMPERATURE = 0.01  # the authors' constant in ``sigmoid(0.01 * logits_diff)``
 
 
-def gem_token_losses(logits: torch.Tensor, targets: torch.Tensor, beta: float = 0.7,
-                     h: str = "linear") -> torch.Tensor:
+def gem_token_losses(logits: torch.Tensor, targets: torch.Tensor, beta: float = 0.7, h: str = "linear") -> torch.Tensor:
     """GEM per token ``[N]`` from logits ``[N, V]`` and targets ``[N]`` (computed in float32 or wider)."""
     if not 0 < beta <= 1:
         raise ValueError(f"GEM beta must be in (0, 1], got {beta}")
@@ -77,8 +76,9 @@ def token_losses_from_logits(logits: torch.Tensor, targets: torch.Tensor, spec: 
     raise ValueError(f"unknown loss {spec.name!r}")
 
 
-def token_losses_and_ce(logits: torch.Tensor, targets: torch.Tensor,
-                        spec: "LossSpec") -> tuple[torch.Tensor, torch.Tensor]:
+def token_losses_and_ce(
+    logits: torch.Tensor, targets: torch.Tensor, spec: "LossSpec"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(training loss [N], plain CE [N] detached)`` — CE is what the loop logs whatever the training loss."""
     losses = token_losses_from_logits(logits, targets, spec)
     if spec.name == "ce":
@@ -97,9 +97,14 @@ def first_answer_tokens(labels: torch.Tensor) -> torch.Tensor:
     return supervised & ~previous
 
 
-def token_weights(task_of_token: torch.Tensor, is_first_token: Optional[torch.Tensor], spec: "LossSpec",
-                  tasks: Optional[Sequence[str]] = None, example_of_token: Optional[torch.Tensor] = None,
-                  n_examples: int = 0) -> Optional[torch.Tensor]:
+def token_weights(
+    task_of_token: torch.Tensor,
+    is_first_token: Optional[torch.Tensor],
+    spec: "LossSpec",
+    tasks: Optional[Sequence[str]] = None,
+    example_of_token: Optional[torch.Tensor] = None,
+    n_examples: int = 0,
+) -> Optional[torch.Tensor]:
     """Per-token weights ``[N]`` (float32), or ``None`` when every weight is 1.
 
     ``spec.task_weights`` maps a task name (resolved through ``tasks``, the task list whose indices
@@ -125,8 +130,9 @@ def token_weights(task_of_token: torch.Tensor, is_first_token: Optional[torch.Te
     return share if task is None else task * share
 
 
-def _task_weight_per_token(task_of_token: torch.Tensor, spec: "LossSpec",
-                           tasks: Optional[Sequence[str]]) -> Optional[torch.Tensor]:
+def _task_weight_per_token(
+    task_of_token: torch.Tensor, spec: "LossSpec", tasks: Optional[Sequence[str]]
+) -> Optional[torch.Tensor]:
     """``spec.task_weights`` per token (float32), or ``None`` when none is set."""
     if not spec.task_weights:
         return None
@@ -149,9 +155,15 @@ def _task_weight_per_token(task_of_token: torch.Tensor, spec: "LossSpec",
     return table.to(task_of_token.device)[task_of_token]
 
 
-def weighted_mean(per_token: torch.Tensor, task_of_token: torch.Tensor, is_first_token: Optional[torch.Tensor],
-                  spec: "LossSpec", tasks: Optional[Sequence[str]] = None,
-                  example_of_token: Optional[torch.Tensor] = None, n_examples: int = 0) -> torch.Tensor:
+def weighted_mean(
+    per_token: torch.Tensor,
+    task_of_token: torch.Tensor,
+    is_first_token: Optional[torch.Tensor],
+    spec: "LossSpec",
+    tasks: Optional[Sequence[str]] = None,
+    example_of_token: Optional[torch.Tensor] = None,
+    n_examples: int = 0,
+) -> torch.Tensor:
     """The scalar to back-propagate: ``Σ w_i l_i / Σ w_i`` (the plain mean when every weight is 1).
 
     A weighted *mean*, so the loss scale does not change with the weights; a task weight of 0 drops that task's

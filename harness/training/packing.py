@@ -41,7 +41,7 @@ from harness.training.loop import batch_loss
 
 SAFETY = 4.0
 CHECK_BATCHES = 3  # the first batches of the stage: "a handful"
-UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16-autocast": 2.0 ** -8}
+UNIT_ROUNDOFF = {"fp32": 2.0**-24, "bf16-autocast": 2.0**-8}
 
 
 class PackingError(ValueError):
@@ -69,10 +69,14 @@ class PackingCheck:
 
     def why(self) -> str:
         """One line for the console or the error."""
-        what = {"attention": "attention (or a recurrent state) crosses example boundaries",
-                "positions": "positions do not restart at each example"}.get(self.leaked or "", "losses differ")
-        return (f"packed batches are not exact on model type {self.model_type!r}: {what} (largest relative "
-                f"difference {self.max_rel_diff:.2e} > tolerance {self.tolerance:.2e})")
+        what = {
+            "attention": "attention (or a recurrent state) crosses example boundaries",
+            "positions": "positions do not restart at each example",
+        }.get(self.leaked or "", "losses differ")
+        return (
+            f"packed batches are not exact on model type {self.model_type!r}: {what} (largest relative "
+            f"difference {self.max_rel_diff:.2e} > tolerance {self.tolerance:.2e})"
+        )
 
 
 def _model_type(model) -> str:
@@ -112,9 +116,14 @@ def _relaid(batch: Batch) -> tuple[Batch, list[int]]:
     # the pad id is never attended in a padded batch: any id will do
     wide = collate([Encoded(batch.tasks[i], examples[i][0], examples[i][1]) for i in order], pad_id=0)
     pad = torch.zeros(wide.input_ids.shape[0], 8, dtype=wide.input_ids.dtype)
-    relaid = Batch(torch.cat([wide.input_ids, pad], 1), torch.cat([wide.attention_mask, pad], 1),
-                   torch.cat([wide.labels, torch.full_like(pad, IGNORE_INDEX)], 1), wide.tasks, wide.n_real_tokens,
-                   wide.n_padded_tokens + pad.numel())
+    relaid = Batch(
+        torch.cat([wide.input_ids, pad], 1),
+        torch.cat([wide.attention_mask, pad], 1),
+        torch.cat([wide.labels, torch.full_like(pad, IGNORE_INDEX)], 1),
+        wide.tasks,
+        wide.n_real_tokens,
+        wide.n_padded_tokens + pad.numel(),
+    )
     return relaid, order
 
 
@@ -124,14 +133,17 @@ def _rotated_first(batch: Batch) -> tuple[Batch, list[int]]:
     examples = examples_of(batch)
     firsts = {i for i, (_, start, _) in enumerate(batch.layout.spans) if start == 0}
     rows_with_more = {batch.layout.spans[i][0] for i, (_, start, _) in enumerate(batch.layout.spans) if start > 0}
-    changed = [(np.roll(ids, 1), labels) if i in firsts and batch.layout.spans[i][0] in rows_with_more
-               else (ids, labels) for i, (ids, labels) in enumerate(examples)]
+    changed = [
+        (np.roll(ids, 1), labels) if i in firsts and batch.layout.spans[i][0] in rows_with_more else (ids, labels)
+        for i, (ids, labels) in enumerate(examples)
+    ]
     others = [i for i, (_, start, _) in enumerate(batch.layout.spans) if start > 0]
     return pack_like(batch, changed, batch.tasks), others
 
 
-def _outcome(model, batch: Batch, spec: LossSpec, tasks: list[str], precision: str,
-             watched: list[tuple[str, torch.nn.Parameter]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _outcome(
+    model, batch: Batch, spec: LossSpec, tasks: list[str], precision: str, watched: list[tuple[str, torch.nn.Parameter]]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-example mean CE (float64, sampler order) and the gradients of the ``watched`` parameters."""
     device = next(model.parameters()).device
     batch = batch.to(device)
@@ -143,7 +155,8 @@ def _outcome(model, batch: Batch, spec: LossSpec, tasks: list[str], precision: s
     n = len(batch.tasks)
     sums = torch.zeros(n, dtype=torch.float64, device=device).index_add_(0, batch.example_of_token, ce.double())
     counts = torch.zeros(n, dtype=torch.float64, device=device).index_add_(
-        0, batch.example_of_token, torch.ones_like(ce, dtype=torch.float64))
+        0, batch.example_of_token, torch.ones_like(ce, dtype=torch.float64)
+    )
     grads = {name: p.grad.detach().double().clone() for name, p in watched if p.grad is not None}
     model.zero_grad(set_to_none=True)
     return (sums / counts.clamp_min(1)).cpu(), grads
@@ -158,8 +171,9 @@ def _watched(model) -> list[tuple[str, torch.nn.Parameter]]:
     return [trainable[i] for i in picks]
 
 
-def check_packing(model, padded: Sequence[Batch], packed: Sequence[Batch], spec: LossSpec, tasks: list[str],
-                  precision: str = "fp32") -> PackingCheck:
+def check_packing(
+    model, padded: Sequence[Batch], packed: Sequence[Batch], spec: LossSpec, tasks: list[str], precision: str = "fp32"
+) -> PackingCheck:
     """Compare the first :data:`CHECK_BATCHES` batches packed and padded on ``model`` (left as it was: eval mode
     for the check, gradients cleared, no RNG drawn)."""
     was_training = model.training
@@ -185,8 +199,9 @@ def check_packing(model, padded: Sequence[Batch], packed: Sequence[Batch], spec:
         model.train(was_training)
 
 
-def _what_leaked(model, packed: Sequence[Batch], spec: LossSpec, tasks: list[str], precision: str,
-                 tolerance: float) -> str:
+def _what_leaked(
+    model, packed: Sequence[Batch], spec: LossSpec, tasks: list[str], precision: str, tolerance: float
+) -> str:
     """``attention`` when an example's loss depends on the content of another example in its row, else
     ``positions``."""
     for batch in packed:

@@ -55,8 +55,7 @@ def set_python_state(state: list) -> None:
 def capture() -> dict[str, Any]:
     """Every generator of this process: ``torch`` (CPU), ``device`` (its own CUDA device, or None), ``numpy``,
     ``python``."""
-    return {"torch": torch.get_rng_state(), "device": device_state(), "numpy": numpy_state(),
-            "python": python_state()}
+    return {"torch": torch.get_rng_state(), "device": device_state(), "numpy": numpy_state(), "python": python_state()}
 
 
 def restore(state: dict[str, Any]) -> None:

@@ -24,8 +24,8 @@ class SpecialTokenGradientError(RuntimeError):
             f"{len(failures)} special-token row{'s' if len(failures) != 1 else ''} would never train:\n"
             + "\n".join(lines)
             + "\nThe matrix is trainable, so something zeroes these rows' gradient — typically a row mask that "
-              "misses them (the seed's grad[:32000] vs grad[:31999] off-by-one kept <|endoftext|> untrained for "
-              "three days)."
+            "misses them (the seed's grad[:32000] vs grad[:31999] off-by-one kept <|endoftext|> untrained for "
+            "three days)."
         )
 
     def __reduce__(self):  # pickles with its constructor's arguments (harness repro --jobs sends it back)
@@ -55,8 +55,8 @@ def _read_token_ids(batch) -> set[int]:
     if getattr(batch, "layout", None) is not None:  # packed: only positions of the same example read t
         later = torch.zeros_like(later)
         for row, start, n in batch.layout.spans:
-            span = supervised[row, start:start + n]
-            later[row, start:start + n] = span.int().flip(0).cummax(0).values.flip(0).bool()
+            span = supervised[row, start : start + n]
+            later[row, start : start + n] = span.int().flip(0).cummax(0).values.flip(0).bool()
     read = later & batch.attention_mask.bool()
     return set(batch.input_ids[read].unique().tolist())
 

@@ -14,17 +14,17 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from harness.data.batches import task_share_max
-
 from harness.core.store import Row
+from harness.data.batches import task_share_max
 
 
 class Steering:
     """Feeds ``stream`` (an AdaptiveStream) every ``stream.spec.every`` steps of the stage; ``state`` continues the
     partial sums of a resumed stage (this rank's own)."""
 
-    def __init__(self, stream, loop_tasks: list[str], stage: str, parallel=None,
-                 state: Optional[dict[str, Any]] = None):
+    def __init__(
+        self, stream, loop_tasks: list[str], stage: str, parallel=None, state: Optional[dict[str, Any]] = None
+    ):
         self.stream, self.stage, self.parallel = stream, stage, parallel
         self.global_share: Optional[float] = None  # the last global batch's largest task share (next_batch)
         self.columns = [loop_tasks.index(t) for t in stream.tasks]  # the stream's tasks among the loop's
@@ -65,8 +65,10 @@ class Steering:
 
     def weight_rows(self, step: int) -> list[Row]:
         """The weights the next draws use, one ``mixture_weight`` row per task."""
-        return [Row(self.stage, step, task, "train", "mixture_weight", float(w))
-                for task, w in zip(self.stream.tasks, self.stream.weights())]
+        return [
+            Row(self.stage, step, task, "train", "mixture_weight", float(w))
+            for task, w in zip(self.stream.tasks, self.stream.weights())
+        ]
 
     def state(self) -> dict[str, Any]:
         """This rank's partial sums since the last update (a resume point keeps each rank's own)."""

@@ -53,8 +53,13 @@ class Controller:
 
 def positive_number(value: Any, what: str, upper: Optional[float] = None) -> Optional[str]:
     """A message unless ``value`` is a finite number > 0 (and < ``upper`` when given)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0 \
-            or (upper is not None and value >= upper):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not np.isfinite(value)
+        or value <= 0
+        or (upper is not None and value >= upper)
+    ):
         bound = f" and < {upper}" if upper is not None else ""
         return f"{what} must be a number > 0{bound}, got {value!r}"
     return None

@@ -76,8 +76,7 @@ class DoReMi(Controller):
             self.reference[warming] += (losses[warming] - self.reference[warming]) / (self.seen[warming] + 1)
         self.seen += seen
         excess = np.where(ready, np.nan_to_num(losses) - self.reference, 0.0)
-        self.log_alpha = doremi_step(self.log_alpha, excess, float(self.params["eta"]),
-                                     float(self.params["smoothing"]))
+        self.log_alpha = doremi_step(self.log_alpha, excess, float(self.params["eta"]), float(self.params["smoothing"]))
 
     def state(self) -> dict[str, Any]:
         return {"log_alpha": self.log_alpha.tolist(), "reference": self.reference.tolist(), "seen": self.seen.tolist()}

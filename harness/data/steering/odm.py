@@ -43,8 +43,9 @@ def odm_policy(prior: np.ndarray, rewards: np.ndarray, t: int) -> np.ndarray:
     return (1.0 - k * exploration(t, k)) * weights / weights.sum() + exploration(t, k)
 
 
-def odm_rewards(rewards: np.ndarray, losses: np.ndarray, examples: np.ndarray, policy: np.ndarray,
-                alpha: float) -> np.ndarray:
+def odm_rewards(
+    rewards: np.ndarray, losses: np.ndarray, examples: np.ndarray, policy: np.ndarray, alpha: float
+) -> np.ndarray:
     """R̂ after observing per-task mean ``losses`` (nan: not drawn) of the ``examples`` drawn under ``policy``."""
     drawn = (examples > 0) & np.isfinite(losses)
     estimate = np.where(drawn, np.nan_to_num(losses) / policy, 0.0)

@@ -25,20 +25,31 @@ class AdaptiveStream:
     per-task mean training loss of the steps since its last update (``nan`` where none); ``state()`` / ``load()``
     for resume points. ``composition`` is the effective composition of what has been drawn so far (live)."""
 
-    def __init__(self, spec: AdaptiveSpec, pools: dict[str, list], steps: int, batch_size: int,
-                 rng: np.random.Generator, collate: Callable[[list], Any], dropped: dict[str, int],
-                 reference: Optional[dict[str, float]] = None):
+    def __init__(
+        self,
+        spec: AdaptiveSpec,
+        pools: dict[str, list],
+        steps: int,
+        batch_size: int,
+        rng: np.random.Generator,
+        collate: Callable[[list], Any],
+        dropped: dict[str, int],
+        reference: Optional[dict[str, float]] = None,
+    ):
         self.spec, self.tasks, self.pools = spec, list(spec.tasks), pools
         self.steps, self.batch_size, self.rng, self.collate = steps, batch_size, rng, collate
         start = dict(spec.start) if spec.start else {t: float(len(pools[t])) for t in self.tasks}
         ref = None if reference is None else np.array([reference[t] for t in self.tasks])
         self.controller = MIXTURE_CONTROLLERS.get(spec.method)(
-            np.array([start[t] for t in self.tasks]), dict(spec.params), ref)
+            np.array([start[t] for t in self.tasks]), dict(spec.params), ref
+        )
         self.cursors = {t: Cycler(len(pools[t]), rng) for t in self.tasks}
         self.position = 0  # batches drawn
         self.pending = np.zeros(len(self.tasks))  # examples per task drawn since the last update
-        self.composition = {t: {"examples": 0, "tokens": 0, "supervised_tokens": 0, "share": 0.0,
-                                "dropped_too_long": dropped.get(t, 0)} for t in self.tasks}
+        self.composition = {
+            t: {"examples": 0, "tokens": 0, "supervised_tokens": 0, "share": 0.0, "dropped_too_long": dropped.get(t, 0)}
+            for t in self.tasks
+        }
 
     def __len__(self) -> int:
         return self.steps
@@ -74,9 +85,14 @@ class AdaptiveStream:
         return [e for t in self.tasks for e in self.pools[t]]
 
     def state(self) -> dict[str, Any]:
-        return {"rng": self.rng.bit_generator.state, "position": self.position, "pending": self.pending.tolist(),
-                "controller": self.controller.state(), "composition": self.composition,
-                "cursors": {t: [c.order.tolist(), c.pos] for t, c in self.cursors.items()}}
+        return {
+            "rng": self.rng.bit_generator.state,
+            "position": self.position,
+            "pending": self.pending.tolist(),
+            "controller": self.controller.state(),
+            "composition": self.composition,
+            "cursors": {t: [c.order.tolist(), c.pos] for t, c in self.cursors.items()},
+        }
 
     def load(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]

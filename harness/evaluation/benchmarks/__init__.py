@@ -94,8 +94,11 @@ class Benchmarks:
         from harness.core.registry import suggest
 
         known = self.manager().all_tasks
-        return [(i, f"unknown lm-eval task {s.task!r}{suggest(s.task, known)}") for i, s in enumerate(self.specs)
-                if s.task not in known]
+        return [
+            (i, f"unknown lm-eval task {s.task!r}{suggest(s.task, known)}")
+            for i, s in enumerate(self.specs)
+            if s.task not in known
+        ]
 
     def run(self, model, specs: Optional[list] = None) -> BenchmarkResult:
         """Every spec of ``specs`` (default: all) on ``model``; the model's modes and every global RNG are as they
@@ -109,13 +112,26 @@ class Benchmarks:
             try:
                 if self._lm is None or self._lm[0] is not model:  # one wrapper per model object (a stage may
                     # hand on a new one: an adapter wrapped around it)
-                    self._lm = (model, HFLM(pretrained=model, tokenizer=self.tokenizer, batch_size=self.batch_size,
-                                            max_length=_max_length(model)))
+                    self._lm = (
+                        model,
+                        HFLM(
+                            pretrained=model,
+                            tokenizer=self.tokenizer,
+                            batch_size=self.batch_size,
+                            max_length=_max_length(model),
+                        ),
+                    )
                 lm = self._lm[1]
                 for spec in self.specs if specs is None else specs:
-                    results = simple_evaluate(model=lm, tasks=[spec.task], task_manager=self.manager(),
-                                              limit=spec.limit, num_fewshot=spec.num_fewshot, log_samples=True,
-                                              bootstrap_iters=1000)
+                    results = simple_evaluate(
+                        model=lm,
+                        tasks=[spec.task],
+                        task_manager=self.manager(),
+                        limit=spec.limit,
+                        num_fewshot=spec.num_fewshot,
+                        log_samples=True,
+                        bootstrap_iters=1000,
+                    )
                     rows, samples = result_rows(results)
                     out.rows += rows
                     out.samples += samples
@@ -156,8 +172,12 @@ class _rng_kept:
         import numpy as np
         import torch
 
-        self.states = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
-                       torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+        self.states = (
+            random.getstate(),
+            np.random.get_state(),
+            torch.get_rng_state(),
+            torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        )
 
     def __exit__(self, *exc):
         import numpy as np
@@ -185,8 +205,11 @@ def result_rows(results: dict[str, Any]) -> tuple[list[tuple], list[dict[str, An
                 continue
             metric_name, filter_name = key.split(",", 1)
             metric = metric_name if filter_name == "none" else f"{metric_name}:{filter_name}"
-            per_doc = {d["doc_id"]: float(d[metric_name]) for d in docs
-                       if d.get("filter") == filter_name and _number(d.get(metric_name))}
+            per_doc = {
+                d["doc_id"]: float(d[metric_name])
+                for d in docs
+                if d.get("filter") == filter_name and _number(d.get(metric_name))
+            }
             stderr = entry.get(f"{metric_name}_stderr,{filter_name}")
             rows.append((task, BENCH_SPLIT, metric, float(value), *_interval(per_doc, float(value), stderr, entry)))
             if per_doc and all(v in (0.0, 1.0) for v in per_doc.values()):
@@ -225,6 +248,7 @@ def _sample(task: str, doc: dict[str, Any], outcomes: dict[str, int]) -> dict[st
     responses = doc.get("filtered_resps") or []
     gold = doc.get("target")
     if responses and all(isinstance(r, (list, tuple)) and len(r) == 2 for r in responses):  # log-likelihoods
+
         def choice(i: int) -> str:
             return str(arguments[i][1]) if len(arguments[i]) > 1 else str(i)
 
@@ -233,8 +257,14 @@ def _sample(task: str, doc: dict[str, Any], outcomes: dict[str, int]) -> dict[st
             gold = choice(gold)
     else:
         pred = str(responses[0]) if responses else None
-    record = {"task": task, "split": BENCH_SPLIT, "index": doc["doc_id"], "prompt": str(arguments[0][0]),
-              "gold": str(gold), "pred": pred}
+    record = {
+        "task": task,
+        "split": BENCH_SPLIT,
+        "index": doc["doc_id"],
+        "prompt": str(arguments[0][0]),
+        "gold": str(gold),
+        "pred": pred,
+    }
     if outcomes:
         record["correct"] = bool(next(iter(outcomes.values())))
         record["outcomes"] = outcomes

@@ -30,8 +30,9 @@ class PlannedRun:
     force: bool  # the directory holds an unfinished or outdated run: clear it first
 
 
-def run_planned(todo: list[PlannedRun], jobs: int, on_done: Callable[[PlannedRun], None],
-                echo: Callable[[str], None]) -> None:
+def run_planned(
+    todo: list[PlannedRun], jobs: int, on_done: Callable[[PlannedRun], None], echo: Callable[[str], None]
+) -> None:
     """Run ``todo``; ``on_done(run)`` after each success. The first failure is raised once the runs in progress have
     ended; every failure is echoed with its arm and seed."""
     if jobs <= 1 or len(todo) <= 1:
@@ -48,8 +49,9 @@ def run_planned(todo: list[PlannedRun], jobs: int, on_done: Callable[[PlannedRun
     _run_parallel(todo, jobs, on_done, echo)
 
 
-def _run_parallel(todo: list[PlannedRun], jobs: int, on_done: Callable[[PlannedRun], None],
-                  echo: Callable[[str], None]) -> None:
+def _run_parallel(
+    todo: list[PlannedRun], jobs: int, on_done: Callable[[PlannedRun], None], echo: Callable[[str], None]
+) -> None:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
@@ -65,8 +67,14 @@ def _run_parallel(todo: list[PlannedRun], jobs: int, on_done: Callable[[PlannedR
         raise errors[0]
 
 
-def _drive(pool, queue: list[PlannedRun], jobs: int, threads: int, on_done: Callable[[PlannedRun], None],
-           echo: Callable[[str], None]) -> list[BaseException]:
+def _drive(
+    pool,
+    queue: list[PlannedRun],
+    jobs: int,
+    threads: int,
+    on_done: Callable[[PlannedRun], None],
+    echo: Callable[[str], None],
+) -> list[BaseException]:
     """Keep at most ``jobs`` runs in the pool until the queue is done or a run failed; return the failures. On
     Ctrl-C (or SIGTERM) end the workers too."""
     from concurrent.futures import FIRST_COMPLETED, wait

@@ -58,8 +58,9 @@ class Arm(BaseModel):
     model_config = ConfigDict(extra="forbid")
     file: str = Field(description="Experiment file, relative to the reproduction's directory.")
     set: list[str] = Field(default_factory=list, description="--set overrides for this arm.")
-    x: Optional[float] = Field(None, description="Position on the figure's x axis (a swept value); arms without "
-                                                 "one are drawn as bars.")
+    x: Optional[float] = Field(
+        None, description="Position on the figure's x axis (a swept value); arms without one are drawn as bars."
+    )
     micro: list[str] = Field(default_factory=list, description="Extra overrides for this arm at the micro size.")
     optional: bool = Field(False, description="Run only when named in --arms (a costly extra arm).")
 
@@ -108,16 +109,22 @@ def load_repro(name_or_dir: str | Path, root: Path = REPRO_ROOT) -> Repro:
         directory = root / str(name_or_dir)
     spec_path = directory / SPEC_NAME
     if not spec_path.is_file():
-        raise ConfigError(str(name_or_dir), [("", f"no reproduction of that name; known: {', '.join(available(root))}")])
+        raise ConfigError(
+            str(name_or_dir), [("", f"no reproduction of that name; known: {', '.join(available(root))}")]
+        )
     try:
         spec = ReproSpec.model_validate(load_raw(spec_path))
     except ValidationError as e:
         raise ConfigError(str(spec_path), yaml_errors(e, ReproSpec)) from None
-    errors = [(f"arms.{n}.file", f"{spec.arm(n).file}: no such file") for n in spec.arms
-              if not (directory / spec.arm(n).file).is_file()]
+    errors = [
+        (f"arms.{n}.file", f"{spec.arm(n).file}: no such file")
+        for n in spec.arms
+        if not (directory / spec.arm(n).file).is_file()
+    ]
     if spec.expect:
-        errors += [(f"expect.{k}", f"{v!r} is not an arm") for k, v in spec.expect.model_dump().items()
-                   if v not in spec.arms]
+        errors += [
+            (f"expect.{k}", f"{v!r} is not an arm") for k, v in spec.expect.model_dump().items() if v not in spec.arms
+        ]
     if errors:
         raise ConfigError(str(spec_path), errors)
     return Repro(directory.name, directory, spec)
@@ -188,8 +195,13 @@ def collect_run(run_dir: Path, arm: str, seed: int, metrics: list[MetricRef], ex
     summary = json.loads((run_dir / "summary.json").read_text())
     table = summary["stages"][-1]["metrics"] if summary.get("stages") else {}
     samples = _final_samples(run_dir)
-    outcome = RunOutcome(arm, seed, seconds=summary.get("timing", {}).get("total_s", 0.0), run_dir=str(run_dir),
-                         data_seed=exp.data_seed if exp.data_seed is not None else exp.seed)
+    outcome = RunOutcome(
+        arm,
+        seed,
+        seconds=summary.get("timing", {}).get("total_s", 0.0),
+        run_dir=str(run_dir),
+        data_seed=exp.data_seed if exp.data_seed is not None else exp.seed,
+    )
     for m in metrics:
         outcome.values[m.label] = float(table.get(m.split, {}).get(m.task, {}).get(m.metric, math.nan))
         mine = [r for r in samples if (r["task"], r["split"]) == (m.task, m.split)]
@@ -199,8 +211,16 @@ def collect_run(run_dir: Path, arm: str, seed: int, metrics: list[MetricRef], ex
     return outcome
 
 
-def run_repro(repro: Repro, seeds: list[int], out: Path, scale: float = 1.0, micro: bool = False,
-              arms: Optional[list[str]] = None, echo: Callable[[str], None] = print, jobs: int = 1) -> list[RunOutcome]:
+def run_repro(
+    repro: Repro,
+    seeds: list[int],
+    out: Path,
+    scale: float = 1.0,
+    micro: bool = False,
+    arms: Optional[list[str]] = None,
+    echo: Callable[[str], None] = print,
+    jobs: int = 1,
+) -> list[RunOutcome]:
     """Run every arm for every seed into ``out/runs``, reusing finished runs; returns one outcome per run, seed-major
     (all arms of seed 0 first). Experiments are all validated before the first run starts. ``jobs > 1`` runs that
     many at once, each in its own process."""
@@ -210,8 +230,9 @@ def run_repro(repro: Repro, seeds: list[int], out: Path, scale: float = 1.0, mic
     names = list(dict.fromkeys(arms or [a for a in repro.spec.arms if not repro.spec.arm(a).optional]))
     unknown = [a for a in names if a not in repro.spec.arms]
     if unknown:
-        raise ConfigError(repro.name, [("--arms", f"unknown arm(s) {', '.join(unknown)}; arms: "
-                                                  f"{', '.join(repro.spec.arms)}")])
+        raise ConfigError(
+            repro.name, [("--arms", f"unknown arm(s) {', '.join(unknown)}; arms: {', '.join(repro.spec.arms)}")]
+        )
     plan = [(arm, seed, arm_experiment(repro, arm, seed, scale, micro)) for seed in seeds for arm in names]
     outcomes: dict[tuple[str, int], RunOutcome] = {}
 
@@ -233,8 +254,13 @@ def run_repro(repro: Repro, seeds: list[int], out: Path, scale: float = 1.0, mic
         # interrupted repro left unfinished, is run again (finished stages replay from the stage cache). A run
         # still going in another process keeps its lock, so force cannot clear it.
         used = run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
-        why = (f"the finished run differs in {', '.join(changed)}: to run again" if changed
-               else "unfinished, to restart" if used else "to run")
+        why = (
+            f"the finished run differs in {', '.join(changed)}: to run again"
+            if changed
+            else "unfinished, to restart"
+            if used
+            else "to run"
+        )
         echo(f"{arm} seed {seed}: {why} → {run_dir}")
         todo.append(PlannedRun(arm, seed, exp, run_dir, used))
     run_planned(todo, jobs, lambda run: collect(run.arm, run.seed, run.exp), echo)

@@ -60,8 +60,17 @@ def paired_difference(outcomes: list[RunOutcome], higher: str, lower: str, label
     p = math.nan
     if len(seeds) >= 2 and np.std(diffs) > 0:
         p = float(stats.ttest_rel([by[(higher, s)] for s in seeds], [by[(lower, s)] for s in seeds]).pvalue)
-    return {"higher": higher, "lower": lower, "metric": label, "seeds": seeds, "diffs": diffs, "mean": mean,
-            "low": low, "high": high, "p_paired_t": p}
+    return {
+        "higher": higher,
+        "lower": lower,
+        "metric": label,
+        "seeds": seeds,
+        "diffs": diffs,
+        "mean": mean,
+        "low": low,
+        "high": high,
+        "p_paired_t": p,
+    }
 
 
 def paired_items(outcomes: list[RunOutcome], higher: str, lower: str, label: str) -> list[dict[str, Any]]:
@@ -77,8 +86,9 @@ def paired_items(outcomes: list[RunOutcome], higher: str, lower: str, label: str
         only_higher = sum(a[i] and not b[i] for i in a)
         only_lower = sum(b[i] and not a[i] for i in a)
         p = float(stats_.mcnemar_exact(only_higher, only_lower))
-        out.append({"seed": seed, "n": len(a), "only_higher": only_higher, "only_lower": only_lower,
-                    "p_mcnemar_exact": p})
+        out.append(
+            {"seed": seed, "n": len(a), "only_higher": only_higher, "only_lower": only_lower, "p_mcnemar_exact": p}
+        )
     return out
 
 
@@ -96,17 +106,34 @@ def summarise(repro: Repro, outcomes: list[RunOutcome]) -> dict[str, Any]:
                 n = o.n[m.label]
                 k = round(o.values[m.label] * n) if not math.isnan(o.values[m.label]) else 0
                 ci = stats_.wilson_interval(k, n, CONFIDENCE)  # NaN bounds when the run had no items
-                per_run.append({"seed": o.seed, "value": o.values[m.label], "n": n, "wilson": [ci.low, ci.high],
-                                "seconds": o.seconds})
-            arms[arm]["metrics"][m.label] = {"mean": across["mean"], "low": across["low"], "high": across["high"],
-                                             "across": across["method"], "runs": per_run}
-    result: dict[str, Any] = {"name": repro.name, "title": spec.title, "source": spec.source,
-                              "published": spec.published, "arms": arms}
+                per_run.append(
+                    {
+                        "seed": o.seed,
+                        "value": o.values[m.label],
+                        "n": n,
+                        "wilson": [ci.low, ci.high],
+                        "seconds": o.seconds,
+                    }
+                )
+            arms[arm]["metrics"][m.label] = {
+                "mean": across["mean"],
+                "low": across["low"],
+                "high": across["high"],
+                "across": across["method"],
+                "runs": per_run,
+            }
+    result: dict[str, Any] = {
+        "name": repro.name,
+        "title": spec.title,
+        "source": spec.source,
+        "published": spec.published,
+        "arms": arms,
+    }
     if spec.expect and spec.expect.higher in arms and spec.expect.lower in arms:
-        result["direction"] = paired_difference(outcomes, spec.expect.higher, spec.expect.lower,
-                                                spec.metrics[0].label)
-        result["direction"]["per_seed_items"] = paired_items(outcomes, spec.expect.higher, spec.expect.lower,
-                                                             spec.metrics[0].label)
+        result["direction"] = paired_difference(outcomes, spec.expect.higher, spec.expect.lower, spec.metrics[0].label)
+        result["direction"]["per_seed_items"] = paired_items(
+            outcomes, spec.expect.higher, spec.expect.lower, spec.metrics[0].label
+        )
     return result
 
 
@@ -122,24 +149,37 @@ def _across_text(m: dict[str, Any]) -> str:
 
 def markdown(result: dict[str, Any], command: str, figure: Optional[str]) -> str:
     """The reproduction's table as Markdown."""
-    lines = [f"# {result['title']}", "", f"Source: {result['source']}. Published: {result['published']}", "",
-             f"Command: `{command}`", "",
-             "| arm | metric | mean over seeds [95 % interval across seeds and items] | runs: seed value "
-             "[95 % Wilson] (n) |",
-             "|---|---|---|---|"]
+    lines = [
+        f"# {result['title']}",
+        "",
+        f"Source: {result['source']}. Published: {result['published']}",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| arm | metric | mean over seeds [95 % interval across seeds and items] | runs: seed value "
+        "[95 % Wilson] (n) |",
+        "|---|---|---|---|",
+    ]
     for arm, info in result["arms"].items():
         for label, m in info["metrics"].items():
-            runs = "; ".join(f"s{r['seed']} {_fmt(r['value'])} [{_fmt(r['wilson'][0])}, {_fmt(r['wilson'][1])}] "
-                             f"({r['n']})" for r in m["runs"])
+            runs = "; ".join(
+                f"s{r['seed']} {_fmt(r['value'])} [{_fmt(r['wilson'][0])}, {_fmt(r['wilson'][1])}] ({r['n']})"
+                for r in m["runs"]
+            )
             lines.append(f"| {arm} | {label} | {_across_text(m)} | {runs} |")
     d = result.get("direction")
     if d:
-        lines += ["", f"Published direction, {d['higher']} − {d['lower']} on {d['metric']} (paired over seeds "
-                      f"{d['seeds']}): {_fmt(d['mean'])} [{_fmt(d['low'])}, {_fmt(d['high'])}], paired t-test "
-                      f"p = {_fmt(d['p_paired_t'])}."]
-        lines += [f"Seed {x['seed']}, paired on its {x['n']} items: only {d['higher']} right {x['only_higher']}, only "
-                  f"{d['lower']} right {x['only_lower']}, exact McNemar p = {x['p_mcnemar_exact']:.2g}."
-                  for x in d["per_seed_items"]]
+        lines += [
+            "",
+            f"Published direction, {d['higher']} − {d['lower']} on {d['metric']} (paired over seeds "
+            f"{d['seeds']}): {_fmt(d['mean'])} [{_fmt(d['low'])}, {_fmt(d['high'])}], paired t-test "
+            f"p = {_fmt(d['p_paired_t'])}.",
+        ]
+        lines += [
+            f"Seed {x['seed']}, paired on its {x['n']} items: only {d['higher']} right {x['only_higher']}, only "
+            f"{d['lower']} right {x['only_lower']}, exact McNemar p = {x['p_mcnemar_exact']:.2g}."
+            for x in d["per_seed_items"]
+        ]
     if figure:
         lines += ["", f"![{result['name']}]({figure})"]
     return "\n".join(lines) + "\n"

@@ -12,10 +12,43 @@ must not find its module already imported by its package.
 """
 
 from harness.studies.sweep.load import load_resolved, load_sweep
-from harness.studies.sweep.space import Objective, Param, Sweep, fraction_count, sample_values, seed_trial_params, simplex_weights
+from harness.studies.sweep.space import (
+    Objective,
+    Param,
+    Sweep,
+    fraction_count,
+    sample_values,
+    seed_trial_params,
+    simplex_weights,
+)
 from harness.studies.sweep.spec import BASE_EXPERIMENT_NAME, JOURNAL_NAME, RESOLVED_NAME, SweepSpec
-from harness.studies.sweep.study import journal_lock, make_pruner, make_sampler, make_storage, prepare_study, quiet_optuna
+from harness.studies.sweep.study import (
+    journal_lock,
+    make_pruner,
+    make_sampler,
+    make_storage,
+    prepare_study,
+    quiet_optuna,
+)
 
-__all__ = ["BASE_EXPERIMENT_NAME", "JOURNAL_NAME", "RESOLVED_NAME", "Objective", "Param", "Sweep", "SweepSpec",
-           "fraction_count", "journal_lock", "load_resolved", "load_sweep", "make_pruner", "make_sampler",
-           "make_storage", "prepare_study", "quiet_optuna", "sample_values", "seed_trial_params", "simplex_weights"]
+__all__ = [
+    "BASE_EXPERIMENT_NAME",
+    "JOURNAL_NAME",
+    "RESOLVED_NAME",
+    "Objective",
+    "Param",
+    "Sweep",
+    "SweepSpec",
+    "fraction_count",
+    "journal_lock",
+    "load_resolved",
+    "load_sweep",
+    "make_pruner",
+    "make_sampler",
+    "make_storage",
+    "prepare_study",
+    "quiet_optuna",
+    "sample_values",
+    "seed_trial_params",
+    "simplex_weights",
+]

@@ -91,8 +91,11 @@ def fail_stale_trials(study, grace: float, now: Optional[float] = None) -> list[
             last = t.datetime_start.timestamp()
         if last is not None and now - last > grace:
             who = t.user_attrs.get(WORKER_ATTR, "unknown worker")
-            if fail_trial(study, t, f"worker lost: no heartbeat for {now - last:.0f} s (worker {who} killed, "
-                                    "crashed or hung in a step)"):
+            if fail_trial(
+                study,
+                t,
+                f"worker lost: no heartbeat for {now - last:.0f} s (worker {who} killed, crashed or hung in a step)",
+            ):
                 failed.append(t.number)
     return failed
 

@@ -26,9 +26,8 @@ from harness.config import (
     validate_data,
     yaml_errors,
 )
-from harness.core.registry import EVALUATORS, PROBES
 from harness.core.names import check_safe_name
-from harness.core.registry import suggest
+from harness.core.registry import EVALUATORS, PROBES, suggest
 from harness.core.store import LOWER_IS_BETTER
 from harness.studies.sweep.space import Objective, Param, Sweep
 from harness.studies.sweep.spec import RESOLVED_NAME, ObjectiveSpec, SweepSpec, space_kind
@@ -130,11 +129,21 @@ def _resolve_objective(o: ObjectiveSpec, where: str, exp: Experiment, errors: Er
     tasks, stages = list(exp.tasks), [s.name for s in exp.stages]
     metrics = _metric_names(exp)
     if o.metric not in metrics:
-        errors.append((f"{where}.metric", f"unknown metric {o.metric!r}{suggest(o.metric, metrics)}; the "
-                                          f"experiment's evaluators give: {', '.join(sorted(set(metrics)))}"))
+        errors.append(
+            (
+                f"{where}.metric",
+                f"unknown metric {o.metric!r}{suggest(o.metric, metrics)}; the "
+                f"experiment's evaluators give: {', '.join(sorted(set(metrics)))}",
+            )
+        )
     if o.split not in exp.eval.splits:
-        errors.append((f"{where}.split", f"split {o.split!r} is not evaluated{suggest(o.split, exp.eval.splits)}; "
-                                         f"eval.splits: {', '.join(exp.eval.splits)}"))
+        errors.append(
+            (
+                f"{where}.split",
+                f"split {o.split!r} is not evaluated{suggest(o.split, exp.eval.splits)}; "
+                f"eval.splits: {', '.join(exp.eval.splits)}",
+            )
+        )
     for i, task in enumerate(o.tasks or []):
         if task not in tasks:
             errors.append((f"{where}.tasks[{i}]", f"unknown task {task!r}{suggest(task, tasks)}"))
@@ -143,8 +152,9 @@ def _resolve_objective(o: ObjectiveSpec, where: str, exp: Experiment, errors: Er
         if task not in chosen:
             errors.append((f"{where}.weights.{task}", f"{task!r} is not among the objective's tasks"))
     if o.stage is not None and o.stage not in stages:
-        errors.append((f"{where}.stage", f"unknown stage {o.stage!r}{suggest(o.stage, stages)}; "
-                                         f"stages: {', '.join(stages)}"))
+        errors.append(
+            (f"{where}.stage", f"unknown stage {o.stage!r}{suggest(o.stage, stages)}; stages: {', '.join(stages)}")
+        )
     stage = o.stage if o.stage in stages else stages[-1]
     direction = o.direction or ("minimize" if o.metric in LOWER_IS_BETTER else "maximize")
     return Objective(o.metric, o.split, list(chosen), o.reduce, o.weights, stage, stages.index(stage), direction)
@@ -170,20 +180,29 @@ def _place_errors(p: Param, tasks: list[str]) -> Errors:
     """A simplex must sit at a stage's mixture and a fraction at a counts entry, both naming known tasks."""
     where, parts, errors = f"space.{p.path}", p.parts, []
     if p.kind == "simplex":
-        if not (len(parts) in (3, 4) and parts[0] == "stages" and parts[2] == "mixture"
-                and (len(parts) == 3 or parts[3] == "weights")):
+        if not (
+            len(parts) in (3, 4)
+            and parts[0] == "stages"
+            and parts[2] == "mixture"
+            and (len(parts) == 3 or parts[3] == "weights")
+        ):
             return [(where, "simplex applies to a stage's mixture: stages.<stage>.mixture")]
         for i, task in enumerate(p.spec.simplex):
             if task not in tasks:
-                errors.append((f"{where}.simplex[{i}]",
-                               f"unknown task {task!r}{suggest(task, tasks)}; tasks: {', '.join(tasks)}"))
+                errors.append(
+                    (f"{where}.simplex[{i}]", f"unknown task {task!r}{suggest(task, tasks)}; tasks: {', '.join(tasks)}")
+                )
     if p.kind == "fraction":
         if not (len(parts) == 5 and parts[0] == "stages" and parts[2:4] == ["mixture", "counts"]):
             return [(where, "fraction applies to a counts mixture entry: stages.<stage>.mixture.counts.<task>")]
         task = p.spec.of or str(parts[-1])
         if task not in tasks:
-            errors.append((f"{where}.of" if p.spec.of else where,
-                           f"unknown task {task!r}{suggest(task, tasks)}; tasks: {', '.join(tasks)}"))
+            errors.append(
+                (
+                    f"{where}.of" if p.spec.of else where,
+                    f"unknown task {task!r}{suggest(task, tasks)}; tasks: {', '.join(tasks)}",
+                )
+            )
     return errors
 
 
@@ -242,14 +261,16 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
     source = str(path)
     spec = _read_spec(path, overrides)
     base_raw, base = _read_base(path, spec)
-    name = spec.study.name or re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem if path.name != RESOLVED_NAME
-                                     else path.parent.name)
+    name = spec.study.name or re.sub(
+        r"[^A-Za-z0-9_.-]", "_", path.stem if path.name != RESOLVED_NAME else path.parent.name
+    )
     errors: Errors = []
     try:  # a default from a file named "...yaml" (stem "..") must not name a directory either
         check_safe_name(name, "study name")
     except ValueError as e:
-        raise ConfigError(source, [("study.name", f"{e} (the default: the sweep file's stem; set study.name)")]
-                          ) from None
+        raise ConfigError(
+            source, [("study.name", f"{e} (the default: the sweep file's stem; set study.name)")]
+        ) from None
     params = _resolve_params(spec, base_raw, errors)
     objectives = _resolve_objectives(spec, base, errors)
     sweep = Sweep(spec, source, name, base_raw, base, params, objectives)
@@ -259,8 +280,10 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
     if errors:
         raise ConfigError(source, sorted(errors, key=_section))
     if sweep.multi and spec.study.pruner != "none":
-        sweep.notes.append(f"study.pruner: {spec.study.pruner} is turned off: optuna's pruners do not support "
-                           "multi-objective studies, so every trial runs to the end")
+        sweep.notes.append(
+            f"study.pruner: {spec.study.pruner} is turned off: optuna's pruners do not support "
+            "multi-objective studies, so every trial runs to the end"
+        )
     if sweep.multi and spec.study.sampler == "tpe":
         sweep.notes.append("study.sampler: tpe on several objectives; nsga2 is the usual choice for a Pareto front")
     errors = _study_errors(sweep)

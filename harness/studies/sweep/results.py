@@ -71,8 +71,15 @@ def trials_frame(study, sweep: Sweep) -> pl.DataFrame:
                 schema[name] = pl.Int64
             else:
                 kinds = {type(c) for c in p.spec.choices if c is not None}
-                schema[name] = (pl.Boolean if kinds == {bool} else pl.Int64 if kinds == {int} else
-                                pl.Float64 if kinds and kinds <= {int, float} else pl.Utf8)
+                schema[name] = (
+                    pl.Boolean
+                    if kinds == {bool}
+                    else pl.Int64
+                    if kinds == {int}
+                    else pl.Float64
+                    if kinds and kinds <= {int, float}
+                    else pl.Utf8
+                )
     stage_order = {s.name: i for i, s in enumerate(sweep.base.stages)}
     metric_keys: set[tuple[str, str, str, str]] = set()
     for t in trials:
@@ -83,8 +90,12 @@ def trials_frame(study, sweep: Sweep) -> pl.DataFrame:
     ordered = sorted(metric_keys, key=lambda k: (stage_order.get(k[0], 99), k[0], k[1], k[2], k[3]))
     for key in ordered:
         columns["metric/" + "/".join(key)], schema["metric/" + "/".join(key)] = [], pl.Float64
-    for name, dtype in (("duration_s", pl.Float64), ("trial_dir", pl.Utf8), ("fail_reason", pl.Utf8),
-                        ("pruned_step", pl.Int64)):
+    for name, dtype in (
+        ("duration_s", pl.Float64),
+        ("trial_dir", pl.Utf8),
+        ("fail_reason", pl.Utf8),
+        ("pruned_step", pl.Int64),
+    ):
         columns[name], schema[name] = [], dtype
 
     for t in trials:
@@ -101,8 +112,9 @@ def trials_frame(study, sweep: Sweep) -> pl.DataFrame:
                     columns[f"param/{p.path}.{task}"].append(t.user_attrs.get(f"{p.path}.{task}"))
             else:
                 v = t.params.get(p.path)
-                columns[f"param/{p.path}"].append(str(v) if v is not None and schema[f"param/{p.path}"] == pl.Utf8
-                                                  else v)
+                columns[f"param/{p.path}"].append(
+                    str(v) if v is not None and schema[f"param/{p.path}"] == pl.Utf8 else v
+                )
         sm = t.user_attrs.get("stage_metrics") or {}
         for key in ordered:
             stage, split, task, metric = key
@@ -143,8 +155,11 @@ def params_text(t, sweep: Sweep) -> str:
     parts = []
     for p in sweep.params:
         if p.kind == "simplex":
-            ws = [f"{task} {t.user_attrs[f'{p.path}.{task}']:.2f}" for task in p.spec.simplex
-                  if f"{p.path}.{task}" in t.user_attrs]
+            ws = [
+                f"{task} {t.user_attrs[f'{p.path}.{task}']:.2f}"
+                for task in p.spec.simplex
+                if f"{p.path}.{task}" in t.user_attrs
+            ]
             if ws:
                 parts.append(f"{p.path}: " + ", ".join(ws))
         elif p.path in t.params:
@@ -168,8 +183,11 @@ def describe_trial(t, sweep: Sweep) -> str:
         what = _fail_line(t)
     duration = _duration(t)
     params = params_text(t, sweep)
-    return (f"trial {t.number} {state}: {what}" + (f" ({duration:.0f} s)" if duration is not None else "")
-            + (f" [{params}]" if params else ""))
+    return (
+        f"trial {t.number} {state}: {what}"
+        + (f" ({duration:.0f} s)" if duration is not None else "")
+        + (f" [{params}]" if params else "")
+    )
 
 
 def importances(study, sweep: Sweep) -> list[tuple[str, dict[str, float]]] | str:
@@ -210,8 +228,12 @@ def status_text(study, sweep: Sweep, top: int = 5) -> str:
     trials = [t for t in study.get_trials(deepcopy=False) if t.state.name in SHOWN_STATES]
     counts = {s: sum(t.state.name == s for t in trials) for s in SHOWN_STATES}
     waiting = sum(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False))
-    lines = [f"study {sweep.name}: {len(trials)} of {sweep.spec.study.n_trials} trials ("
-             + ", ".join(f"{s} {n}" for s, n in counts.items()) + (f", WAITING {waiting}" if waiting else "") + ")"]
+    lines = [
+        f"study {sweep.name}: {len(trials)} of {sweep.spec.study.n_trials} trials ("
+        + ", ".join(f"{s} {n}" for s, n in counts.items())
+        + (f", WAITING {waiting}" if waiting else "")
+        + ")"
+    ]
     for i, o in enumerate(sweep.objectives):
         lines.append(f"objective{f' {i}' if sweep.multi else ''}: {o.describe()}")
     reached = sum(int(t.user_attrs.get("steps", 0)) for t in trials)  # cached steps included
@@ -221,11 +243,15 @@ def status_text(study, sweep: Sweep, top: int = 5) -> str:
         would = sum(int(t.user_attrs.get("total_steps", 0)) - int(t.user_attrs.get("steps", 0)) for t in pruned)
         line = f"training steps run: {reached - cached}"
         if cached:
-            line += (f"; the stage cache saved {cached} steps ({cached / max(1, reached + would):.0%} of the steps "
-                     "the same trials would have run without it)")
+            line += (
+                f"; the stage cache saved {cached} steps ({cached / max(1, reached + would):.0%} of the steps "
+                "the same trials would have run without it)"
+            )
         if pruned:
-            line += (f"; pruning saved {would} steps ({would / max(1, reached + would):.0%} of the steps the same "
-                     "trials would have run unpruned)")
+            line += (
+                f"; pruning saved {would} steps ({would / max(1, reached + would):.0%} of the steps the same "
+                "trials would have run unpruned)"
+            )
         lines.append(line)
     durations = [d for d in (_duration(t) for t in trials if t.state.name != "RUNNING") if d]
     if durations:
@@ -236,8 +262,12 @@ def status_text(study, sweep: Sweep, top: int = 5) -> str:
     elif sweep.multi:
         front = sorted(study.best_trials, key=lambda t: t.number)
         lines.append(f"Pareto front ({len(front)} trials):")
-        lines += [f"  trial {t.number}: " + ", ".join(f"objective_{i} {_fmt(v)}" for i, v in enumerate(t.values))
-                  + f"  [{params_text(t, sweep)}]" for t in front]
+        lines += [
+            f"  trial {t.number}: "
+            + ", ".join(f"objective_{i} {_fmt(v)}" for i, v in enumerate(t.values))
+            + f"  [{params_text(t, sweep)}]"
+            for t in front
+        ]
     else:
         sign = -1 if sweep.directions[0] == "maximize" else 1
         best = sorted(complete, key=lambda t: sign * t.values[0])[:top]

@@ -83,8 +83,14 @@ class Objective:
 
     def to_yaml(self) -> dict[str, Any]:
         """The objective as written in ``sweep.resolved.yaml`` (every default filled in)."""
-        out = {"metric": self.metric, "split": self.split, "tasks": list(self.tasks), "reduce": self.reduce,
-               "stage": self.stage, "direction": self.direction}
+        out = {
+            "metric": self.metric,
+            "split": self.split,
+            "tasks": list(self.tasks),
+            "reduce": self.reduce,
+            "stage": self.stage,
+            "direction": self.direction,
+        }
         if self.weights is not None:
             out["weights"] = dict(self.weights)
         return out
@@ -111,8 +117,7 @@ class Sweep:
     def first_swept_stage(self) -> int:
         """Index of the first stage a parameter can change (0 when one is global: lr in ``train``, pools, seed…):
         trials are identical before it, so the pruner only hears from evaluations from that stage on."""
-        return min((p.parts[1] if p.parts[0] == "stages" and isinstance(p.parts[1], int) else 0)
-                   for p in self.params)
+        return min((p.parts[1] if p.parts[0] == "stages" and isinstance(p.parts[1], int) else 0) for p in self.params)
 
     @property
     def directions(self) -> list[str]:
@@ -131,8 +136,10 @@ class Sweep:
 
     def fingerprint(self) -> str:
         """Identifies the search space and objectives: a study that exists with another one is refused."""
-        data = {"space": {p.path: p.spec.model_dump(by_alias=True) for p in self.params},
-                "objectives": [o.to_yaml() for o in self.objectives]}
+        data = {
+            "space": {p.path: p.spec.model_dump(by_alias=True) for p in self.params},
+            "objectives": [o.to_yaml() for o in self.objectives],
+        }
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     # -- applying values ----------------------------------------------------------------------------------------
@@ -162,9 +169,13 @@ class Sweep:
         study["name"] = self.name
         if study.get("storage"):
             study["storage"] = mask_url(study["storage"])  # workers get the password through $HARNESS_STORAGE
-        out: dict[str, Any] = {"experiment": BASE_EXPERIMENT_NAME, "study": study,
-                               "space": {p.path: p.spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)
-                                         for p in self.params}}
+        out: dict[str, Any] = {
+            "experiment": BASE_EXPERIMENT_NAME,
+            "study": study,
+            "space": {
+                p.path: p.spec.model_dump(mode="json", by_alias=True, exclude_defaults=True) for p in self.params
+            },
+        }
         if self.multi:
             out["objectives"] = [o.to_yaml() for o in self.objectives]
         else:

@@ -107,8 +107,9 @@ class FractionSpace(Strict):
 
     range: tuple[float, float] = Field(..., alias="fraction", description="[lo, hi] with 0 <= lo < hi")
     log: bool = False
-    of: Optional[str] = Field(None, description="The task whose pool the fraction is of (default: the path's last "
-                                                "element).")
+    of: Optional[str] = Field(
+        None, description="The task whose pool the fraction is of (default: the path's last element)."
+    )
 
     @model_validator(mode="after")
     def _ok(self) -> "FractionSpace":
@@ -118,10 +119,13 @@ class FractionSpace(Strict):
         return self
 
 
-
-
-SPACE_KINDS = {"simplex": SimplexSpace, "float": FloatSpace, "int": IntSpace, "choice": ChoiceSpace,
-               "fraction": FractionSpace}
+SPACE_KINDS = {
+    "simplex": SimplexSpace,
+    "float": FloatSpace,
+    "int": IntSpace,
+    "choice": ChoiceSpace,
+    "fraction": FractionSpace,
+}
 
 
 def space_kind(value: Any) -> Optional[str]:
@@ -134,9 +138,12 @@ def space_kind(value: Any) -> Optional[str]:
 
 SpaceSpec = Annotated[
     Union[tuple(Annotated[cls, Tag(kind)] for kind, cls in SPACE_KINDS.items())],  # type: ignore[misc]
-    Discriminator(space_kind, custom_error_type="space_kind",
-                  custom_error_message="give exactly one of simplex, float, int, choice, fraction "
-                                       "(e.g. {float: [1.0e-4, 1.0e-2], log: true})"),
+    Discriminator(
+        space_kind,
+        custom_error_type="space_kind",
+        custom_error_message="give exactly one of simplex, float, int, choice, fraction "
+        "(e.g. {float: [1.0e-4, 1.0e-2], log: true})",
+    ),
 ]
 
 
@@ -150,7 +157,8 @@ class ObjectiveSpec(Strict):
     weights: Optional[dict[str, float]] = Field(None, description="Per-task weights for reduce: weighted.")
     stage: Optional[str] = Field(None, description="Stage whose end is read (default: the last).")
     direction: Optional[Literal["maximize", "minimize"]] = Field(
-        None, description="Default: minimize for loss, ft_rank_*, ft_hijack; maximize otherwise.")
+        None, description="Default: minimize for loss, ft_rank_*, ft_hijack; maximize otherwise."
+    )
 
     @model_validator(mode="after")
     def _weights(self) -> "ObjectiveSpec":
@@ -170,8 +178,12 @@ class HeartbeatSpec(Strict):
     must outlast the longest stretch without progress: loading the base model, one evaluation, one checkpoint."""
 
     interval: float = Field(15.0, gt=0, description="Seconds between heartbeat writes at most.")
-    grace: float = Field(600.0, gt=0, description="Seconds without progress after which a running trial is failed "
-                                                  "(longer than loading the model, one evaluation, one checkpoint).")
+    grace: float = Field(
+        600.0,
+        gt=0,
+        description="Seconds without progress after which a running trial is failed "
+        "(longer than loading the model, one evaluation, one checkpoint).",
+    )
 
     @model_validator(mode="after")
     def _ok(self) -> "HeartbeatSpec":
@@ -183,12 +195,17 @@ class HeartbeatSpec(Strict):
 class StudySpec(Strict):
     """The optuna study: its name and storage, sampler and pruner, trial budget and worker heartbeats."""
 
-    name: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_.-]+$",
-                                description="Study name (default: the sweep file's stem); also the wandb group.")
+    name: Optional[str] = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Study name (default: the sweep file's stem); also the wandb group.",
+    )
     storage: Optional[str] = Field(
-        None, description="An optuna storage URL (sqlite:///x.db, postgresql://…, mysql://…) or a journal file path "
-                          "relative to the sweep directory; default: $HARNESS_STORAGE if set, else <sweep dir>/journal.log. "
-                          "A URL with a password is refused here: put it in HARNESS_STORAGE.")
+        None,
+        description="An optuna storage URL (sqlite:///x.db, postgresql://…, mysql://…) or a journal file path "
+        "relative to the sweep directory; default: $HARNESS_STORAGE if set, else <sweep dir>/journal.log. "
+        "A URL with a password is refused here: put it in HARNESS_STORAGE.",
+    )
     sampler: Literal["tpe", "random", "gp", "nsga2"] = "tpe"
     sampler_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the sampler.")
     pruner: Literal["none", "median", "hyperband"] = "none"
@@ -209,8 +226,9 @@ class SweepSpec(Strict):
     """An optuna sweep over an experiment."""
 
     experiment: str = Field(..., description="The base experiment file, relative to the sweep file.")
-    overrides: dict[str, Any] = Field(default_factory=dict,
-                                      description="--set style overrides of the experiment: {path: value}.")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="--set style overrides of the experiment: {path: value}."
+    )
     study: StudySpec = Field(default_factory=StudySpec)
     space: dict[str, SpaceSpec] = Field(..., min_length=1)  # type: ignore[valid-type]
     objective: Optional[ObjectiveSpec] = None
@@ -223,4 +241,3 @@ class SweepSpec(Strict):
         if (self.objective is None) == (self.objectives is None):
             raise ValueError("give either objective: {…} or objectives: [{…}, …]")
         return self
-

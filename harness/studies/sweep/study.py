@@ -83,8 +83,9 @@ def journal_lock(journal_path: str):
 def make_storage(url: str):
     """An optuna storage: RDB for URLs (``sqlite:///…``, ``postgresql://…``, ``mysql://…``), else a journal file."""
     if "://" in url:
-        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite")
-                                          else None)
+        return optuna.storages.RDBStorage(
+            url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None
+        )
     Path(url).parent.mkdir(parents=True, exist_ok=True)
     return optuna.storages.JournalStorage(JournalFileBackend(url, lock_obj=journal_lock(url)))
 
@@ -154,8 +155,9 @@ def make_sampler(sweep: Sweep, worker_index: int, launch: int = 0):
 
 def _steps_are_swept(sweep: Sweep) -> bool:
     """Whether a parameter can change how many steps a trial runs (then hyperband's max resource is "auto")."""
-    return any(p.kind == "fraction" or {"steps", "counts", "batch_size"} & {str(x) for x in p.parts}
-               for p in sweep.params)
+    return any(
+        p.kind == "fraction" or {"steps", "counts", "batch_size"} & {str(x) for x in p.parts} for p in sweep.params
+    )
 
 
 def make_pruner(sweep: Sweep):
@@ -168,8 +170,9 @@ def make_pruner(sweep: Sweep):
     args = dict(s.pruner_args)
     args.setdefault("min_resource", sweep.base.eval.every)
     if "max_resource" not in args:
-        args["max_resource"] = "auto" if _steps_are_swept(sweep) else \
-            sum(st.steps for st in sweep.base.resolved_stages())
+        args["max_resource"] = (
+            "auto" if _steps_are_swept(sweep) else sum(st.steps for st in sweep.base.resolved_stages())
+        )
     return optuna.pruners.HyperbandPruner(**args)
 
 
@@ -189,21 +192,38 @@ def prepare_study(sweep: Sweep, sweep_dir: Path):
     url = sweep.storage_url(sweep_dir)
     try:
         storage = make_storage(url)
-        study = optuna.create_study(study_name=sweep.name, storage=storage, directions=sweep.directions,
-                                    load_if_exists=True, sampler=make_sampler(sweep, 0), pruner=make_pruner(sweep))
+        study = optuna.create_study(
+            study_name=sweep.name,
+            storage=storage,
+            directions=sweep.directions,
+            load_if_exists=True,
+            sampler=make_sampler(sweep, 0),
+            pruner=make_pruner(sweep),
+        )
     except (ImportError, OSError, ValueError, SQLAlchemyError) as e:  # no driver, unreachable host, bad URL
-        raise ConfigError(sweep.source, [("study.storage", f"cannot open {mask_url(url)}: "
-                                                          f"{mask_urls_in_text(str(e)).splitlines()[0]}")]) from None
+        raise ConfigError(
+            sweep.source,
+            [("study.storage", f"cannot open {mask_url(url)}: {mask_urls_in_text(str(e)).splitlines()[0]}")],
+        ) from None
     fingerprint = study.user_attrs.get(FINGERPRINT_ATTR)
     if fingerprint is None:
         study.set_user_attr(FINGERPRINT_ATTR, sweep.fingerprint())
         study.set_user_attr("harness:objectives", [o.to_yaml() for o in sweep.objectives])
-        study.set_user_attr("harness:space", {p.path: p.spec.model_dump(mode="json", by_alias=True)
-                                              for p in sweep.params})
+        study.set_user_attr(
+            "harness:space", {p.path: p.spec.model_dump(mode="json", by_alias=True) for p in sweep.params}
+        )
     elif fingerprint != sweep.fingerprint():
-        raise ConfigError(sweep.source, [("study.name", f"study {sweep.name!r} already exists in {mask_url(url)} "
-                                                        "with another space or objectives; choose another study.name "
-                                                        "or --out")])
+        raise ConfigError(
+            sweep.source,
+            [
+                (
+                    "study.name",
+                    f"study {sweep.name!r} already exists in {mask_url(url)} "
+                    "with another space or objectives; choose another study.name "
+                    "or --out",
+                )
+            ],
+        )
     if [d.name.lower() for d in study.directions] != sweep.directions:
         raise ConfigError(sweep.source, [("study.name", f"study {sweep.name!r} exists with other directions")])
     if not study.get_trials(deepcopy=False):

@@ -44,7 +44,14 @@ from harness.studies.sweep.heartbeat import WORKER_ATTR, Heartbeat, fail_stale_t
 from harness.studies.sweep.load import load_resolved
 from harness.studies.sweep.results import describe_trial, write_trials
 from harness.studies.sweep.space import Sweep, sample_values
-from harness.studies.sweep.study import budget_lock, make_pruner, make_sampler, make_storage, prepare_study, quiet_optuna
+from harness.studies.sweep.study import (
+    budget_lock,
+    make_pruner,
+    make_sampler,
+    make_storage,
+    prepare_study,
+    quiet_optuna,
+)
 
 COUNTED_STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING")
 
@@ -93,10 +100,15 @@ class Reporter:
 
     def stage_metrics(self) -> dict[str, Any]:
         """``{stage: {split: {task: {metric: value}}}}`` (non-finite → null: JSON stays valid for the dashboard)."""
-        return {stage: {split: {task: {m: _finite_or_none(float(v)) for m, v in metrics.items()}
-                                for task, metrics in tasks.items()}
-                        for split, tasks in table.items()}
-                for stage, table in self.tables.items()}
+        return {
+            stage: {
+                split: {
+                    task: {m: _finite_or_none(float(v)) for m, v in metrics.items()} for task, metrics in tasks.items()
+                }
+                for split, tasks in table.items()
+            }
+            for stage, table in self.tables.items()
+        }
 
 
 def cached_steps(trial_dir: Path) -> int:
@@ -109,8 +121,7 @@ def cached_steps(trial_dir: Path) -> int:
     return int(rows["step"].max() or 0) if rows.height else 0
 
 
-def run_trial(study, trial, sweep: Sweep, sweep_dir: Path,
-              run: Optional[Callable[..., Any]] = None) -> str:
+def run_trial(study, trial, sweep: Sweep, sweep_dir: Path, run: Optional[Callable[..., Any]] = None) -> str:
     """Run one asked trial to its end and tell the study; returns the final state's name."""
     if run is None:
         # harness.runs.runner pulls in torch and transformers (seconds): imported when a trial runs, so that
@@ -123,8 +134,12 @@ def run_trial(study, trial, sweep: Sweep, sweep_dir: Path,
     started = time.perf_counter()
 
     def finish(state, values=None, **attrs) -> str:
-        attrs.update(duration_s=time.perf_counter() - started, steps=reporter.step,
-                     stage_metrics=reporter.stage_metrics(), cached_steps=cached_steps(trial_dir))
+        attrs.update(
+            duration_s=time.perf_counter() - started,
+            steps=reporter.step,
+            stage_metrics=reporter.stage_metrics(),
+            cached_steps=cached_steps(trial_dir),
+        )
         try:
             for key, value in attrs.items():
                 trial.set_user_attr(key, value)
@@ -142,8 +157,7 @@ def run_trial(study, trial, sweep: Sweep, sweep_dir: Path,
             # a beat per step or evaluation finished (rate-limited): a hung step lets the trial go stale
             result = run(exp, trial_dir, on_evaluation=reporter, on_progress=heartbeat.pulse)
         stages = {s["name"]: s.get("metrics") or {} for s in result.summary.get("stages", [])}
-        objective_values = [o.value(stages.get(o.stage) or reporter.tables.get(o.stage, {}))
-                            for o in sweep.objectives]
+        objective_values = [o.value(stages.get(o.stage) or reporter.tables.get(o.stage, {})) for o in sweep.objectives]
         bad = [i for i, v in enumerate(objective_values) if not math.isfinite(v)]
         if bad:
             return finish(TrialState.FAIL, fail_reason=f"non-finite objective: {objective_values}")
@@ -180,12 +194,22 @@ def load_worker_study(sweep: Sweep, sweep_dir: Path, worker_index: int, launch: 
     :func:`harness.studies.sweep.study.sampler_seed`; ``launch``: trials started before this launch) and the pruner."""
     quiet_optuna()
     storage = make_storage(sweep.storage_url(sweep_dir))
-    return optuna.load_study(study_name=sweep.name, storage=storage,
-                             sampler=make_sampler(sweep, worker_index, launch), pruner=make_pruner(sweep))
+    return optuna.load_study(
+        study_name=sweep.name,
+        storage=storage,
+        sampler=make_sampler(sweep, worker_index, launch),
+        pruner=make_pruner(sweep),
+    )
 
 
-def run_worker(sweep_dir: Path, worker_index: int = 0, export: bool = False,
-               run: Optional[Callable[..., Any]] = None, log: Callable[[str], None] = print, launch: int = 0) -> int:
+def run_worker(
+    sweep_dir: Path,
+    worker_index: int = 0,
+    export: bool = False,
+    run: Optional[Callable[..., Any]] = None,
+    log: Callable[[str], None] = print,
+    launch: int = 0,
+) -> int:
     """Run trials from the sweep in ``sweep_dir`` until the budget (or the timeout) is used; returns how many this
     worker ran. ``export`` rewrites ``trials.parquet`` after each trial (the launcher does it otherwise);
     ``launch``: the trials started before this launch (it seeds the sampler)."""
@@ -207,8 +231,10 @@ def run_worker(sweep_dir: Path, worker_index: int = 0, export: bool = False,
         state = run_trial(study, trial, sweep, sweep_dir, run=run)
         ran += 1
         frozen = study._storage.get_trial(trial._trial_id)
-        log(f"worker {worker_index}: trial {trial.number} {state} values={frozen.values} "
-            f"{frozen.user_attrs.get('fail_reason', '')}")
+        log(
+            f"worker {worker_index}: trial {trial.number} {state} values={frozen.values} "
+            f"{frozen.user_attrs.get('fail_reason', '')}"
+        )
         if export:
             write_trials(study, sweep, sweep_dir)
     return ran
@@ -233,12 +259,18 @@ def device_groups(gpus: list[str], workers: int) -> list[str]:
     if not gpus:
         return []
     per = max(1, len(gpus) // workers)
-    return [",".join(gpus[(i * per) % len(gpus):(i * per) % len(gpus) + per]) for i in range(workers)]
+    return [",".join(gpus[(i * per) % len(gpus) : (i * per) % len(gpus) + per]) for i in range(workers)]
 
 
-def launch_workers(sweep: Sweep, sweep_dir: Path, workers: int, worker_offset: int = 0,
-                   echo: Callable[[str], None] = print, poll_s: float = 1.0,
-                   gpus: Optional[list[str]] = None) -> dict[str, Any]:
+def launch_workers(
+    sweep: Sweep,
+    sweep_dir: Path,
+    workers: int,
+    worker_offset: int = 0,
+    echo: Callable[[str], None] = print,
+    poll_s: float = 1.0,
+    gpus: Optional[list[str]] = None,
+) -> dict[str, Any]:
     """Start ``workers`` worker processes on the prepared sweep in ``sweep_dir`` (each with its
     :func:`device_groups` share of ``gpus`` as ``CUDA_VISIBLE_DEVICES``), follow the study until they all exit
     (printing each finished trial, failing the trials of workers that die) and write ``trials.parquet``.
@@ -256,12 +288,27 @@ def launch_workers(sweep: Sweep, sweep_dir: Path, workers: int, worker_offset: i
     for k, i in enumerate(range(worker_offset, worker_offset + workers)):
         worker_env = {**env, "CUDA_VISIBLE_DEVICES": devices[k]} if devices else env
         with open(log_dir / f"{i}.log", "ab") as out:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "harness.studies.sweep.worker", str(sweep_dir), "--index", str(i),
-                 "--launch", str(launch)],
-                stdout=out, stderr=subprocess.STDOUT, env=worker_env))
-    echo(f"{workers} worker{'s' if workers != 1 else ''} started (pids {', '.join(str(p.pid) for p in procs)}); "
-         f"logs in {log_dir}")
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "harness.studies.sweep.worker",
+                        str(sweep_dir),
+                        "--index",
+                        str(i),
+                        "--launch",
+                        str(launch),
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=worker_env,
+                )
+            )
+    echo(
+        f"{workers} worker{'s' if workers != 1 else ''} started (pids {', '.join(str(p.pid) for p in procs)}); "
+        f"logs in {log_dir}"
+    )
     study = load_worker_study(sweep, sweep_dir, worker_offset)
     grace = sweep.spec.study.heartbeat.grace
     seen: dict[int, str] = {}
@@ -308,8 +355,11 @@ def launch_workers(sweep: Sweep, sweep_dir: Path, workers: int, worker_offset: i
                 p.wait(timeout=30)
         raise
     finally:
-        dead = {worker_id(p.pid): f"worker process {p.pid} ended ({_describe_exit(p.returncode)})"
-                for p in procs if p.returncode is not None}
+        dead = {
+            worker_id(p.pid): f"worker process {p.pid} ended ({_describe_exit(p.returncode)})"
+            for p in procs
+            if p.returncode is not None
+        }
         fail_trials_of(study, dead)
         follow()
         write_trials(study, sweep, sweep_dir)
@@ -317,9 +367,16 @@ def launch_workers(sweep: Sweep, sweep_dir: Path, workers: int, worker_offset: i
     return {"budget_done": done, "exits": exits}
 
 
-def run_sweep(sweep: Sweep, sweep_dir: Path, workers: int = 1, worker_offset: int = 0,
-              echo: Callable[[str], None] = print, in_process: bool = False,
-              run: Optional[Callable[..., Any]] = None, gpus: Optional[list[str]] = None) -> dict[str, Any]:
+def run_sweep(
+    sweep: Sweep,
+    sweep_dir: Path,
+    workers: int = 1,
+    worker_offset: int = 0,
+    echo: Callable[[str], None] = print,
+    in_process: bool = False,
+    run: Optional[Callable[..., Any]] = None,
+    gpus: Optional[list[str]] = None,
+) -> dict[str, Any]:
     """Prepare the study in ``sweep_dir`` and run it: ``workers`` processes (on ``gpus``, see
     :func:`device_groups`), or this process (``in_process``)."""
     prepare_study(sweep, sweep_dir)
@@ -367,10 +424,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     """``python -m harness.studies.sweep.worker SWEEP_DIR --index I``: one worker process, as the launcher starts it."""
     parser = argparse.ArgumentParser(prog="python -m harness.studies.sweep.worker", description="One sweep worker.")
     parser.add_argument("sweep_dir", type=Path)
-    parser.add_argument("--index", type=int, default=0,
-                        help="Worker index (sampler seed = study.seed + index in a new sweep).")
-    parser.add_argument("--launch", type=int, default=0,
-                        help="Trials started before this launch (a continued sweep's workers get fresh seeds).")
+    parser.add_argument(
+        "--index", type=int, default=0, help="Worker index (sampler seed = study.seed + index in a new sweep)."
+    )
+    parser.add_argument(
+        "--launch",
+        type=int,
+        default=0,
+        help="Trials started before this launch (a continued sweep's workers get fresh seeds).",
+    )
     args = parser.parse_args(argv)
     stop_on_sigterm()
     os.environ.setdefault("WANDB_SILENT", "true")

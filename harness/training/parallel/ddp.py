@@ -56,10 +56,12 @@ class _SupervisedLogits(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, selected, compiled: bool = False, position_ids=None,
-                varlen: bool = False):
-        return supervised_logits(unwrap(self.model), input_ids, attention_mask, selected, compiled, position_ids,
-                                 varlen)
+    def forward(
+        self, input_ids, attention_mask, selected, compiled: bool = False, position_ids=None, varlen: bool = False
+    ):
+        return supervised_logits(
+            unwrap(self.model), input_ids, attention_mask, selected, compiled, position_ids, varlen
+        )
 
 
 class DataParallel:
@@ -71,8 +73,9 @@ class DataParallel:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self._wrapped: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
         # Where the hooks' own tensors live; :meth:`trained_module` sets it to the model's device at each stage.
-        self.device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
-            else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        )
 
     def trained_module(self, model: torch.nn.Module, precision: str) -> torch.nn.Module:
         """The module whose parameters the stage's optimiser trains: ``model`` itself (FSDP: a sharded replica).
@@ -106,8 +109,14 @@ class DataParallel:
         if batch.packed:
             return repacked(batch, start, end)
         mask = batch.attention_mask[start:end]
-        return Batch(batch.input_ids[start:end], mask, batch.labels[start:end], batch.tasks[start:end],
-                     int(mask.sum()), int(mask.numel()))
+        return Batch(
+            batch.input_ids[start:end],
+            mask,
+            batch.labels[start:end],
+            batch.tasks[start:end],
+            int(mask.sum()),
+            int(mask.numel()),
+        )
 
     def logits_module(self, model: torch.nn.Module) -> DistributedDataParallel:
         """The DDP-wrapped training forward of ``model``, rebuilt when its trainable set changed (a new stage)."""
@@ -115,8 +124,9 @@ class DataParallel:
         cached = self._wrapped.get(model)
         if cached is None or cached[0] != trainable:
             device = next(model.parameters()).device
-            ddp = DistributedDataParallel(_SupervisedLogits(model),
-                                          device_ids=[device] if device.type == "cuda" else None)
+            ddp = DistributedDataParallel(
+                _SupervisedLogits(model), device_ids=[device] if device.type == "cuda" else None
+            )
             self._wrapped[model] = (trainable, ddp)
         return self._wrapped[model][1]
 
@@ -133,13 +143,16 @@ class DataParallel:
         on the CPU, where they were made); the grad norm is the same on every rank after the all-reduce, so it
         stays."""
         n, dtype = window.loss_sum.numel(), window.loss_sum.dtype
-        packed = torch.cat([window.loss_sum.to(self.device, torch.float64),
-                            window.token_count.to(self.device, torch.float64),
-                            torch.tensor([window.real_tokens, window.padded_tokens], dtype=torch.float64,
-                                         device=self.device)])
+        packed = torch.cat(
+            [
+                window.loss_sum.to(self.device, torch.float64),
+                window.token_count.to(self.device, torch.float64),
+                torch.tensor([window.real_tokens, window.padded_tokens], dtype=torch.float64, device=self.device),
+            ]
+        )
         dist.all_reduce(packed)
-        window.loss_sum, window.token_count = packed[:n].to(dtype), packed[n:2 * n].to(window.token_count.dtype)
-        window.real_tokens, window.padded_tokens = (int(v) for v in packed[2 * n:].tolist())
+        window.loss_sum, window.token_count = packed[:n].to(dtype), packed[n : 2 * n].to(window.token_count.dtype)
+        window.real_tokens, window.padded_tokens = (int(v) for v in packed[2 * n :].tolist())
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         """Sum ``tensor`` over ranks in place (an adaptive mixture's per-task statistics; on the model's device)."""

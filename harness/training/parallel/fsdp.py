@@ -37,8 +37,12 @@ import copy
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import distribute_tensor
 
@@ -52,8 +56,10 @@ def _block_classes(model) -> set[str]:
     """Transformer block class names: transformers lists them as the modules it never splits across devices."""
     names = set(getattr(unwrap(model), "_no_split_modules", None) or [])
     if not names:
-        raise ParallelError(f"train.parallel: fsdp needs a model whose transformer blocks are known "
-                            f"(_no_split_modules); {type(unwrap(model)).__name__} lists none")
+        raise ParallelError(
+            f"train.parallel: fsdp needs a model whose transformer blocks are known "
+            f"(_no_split_modules); {type(unwrap(model)).__name__} lists none"
+        )
     return names
 
 
@@ -75,8 +81,11 @@ class FullyShardedDataParallel(DataParallel):
         self.device = next(model.parameters()).device  # the hooks' collectives (DataParallel.device)
         replica = copy.deepcopy(model)
         rows = {name: masked_rows(p) for name, p in model.named_parameters() if masked_rows(p) is not None}
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if precision == "bf16-autocast" else MixedPrecisionPolicy()
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if precision == "bf16-autocast"
+            else MixedPrecisionPolicy()
+        )
         blocks = _block_classes(replica)
         for module in replica.modules():
             if type(module).__name__ in blocks:
@@ -103,21 +112,26 @@ class FullyShardedDataParallel(DataParallel):
         """The optimiser state gathered to rank 0 (CPU), as a one-process ``optimizer.state_dict()``: the
         parameters numbered in group order, which is how the one-process loop's ``param_groups`` number them
         (the replica has the model's parameter order). Other ranks get ``{}`` (they do not write)."""
-        full = get_optimizer_state_dict(self._root, optimizer,
-                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full = get_optimizer_state_dict(
+            self._root, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
         if not full:
             return {}
         index = {name: i for i, name in enumerate(n for g in full["param_groups"] for n in g["params"])}
-        return {"state": {index[name]: value for name, value in full["state"].items()},
-                "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]]}
+        return {
+            "state": {index[name]: value for name, value in full["state"].items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]],
+        }
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """The inverse of :meth:`optimizer_state`: the one-process state (every rank read it from the resume
         point) keyed by parameter names again, then sharded onto this rank's optimiser by torch."""
         names = {id(p): name for name, p in self._root.named_parameters()}
         order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
-        full = {"state": {order[i]: value for i, value in state["state"].items()},
-                "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]]}
+        full = {
+            "state": {order[i]: value for i, value in state["state"].items()},
+            "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]],
+        }
         set_optimizer_state_dict(self._root, optimizer, full, options=StateDictOptions(full_state_dict=True))
 
 
@@ -126,9 +140,12 @@ def _mask_sharded_rows(param: torch.nn.Parameter, rows: list[int]) -> None:
     gradient other than ``rows`` (the mask is sharded the way the matrix is, so each rank masks its own rows)."""
     frozen = torch.ones(param.shape[0], dtype=torch.bool, device=param.device)
     frozen[torch.tensor(rows, dtype=torch.long, device=param.device)] = False
-    local = distribute_tensor(frozen.view(-1, *([1] * (param.ndim - 1))), param.device_mesh, param.placements,
-                              src_data_rank=None).to_local()  # every rank built the same mask: no scatter
+    local = distribute_tensor(
+        frozen.view(-1, *([1] * (param.ndim - 1))), param.device_mesh, param.placements, src_data_rank=None
+    ).to_local()  # every rank built the same mask: no scatter
     if local.shape[0] != param.to_local().shape[0]:
         raise RuntimeError(f"row mask shard has {local.shape[0]} rows, the parameter's {param.to_local().shape[0]}")
-    mark_masked_rows(param, rows)  # the optimiser puts it in the no-decay group (harness.training.adapters.param_groups)
+    mark_masked_rows(
+        param, rows
+    )  # the optimiser puts it in the no-decay group (harness.training.adapters.param_groups)
     param.register_post_accumulate_grad_hook(lambda p: p.grad.to_local().masked_fill_(local, 0))
