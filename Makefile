@@ -1,6 +1,6 @@
 # Fresh machine → working environment → run. Every target creates or reuses $(VENV) first.
 #   make quickstart   set up, then run experiments/quickstart.yaml on the embedded tiny model
-#   make test         set up, then run the fast test suite
+#   make test         set up, then lint (ruff check, ruff format --check) and run the fast test suite
 #
 # torch: an existing torch in $(VENV) is kept (bring your own CUDA build: `make VENV=/path/to/your/venv ...`);
 # otherwise a machine with nvidia-smi gets the default (CUDA) wheel, and a CPU-only machine gets $(TORCH_CPU),
@@ -35,6 +35,8 @@ quickstart: $(STAMP)
 	$(VENV)/bin/harness run experiments/quickstart.yaml
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q --durations=25
 
 test-all: $(STAMP)

@@ -49,10 +49,10 @@ def positive_share(top5: list[dict], positive: str, negative: str) -> float:
 
 def binary_choice_auc(samples: pl.DataFrame, task: str, positive: str = "Yes", negative: str = "No") -> pl.DataFrame:
     """Per evaluation step × split of ``task``: ``n``, ``n_positive`` (gold answers starting with ``positive``),
-    ``auc`` with its DeLong 95 % ``auc_low`` / ``auc_high`` and one-sided ``p_value`` (H1: true items rank higher), ``greedy`` accuracy and the share of items
-    whose greedy answer starts with ``positive`` (``predicted_positive``), each with its 95 % Wilson ``_low`` /
-    ``_high``, and the mean positive share. Steps where one class is empty are left
-    out (no ranking to measure)."""
+    ``auc`` with its DeLong 95 % ``auc_low`` / ``auc_high`` and one-sided ``p_value`` (H1: true items rank higher),
+    ``greedy`` accuracy and the share of items whose greedy answer starts with ``positive`` (``predicted_positive``),
+    each with its 95 % Wilson ``_low`` / ``_high``, and the mean positive share. Steps where one class is empty are
+    left out (no ranking to measure)."""
     rows = samples.filter(pl.col("task") == task)
     out = []
     for (step, split), group in sorted(rows.group_by(["step", "split"]), key=lambda kv: (kv[0][0], kv[0][1])):

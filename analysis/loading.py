@@ -275,7 +275,8 @@ def load_samples(run_dir: PathLike, lazy: bool = False) -> Union[pl.DataFrame, p
     prompt, gold, pred, correct, mode_ok, gold_first_rank, top5 …). An empty frame when the run wrote none.
 
     A run killed mid-write leaves an unfinished last line: it is skipped with a warning naming file and line
-    (:func:`harness.core.jsonl.complete_jsonl_bytes`); a malformed line before it raises ``AnalysisError`` naming them."""
+    (:func:`harness.core.jsonl.complete_jsonl_bytes`); a malformed line before it raises ``AnalysisError`` naming
+    them."""
     from harness.core.jsonl import JsonlError, complete_jsonl_bytes
 
     path = Path(run_dir) / "samples.jsonl"

@@ -339,9 +339,9 @@ def plot_composition(frame: pl.DataFrame, colors: Optional[dict[str, str]] = Non
     for task in tasks:
         share = np.array([mix.filter(pl.col("stage") == s, pl.col("task") == task)["value"].sum() for s in stages])
         ax.barh(stages, share, left=left, color=colors[task], label=task, edgecolor="white")
-        for y, (l, w) in enumerate(zip(left, share)):
+        for y, (start, w) in enumerate(zip(left, share)):
             if w >= 0.07:
-                ax.text(l + w / 2, y, f"{w:.0%}", ha="center", va="center", fontsize=8, color="white")
+                ax.text(start + w / 2, y, f"{w:.0%}", ha="center", va="center", fontsize=8, color="white")
         left += share
     ax.invert_yaxis()
     ax.set_xlim(0, 1)

@@ -9,7 +9,8 @@ common value's share. Accuracy is reported per attribute, for the people SFT tra
 separately, with the count and a 95 % Wilson interval.
 
 The probe is hand-written (no library scores cloze candidates over this synthetic world); intervals come from
-:mod:`harness.core.stats`. The base comes from the harness's own cache (``harness.runs.prepare.load_base``: trained on a miss).
+:mod:`harness.core.stats`. The base comes from the harness's own cache (``harness.runs.prepare.load_base``: trained
+on a miss).
 
 Run from the repository root::
 

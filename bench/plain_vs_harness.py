@@ -21,7 +21,8 @@ held-out operand pairs (neither order trained). One factor at a time is flipped 
   harness+noclip    optim.grad_clip: null
   harness+wdall     weight decay on every parameter, norms and biases too (as the plain loop)
   harness+bare      the chat template replaced by ``prompt + " " + answer + <|im_end|>`` (no ChatML wrapper)
-  harness+perex     per-example loss normalisation (`loss: {reduction: example}`: each example's token mean, then the batch's)
+  harness+perex     per-example loss normalisation (`loss: {reduction: example}`: each example's token mean, then
+                    the batch's)
   plain+grouped     the plain loop's batches length-grouped as the harness groups them (window 50)
   plain+chat        the plain loop on the harness's encoding (its BPE tokenizer and ChatML template)
   plain+tied        the plain loop's model with the harness's shape (tied embeddings, 2 KV heads)

@@ -19,8 +19,9 @@ from bench.train_speed_inputs import load_inputs, load_model
 
 
 def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None = None, log_every: int | None = None):
-    """Plan the stage and train it with :func:`harness.training.loop.train_stage` as :func:`harness.runs.runner.run_experiment`
-    does. Returns ``(per-step end times, (real, padded, supervised) tokens per batch, logged rows, the model)``."""
+    """Plan the stage and train it with :func:`harness.training.loop.train_stage` as
+    :func:`harness.runs.runner.run_experiment` does. Returns ``(per-step end times, (real, padded, supervised) tokens
+    per batch, logged rows, the model)``."""
     from harness.core.store import Row
     from harness.runs.packing import stage_batches
     from harness.runs.prepare import plan_stage

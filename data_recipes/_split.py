@@ -14,7 +14,7 @@ from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 from data_recipes.base import Example
 
-I = TypeVar("I")
+Item = TypeVar("Item")
 C = TypeVar("C")
 
 
@@ -35,8 +35,13 @@ def templates(prefix: str, texts: Sequence[str]) -> tuple[Template, ...]:
 
 
 def round_robin(
-    rng: random.Random, items: Sequence[I], combos: Callable[[I], Sequence[C]], n: int, what: str, shuffle: bool = True
-) -> list[tuple[I, C]]:
+    rng: random.Random,
+    items: Sequence[Item],
+    combos: Callable[[Item], Sequence[C]],
+    n: int,
+    what: str,
+    shuffle: bool = True,
+) -> list[tuple[Item, C]]:
     """``n`` distinct ``(item, combo)`` pairs that cover as many items as possible.
 
     Round k gives every item its k-th combo (combos in a seeded random order per item), so items repeat only
@@ -57,7 +62,7 @@ def round_robin(
             f"{what}: {n} examples asked for, but only {total} distinct ones exist; "
             "lower the size or widen the recipe's params"
         )
-    out: list[tuple[I, C]] = []
+    out: list[tuple[Item, C]] = []
     k = 0
     while len(out) < n:
         for item, options in zip(items, lists):
@@ -69,9 +74,11 @@ def round_robin(
     return out
 
 
-def used_items(pairs: Sequence[tuple[I, Any]], key: Callable[[I], Hashable], fallback: Sequence[I]) -> list[I]:
+def used_items(
+    pairs: Sequence[tuple[Item, Any]], key: Callable[[Item], Hashable], fallback: Sequence[Item]
+) -> list[Item]:
     """Distinct items of ``pairs`` in first-use order; ``fallback`` (the train pool) when there are none."""
-    seen: dict[Hashable, I] = {}
+    seen: dict[Hashable, Item] = {}
     for item, _ in pairs:
         seen.setdefault(key(item), item)
     return list(seen.values()) if seen else list(fallback)

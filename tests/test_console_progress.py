@@ -32,13 +32,9 @@ def test_plain_progress_prints_every_tenth_and_at_the_end():
 
 
 def test_evaluation_lines_show_the_main_score_n_and_an_interval_when_given():
-    row = lambda task, split, metric, value, **extra: SimpleNamespace(
-        task=task,
-        split=split,
-        metric=metric,  # noqa: E731
-        value=value,
-        **extra,
-    )
+    def row(task, split, metric, value, **extra):
+        return SimpleNamespace(task=task, split=split, metric=metric, value=value, **extra)
+
     rows = [
         row("a", "heldout", "mode_ok", 1.0),
         row("a", "heldout", "greedy", 0.25),
@@ -64,7 +60,9 @@ def test_a_run_with_stderr_redirected_prints_progress_lines(tiny, tmp_path):
     assert [step for step, _ in evals] == ["0", "10", "20"]
     assert all(
         re.fullmatch(
-            r"repeat [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4 · yesno [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4 · math [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4",
+            r"repeat [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4"
+            r" · yesno [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4"
+            r" · math [01]\.\d{3} \[[01]\.\d{2},[01]\.\d{2}\] n=4",
             cells,
         )
         for _, cells in evals
@@ -76,11 +74,14 @@ def _summary(task: str, run_dir: str) -> dict:
     intervals = {
         m: {"n": 200, "ci_low": 0.0123, "ci_high": 0.9876} for m in ("greedy", "mode_ok", "tf_first", "ft_hijack")
     }
-    stage = lambda name: {
-        "name": name,
-        "metrics": {"heldout": {task: metrics, "yesno": metrics}},  # noqa: E731
-        "intervals": {"heldout": {task: intervals, "yesno": intervals}},
-    }
+
+    def stage(name):
+        return {
+            "name": name,
+            "metrics": {"heldout": {task: metrics, "yesno": metrics}},
+            "intervals": {"heldout": {task: intervals, "yesno": intervals}},
+        }
+
     event = {
         "metric": "greedy",
         "split": "heldout",

@@ -1,6 +1,6 @@
-"""Encoding reuse (harness.runs.prepare.encode_task_data): a process asking again for the same encoding (a sweep worker's
-next trial) gets the previous one without tokenising again — equal to a fresh encoding, its arrays read-only — and
-anything the encoding reads (data, tokenizer, settings) encodes afresh."""
+"""Encoding reuse (harness.runs.prepare.encode_task_data): a process asking again for the same encoding (a sweep
+worker's next trial) gets the previous one without tokenising again — equal to a fresh encoding, its arrays read-only —
+and anything the encoding reads (data, tokenizer, settings) encodes afresh."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""FSDP2 training (``train.parallel: fsdp``, harness/training/parallel/fsdp.py): two gloo ranks under torchrun against one process —
-the micro experiment (full fine-tuning: per-step training loss and grad norm, evaluations, greedy predictions), the
-tiny experiment with a LoRA adapter and new-token row masks (losses, masked rows untouched, the checkpoint rank 0
-writes loading in one process), an fsdp run's resume point resumed by 2 ranks (one process refused), and a NaN on
-one rank stopping both (exit 3 through ``--nproc 2``, the report written by rank 0)."""
+"""FSDP2 training (``train.parallel: fsdp``, harness/training/parallel/fsdp.py): two gloo ranks under torchrun against
+one process — the micro experiment (full fine-tuning: per-step training loss and grad norm, evaluations, greedy
+predictions), the tiny experiment with a LoRA adapter and new-token row masks (losses, masked rows untouched, the
+checkpoint rank 0 writes loading in one process), an fsdp run's resume point resumed by 2 ranks (one process refused),
+and a NaN on one rank stopping both (exit 3 through ``--nproc 2``, the report written by rank 0)."""
 
 from __future__ import annotations
 

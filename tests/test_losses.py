@@ -133,8 +133,8 @@ def test_loss_dispatch_dtypes_and_logged_ce():
 
 
 def test_first_answer_tokens():
-    I = -100
-    labels = torch.tensor([[I, I, 5, 6, 7, I, I, 8, 9, I], [3, 4, I, I, I, I, I, I, I, I]])
+    IGN = -100
+    labels = torch.tensor([[IGN, IGN, 5, 6, 7, IGN, IGN, 8, 9, IGN], [3, 4, IGN, IGN, IGN, IGN, IGN, IGN, IGN, IGN]])
     first = first_answer_tokens(labels)
     assert first.tolist() == [
         [False, False, True, False, False, False, False, True, False, False],

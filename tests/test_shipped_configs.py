@@ -2,8 +2,8 @@
 
 Which is which is read from the file: a sweep file has a top-level ``space`` (required by the sweep schema, unknown
 to the experiment schema); an experiment file has a top-level ``stages``. Sweeps go through
-:func:`harness.studies.sweep.load_sweep`, which also loads and validates the sweep's base experiment (its path relative to
-the sweep file, the sweep's overrides applied) and checks the space and objectives against it. The experiment files
+:func:`harness.studies.sweep.load_sweep`, which also loads and validates the sweep's base experiment (its path relative
+to the sweep file, the sweep's overrides applied) and checks the space and objectives against it. The experiment files
 under ``tests/data`` are validated too.
 """
 

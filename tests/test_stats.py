@@ -1,4 +1,5 @@
-"""harness.core.stats against independent computations (closed forms, scipy's reference routines) and textbook values."""
+"""harness.core.stats against independent computations (closed forms, scipy's reference routines) and textbook
+values."""
 
 from __future__ import annotations
 
@@ -46,9 +47,9 @@ def test_wilson_empty_pool_and_bad_counts():
 def test_mcnemar_equals_scipy_binomtest_on_every_small_table():
     gained, lost = np.meshgrid(np.arange(0, 30), np.arange(0, 30))
     vectorised = stats.mcnemar_exact(gained.ravel(), lost.ravel())
-    for g, l, p in zip(gained.ravel(), lost.ravel(), vectorised):
-        reference = 1.0 if g + l == 0 else sps.binomtest(int(g), int(g + l), 0.5).pvalue
-        assert p == pytest.approx(reference, rel=1e-9, abs=1e-15), (g, l)
+    for g, lo, p in zip(gained.ravel(), lost.ravel(), vectorised):
+        reference = 1.0 if g + lo == 0 else sps.binomtest(int(g), int(g + lo), 0.5).pvalue
+        assert p == pytest.approx(reference, rel=1e-9, abs=1e-15), (g, lo)
 
 
 def test_mcnemar_textbook_value():

@@ -71,14 +71,10 @@ def postgres_url():
         for path in (root, data, sock, pwfile):
             shutil.chown(path, user)
     os.chmod(pwfile, 0o600)
-    run = lambda *args: subprocess.run(
-        args,
-        user=user,
-        check=True,
-        capture_output=True,
-        text=True,  # noqa: E731
-        timeout=120,
-    )
+
+    def run(*args):
+        return subprocess.run(args, user=user, check=True, capture_output=True, text=True, timeout=120)
+
     run(
         str(bin_dir / "initdb"),
         "-D",

@@ -16,21 +16,29 @@ from analysis.loading import AnalysisError
 
 REPORT_FILE = "report.html"
 
-CSS = """
-body{font-family:-apple-system,BlinkMacSystemFont,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;color:#222;
-     max-width:1180px;margin:24px auto;padding:0 20px;line-height:1.45;font-size:14px}
-h1{font-size:22px;margin-bottom:2px} h2{font-size:18px;margin-top:34px;border-bottom:1px solid #ddd;padding-bottom:4px}
-h3{font-size:15px;margin:18px 0 6px} .sub{color:#666;margin-top:0} code,pre{font-family:Menlo,Consolas,monospace;font-size:12px}
-pre{background:#f7f7f7;padding:10px;overflow-x:auto;border-radius:4px}
-table{border-collapse:collapse;margin:8px 0 14px;font-size:12.5px} th,td{padding:3px 9px;border-bottom:1px solid #e6e6e6;
-     text-align:left;vertical-align:top} th{background:#fafafa;font-weight:600} td.num{text-align:right;font-variant-numeric:tabular-nums}
-td.wrap{max-width:340px;white-space:pre-wrap;word-break:break-word} .d{font-size:10.5px;color:#666;margin-left:4px}
-.down{color:#c62828;font-weight:600} .up{color:#2e7d32} figure{margin:10px 0 22px} figure img{max-width:100%}
-figcaption{color:#555;font-size:12.5px;margin-top:4px} .findings li{margin:3px 0} .note{color:#666;font-size:12.5px}
-nav{background:#fafafa;border:1px solid #eee;padding:6px 12px;border-radius:4px;font-size:13px}
-nav a{margin-right:12px;color:#1565c0;text-decoration:none} details summary{cursor:pointer;color:#1565c0;margin:6px 0}
-.ok{color:#2e7d32}.bad{color:#c62828} .ci{font-size:10.5px;color:#777}
-"""
+CSS = (
+    "\n"
+    'body{font-family:-apple-system,BlinkMacSystemFont,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;color:#222;\n'
+    "     max-width:1180px;margin:24px auto;padding:0 20px;line-height:1.45;font-size:14px}\n"
+    "h1{font-size:22px;margin-bottom:2px} "
+    "h2{font-size:18px;margin-top:34px;border-bottom:1px solid #ddd;padding-bottom:4px}\n"
+    "h3{font-size:15px;margin:18px 0 6px} .sub{color:#666;margin-top:0} "
+    "code,pre{font-family:Menlo,Consolas,monospace;font-size:12px}\n"
+    "pre{background:#f7f7f7;padding:10px;overflow-x:auto;border-radius:4px}\n"
+    "table{border-collapse:collapse;margin:8px 0 14px;font-size:12.5px} "
+    "th,td{padding:3px 9px;border-bottom:1px solid #e6e6e6;\n"
+    "     text-align:left;vertical-align:top} th{background:#fafafa;font-weight:600} "
+    "td.num{text-align:right;font-variant-numeric:tabular-nums}\n"
+    "td.wrap{max-width:340px;white-space:pre-wrap;word-break:break-word} "
+    ".d{font-size:10.5px;color:#666;margin-left:4px}\n"
+    ".down{color:#c62828;font-weight:600} .up{color:#2e7d32} figure{margin:10px 0 22px} figure img{max-width:100%}\n"
+    "figcaption{color:#555;font-size:12.5px;margin-top:4px} .findings li{margin:3px 0} "
+    ".note{color:#666;font-size:12.5px}\n"
+    "nav{background:#fafafa;border:1px solid #eee;padding:6px 12px;border-radius:4px;font-size:13px}\n"
+    "nav a{margin-right:12px;color:#1565c0;text-decoration:none} "
+    "details summary{cursor:pointer;color:#1565c0;margin:6px 0}\n"
+    ".ok{color:#2e7d32}.bad{color:#c62828} .ci{font-size:10.5px;color:#777}\n"
+)
 
 
 class Page:

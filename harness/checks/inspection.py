@@ -5,16 +5,16 @@ and dtype on a sample batch (forward hooks) — for an experiment file or a chec
 
 - a checkpoint directory is loaded with ``AutoModelForCausalLM`` / ``AutoTokenizer``; the sample batch is a short
   chat rendered with its template (plain text without one); everything is reported as loaded (trainable);
-- an experiment YAML builds the base model as the run would (builtin: the tokenizer trained on the world corpus and
-  the task data, then the architecture; ``model.hf``: :func:`harness.models.builtin.load_hf`), applies the trainable set of
-  one stage (the first, or ``--stage``) through :func:`harness.training.adapters.prepare_stage_model`, and runs two of that
-  stage's training examples through it (under bf16 autocast when the stage says ``precision: bf16-autocast``).
-  A builtin base with ``pretrain`` is shown *untrained* (same architecture and shapes; pretraining is not run), and
-  the report says so.
+- an experiment YAML builds the base model as the run would (builtin: the tokenizer trained on the world corpus
+  and the task data, then the architecture; ``model.hf``: :func:`harness.models.builtin.load_hf`), applies the
+  trainable set of one stage (the first, or ``--stage``) through
+  :func:`harness.training.adapters.prepare_stage_model`, and runs two of that stage's training examples through it
+  (under bf16 autocast when the stage says ``precision: bf16-autocast``). A builtin base with ``pretrain`` is shown
+  *untrained* (same architecture and shapes; pretraining is not run), and the report says so.
 
 ``harness inspect FILE|CHECKPOINT --tokens [--json]`` lists the special / chat-template tokens instead, each with
-its input (and untied output) embedding row's norm, whether :mod:`harness.models.undertrained` flags it, and why — for an
-experiment, on the base model exactly as the run loads it (a builtin is pretrained, or taken from the cache).
+its input (and untied output) embedding row's norm, whether :mod:`harness.models.undertrained` flags it, and why —
+for an experiment, on the base model exactly as the run loads it (a builtin is pretrained, or taken from the cache).
 """
 
 from __future__ import annotations

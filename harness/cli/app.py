@@ -210,7 +210,7 @@ def schema():
     typer.echo(json.dumps(Experiment.model_json_schema(), indent=2))
 
 
-# -- sweeps (harness/studies/sweep/) ------------------------------------------------------------------------------------
+# -- sweeps (harness/studies/sweep/) -----------------------------------------------------------------------------------
 
 
 @app.command()

@@ -311,7 +311,9 @@ _MIXTURE_SCHEMA = {
                 "adaptive": {
                     "type": "object",
                     "required": ["method"],
-                    "description": "Weights a controller moves as the stage trains: method odm | doremi, … (docs/steering.md).",
+                    "description": (
+                        "Weights a controller moves as the stage trains: method odm | doremi, … (docs/steering.md)."
+                    ),
                 }
             },
             "required": ["adaptive"],

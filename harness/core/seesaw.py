@@ -244,7 +244,7 @@ def change_tests(
                 )
             tests.append(((*key, task), test))
     if discordant:  # all McNemar tests in one vectorised call: a run makes hundreds, the null simulation thousands
-        p_values = mcnemar_exact(np.array([g for _, g, _ in discordant]), np.array([l for _, _, l in discordant]))
+        p_values = mcnemar_exact(np.array([g for _, g, _ in discordant]), np.array([lost for _, _, lost in discordant]))
         for (test, _, _), p in zip(discordant, p_values):
             test["p_raw"] = float(p)
     return [test for _, test in sorted(tests, key=lambda t: t[0])]

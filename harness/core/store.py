@@ -167,5 +167,6 @@ class MetricsStore:
 
 
 def read_metrics(run_dir: str | Path) -> pl.DataFrame:
-    """The store of a run (finished or in progress); a column added to :data:`SCHEMA` since it was written reads as null."""
+    """The store of a run (finished or in progress); a column added to :data:`SCHEMA` since it was written reads as
+    null."""
     return with_schema_columns(pl.read_parquet(Path(run_dir) / FILENAME))

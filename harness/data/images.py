@@ -3,14 +3,15 @@
 An example with an ``image`` (see :class:`data_recipes.base.Example`) is rendered with the processor's chat
 template, the image placed as an ``{"type": "image"}`` part before the first user turn's text; the processor
 expands the placeholder into one image token per patch and turns the image into ``pixel_values``. Labels are
-completion-only, as in :mod:`harness.data.batches`: a token is supervised when it overlaps an assistant turn's characters
-(found with :func:`harness.data.batches.assistant_spans` on the unexpanded text, then shifted by the expansion, which
-happens before every assistant turn), and image-token positions are never supervised. Text-only examples go
-through the same processor with no image and encode exactly as :func:`harness.data.batches.encode_examples` would.
+completion-only, as in :mod:`harness.data.batches`: a token is supervised when it overlaps an assistant turn's
+characters (found with :func:`harness.data.batches.assistant_spans` on the unexpanded text, then shifted by the
+expansion, which happens before every assistant turn), and image-token positions are never supervised. Text-only
+examples go through the same processor with no image and encode exactly as
+:func:`harness.data.batches.encode_examples` would.
 
-Batches: :func:`collate_mixed` right-pads like :func:`harness.data.batches.collate` and stacks ``pixel_values`` of the rows
-that have an image, in row order — LLaVA-style models scatter image features into the image-token positions in
-row-major order, so text-only rows simply have no image tokens and take no pixel values. ``drop_images=True``
+Batches: :func:`collate_mixed` right-pads like :func:`harness.data.batches.collate` and stacks ``pixel_values`` of
+the rows that have an image, in row order — LLaVA-style models scatter image features into the image-token positions
+in row-major order, so text-only rows simply have no image tokens and take no pixel values. ``drop_images=True``
 replaces every image's pixels by zeros while keeping the image tokens: the vision tower and projector stay in the
 graph (a projector-only stage still trains) but every image looks the same, which reproduces the seed's "trained
 for days without its images" bug on purpose.
@@ -123,7 +124,7 @@ def _image_token_id(processor) -> int:
 
 @dataclass
 class VisionBatch(Batch):
-    """A :class:`~harness.data.batches.Batch` plus the stacked images of its image rows (``None`` when there are none)."""
+    """A :class:`~harness.data.batches.Batch` plus the stacked images of its image rows (``None`` when none)."""
 
     pixel_values: Any = None  # FloatTensor [n_images, 3, H, W], rows with an image in row order
     image_rows: tuple[int, ...] = ()
@@ -173,10 +174,11 @@ def collate_mixed(examples: Sequence[Encoded], pad_id: int, drop_images: bool = 
 def vision_supervised_logits(model, batch: VisionBatch, selected=None):
     """Logits ``[N, V]`` at the flat ``selected`` positions (default: the supervised ones), images included.
 
-    The image-aware counterpart of ``harness.training.loop.supervised_logits``: a plain ``model(input_ids, attention_mask)``
-    on an LLaVA model silently drops the images (the placeholder embedding stands in for them), so the training
-    forward must pass ``pixel_values``. The LM head is applied to the selected positions only when the model
-    exposes its body as ``model.model`` (LLaVA-style); otherwise the full logits are computed and gathered.
+    The image-aware counterpart of ``harness.training.loop.supervised_logits``: a plain
+    ``model(input_ids, attention_mask)`` on an LLaVA model silently drops the images (the placeholder embedding stands
+    in for them), so the training forward must pass ``pixel_values``. The LM head is applied to the selected positions
+    only when the model exposes its body as ``model.model`` (LLaVA-style); otherwise the full logits are computed and
+    gathered.
     """
     selected = batch.supervised if selected is None else selected
     pixels = batch.pixel_values

@@ -130,7 +130,8 @@ def image_use(
 ) -> list[ImageUseStats]:
     """Run the probe on ``examples`` (one split; examples without an image are skipped), grouped by task.
 
-    ``drop_images`` (``debug.drop_images``) feeds all-zero pixels in every condition, as the run's training did: the seed's bug, which the probe must report as dependence 0.
+    ``drop_images`` (``debug.drop_images``) feeds all-zero pixels in every condition, as the run's training did: the
+    seed's bug, which the probe must report as dependence 0.
 
     ``recipes`` maps each task to its recipe instance (for ``is_correct`` / ``normalise``). The model's train/eval
     mode is restored afterwards; gradients are off.

@@ -20,7 +20,8 @@ _PROBE_ANSWER = "Xq7Zv"  # a marker that no template wraps specially, to find wh
 
 
 def needed_new_tokens(items: Iterable[Any]) -> dict[str, int]:
-    """``{task: longest len(gold_ids)}`` over :class:`harness.data.batches.EvalItem` s (gold ids end with the end token)."""
+    """``{task: longest len(gold_ids)}`` over :class:`harness.data.batches.EvalItem` s (gold ids end with the end
+    token)."""
     out: dict[str, int] = {}
     for item in items:
         out[item.task] = max(out.get(item.task, 0), len(item.gold_ids))

@@ -335,7 +335,8 @@ def run_evaluation(
     hijack_ids: set[int] | None = None,
     shard: Shard | None = None,
 ) -> EvalResult:
-    """Evaluate ``model`` on ``items`` (:class:`harness.data.batches.EvalItem`) with the evaluators and probes of ``spec``.
+    """Evaluate ``model`` on ``items`` (:class:`harness.data.batches.EvalItem`) with the evaluators and probes of
+    ``spec``.
 
     ``recipes`` maps each task to its recipe (normaliser, ``is_correct``, ``mode_ok``). ``hijack_ids`` defaults to
     :func:`hijack_token_ids` of ``spec.hijack_words``. Only the passes the components need are run (see the module

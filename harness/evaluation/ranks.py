@@ -2,9 +2,10 @@
 the top-1 and top-5 tokens, and which rows had non-finite logits.
 
 Used by :mod:`harness.evaluation.passes`. The rank it replaced counted only strictly greater logits: all-equal or
-all-NaN logits — a collapsed or diverged model — gave the gold token rank 1 (MRR 1.0). Here a rank is what the gold token is *guaranteed*: rank = 1 + number of other tokens with a logit ≥ the gold
-logit, so a tie is resolved against it, and a row with any NaN or ±inf logit gets the worst rank (the vocabulary
-size) and is flagged (metric ``ft_nonfinite``): its ordering means nothing.
+all-NaN logits — a collapsed or diverged model — gave the gold token rank 1 (MRR 1.0). Here a rank is what the
+gold token is *guaranteed*: rank = 1 + number of other tokens with a logit ≥ the gold logit, so a tie is resolved
+against it, and a row with any NaN or ±inf logit gets the worst rank (the vocabulary size) and is flagged (metric
+``ft_nonfinite``): its ordering means nothing.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ MODEL_FIELDS = (
 
 
 class Shard(Protocol):
-    """This rank's place among the ranks that evaluate together (:class:`harness.training.parallel.ddp.DataParallel`)."""
+    """This rank's place among the ranks that evaluate together
+    (:class:`harness.training.parallel.ddp.DataParallel`)."""
 
     rank: int
     world: int

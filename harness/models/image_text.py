@@ -192,8 +192,8 @@ def load_image_text_model(
 ):
     """``(model, processor)`` of any image-text-to-text model transformers supports, by local path or hub id.
 
-    A tokenizer without a pad token pads with EOS (pad positions are always masked), as :func:`harness.models.builtin.load_hf`
-    does for text models.
+    A tokenizer without a pad token pads with EOS (pad positions are always masked), as
+    :func:`harness.models.builtin.load_hf` does for text models.
     """
     import torch
     from transformers import AutoModelForImageTextToText

@@ -7,9 +7,10 @@ Which source counts, by layer (``docs/design.md``, "Layers"):
   ``harness.data`` (encoding, batches), ``harness.models``, ``harness.training`` and ``harness.evaluation``: the
   layers a stage's training and evaluation run through;
 - the modules of ``harness.runs`` that shape numbers: ``prepare`` (task data, encoding, which eval items fit,
-  the stage plan), ``pretrain`` and ``images`` (the base model), ``packing`` (packed or padded batches), ``runner`` (the stage loop, the evaluation
-  schedule), ``evallog`` (the rows and per-item outcomes an evaluation stores), ``ranks`` (a distributed run's
-  session) and ``stage_cache`` itself (what an entry holds and how a replay restores RNG state);
+  the stage plan), ``pretrain`` and ``images`` (the base model), ``packing`` (packed or padded batches), ``runner``
+  (the stage loop, the evaluation schedule), ``evallog`` (the rows and per-item outcomes an evaluation stores),
+  ``ranks`` (a distributed run's session) and ``stage_cache`` itself (what an entry holds and how a replay restores
+  RNG state);
 - every file under ``data_recipes/`` (a recipe makes the task data and scores its answers).
 
 Left out, because they cannot change a stored number: ``runs.console`` (prints), ``runs.tracking`` (forwards the

@@ -1,5 +1,6 @@
 """What people see: progress bars per stage, a few status lines, one line per split after each evaluation (each
-task's main score with its 95 % interval and n; a line for the yes/no ranking and one for benchmarks), and the final table (scores with intervals) with seesaw events. (The console is for people; the store is for programs.)
+task's main score with its 95 % interval and n; a line for the yes/no ranking and one for benchmarks), and the
+final table (scores with intervals) with seesaw events. (The console is for people; the store is for programs.)
 
 When stderr is not a terminal (a batch job, a CI log, ``nohup``), rich draws no live bar, so progress is printed as
 plain lines instead — every :data:`PLAIN_EVERY_FRACTION` of a stage or :data:`PLAIN_EVERY_S` seconds, whichever

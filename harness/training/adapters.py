@@ -14,9 +14,9 @@ The loop's side, in order, for each stage (see the module functions for details)
 
 **New-token rows.** ``new_token_rows: true`` makes the input embedding and the output head (one matrix when they
 are tied) trainable and registers a gradient hook on each that zeroes every row except the added tokens' (under
-``auto``, the default, also the rows :mod:`harness.models.undertrained` flags, where the mode leaves the matrix frozen) —
-the seed's mechanism, with the rows given by id (``grad.masked_fill``), never by a ``grad[:N]`` range (the seed's
-``grad[:32000]`` / ``grad[:31999]`` off-by-one froze ``<|endoftext|>`` for three days). A zero gradient alone
+``auto``, the default, also the rows :mod:`harness.models.undertrained` flags, where the mode leaves the matrix
+frozen) — the seed's mechanism, with the rows given by id (``grad.masked_fill``), never by a ``grad[:N]`` range (the
+seed's ``grad[:32000]`` / ``grad[:31999]`` off-by-one froze ``<|endoftext|>`` for three days). A zero gradient alone
 does not keep a row still under AdamW: decoupled weight decay shrinks every entry of a parameter
 (``p -= lr·wd·p``) whatever its gradient. So a row-masked matrix must get no weight decay: the loop puts every
 parameter for which :func:`weight_decay_exempt` is true in its ``weight_decay: 0`` group. With that, Adam's moments
@@ -125,7 +125,8 @@ def masked_rows(param: torch.Tensor) -> Optional[list[int]]:
 
 
 def mark_masked_rows(param: torch.Tensor, rows: list[int]) -> None:
-    """Record ``rows`` as the rows ``param`` trains, under a mask applied elsewhere (:mod:`harness.training.parallel.fsdp`)."""
+    """Record ``rows`` as the rows ``param`` trains, under a mask applied elsewhere
+    (:mod:`harness.training.parallel.fsdp`)."""
     setattr(param, _ROWS, list(rows))
 
 

@@ -35,9 +35,10 @@ def supervised_logits(
     position_ids: Optional[torch.Tensor] = None,
     varlen: bool = False,
 ) -> torch.Tensor:
-    """Logits ``[N, V]`` at the ``selected`` flat positions (row × T + t, as :attr:`harness.data.batches.Batch.supervised`)
-    only; they gather without a host sync. ``compiled``: run the forward through ``torch.compile``
-    (:func:`harness.training.compiling.forward_of`: ``"auto"`` falls back to eager if compiling fails, ``True`` raises).
+    """Logits ``[N, V]`` at the ``selected`` flat positions (row × T + t, as
+    :attr:`harness.data.batches.Batch.supervised`) only; they gather without a host sync. ``compiled``: run the
+    forward through ``torch.compile`` (:func:`harness.training.compiling.forward_of`: ``"auto"`` falls back to eager
+    if compiling fails, ``True`` raises).
     ``position_ids``: a packed batch's (:mod:`harness.data.packing`); ``attention_mask`` is then not passed.
     ``varlen``: the packed batch attends example by example (:mod:`harness.models.packed_attention`; its plan is
     built on the host from ``position_ids``, one device sync per step on a GPU — not measured there yet)."""

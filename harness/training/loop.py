@@ -11,11 +11,11 @@ An adaptive stage (:mod:`harness.data.steering`) hands the loop a stream instead
 batch is drawn when the step begins, from the weights of the controller's last update, which
 :class:`harness.training.steering.Steering` makes from the per-task losses all-reduced over ranks.
 
-With several ranks (:mod:`harness.training.parallel.ddp`) the loop calls four hooks of ``DataParallel``: each rank takes its
-slice of every global batch, the forward goes through DDP, the loss is normalised by the global supervised-token
-count, and the window sums and the non-finite flag are all-reduced. Under ``train.parallel: fsdp``
-(:mod:`harness.training.parallel.fsdp`) the optimiser trains a sharded replica of the model (``trained``), whose weights ``sync``
-copies into ``model`` before every evaluation and checkpoint.
+With several ranks (:mod:`harness.training.parallel.ddp`) the loop calls four hooks of ``DataParallel``: each rank
+takes its slice of every global batch, the forward goes through DDP, the loss is normalised by the global
+supervised-token count, and the window sums and the non-finite flag are all-reduced. Under ``train.parallel: fsdp``
+(:mod:`harness.training.parallel.fsdp`) the optimiser trains a sharded replica of the model (``trained``), whose
+weights ``sync`` copies into ``model`` before every evaluation and checkpoint.
 """
 
 from __future__ import annotations

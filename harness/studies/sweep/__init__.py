@@ -4,11 +4,12 @@
 - :mod:`~harness.studies.sweep.space`: the loaded :class:`Sweep`, its parameters and objectives, sampling;
 - :mod:`~harness.studies.sweep.load`: :func:`load_sweep` (every error named by its YAML path, as for experiments);
 - :mod:`~harness.studies.sweep.study`: optuna storage, journal lock, sampler, pruner, :func:`prepare_study`;
-- :mod:`~harness.studies.sweep.worker`: the worker processes (``python -m harness.studies.sweep.worker``) and their launcher;
+- :mod:`~harness.studies.sweep.worker`: the worker processes (``python -m harness.studies.sweep.worker``) and their
+  launcher;
 - :mod:`~harness.studies.sweep.results`: ``trials.parquet`` and the ``harness sweep-status`` report.
 
-The worker and results modules are not imported here: a worker starts as ``python -m harness.studies.sweep.worker``, which
-must not find its module already imported by its package.
+The worker and results modules are not imported here: a worker starts as ``python -m harness.studies.sweep.worker``,
+which must not find its module already imported by its package.
 """
 
 from harness.studies.sweep.load import load_resolved, load_sweep

@@ -6,7 +6,7 @@
 |---|---|---|
 | ``number`` | int | optuna trial number |
 | ``state`` | str | COMPLETE, PRUNED, FAIL or RUNNING (enqueued trials not yet started are left out) |
-| ``objective`` / ``objective_0``, ``objective_1``, … | float | the objective (one objective / several); for a PRUNED trial, its last reported value |
+| ``objective`` / ``objective_0``, ``objective_1``, … | float | the objective (one objective / several); see below |
 | ``param/<space path>`` | float / int / str | every non-simplex parameter as sampled (a ``fraction`` is k) |
 | ``param/<space path>.<task>`` | float | every normalised simplex weight |
 | ``metric/<stage>/<split>/<task>/<metric>`` | float | per-task metrics of each stage's last evaluation |
@@ -14,6 +14,8 @@
 | ``trial_dir`` | str | the trial's run directory (absolute) |
 | ``fail_reason`` | str | why a FAIL trial failed (null otherwise) |
 | ``pruned_step`` | int | global step at which a PRUNED trial was stopped (null otherwise) |
+
+For a PRUNED trial, the objective columns hold its last reported value.
 
 Everything comes from the optuna storage (trial params and user attributes), so any machine that reaches the
 storage can rebuild the table.

@@ -67,7 +67,8 @@ class _SupervisedLogits(torch.nn.Module):
 class DataParallel:
     """This rank's view of the process group, with the hooks :func:`harness.training.loop.train_stage` calls."""
 
-    sharded = False  # harness.training.parallel.fsdp's subclass: the trained module's weights exist in full only inside its forward
+    # harness.training.parallel.fsdp's subclass: the trained module's weights exist in full only inside its forward
+    sharded = False
 
     def __init__(self):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()

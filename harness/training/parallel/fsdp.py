@@ -4,8 +4,8 @@ of :class:`harness.training.parallel.ddp.DataParallel`, so :func:`harness.traini
 **A sharded replica.** At the stage's start every rank deep-copies the runner's model (after ``prepare_stage_model``:
 a ``PeftModel`` is copied with its adapter, so peft is applied first and sharded after) and shards the copy:
 ``fully_shard`` on every transformer block (the classes the model lists in ``_no_split_modules``), then on a root
-module that runs the loop's training forward (:class:`harness.training.parallel.ddp._SupervisedLogits`: the loop calls the
-model body and the head separately, and the root's hooks must see the whole forward to gather the embedding, the
+module that runs the loop's training forward (:class:`harness.training.parallel.ddp._SupervisedLogits`: the loop calls
+the model body and the head separately, and the root's hooks must see the whole forward to gather the embedding, the
 final norm and the head). The loop trains the replica — its optimiser, clipping, grad norm and diagnostics see
 DTensor parameters, gradients and optimiser state sharded over ranks.
 
