@@ -15,7 +15,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 
@@ -84,9 +84,26 @@ def nonfinite_grads(model) -> list[str]:
     ]
 
 
+class NoFaults:
+    """The injector of a run that injects nothing (no ``debug.inject_nonfinite``): every hook a no-op."""
+
+    needs_eager: ClassVar[bool] = False  # no forward hooks: a compiled stage is fine
+
+    def before_forward(self, model, step: int) -> None:
+        pass
+
+    def after_backward(self, model, step: int) -> None:
+        pass
+
+    def remove(self) -> None:
+        pass
+
+
 @dataclass
 class Injector:
     """Makes a forward output or a gradient non-finite at one global step (``debug.inject_nonfinite``)."""
+
+    needs_eager: ClassVar[bool] = True  # its faults are forward hooks, which a compiled module would not run
 
     step: int
     where: str  # forward | grad

@@ -44,6 +44,16 @@ def module_group(name: str) -> str:
     return "other"
 
 
+class Unmeasured:
+    """The group statistics of a stage without ``train.diagnostics``: nothing is measured."""
+
+    def grad_norms(self) -> None:
+        return None
+
+    def snapshot(self) -> None:
+        return None
+
+
 class GroupStats:
     """Per-group gradient norms (read before clipping) and update ratios of one optimiser step."""
 

@@ -35,13 +35,15 @@ from harness.data.batches import Batch, task_share_max
 from harness.data.images import vision_supervised_logits
 from harness.training import parallel as distributed
 from harness.training.adapters import param_groups, unwrap
+from harness.training.batch_source import batch_source
 from harness.training.compiling import compile_decision, compiled_stage
-from harness.training.forward import supervised_logits
-from harness.training.guard import Injector, NonFiniteError, first_nonfinite_module, nonfinite_grads
-from harness.training.health import GroupStats, gathered
-from harness.training.losses import first_answer_tokens, token_losses_and_ce, token_weights, weighted_mean
+from harness.training.guard import Injector, NoFaults, NonFiniteError, first_nonfinite_module, nonfinite_grads
+from harness.training.health import GroupStats, Unmeasured, gathered
+from harness.training.losses import first_answer_tokens, token_losses_and_ce
+from harness.training.parallel import SingleProcess
 from harness.training.special_tokens import check_special_token_gradients
-from harness.training.steering import Steering
+
+ONE_PROCESS = SingleProcess()
 
 
 def batch_loss(
@@ -52,23 +54,20 @@ def batch_loss(
     tasks: list[str],
     precision: str = "fp32",
     compiled: Union[bool, str] = False,
-    parallel: Optional[distributed.DataParallel] = None,
+    parallel: distributed.DataParallel | SingleProcess = ONE_PROCESS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss to back-propagate, plain CE per supervised token, task index per supervised token)``.
 
     The loss is the stage's (CE or GEM, with per-task and first-token weights); CE is returned as well so every
-    run logs the same comparable number whatever it trains on. With ``parallel`` (this rank's slice of a global
-    batch) the forward runs through DDP and the loss is this rank's term of the global mean.
+    run logs the same comparable number whatever it trains on. With several ranks (``parallel``: the loop's hooks,
+    ``batch`` this rank's slice of a global batch) the forward runs through DDP and the loss is this rank's term of
+    the global mean.
     """
     supervised = batch.supervised  # flat positions, found once at collation
     varlen = bool(getattr(getattr(batch, "layout", None), "varlen", False))
     with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-autocast"):
         if getattr(batch, "pixel_values", None) is not None:  # an image-text batch (harness.data.images)
             logits = vision_supervised_logits(unwrap(model), batch, supervised)
-        elif parallel is None:
-            logits = supervised_logits(
-                unwrap(model), batch.input_ids, batch.attention_mask, supervised, compiled, batch.position_ids, varlen
-            )
         else:
             logits = parallel.logits_module(model)(
                 batch.input_ids, batch.attention_mask, supervised, compiled, batch.position_ids, varlen
@@ -81,10 +80,7 @@ def batch_loss(
     first = first_answer_tokens(batch.labels).flatten()[supervised] if spec.first_token_weight != 1.0 else None
     by_example = example_of_token if spec.reduction == "example" else None
     n_examples = len(batch.tasks)
-    if parallel is None:
-        loss = weighted_mean(losses, task_of_token, first, spec, tasks, by_example, n_examples)
-    else:
-        loss = parallel.global_mean(losses, token_weights(task_of_token, first, spec, tasks, by_example, n_examples))
+    loss = parallel.loss_mean(losses, task_of_token, first, spec, tasks, by_example, n_examples)
     return loss, ce, task_of_token
 
 
@@ -231,9 +227,9 @@ class StageLoop:
     train: TrainSpec
     eval_every: int
     special_tokens: dict[str, int]  # must get gradient at the stage's first step
-    injector: Optional[Injector]
-    save_checkpoint: Optional[Callable[[int, LoopState], None]]
-    progress: Optional[Callable[[int], None]]
+    injector: Injector | NoFaults
+    save_checkpoint: Callable[[int, LoopState], None]
+    progress: Callable[[int], None]
     kill_at: Optional[int]  # debug.kill_rank: the global step at which this process SIGKILLs itself
 
     def __init__(
@@ -259,18 +255,31 @@ class StageLoop:
         self.stage, self.start_step, self.tasks, self.log, self.evaluate = stage, start_step, tasks, log, evaluate
         # Loops that are not a stage stay eager unless told: pretraining's numbers are cached by a key without it.
         base = train if train is not None else TrainSpec(compile=False)
+        if save_checkpoint is None:  # nothing would write a resume point: the loop makes none
+            train_settings["checkpoint_every"] = None
         self.train = base.model_copy(update=train_settings)
-        self.eval_every, self.special_tokens, self.injector = eval_every, special_tokens or {}, injector
-        self.save_checkpoint, self.progress, self.kill_at = save_checkpoint, progress, kill_at
+        self.eval_every, self.special_tokens = eval_every, special_tokens or {}
+        self.injector = injector if injector is not None else NoFaults()
+        self.save_checkpoint = save_checkpoint if save_checkpoint is not None else _no_resume_point
+        self.progress = progress if progress is not None else _no_progress
+        self.kill_at = kill_at
+
+
+def _no_resume_point(step: int, state: LoopState) -> None:
+    pass
+
+
+def _no_progress(steps: int) -> None:
+    pass
 
 
 def _diagnose(
-    model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step: int, what: str, parallel=None
+    model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step: int, what: str, parallel
 ) -> dict[str, Any]:
     """Name the first module with a non-finite output (re-running the batch with hooks) and the bad grads. A
     sharded (FSDP) model re-runs through its sharded forward, on every rank (the all-gathers must match); a DDP
     model re-runs outside DDP (a second DDP forward before the optimiser step would confuse its reducer)."""
-    through = parallel if parallel is not None and parallel.sharded else None
+    through = parallel if parallel.sharded else ONE_PROCESS
     tasks: dict[str, int] = {}
     for t in batch.tasks:
         tasks[t] = tasks.get(t, 0) + 1
@@ -302,7 +311,7 @@ def _nonfinite_report(
     """None when the step's loss and gradient are finite (on every rank), else the guard's report — with several
     ranks, the report of the first rank where it began, on every rank, so that all of them stop here."""
     loss_bad, grad_bad = (~torch.isfinite(torch.stack([loss.detach().float(), grad_norm.float()]))).tolist()
-    bad_ranks = parallel.bad_ranks(loss_bad, grad_bad) if parallel is not None else []  # one host sync per step
+    bad_ranks = parallel.bad_ranks(loss_bad, grad_bad)  # with several ranks, one host sync per step
     if not (loss_bad or grad_bad or bad_ranks):
         return None
     report = _diagnose(model, batch, loop, task_ids, step, "loss" if loss_bad else "gradient", parallel)
@@ -314,13 +323,13 @@ def _window_rows(
     step: int,
     window: Window,
     lr: float,
-    groups: Optional[GroupStats],
+    groups: GroupStats | Unmeasured,
     before: Optional[dict],
     group_grads: Optional[dict[str, float]],
 ) -> list[Row]:
     """The window's training metrics, with the per-module-group update ratios and grad norms when measured."""
     out = window.rows(loop.tasks, loop.stage, step, lr)
-    if groups is not None and before is not None:
+    if before is not None:  # measured (train.diagnostics) at this log step
         ratios = groups.update_ratios(before)
         out.append(Row(loop.stage, step, None, "train", "update_ratio", ratios.pop("all")))
         out += [Row(loop.stage, step, None, "train", f"diag/{g}/update_ratio", v) for g, v in ratios.items()]
@@ -337,7 +346,7 @@ def train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState] = N
     device = next(model.parameters()).device
     # Decided from the stage's length (not what is left of it: a resumed stage decides as its first run did).
     # Injected faults are forward hooks: they need eager modules.
-    compile_it = compile_decision(loop.train.compile, len(batches), device.type) and loop.injector is None
+    compile_it = compile_decision(loop.train.compile, len(batches), device.type) and not loop.injector.needs_eager
     with compiled_stage(compile_it):
         return _train_stage(model, batches, loop, resume, loop.train.compile if compile_it else False)
 
@@ -345,11 +354,8 @@ def train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState] = N
 def _optimizer_for(trained, spec: OptimSpec, steps: int, state: LoopState, parallel):
     """The stage's optimiser and schedule, continuing a resumed stage's saved state."""
     optimizer, scheduler = make_optimizer(trained, spec, steps)
-    if state.optimizer is not None:
-        if parallel is not None:  # FSDP shards the saved (one-process format) state onto its ranks
-            parallel.load_optimizer_state(optimizer, state.optimizer)
-        else:
-            optimizer.load_state_dict(state.optimizer)
+    if state.optimizer is not None:  # FSDP shards the saved (one-process format) state onto its ranks
+        parallel.load_optimizer_state(optimizer, state.optimizer)
         scheduler.load_state_dict(state.scheduler)
     return optimizer, scheduler
 
@@ -368,70 +374,49 @@ def _skip_or_stop(
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
     window.skipped += 1
-    if loop.injector is not None:
-        loop.injector.remove()
+    loop.injector.remove()
     loop.log([Row(loop.stage, step, None, "train", "nonfinite_skip", 1.0)], step)
-
-
-def _source(
-    batches, loop: StageLoop, state: LoopState, parallel
-) -> tuple[LoopState, Any, Optional[list[float]], Optional[Steering]]:
-    """``(state, batches, shares, steering)``: a static stage's batches (this rank's slices) with each global
-    batch's largest task share (the metric is about the batch the mixture sampler drew, not one rank's slice of it;
-    None in one process), or an adaptive stream with the steering that feeds it (resumed where ``state`` left it;
-    its start weights logged when it begins; it keeps the share of the global batch it drew last)."""
-    if isinstance(batches, list):
-        if parallel is None:
-            return state, batches, None, None
-        return state, [parallel.shard(b) for b in batches], [task_share_max(b.tasks) for b in batches], None
-    if state.mixture is not None:
-        batches.load(state.mixture)
-    steering = Steering(batches, loop.tasks, loop.stage, parallel, state.steer)
-    if state.batch_index == 0:
-        loop.log(steering.weight_rows(loop.start_step), loop.start_step)
-    return state, batches, None, steering
 
 
 def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState], compiled: Union[bool, str]) -> int:
     train, task_index = loop.train, {t: i for i, t in enumerate(loop.tasks)}
-    parallel = distributed.current(train.parallel)  # None in a single process
-    state, batches, shares, steering = _source(batches, loop, resume or LoopState(), parallel)
+    parallel = distributed.loop_hooks(train.parallel)  # SingleProcess in one process
+    state = resume or LoopState()
+    source = batch_source(batches, loop.tasks, loop.stage, parallel, state)
+    if started_rows := source.start_rows(state.batch_index, loop.start_step):  # an adaptive stage's start weights
+        loop.log(started_rows, loop.start_step)
     # What the optimiser trains: ``model`` itself, or under FSDP a sharded replica whose weights are synced back
     # into ``model`` before every evaluation and checkpoint (harness.training.parallel.fsdp).
-    trained = parallel.trained_module(model, train.precision) if parallel is not None else model
+    trained = parallel.trained_module(model, train.precision)
     params = [p for p in trained.parameters() if p.requires_grad]
-    groups = GroupStats(trained) if train.diagnostics else None
-    optimizer, scheduler = _optimizer_for(trained, train.optim, len(batches), state, parallel)
+    groups = GroupStats(trained) if train.diagnostics else Unmeasured()
+    optimizer, scheduler = _optimizer_for(trained, train.optim, len(source), state, parallel)
     window = Window.from_state(len(loop.tasks), state.window) if state.window else Window(len(loop.tasks))
     max_norm = train.optim.grad_clip if train.optim.grad_clip is not None else float("inf")
     guard = train.nonfinite.action != "off"
     device = next(model.parameters()).device
     trained.train()
-    upcoming = batches[state.batch_index].to(device) if steering is None and state.batch_index < len(batches) else None
+    source.begin(state.batch_index, device)
 
-    for i in range(state.batch_index, len(batches)):
-        # an adaptive stage's batch is drawn now: the weights of the last update decide it
-        batch, step = steering.next_batch(device) if steering is not None else upcoming, loop.start_step + i + 1
+    for i in range(state.batch_index, len(source)):
+        batch, step = source.batch(i), loop.start_step + i + 1  # an adaptive stage draws it now
         task_ids = torch.tensor([task_index[t] for t in batch.tasks]).to(device)
-        is_log_step = (i + 1) % train.log_every == 0 or i + 1 == len(batches)
+        is_log_step = (i + 1) % train.log_every == 0 or i + 1 == len(source)
         started, before = time.perf_counter(), None
 
         if step == loop.kill_at:  # no cleanup, no exit code: what a crashed or OOM-killed rank leaves behind
             os.kill(os.getpid(), signal.SIGKILL)
-        if loop.injector is not None:
-            loop.injector.before_forward(trained, step)
+        loop.injector.before_forward(trained, step)
         loss, ce, task_of_token = batch_loss(
             trained, batch, train.loss, task_ids, loop.tasks, train.precision, compiled, parallel
         )
         loss.backward()
-        if i + 1 < len(batches) and steering is None:  # on a GPU the next batch's copy overlaps this step's work
-            upcoming = batches[i + 1].to(device)
-        if loop.injector is not None:
-            loop.injector.after_backward(trained, step)
+        source.after_backward(i)  # on a GPU the next batch's copy overlaps this step's work
+        loop.injector.after_backward(trained, step)
         if i == 0 and loop.special_tokens:
             # Before the stage's first update: every special token the stage uses must reach its trainable row.
             check_special_token_gradients(trained, loop.special_tokens, batch=batch)
-        group_grads = groups.grad_norms() if groups is not None and is_log_step else None
+        group_grads = groups.grad_norms() if is_log_step else None
         grad_norm = gathered(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
 
         report = _nonfinite_report(trained, batch, loop, task_ids, step, loss, grad_norm, parallel) if guard else None
@@ -439,62 +424,39 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState], c
             _skip_or_stop(report, state, loop, optimizer, scheduler, window, step)
         else:
             state.consecutive_skips = 0
-            if loop.injector is not None:
-                loop.injector.remove()
+            loop.injector.remove()
             # Clip only now: clipping non-finite gradients would smear NaN over every parameter's gradient.
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, grad_norm)
-            before = groups.snapshot() if groups is not None and is_log_step else None
+            before = groups.snapshot() if is_log_step else None
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            share = shares[i] if shares is not None else steering.global_share if steering is not None else None
-            window.add(ce, task_of_token, grad_norm, batch, share)
-            if steering is not None:
-                steering.add(ce, task_of_token)
+            window.add(ce, task_of_token, grad_norm, batch, source.share(i))
+            source.trained(ce, task_of_token)
 
         window.seconds += time.perf_counter() - started
         if is_log_step:
-            if parallel is not None:
-                parallel.sum_window(window)
+            parallel.sum_window(window)
             loop.log(_window_rows(loop, step, window, scheduler.get_last_lr()[0], groups, before, group_grads), step)
             window = Window(len(loop.tasks))
-        if steering is not None and (steered := steering.after_step(i, step)):
+        if steered := source.after_step(i, step):  # an adaptive stage's controller updated its weights
             loop.log(steered, step)
-        if loop.progress is not None:
-            loop.progress(1)
-        if step % loop.eval_every == 0 or i + 1 == len(batches):
-            if parallel is not None:
-                parallel.sync(model)
+        loop.progress(1)
+        if step % loop.eval_every == 0 or i + 1 == len(source):
+            parallel.sync(model)
             loop.evaluate(step)
             trained.train()
-        if (
-            loop.save_checkpoint is not None
-            and train.checkpoint_every
-            and step % train.checkpoint_every == 0
-            and i + 1 < len(batches)
-        ):
-            _checkpoint(
-                model,
-                loop,
-                step,
-                LoopState(i + 1, state.consecutive_skips, window.state()),
-                optimizer,
-                scheduler,
-                parallel,
-                steering,
-            )
-    return loop.start_step + len(batches)
+        if train.checkpoint_every and step % train.checkpoint_every == 0 and i + 1 < len(source):
+            at = LoopState(i + 1, state.consecutive_skips, window.state())
+            _checkpoint(model, loop, step, at, optimizer, scheduler, parallel, source)
+    return loop.start_step + len(source)
 
 
-def _checkpoint(
-    model, loop: StageLoop, step: int, at: LoopState, optimizer, scheduler, parallel, steering: Optional[Steering]
-) -> None:
+def _checkpoint(model, loop: StageLoop, step: int, at: LoopState, optimizer, scheduler, parallel, source) -> None:
     """A resume point after ``step``: the loop's position ``at``, the optimiser and schedule, an adaptive stage's
     stream and partial sums."""
-    if parallel is not None:
-        parallel.sync(model)
-    at.optimizer = parallel.optimizer_state(optimizer) if parallel is not None else optimizer.state_dict()
+    parallel.sync(model)
+    at.optimizer = parallel.optimizer_state(optimizer)
     at.scheduler = scheduler.state_dict()
-    if steering is not None:
-        at.mixture, at.steer = steering.stream.state(), steering.state()
+    at.mixture, at.steer = source.resume_state()
     loop.save_checkpoint(step, at)

@@ -20,11 +20,10 @@ from harness.data.batches import task_share_max
 
 class Steering:
     """Feeds ``stream`` (an AdaptiveStream) every ``stream.spec.every`` steps of the stage; ``state`` continues the
-    partial sums of a resumed stage (this rank's own)."""
+    partial sums of a resumed stage (this rank's own); ``parallel``: the loop's hooks
+    (:func:`harness.training.parallel.loop_hooks`)."""
 
-    def __init__(
-        self, stream, loop_tasks: list[str], stage: str, parallel=None, state: Optional[dict[str, Any]] = None
-    ):
+    def __init__(self, stream, loop_tasks: list[str], stage: str, parallel, state: Optional[dict[str, Any]] = None):
         self.stream, self.stage, self.parallel = stream, stage, parallel
         self.global_share: Optional[float] = None  # the last global batch's largest task share (next_batch)
         self.columns = [loop_tasks.index(t) for t in stream.tasks]  # the stream's tasks among the loop's
@@ -37,9 +36,7 @@ class Steering:
         batch = self.stream.next_batch()
         # the largest task share of the global batch (train/batch_task_share_max), before this rank takes its slice
         self.global_share = task_share_max(batch.tasks)
-        if self.parallel is not None:
-            batch = self.parallel.shard(batch)
-        return batch.to(device)
+        return self.parallel.shard(batch).to(device)
 
     def add(self, ce: torch.Tensor, task_of_token: torch.Tensor) -> None:
         """A trained step's per-token cross-entropy, summed per task."""
@@ -54,8 +51,7 @@ class Steering:
         if (batch_index + 1) % self.stream.spec.every:
             return []
         sums = torch.stack([self.loss_sum, self.token_count])
-        if self.parallel is not None:
-            self.parallel.all_reduce_sum(sums)
+        self.parallel.all_reduce_sum(sums)
         loss_sum, count = sums.cpu().numpy()[:, self.columns]
         losses = np.where(count > 0, loss_sum / np.maximum(count, 1.0), math.nan)
         self.stream.observe(losses)

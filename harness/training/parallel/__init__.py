@@ -1,5 +1,6 @@
 """Training on several ranks: DDP (:mod:`.ddp`: the process group and the loop's hooks) and FSDP2 (:mod:`.fsdp`),
-behind one set of hooks, :class:`DataParallel`, that :func:`current` hands the training loop (None in one process).
+behind one set of hooks, :class:`DataParallel`. :func:`current` is the process group's hooks (None in one process);
+:func:`loop_hooks` is what the training loop calls, :class:`SingleProcess` (:mod:`.single`) in one process.
 """
 
 from __future__ import annotations
@@ -8,8 +9,17 @@ from typing import Optional
 
 from harness.training.parallel.ddp import DataParallel, ParallelError, active_ddp
 from harness.training.parallel.fsdp import FullyShardedDataParallel
+from harness.training.parallel.single import SingleProcess
 
-__all__ = ["DataParallel", "FullyShardedDataParallel", "ParallelError", "current", "kill_step"]
+__all__ = [
+    "DataParallel",
+    "FullyShardedDataParallel",
+    "ParallelError",
+    "SingleProcess",
+    "current",
+    "kill_step",
+    "loop_hooks",
+]
 
 
 def current(parallel: str = "ddp") -> Optional[DataParallel]:
@@ -19,6 +29,11 @@ def current(parallel: str = "ddp") -> Optional[DataParallel]:
     if here is None or parallel == "ddp":
         return here
     return FullyShardedDataParallel()
+
+
+def loop_hooks(parallel: str = "ddp") -> DataParallel | SingleProcess:
+    """The hooks the training loop calls: :func:`current`'s on several ranks, :class:`SingleProcess` in one."""
+    return current(parallel) or SingleProcess()
 
 
 def kill_step(spec) -> Optional[int]:

@@ -39,6 +39,7 @@ from harness.data.batches import Batch
 from harness.data.packing import repacked, rows_of
 from harness.training.adapters import unwrap
 from harness.training.forward import supervised_logits
+from harness.training.losses import token_weights
 
 
 class ParallelError(ValueError):
@@ -130,6 +131,10 @@ class DataParallel:
             )
             self._wrapped[model] = (trainable, ddp)
         return self._wrapped[model][1]
+
+    def loss_mean(self, per_token, task_of_token, first, spec, tasks, by_example, n_examples) -> torch.Tensor:
+        """This rank's term of the global weighted token mean (the loss's weights: :func:`token_weights`)."""
+        return self.global_mean(per_token, token_weights(task_of_token, first, spec, tasks, by_example, n_examples))
 
     def global_mean(self, per_token: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
         """This rank's term of the global weighted token mean, scaled by the world size (DDP averages gradients)."""
