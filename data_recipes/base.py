@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from harness.core.plugins import Plugin, PluginParams
 
 if TYPE_CHECKING:  # pragma: no cover
     from data_recipes.world import World
@@ -70,17 +70,16 @@ class Example:
         return replace(self, messages=({"role": "system", "content": text},) + tuple(self.messages))
 
 
-class RecipeParams(BaseModel):
+class RecipeParams(PluginParams):
     """Base for each recipe's ``params``; unknown keys are errors (reported at ``tasks.<name>.params.<key>``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 _WS = re.compile(r"\s+")
 
 
-class Recipe(ABC):
-    """Base class for task generators. Subclasses set ``name``, ``Params`` and implement :meth:`build`."""
+class Recipe(Plugin, ABC):
+    """Base class for task generators (a plug-in: :mod:`harness.core.plugins`). Subclasses set ``Params`` and
+    implement :meth:`build`; ``@register(name)`` sets ``name``."""
 
     name: ClassVar[str]
     Params: ClassVar[type[RecipeParams]] = RecipeParams

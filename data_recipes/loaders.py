@@ -227,6 +227,7 @@ class DatasetLoader(Recipe):
 
 class _FileLoader(DatasetLoader):
     Params = FileParams
+    example_params: ClassVar[dict[str, Any]] = {"path": "data/train.jsonl"}  # the path has no default
     builder: ClassVar[str]
 
     @classmethod
@@ -297,6 +298,7 @@ class HFLoader(DatasetLoader):
     """A hub dataset id, a local dataset directory (data files ``load_dataset`` understands), or a directory
     written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` (read with ``load_from_disk``)."""
 
+    example_params: ClassVar[dict[str, Any]] = {"id": "org/dataset"}  # the dataset has no default
     Params = HFParams
 
     @classmethod

@@ -12,7 +12,13 @@ overrides, cross-field checks, and error messages that name the YAML path (``sta
 """
 
 from harness.config.errors import ConfigError, yaml_errors
-from harness.config.load import apply_overrides, load_experiment, semantic_errors, validate_data
+from harness.config.load import (
+    PluginImportError,
+    apply_overrides,
+    load_experiment,
+    semantic_errors,
+    validate_data,
+)
 from harness.config.mixture import AdaptiveSpec, Mixture, parse_mixture
 from harness.config.paths import PathError, format_path, parse_path, resolve_path, set_path
 from harness.config.run_specs import DataSpec, DebugSpec, InjectSpec, TrackingSpec, WandbSpec, computing_debug
@@ -69,6 +75,7 @@ __all__ = [
     "dump_yaml",
     "format_path",
     "load_experiment",
+    "PluginImportError",
     "load_raw",
     "parse_mixture",
     "parse_path",

@@ -2,6 +2,8 @@
 *every* error before reporting:
 
 1. the schema (types, ranges, unknown keys) — pydantic, :mod:`harness.config.schema`;
+   then the plug-in modules the file names under ``plugins:`` are imported (:func:`import_experiment_plugins`; an
+   entry that fails to import is an error at ``plugins[i]``, reported before the names it would have registered);
 2. the meaning (mixtures name known tasks, ``init`` points at an earlier stage, recipe params, builtin models,
    evaluators and probes exist…), which needs the whole file and the registries.
 """
@@ -22,7 +24,8 @@ from harness.config.mixture import parse_mixture
 from harness.config.paths import PathError, parse_path, resolve_path, set_path
 from harness.config.schema import Experiment
 from harness.config.yaml_io import load_raw, safe_load
-from harness.core.registry import EVALUATORS, MODEL_CHECKS, PROBES, UnknownNameError, suggest
+from harness.core.plugins import import_plugins, resolve_entry
+from harness.core.registry import EVALUATORS, MODEL_CHECKS, PROBES, PluginError, UnknownNameError, suggest
 
 Errors = list[tuple[str, str]]
 
@@ -224,12 +227,41 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[st
     return data
 
 
+class PluginImportError(ConfigError):
+    """A plug-in module (``plugins:`` or an installed entry point) that cannot be imported: a config error (exit 2)
+    whose lines name ``plugins[i]``."""
+
+
+def import_experiment_plugins(entries: Any, source: str, base_dir: Path | None = None) -> None:
+    """Import the installed entry points' plug-in modules and then each module ``entries`` (the ``plugins:`` list)
+    names; ``base_dir``: what relative ``.py`` paths are relative to (default the current directory). Raises
+    :class:`PluginImportError`. Entries that are not a list of strings are left to the schema pass."""
+    named = [e for e in entries if isinstance(e, str)] if isinstance(entries, list) else []
+    try:
+        errors = import_plugins(named, base_dir)
+    except PluginError as e:  # an installed distribution's entry point
+        raise PluginImportError(source, [("plugins", str(e))]) from None
+    if errors:
+        raise PluginImportError(source, [(f"plugins[{i}]", message) for i, message in errors])
+
+
+def resolve_plugin_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """``raw`` with every ``.py`` entry of ``plugins:`` made absolute against ``base_dir`` (the experiment file's
+    directory), so the resolved experiment re-loads from anywhere (a run directory, a sweep worker)."""
+    entries = raw.get("plugins")
+    if not isinstance(entries, list):
+        return raw
+    return {**raw, "plugins": [resolve_entry(e, base_dir) if isinstance(e, str) else e for e in entries]}
+
+
 def validate_data(data: dict[str, Any], source: str = "<experiment>") -> Experiment:
-    """Validate a raw mapping; raises :class:`ConfigError` with every error found."""
+    """Validate a raw mapping; raises :class:`ConfigError` with every error found. Its ``plugins:`` are imported
+    between the schema pass and the names (relative ``.py`` paths: against the current directory)."""
     try:
         exp = Experiment.model_validate(data)
     except ValidationError as e:
         raise ConfigError(source, yaml_errors(e, Experiment)) from None
+    import_experiment_plugins(exp.plugins, source)
     errors = semantic_errors(exp)
     if errors:
         raise ConfigError(source, errors)
@@ -243,7 +275,10 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
         raw = apply_overrides(raw, overrides)
     except ValueError as e:
         raise ConfigError(str(path), [("", str(e))]) from None
-    return validate_data(resolve_data_paths(raw, Path(path).resolve().parent), str(path))
+    base_dir = Path(path).resolve().parent
+    raw = resolve_plugin_paths(raw, base_dir)
+    import_experiment_plugins(raw.get("plugins", []), str(path))  # before the recipes resolve their data paths
+    return validate_data(resolve_data_paths(raw, base_dir), str(path))
 
 
 def resolve_data_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:

@@ -12,6 +12,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
+from harness.config.errors import yaml_errors
 from harness.core.registry import MIXTURE_CONTROLLERS, suggest
 
 
@@ -207,12 +210,14 @@ def parse_adaptive(raw: dict, path: str, tasks: list[str], errors: list[tuple[st
     signal = spec.get("signal", controller.signals[0])
     if signal not in controller.signals:
         errors.append((f"{where}.signal", f"method {method} reads {' | '.join(controller.signals)}, got {signal!r}"))
+    own = {key: spec[key] for key in defaults if key in spec}
+    try:
+        controller.Params.model_validate(own, context={"tasks": chosen})
+    except ValidationError as e:
+        errors += [(f"{where}.{p}" if p else where, m) for p, m in yaml_errors(e, controller.Params)]
     params = []
-    for key, default in defaults.items():
+    for key, default in defaults.items():  # the values as written (the stage's key and resolved file show them)
         value = spec.get(key, default)
-        problem = controller.check(key, value, chosen)
-        if problem:
-            errors.append((f"{where}.{key}", problem))
         params.append((key, tuple(sorted(value.items())) if isinstance(value, dict) else value))
     if len(errors) > n_before:
         return None

@@ -388,6 +388,12 @@ class Experiment(Strict):
     """A declarative multi-stage SFT experiment."""
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Plug-in modules imported before the experiment's names are checked: a dotted module name "
+        "(my_lab.tasks, found on sys.path) or a .py file (a relative path is relative to this file's directory); "
+        "see docs/extending.md.",
+    )
     seed: int = 0
     seeds: Optional[list[int]] = Field(
         None,
@@ -451,6 +457,8 @@ class Experiment(Strict):
     def resolved_dict(self) -> dict[str, Any]:
         """The experiment with every default filled in and every stage fully resolved (re-loadable)."""
         data = self.model_dump(mode="json")
+        if not data["plugins"]:  # left out when empty: an experiment without plug-ins resolves (and keys) as before
+            del data["plugins"]
         data["stages"] = [
             {
                 "name": s.name,

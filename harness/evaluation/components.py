@@ -14,8 +14,10 @@ A component is a small object with three things (the plugin boundary):
   a metric (0/1 for the proportions in :data:`PROPORTION_METRICS`), which the paired seesaw test
   (:func:`harness.core.seesaw.paired_seesaw_events`) and the Wilson intervals need.
 
-Records (:class:`ItemRecord`) carry every per-item fact the passes produced. To add an evaluator, subclass
-:class:`Component` and register an instance: ``EVALUATORS.add("my_metric", MyMetric())``.
+Records (:class:`ItemRecord`) carry every per-item fact the passes produced. A component is a plug-in
+(:mod:`harness.core.plugins`): to add an evaluator, subclass :class:`Component` and register it with
+``@EVALUATORS.plugin("my_metric")`` (a probe: ``@PROBES.plugin``), in the package or in a module of one's own
+(``docs/extending.md``); the registry holds one instance, built from the default ``Params``.
 
 This module imports no torch. It fills :data:`harness.core.registry.EVALUATORS` and ``PROBES``, which
 ``harness.config`` reads to validate names (the registries name this module as their provider).
@@ -26,10 +28,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
+from collections.abc import Set
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 from harness.core.metrics import CHOICE_METRICS
+from harness.core.plugins import Plugin
 from harness.core.registry import EVALUATORS, PROBES
 
 NEED_GREEDY = "greedy"
@@ -117,12 +121,14 @@ class ItemRecord:
         return out
 
 
-class Component:
-    """Base of evaluators and probes (see the module docstring)."""
+class Component(Plugin):
+    """Base of evaluators and probes (see the module docstring); ``params``: a validated ``Params``."""
 
-    name: ClassVar[str] = ""
     needs: ClassVar[frozenset[str]] = frozenset()
     metric_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, params: Any = None):
+        self.params = params if params is not None else self.Params()
 
     def metrics(self, records: list[ItemRecord], recipe: Any, ctx: EvalContext) -> dict[str, float]:
         raise NotImplementedError
@@ -156,12 +162,12 @@ def _extra_scores(records: list[ItemRecord], recipe: Any) -> dict[str, list[floa
     return {m: [float(bool(scores[m])) for scores in per_item] for m in names}
 
 
+@EVALUATORS.plugin("greedy")
 class Greedy(Component):
     """``greedy``: share of greedy outputs that the task's recipe judges correct (``is_correct(pred, gold)``);
     plus the recipe's extra scores of the same outputs (``answer_ok`` for math: the A part alone) and
     ``truncated``, the share of outputs cut off at ``max_new_tokens`` before any stop token."""
 
-    name = "greedy"
     needs = frozenset({NEED_GREEDY})
     metric_names = ("greedy", "answer_ok", "truncated")
 
@@ -176,10 +182,10 @@ class Greedy(Component):
         }
 
 
+@EVALUATORS.plugin("mode_ok")
 class ModeOk(Component):
     """``mode_ok``: share of greedy outputs with the task's answer shape (``recipe.mode_ok(pred)``)."""
 
-    name = "mode_ok"
     needs = frozenset({NEED_GREEDY})
     metric_names = ("mode_ok",)
 
@@ -190,12 +196,12 @@ class ModeOk(Component):
         return {"mode_ok": [float(bool(r.mode_ok)) for r in records]}
 
 
+@EVALUATORS.plugin("teacher_forced")
 class TeacherForced(Component):
     """``teacher_forced``: with the gold answer as input, ``tf_first`` (the gold first token is the argmax),
     ``tf_exact`` (every gold token, eos included, is the argmax) and ``eval_loss`` (mean CE per gold token over the
     task × split, token-weighted)."""
 
-    name = "teacher_forced"
     needs = frozenset({NEED_TEACHER_FORCED})
     metric_names = ("tf_first", "tf_exact", EVAL_LOSS_METRIC)
 
@@ -216,6 +222,7 @@ class TeacherForced(Component):
         }
 
 
+@PROBES.plugin("first_token")
 class FirstToken(Component):
     """``first_token``: at the first answer position, the rank of the gold first token over the whole vocabulary
     (``ft_rank_mean``, ``ft_rank_median``, ``ft_mrr``; rank 1 = top, ties counted against the token: rank =
@@ -224,7 +231,6 @@ class FirstToken(Component):
     of the 10 most common goes to ``EvalResult.tables["ft_top1"]``) and, when the pass recorded it, ``ft_nonfinite``
     (share of rows whose logits had a NaN or ±inf; those rows get the worst rank)."""
 
-    name = "first_token"
     needs = frozenset({NEED_FIRST_LOGITS})
     metric_names = ("ft_rank_mean", "ft_rank_median", "ft_mrr", "ft_hijack", "ft_top1", "ft_nonfinite", *CHOICE_METRICS)
 
@@ -295,13 +301,24 @@ def _choice_auc(records: list[ItemRecord]):
     return auc_test(first, second) if first and second else None
 
 
-EVALUATORS.add("greedy", Greedy())
-EVALUATORS.add("mode_ok", ModeOk())
-EVALUATORS.add("teacher_forced", TeacherForced())
-PROBES.add("first_token", FirstToken())
+class _EvalMetrics(Set):
+    """The metric names of every registered evaluator and probe, read at each use (a plug-in registered after this
+    module's import counts too)."""
+
+    def _names(self) -> frozenset[str]:
+        return frozenset(
+            m for registry in (EVALUATORS, PROBES) for n in registry.names() for m in registry.get(n).metric_names
+        )
+
+    def __contains__(self, metric: object) -> bool:
+        return metric in self._names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._names()))
+
+    def __len__(self) -> int:
+        return len(self._names())
 
 
 #: Every metric an evaluation can write (the store tells evaluation rows from training rows by these names).
-EVAL_METRICS = frozenset(
-    m for registry in (EVALUATORS, PROBES) for n in registry.names() for m in registry.get(n).metric_names
-)
+EVAL_METRICS: Set[str] = _EvalMetrics()

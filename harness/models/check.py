@@ -6,14 +6,16 @@ error naming the field instead of a traceback at the first step.
 transformers' configs accept almost anything (``hidden_size: -64`` builds a config); sizes are therefore also
 checked here: every field whose default is a positive integer must be overridden with a positive integer.
 
-:func:`check_model_spec` is registered in :data:`harness.core.registry.MODEL_CHECKS`, through which
-``harness.config`` runs it without importing this layer.
+:func:`check_model_spec` is registered in :data:`harness.core.registry.MODEL_CHECKS` (as the plug-in
+:class:`ModelSectionCheck`), through which ``harness.config`` runs it without importing this layer. A model check
+of one's own subclasses :class:`ModelCheck` and registers with ``@MODEL_CHECKS.plugin("name")``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from harness.core.plugins import Plugin
 from harness.core.registry import BUILTIN_MODELS, MODEL_CHECKS, suggest
 from harness.models.builtin import _config_class, builtin_config
 from harness.models.image_text import DEFAULT_TEXT, VISION_BUILTIN, VISION_DEFAULTS, text_spec
@@ -133,4 +135,23 @@ def check_vision_spec(spec) -> list[tuple[str, str]]:
     return errors
 
 
-MODEL_CHECKS.add("model", check_model_spec)
+class ModelCheck(Plugin):
+    """A check of the ``model`` section run at validation: ``check(spec) -> [(yaml_path, message)]``; the registry
+    holds one instance (built from the default ``Params``), called as ``MODEL_CHECKS.get(name)(spec)``."""
+
+    def __init__(self, params: Any = None):
+        self.params = params if params is not None else self.Params()
+
+    def check(self, spec: "ModelSpec") -> Errors:
+        raise NotImplementedError
+
+    def __call__(self, spec: "ModelSpec") -> Errors:
+        return self.check(spec)
+
+
+@MODEL_CHECKS.plugin("model")
+class ModelSectionCheck(ModelCheck):
+    """The builtin / HF / image-text checks of this module (:func:`check_model_spec`)."""
+
+    def check(self, spec: "ModelSpec") -> Errors:
+        return check_model_spec(spec)

@@ -9,12 +9,8 @@ that draws its batches from the current weights.
 Importing this package fills :data:`harness.core.registry.MIXTURE_CONTROLLERS` (it is that registry's provider).
 """
 
-from harness.core.registry import MIXTURE_CONTROLLERS
 from harness.data.steering.controller import Controller, floored
-from harness.data.steering.doremi import DoReMi
-from harness.data.steering.odm import OnlineDataMixing
-
-MIXTURE_CONTROLLERS.add("odm", OnlineDataMixing)
-MIXTURE_CONTROLLERS.add("doremi", DoReMi)
+from harness.data.steering.doremi import DoReMi  # registers "doremi"
+from harness.data.steering.odm import OnlineDataMixing  # registers "odm"
 
 __all__ = ["Controller", "DoReMi", "OnlineDataMixing", "floored"]

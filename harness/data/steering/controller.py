@@ -5,6 +5,11 @@ training loss of the steps since its last update (``nan`` for a task no step dre
 task those steps drew, it moves its sampling distribution. The stream (:mod:`harness.data.steering.stream`) samples
 from ``floored(controller.probs(), floor)``; every data-parallel rank holds the same controller and feeds it the
 same all-reduced numbers, so all ranks draw the same global batch.
+
+A controller is a plug-in (:mod:`harness.core.plugins`): its settings (the YAML keys under ``adaptive:`` beside the
+shared ones) are the fields of its pydantic ``Params``, validated with ``context={"tasks": [...]}`` (the stage's
+adaptive tasks) and reported at ``stages[i].mixture.adaptive.<key>``; it registers with
+``@MIXTURE_CONTROLLERS.plugin("name")``.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from typing import Any, ClassVar, Optional
 
 import numpy as np
 
+from harness.core.plugins import Plugin, PluginParams
+
 
 def floored(probs: np.ndarray, floor: float) -> np.ndarray:
     """``(1 − K·floor)·p + floor``: every task keeps at least ``floor`` (a distribution stays one)."""
@@ -20,23 +27,26 @@ def floored(probs: np.ndarray, floor: float) -> np.ndarray:
     return (1.0 - k * floor) * probs / probs.sum() + floor
 
 
-class Controller:
+class Controller(Plugin):
     """The interface: ``probs()``, ``update(losses, examples)``, ``state()`` / ``load(state)``.
 
-    ``defaults``: the method's own settings and their defaults (the YAML keys under ``adaptive:``); ``signals``: the
-    signals it can read, the first the default; ``check(key, value, tasks)``: a message when a setting is invalid."""
+    ``Params``: the method's own settings (the YAML keys under ``adaptive:``), each with its default; their values
+    reach ``__init__`` as the plain mapping ``params`` written in the file (defaults filled). ``defaults`` (derived
+    from ``Params``): ``{setting: default}`` in field order. ``signals``: the signals it can read, the first the
+    default."""
 
+    Params: ClassVar[type[PluginParams]] = PluginParams
     defaults: ClassVar[dict[str, Any]] = {}
     signals: ClassVar[tuple[str, ...]] = ("train_loss",)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.defaults = {key: field.default for key, field in cls.Params.model_fields.items()}
 
     def __init__(self, start: np.ndarray, params: dict[str, Any], reference: Optional[np.ndarray] = None):
         self.start = np.asarray(start, dtype=np.float64) / np.sum(start)
         self.params = params
         self.reference = None if reference is None else np.asarray(reference, dtype=np.float64)
-
-    @classmethod
-    def check(cls, key: str, value: Any, tasks: list[str]) -> Optional[str]:
-        return None
 
     def probs(self) -> np.ndarray:
         raise NotImplementedError
@@ -63,3 +73,11 @@ def positive_number(value: Any, what: str, upper: Optional[float] = None) -> Opt
         bound = f" and < {upper}" if upper is not None else ""
         return f"{what} must be a number > 0{bound}, got {value!r}"
     return None
+
+
+def require_positive(value: Any, what: str, upper: Optional[float] = None) -> Any:
+    """``value`` if :func:`positive_number` accepts it, else ``ValueError`` with its message (for ``Params``)."""
+    problem = positive_number(value, what, upper)
+    if problem:
+        raise ValueError(problem)
+    return value

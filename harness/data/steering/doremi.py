@@ -23,8 +23,11 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import numpy as np
+from pydantic import Field, ValidationInfo, field_validator
 
-from harness.data.steering.controller import Controller, positive_number
+from harness.core.plugins import PluginParams
+from harness.core.registry import MIXTURE_CONTROLLERS
+from harness.data.steering.controller import Controller, positive_number, require_positive
 
 START_UPDATES = 10  # reference: start — a task's reference is its mean loss over its first 10 updates
 
@@ -37,10 +40,44 @@ def doremi_step(log_alpha: np.ndarray, excess: np.ndarray, eta: float, smoothing
     return np.log(alpha)
 
 
+class DoReMiParams(PluginParams):
+    """DoReMi's settings; ``reference`` is checked against the stage's tasks (validation context ``tasks``)."""
+
+    eta: Any = Field(1.0, description="Step size η of the exponentiated-gradient update (> 0).")
+    smoothing: Any = Field(1e-3, description="Smoothing c towards uniform, in (0, 1).")
+    reference: Any = Field("start", description="start | an earlier run's directory | {task: loss} for every task.")
+
+    @field_validator("eta")
+    @classmethod
+    def _eta(cls, value: Any) -> Any:
+        return require_positive(value, "eta (the step size)")
+
+    @field_validator("smoothing")
+    @classmethod
+    def _smoothing(cls, value: Any) -> Any:
+        return require_positive(value, "smoothing (c)", 1.0)
+
+    @field_validator("reference")
+    @classmethod
+    def _reference(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, str):
+            return value  # "start", or an earlier run's directory (read when the stage is planned)
+        tasks = list((info.context or {}).get("tasks", value if isinstance(value, dict) else []))
+        if not isinstance(value, dict) or set(value) != set(tasks):
+            raise ValueError(
+                f"reference must be start, a run directory, or {{task: loss}} for each of {', '.join(tasks)}"
+            )
+        bad = [t for t, v in value.items() if positive_number(v, "loss") is not None]
+        if bad:
+            raise ValueError(f"reference losses must be numbers > 0 ({', '.join(bad)})")
+        return value
+
+
+@MIXTURE_CONTROLLERS.plugin("doremi")
 class DoReMi(Controller):
     """Multiplicative weights on the per-task excess loss over a reference (module docstring)."""
 
-    defaults = {"eta": 1.0, "smoothing": 1e-3, "reference": "start"}
+    Params = DoReMiParams
 
     def __init__(self, start: np.ndarray, params: dict[str, Any], reference: Optional[np.ndarray] = None):
         super().__init__(start, params, reference)
@@ -49,21 +86,6 @@ class DoReMi(Controller):
         if self.from_start:  # "start": each task's mean loss over its first START_UPDATES updates
             self.reference = np.zeros(len(self.start))
         self.seen = np.zeros(len(self.start))  # updates in which each task was drawn
-
-    @classmethod
-    def check(cls, key: str, value: Any, tasks: list[str]) -> Optional[str]:
-        if key == "eta":
-            return positive_number(value, "eta (the step size)")
-        if key == "smoothing":
-            return positive_number(value, "smoothing (c)", 1.0)
-        if key == "reference":
-            if isinstance(value, str):
-                return None  # "start", or an earlier run's directory (read when the stage is planned)
-            if not isinstance(value, dict) or set(value) != set(tasks):
-                return f"reference must be start, a run directory, or {{task: loss}} for each of {', '.join(tasks)}"
-            bad = [t for t, v in value.items() if positive_number(v, "loss") is not None]
-            return f"reference losses must be numbers > 0 ({', '.join(bad)})" if bad else None
-        return None
 
     def probs(self) -> np.ndarray:
         return np.exp(self.log_alpha)

@@ -26,7 +26,10 @@ import math
 from typing import Any, Optional
 
 import numpy as np
+from pydantic import Field, field_validator
 
+from harness.core.plugins import PluginParams
+from harness.core.registry import MIXTURE_CONTROLLERS
 from harness.data.steering.controller import Controller, positive_number
 
 
@@ -52,22 +55,30 @@ def odm_rewards(
     return np.where(drawn, alpha * rewards + (1.0 - alpha) * estimate, rewards)
 
 
+class OdmParams(PluginParams):
+    """ODM's settings (raw values are kept: the stage's key and resolved file show what was written)."""
+
+    alpha: Any = Field(0.9, description="Smoothing of the reward estimates R̂, in (0, 1).")
+
+    @field_validator("alpha")
+    @classmethod
+    def _alpha(cls, value: Any) -> Any:
+        if positive_number(value, "alpha", 1.0) is not None:
+            raise ValueError(f"alpha (the reward estimate's smoothing) must be a number in (0, 1), got {value!r}")
+        return value
+
+
+@MIXTURE_CONTROLLERS.plugin("odm")
 class OnlineDataMixing(Controller):
     """Exp3 over the tasks with the training loss as reward (module docstring)."""
 
-    defaults = {"alpha": 0.9}
+    Params = OdmParams
 
     def __init__(self, start: np.ndarray, params: dict[str, Any], reference: Optional[np.ndarray] = None):
         super().__init__(start, params, reference)
         self.rewards = np.zeros(len(self.start))
         self.t = 0  # updates made
         self.policy = self.start.copy()  # before the first update: the start weights
-
-    @classmethod
-    def check(cls, key: str, value: Any, tasks: list[str]) -> Optional[str]:
-        if key == "alpha" and (positive_number(value, "alpha", 1.0) is not None):
-            return f"alpha (the reward estimate's smoothing) must be a number in (0, 1), got {value!r}"
-        return None
 
     def probs(self) -> np.ndarray:
         return self.policy

@@ -1,0 +1,138 @@
+"""The plug-in contract shared by recipes, evaluators, probes, mixture controllers and model checks, and the import
+of the modules an experiment names under ``plugins:``.
+
+A plug-in is a class with a ``name`` (set by the registering decorator) and a pydantic ``Params`` model (unknown
+keys refused; ``Params()`` must validate: every setting has a default), registered into the registry of its kind
+with ``@REGISTRY.plugin("my_name")`` (:meth:`harness.core.registry.Registry.plugin`). Each kind's base class adds
+what the kind does: :class:`data_recipes.Recipe`, :class:`harness.evaluation.Component` (evaluators and probes),
+:class:`harness.data.steering.Controller`, :class:`harness.models.check.ModelCheck`.
+
+:func:`import_plugins` imports an experiment's ``plugins:`` entries: a dotted module name (``my_lab.tasks``,
+imported from ``sys.path`` as usual) or the path of a ``.py`` file (relative paths against the experiment file's
+directory), loaded under a module name of its own and imported once per process. The files of every plug-in module
+imported either way (entry points too) are listed by :func:`plugin_files`, so the stage cache's code hash covers
+them (:mod:`harness.runs.code_identity`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import pkgutil
+import sys
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from harness.core.registry import PluginError, discover_entry_points, one_line, suggest
+
+_imported: dict[str, Path | None] = {}  # plugins: entry (as resolved) -> the module's file
+
+
+class PluginParams(BaseModel):
+    """Base of every plug-in's ``Params``: unknown keys are errors (reported at their YAML path)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Plugin:
+    """Base of every plug-in: ``name`` (set by ``@REGISTRY.plugin(name)``) and ``Params`` (defaults for all)."""
+
+    name: ClassVar[str] = ""
+    Params: ClassVar[type[BaseModel]] = PluginParams
+    #: Settings the plug-in is built from in the contract test (``tests/test_plugins.py``) where one has no default
+    #: (a loader's data file); empty for the rest, whose ``Params()`` alone must validate.
+    example_params: ClassVar[dict] = {}
+
+    @classmethod
+    def params_schema(cls) -> dict:
+        """The JSON Schema of ``Params`` (what ``harness schema`` prints for the plug-in)."""
+        return cls.Params.model_json_schema()
+
+
+def is_file_entry(entry: str) -> bool:
+    """Whether a ``plugins:`` entry names a ``.py`` file (else it is a dotted module name)."""
+    return entry.endswith(".py") or "/" in entry or "\\" in entry
+
+
+def resolve_entry(entry: str, base_dir: Path) -> str:
+    """A ``.py`` entry made absolute against ``base_dir``; a module name unchanged."""
+    return str((base_dir / entry).resolve()) if is_file_entry(entry) else entry
+
+
+def _module_name(path: Path) -> str:
+    """The module name a plug-in file is loaded under: its stem and a hash of its absolute path."""
+    stem = "".join(c if c.isalnum() else "_" for c in path.stem)
+    return f"harness_plugin_{stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:10]}"
+
+
+def _import_file(path: Path) -> Path:
+    if not path.is_file():
+        nearby = [p.name for p in path.parent.glob("*.py")] if path.parent.is_dir() else []
+        raise PluginError(f"no plug-in file {str(path)!r}{suggest(path.name, nearby)}")
+    name = _module_name(path)
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before running it: dataclasses and pickling look their module up
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return path
+
+
+def _missing_module_hint(error: ModuleNotFoundError) -> str:
+    """`` (did you mean …?)`` for a misspelt part of a dotted module name, from the modules beside it."""
+    parent, _, leaf = (error.name or "").rpartition(".")
+    try:
+        where = importlib.import_module(parent).__path__ if parent else None
+    except (ImportError, AttributeError):
+        return ""
+    prefix = f"{parent}." if parent else ""
+    return suggest(prefix + leaf, [prefix + m.name for m in pkgutil.iter_modules(where)])
+
+
+def _import_module(entry: str) -> Path | None:
+    try:
+        module = importlib.import_module(entry)
+    except ModuleNotFoundError as e:
+        if e.name and (entry == e.name or entry.startswith(e.name + ".")):
+            raise PluginError(f"no module named {e.name!r}{_missing_module_hint(e)}") from e
+        raise
+    file = getattr(module, "__file__", None)
+    return Path(file).resolve() if file else None
+
+
+def import_plugins(entries: list[str], base_dir: Path | None = None) -> list[tuple[int, str]]:
+    """Import each ``plugins:`` entry (module docstring), after the installed entry points; returns ``(index,
+    one-line message)`` for every entry that fails (the others stay imported). ``base_dir``: what relative file
+    paths are relative to (default: the current directory)."""
+    discover_entry_points()
+    errors: list[tuple[int, str]] = []
+    for i, raw in enumerate(entries):
+        entry = resolve_entry(raw, base_dir or Path.cwd())
+        if entry in _imported:
+            continue
+        try:
+            _imported[entry] = _import_file(Path(entry)) if is_file_entry(entry) else _import_module(entry)
+        except PluginError as e:
+            errors.append((i, f"cannot import plug-in {raw!r}: {e}"))
+        except Exception as e:
+            errors.append((i, f"cannot import plug-in {raw!r}: {one_line(e)}"))
+    return errors
+
+
+def plugin_files() -> list[Path]:
+    """The source files of every plug-in module imported in this process (``plugins:`` entries and entry points),
+    sorted: what the stage cache's code hash adds to the harness's own code."""
+    files = {f for f in _imported.values() if f is not None}
+    for name in discover_entry_points():
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file:
+            files.add(Path(file).resolve())
+    return sorted(files)
