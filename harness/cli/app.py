@@ -51,10 +51,10 @@ def _load(file: Path, overrides: Optional[list[str]]):
 def validate(file: Path = typer.Argument(..., help="Experiment YAML."), set_: Optional[list[str]] = SetOption):
     """Check an experiment file and its task data; exit 2 listing every error by YAML path. Prints each eval pool's
     size and the smallest change it can detect."""
+    exp = _load(file, set_)  # first: a broken file is reported without importing torch
     from harness.checks.pools import pool_report
     from harness.runs.prepare import DataError
 
-    exp = _load(file, set_)
     stages = exp.resolved_stages()
     try:
         pools = pool_report(exp)
@@ -95,6 +95,7 @@ def run(
     ),
 ):
     """Train and evaluate an experiment (exit 3 when the non-finite guard stops it)."""
+    exp = _load(file, set_)  # first: a broken file is reported without importing torch
     import os
 
     from harness.config import ConfigError
@@ -107,7 +108,6 @@ def run(
     from harness.training.parallel import ParallelError
     from harness.training.special_tokens import SpecialTokenGradientError
 
-    exp = _load(file, set_)
     if resume and out and out != resume:
         _fail("--resume names the run directory; drop --out or give the same directory")
     if resume and force:

@@ -17,11 +17,8 @@ import sys
 import warnings
 from typing import Callable
 
-import yaml
-
-from harness.core.jsonl import JsonlError, UnfinishedLineWarning
+from harness.core.jsonl import UnfinishedLineWarning
 from harness.core.redact import mask_urls_in_text
-from harness.runs.rundir import RunDirError
 
 EXIT_INVALID = 2
 EXIT_FILESYSTEM = 5
@@ -29,15 +26,25 @@ DEBUG_FLAG = "--debug"
 DEBUG_ENV = "HARNESS_DEBUG"
 
 
-def _user_error_types() -> tuple[type[BaseException], ...]:
-    """The exceptions that are the user's input, not a bug. Imported here, not at module top: ``harness.runs.prepare``
-    pulls in torch and transformers, and ``harness --help`` should stay quick."""
-    from harness.config import ConfigError
-    from harness.runs.prepare import DataError
-    from harness.training.compiling import CompileFailed  # train.compile: true where this machine cannot compile
-    from harness.training.packing import PackingError  # train.packing: true on a model packing is not exact on
+# The exceptions that are the user's input, not a bug, by the module that defines each. Looked up only in modules
+# already imported (:func:`_user_error_types`): an exception of a type can only have been raised once its module
+# ran, so the check never imports one — ``harness.training.*`` pulls in torch, and ``harness --help`` or
+# ``harness validate`` of a broken file should not pay for it.
+USER_ERRORS = (
+    ("harness.config.errors", "ConfigError"),
+    ("harness.runs.prepare", "DataError"),
+    ("harness.runs.rundir", "RunDirError"),
+    ("harness.core.jsonl", "JsonlError"),
+    ("yaml.error", "YAMLError"),
+    ("harness.training.compiling", "CompileFailed"),  # train.compile: true where this machine cannot compile
+    ("harness.training.packing", "PackingError"),  # train.packing: true on a model packing is not exact on
+)
 
-    return ConfigError, DataError, RunDirError, JsonlError, yaml.YAMLError, CompileFailed, PackingError
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    """The :data:`USER_ERRORS` types whose modules are imported (the others cannot have been raised)."""
+    found = (getattr(sys.modules.get(module), name, None) for module, name in USER_ERRORS)
+    return tuple(t for t in found if t is not None)
 
 
 # A file-system refusal raised by a library as its own type (safetensors and polars write through Rust I/O and
