@@ -203,11 +203,22 @@ def sanity(
 
 
 @app.command()
-def schema():
-    """Print the experiment JSON Schema (for editor completion and checking)."""
+def schema(
+    file: Optional[Path] = typer.Argument(None, help="An experiment whose plugins: modules are imported first."),
+):
+    """Print the experiment JSON Schema (for editor completion and checking), with every registered plug-in's
+    params schema by kind under x-plugins (recipes, evaluators, probes, mixture_controllers, model_checks)."""
     from harness.config import Experiment
+    from harness.config.load import import_experiment_plugins, resolve_plugin_paths
+    from harness.config.yaml_io import load_raw
+    from harness.core.plugins import plugin_schemas
 
-    typer.echo(json.dumps(Experiment.model_json_schema(), indent=2))
+    if file is not None:
+        raw = resolve_plugin_paths(load_raw(file), file.resolve().parent)
+        import_experiment_plugins(raw.get("plugins", []), str(file))
+    out = Experiment.model_json_schema()
+    out["x-plugins"] = plugin_schemas()
+    typer.echo(json.dumps(out, indent=2))
 
 
 # -- sweeps (harness/studies/sweep/) -----------------------------------------------------------------------------------
