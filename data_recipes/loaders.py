@@ -227,7 +227,7 @@ class DatasetLoader(Recipe):
 
 class _FileLoader(DatasetLoader):
     Params = FileParams
-    example_params: ClassVar[dict[str, Any]] = {"path": "data/train.jsonl"}  # the path has no default
+    example_params: ClassVar[dict[str, Any]] = {"path": "train.jsonl", "prompt": "q", "answer": "a"}  # no defaults
     builder: ClassVar[str]
 
     @classmethod
@@ -298,7 +298,7 @@ class HFLoader(DatasetLoader):
     """A hub dataset id, a local dataset directory (data files ``load_dataset`` understands), or a directory
     written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` (read with ``load_from_disk``)."""
 
-    example_params: ClassVar[dict[str, Any]] = {"id": "org/dataset"}  # the dataset has no default
+    example_params: ClassVar[dict[str, Any]] = {"id": "org/dataset", "prompt": "q", "answer": "a"}  # no defaults
     Params = HFParams
 
     @classmethod

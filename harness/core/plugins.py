@@ -26,7 +26,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from harness.core.registry import PluginError, discover_entry_points, one_line, suggest
+from harness.core.registry import PLUGIN_REGISTRIES, PluginError, discover_entry_points, one_line, suggest
 
 _imported: dict[str, Path | None] = {}  # plugins: entry (as resolved) -> the module's file
 
@@ -136,3 +136,12 @@ def plugin_files() -> list[Path]:
         if file:
             files.add(Path(file).resolve())
     return sorted(files)
+
+
+def plugin_schemas() -> dict[str, dict[str, dict]]:
+    """``{kind: {name: Params JSON Schema}}`` of every registered plug-in (the providers and entry points are
+    imported on the way): what ``harness schema`` adds to the experiment's schema under ``x-plugins``."""
+    from_kinds: dict[str, dict[str, dict]] = {}
+    for kind, registry in PLUGIN_REGISTRIES.items():
+        from_kinds[kind] = {name: registry.plugin_class(name).params_schema() for name in registry.names()}
+    return from_kinds

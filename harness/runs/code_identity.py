@@ -11,7 +11,8 @@ Which source counts, by layer (``docs/design.md``, "Layers"):
   (the stage loop, the evaluation schedule), ``evallog`` (the rows and per-item outcomes an evaluation stores),
   ``ranks`` (a distributed run's session) and ``stage_cache`` itself (what an entry holds and how a replay restores
   RNG state);
-- every file under ``data_recipes/`` (a recipe makes the task data and scores its answers).
+- every file under ``data_recipes/`` (a recipe makes the task data and scores its answers);
+- the plug-in modules imported from outside the package (:func:`code_fingerprint`).
 
 Left out, because they cannot change a stored number: ``runs.console`` (prints), ``runs.tracking`` (forwards the
 rows it is given to the store and wandb), ``runs.rundir`` (claims directories), ``runs.cache_housekeeping`` (lists
@@ -37,6 +38,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
+from harness.core.plugins import plugin_files
 from harness.runs.pretrain import cache_root
 
 REPO = Path(__file__).resolve().parents[2]
@@ -148,5 +150,14 @@ def _cached(root: Path) -> str:
 
 
 def code_fingerprint(root: Path = REPO) -> str:
-    """The hash of every file :func:`shaping_files` names under ``root`` (computed once per process and root)."""
-    return _cached(Path(root).resolve())
+    """The hash of every file :func:`shaping_files` names under ``root`` (computed once per process and root), and
+    of the plug-in modules this process imported outside the package (an experiment's ``plugins:``, installed entry
+    points: :func:`harness.core.plugins.plugin_files`), whose code shapes a stage as the package's does."""
+    own = _cached(Path(root).resolve())
+    plugins = [f for f in plugin_files() if f.suffix == ".py" and f.is_file()]
+    if not plugins:
+        return own
+    digest = hashlib.sha256(own.encode())
+    for file in plugins:
+        digest.update(f"{file}\0{file_digest(file)}\n".encode())
+    return digest.hexdigest()
