@@ -46,6 +46,7 @@ def _experiment() -> dict:
 # ``train.`` / ``stages.<i>.`` / ``tasks.<name>.`` dropped (``@stage`` marks a stage's own fields).
 EXPLICIT: dict[str, Any] = {
     "name": "renamed",
+    "plugins": ["my_lab.tasks"],  # validated by the schema only here (the module is imported by load_experiment)
     "seeds": [1, 2],
     "model.builtin": "llama-tiny",
     "model.hf": "org/a-model",
