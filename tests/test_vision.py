@@ -12,7 +12,7 @@ import data_recipes as dr
 from harness.checks.pools import pool_report
 from harness.config import validate_data
 from harness.data.encoding import IGNORE_INDEX, encode_examples
-from harness.data.images import collate_mixed, encode_image_examples, vision_supervised_logits
+from harness.data.images import collate_mixed, encode_image_examples
 from harness.evaluation.image_use import derangement, image_use
 from harness.models.image_text import (
     IMAGE_TOKEN,
@@ -22,6 +22,7 @@ from harness.models.image_text import (
     parameters_by_part,
 )
 from harness.models.tokenizer import train_tokenizer
+from harness.training.forward import batch_logits
 
 SMALL_TEXT = dict(
     hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1
@@ -120,7 +121,7 @@ def test_mixed_batch_forward_backward_reaches_projector(data):
     encoded = encode_image_examples(processor, [count["train"][0], qa["train"][0], count["train"][1], qa["train"][1]])
     batch = collate_mixed(encoded, processor.tokenizer.pad_token_id)
     assert batch.image_rows == (1, 3) and batch.pixel_values.shape[0] == 2
-    logits = vision_supervised_logits(model, batch)
+    logits = batch_logits(model, batch)
     loss = torch.nn.functional.cross_entropy(logits, batch.labels.flatten()[batch.supervised])
     loss.backward()
     assert math.isfinite(loss.item())
@@ -152,7 +153,7 @@ def test_drop_images_keeps_tokens_but_not_pixel_content(data):
         drop_images=True,
     )
     with torch.no_grad():  # without pixel content, the image cannot matter: the seed's bug
-        assert torch.equal(vision_supervised_logits(model, dropped), vision_supervised_logits(model, swapped))
+        assert torch.equal(batch_logits(model, dropped), batch_logits(model, swapped))
 
 
 def test_qwen3_5_backbone_in_bf16_autocast_is_finite(data):
@@ -174,7 +175,7 @@ def test_qwen3_5_backbone_in_bf16_autocast_is_finite(data):
         encode_image_examples(processor, qa["train"][:2] + count["train"][:2]), processor.tokenizer.pad_token_id
     )
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = vision_supervised_logits(model, batch)
+        logits = batch_logits(model, batch)
     loss = torch.nn.functional.cross_entropy(logits.float(), batch.labels.flatten()[batch.supervised])
     loss.backward()
     assert math.isfinite(loss.item())
@@ -231,7 +232,7 @@ def trained(data):
         batch = collate_mixed(
             [encoded[i] for i in rng.choice(len(encoded), 16, replace=False)], processor.tokenizer.pad_token_id
         )
-        logits = vision_supervised_logits(model, batch)
+        logits = batch_logits(model, batch)
         loss = torch.nn.functional.cross_entropy(logits, batch.labels.flatten()[batch.supervised])
         optimizer.zero_grad()
         loss.backward()

@@ -15,9 +15,10 @@ import numpy as np
 import torch
 
 from harness.checks.result import CheckResult
-from harness.data.images import collate_mixed, encode_image_examples, vision_supervised_logits
+from harness.data.images import collate_mixed, encode_image_examples
 from harness.evaluation.image_use import image_use
 from harness.models.image_text import processor_for
+from harness.training.forward import batch_logits
 
 
 def encode_with_processor(tokenizer, examples: Sequence[Any]) -> Optional[list]:
@@ -36,7 +37,7 @@ def teacher_forced_exact(model, encoded: Sequence[Any], pad_id: int, drop_images
         with torch.no_grad():
             for start in range(0, len(encoded), batch_size):
                 batch = collate_mixed(list(encoded[start : start + batch_size]), pad_id, drop_images).to(device)
-                hits = vision_supervised_logits(model, batch).argmax(-1) == batch.labels.flatten()[batch.supervised]
+                hits = batch_logits(model, batch).argmax(-1) == batch.labels.flatten()[batch.supervised]
                 row_of = batch.supervised // batch.labels.shape[1]
                 misses = torch.zeros(batch.labels.shape[0], device=device).index_add_(0, row_of, (~hits).float())
                 exact += (misses == 0).tolist()

@@ -30,12 +30,9 @@ from rich.table import Table
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from harness.config import load_experiment
-from harness.data.batches import collate
-from harness.data.encoding import encode_examples
-from harness.data.images import collate_mixed, encode_image_examples
 from harness.models.builtin import build_builtin, builtin_added_token_ids
 from harness.models.hf import load_hf
-from harness.models.image_text import is_image_model, part_notes, processor_for
+from harness.models.modality import base_kind, model_io
 from harness.models.tokenizer import train_tokenizer
 from harness.runs.images import untrained_vision_base
 from harness.runs.prepare import build_task_data, undertrained_tokens
@@ -187,6 +184,31 @@ def _summary(model, tokenizer) -> dict[str, Any]:
     }
 
 
+def _untrained_image_text(exp, data) -> tuple[Any, Any, list[int], str, list[str]]:
+    return (*untrained_vision_base(exp, data), [])
+
+
+def _hf(exp, data) -> tuple[Any, Any, list[int], str, list[str]]:
+    model, tokenizer, added = load_hf(exp.model, return_added=True)
+    return model, tokenizer, added, f"model.hf {exp.model.hf}", []
+
+
+def _untrained_builtin(exp, data) -> tuple[Any, Any, list[int], str, list[str]]:
+    """The builtin base as pretraining would start it: the run's tokenizer, freshly initialised weights."""
+    all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
+    tokenizer = train_tokenizer(
+        tokenizer_texts(data.corpus, all_train), exp.model.tokenizer.vocab_size, exp.model.tokenizer.min_frequency
+    )
+    source, notes = f"builtin {exp.model.builtin}", []
+    if exp.model.pretrain is not None:
+        source += " (untrained: the architecture as pretraining would start it; pretraining not run)"
+        notes.append(
+            "weights are freshly initialised, not pretrained: shapes, dtypes, counts and trainable "
+            "flags are those of the run"
+        )
+    return build_builtin(exp.model, tokenizer, exp.seed), tokenizer, builtin_added_token_ids(tokenizer), source, notes
+
+
 def inspect_experiment(path: Path, overrides: Optional[list[str]] = None, stage: Optional[str] = None) -> Inspection:
     """Build the experiment's base model (no pretraining), apply one stage's trainable set, run two examples."""
     exp = load_experiment(path, overrides)
@@ -199,46 +221,23 @@ def inspect_experiment(path: Path, overrides: Optional[list[str]] = None, stage:
             raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(by_name)}")
         chosen = by_name[stage]
     data = build_task_data(exp)
-    notes = []
-    if is_image_model(exp.model):
-        model, tokenizer, added, source = untrained_vision_base(exp, data)
-    elif exp.model.hf:
-        model, tokenizer, added = load_hf(exp.model, return_added=True)
-        source = f"model.hf {exp.model.hf}"
-    else:
-        all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
-        tokenizer = train_tokenizer(
-            tokenizer_texts(data.corpus, all_train), exp.model.tokenizer.vocab_size, exp.model.tokenizer.min_frequency
-        )
-        model = build_builtin(exp.model, tokenizer, exp.seed)
-        added = builtin_added_token_ids(tokenizer)
-        source = f"builtin {exp.model.builtin}"
-        if exp.model.pretrain is not None:
-            source += " (untrained: the architecture as pretraining would start it; pretraining not run)"
-            notes.append(
-                "weights are freshly initialised, not pretrained: shapes, dtypes, counts and trainable "
-                "flags are those of the run"
-            )
+    kind = base_kind(exp.model)
+    build = {"image-text": _untrained_image_text, "hf": _hf, "builtin": _untrained_builtin}[kind]
+    model, tokenizer, added, source, notes = build(exp, data)
     flagged: list[int] = []
-    if exp.model.hf and not is_image_model(exp.model):  # the run's under-trained rows, which auto trains too
+    if kind == "hf":  # the run's under-trained rows, which auto trains too
         flagged = [r.id for r in undertrained_tokens(exp, data, model, tokenizer) or [] if r.flagged]
     model = prepare_stage_model(model, chosen.train.trainable, added, None, flagged)
     tasks = [t for t in chosen.mixture.tasks if data.splits[t]["train"]] or list(data.splits)
     examples = [data.splits[t]["train"][0] for t in tasks[:2]]
     if len(examples) < 2:
         examples = data.splits[tasks[0]]["train"][:2]
-    processor = processor_for(tokenizer)
-    if processor is not None:  # an image-text model: the sample goes through its processor, images included
-        batch = collate_mixed(encode_image_examples(processor, examples), tokenizer.pad_token_id)
-    else:
-        batch = collate(encode_examples(tokenizer, examples), tokenizer.pad_token_id)
-    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
-    if getattr(batch, "pixel_values", None) is not None:
-        inputs["pixel_values"] = batch.pixel_values
+    io = model_io(tokenizer)
+    batch = io.sample_batch(examples)  # an image-text model's through its processor, images included
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, **batch.extra_inputs()}
     autocast = torch.bfloat16 if chosen.train.precision == "bf16-autocast" else None
     rows = inspect_model(model, inputs, autocast)
-    if processor is not None:
-        notes += part_notes(model, rows, inputs)
+    notes += io.part_notes(model, rows, inputs)
     mode = chosen.train.trainable
     notes.append(
         f"stage {chosen.name}: trainable.mode {mode.mode}"

@@ -20,7 +20,8 @@ from harness.config import Experiment
 from harness.core.stats import min_detectable_difference
 from harness.evaluation.image_use import IMAGE_MAX_NEW_TOKENS
 from harness.evaluation.lengths import default_max_new_tokens, needed_new_tokens
-from harness.models.image_text import is_image_model, with_processor
+from harness.models.image_text import with_processor
+from harness.models.modality import base_kind
 from harness.runs.prepare import build_task_data, encode_task_data
 
 POWER = 0.8
@@ -39,9 +40,10 @@ def _pool_sizes(exp: Experiment, data, tasks: list[str]) -> Counter:
 
 def _tokenizer(exp: Experiment, data):
     """The run's tokenizer when it can be had cheaply, else None; an image-text model's with its processor."""
-    if is_image_model(exp.model):
+    kind = base_kind(exp.model)
+    if kind == "image-text":
         return with_processor(exp.model, None if exp.model.hf else _builtin_tokenizer(exp, data))
-    if exp.model.hf:
+    if kind == "hf":
         from transformers import AutoTokenizer  # heavy: only for hf models
 
         tokenizer = AutoTokenizer.from_pretrained(

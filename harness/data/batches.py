@@ -94,6 +94,10 @@ class Batch:
     def packed(self) -> bool:
         return self.position_ids is not None
 
+    def extra_inputs(self) -> dict[str, Any]:
+        """Model inputs beyond the tokens (an image batch's pixels: :class:`harness.data.images.VisionBatch`)."""
+        return {}
+
     def to(self, device) -> "Batch":
         """The batch on ``device``; to a GPU through pinned memory, without blocking the host."""
         import torch

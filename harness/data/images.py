@@ -19,8 +19,9 @@ for days without its images" bug on purpose.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -129,6 +130,10 @@ class VisionBatch(Batch):
     pixel_values: Any = None  # FloatTensor [n_images, 3, H, W], rows with an image in row order
     image_rows: tuple[int, ...] = ()
 
+    def extra_inputs(self) -> dict[str, Any]:
+        """The stacked images, when the batch has any (the forward casts them to the model's dtype)."""
+        return {} if self.pixel_values is None else {"pixel_values": self.pixel_values}
+
     def to(self, device) -> "VisionBatch":
         moved = super().to(device)
         if moved is self:
@@ -171,22 +176,10 @@ def collate_mixed(examples: Sequence[Encoded], pad_id: int, drop_images: bool = 
     )
 
 
-def vision_supervised_logits(model, batch: VisionBatch, selected=None):
-    """Logits ``[N, V]`` at the flat ``selected`` positions (default: the supervised ones), images included.
-
-    The image-aware counterpart of ``harness.training.loop.supervised_logits``: a plain
-    ``model(input_ids, attention_mask)`` on an LLaVA model silently drops the images (the placeholder embedding stands
-    in for them), so the training forward must pass ``pixel_values``. The LM head is applied to the selected positions
-    only when the model exposes its body as ``model.model`` (LLaVA-style); otherwise the full logits are computed and
-    gathered.
-    """
-    selected = batch.supervised if selected is None else selected
-    pixels = batch.pixel_values
-    if pixels is not None:
-        pixels = pixels.to(next(model.parameters()).dtype)
-    inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, pixel_values=pixels)
-    body, head = getattr(model, "model", None), model.get_output_embeddings()
-    if body is not None and head is not None and type(model).__name__.startswith("Llava"):
-        hidden = body(**inputs).last_hidden_state
-        return head(hidden.flatten(0, 1).index_select(0, selected))
-    return model(**inputs).logits.flatten(0, 1).index_select(0, selected)
+def stage_collator(examples: Sequence[Encoded], pad_id: int, drop_images: bool = False) -> tuple[Callable, bool]:
+    """``(collate, holds_images)`` for a stage whose examples are ``examples``: when any has an image, every batch
+    is collated with the images (:func:`collate_mixed`, a :class:`VisionBatch` even for a batch without one), else
+    plainly (:func:`harness.data.batches.collate`: a text stage of an image-text model trains as a text model's)."""
+    if any(getattr(e, "pixel_values", None) is not None for e in examples):
+        return functools.partial(collate_mixed, pad_id=pad_id, drop_images=drop_images), True
+    return functools.partial(collate, pad_id=pad_id), False

@@ -33,7 +33,6 @@ from harness.config import task_seed
 from harness.core.stats import wilson_interval
 from harness.data.encoding import IGNORE_INDEX
 from harness.data.images import ImageEncoded, collate_mixed, encode_image_examples
-from harness.models.image_text import processor_for
 
 CONDITIONS: tuple[str, ...] = ("real", "blank", "swapped")
 
@@ -348,11 +347,7 @@ class ImageEval:
         return rows, samples
 
 
-def image_eval(exp, data, tokenizer) -> Optional[ImageEval]:
-    """The run's :class:`ImageEval`, or ``None`` when no task has images."""
-    if not image_tasks(data):
-        return None
-    processor = processor_for(tokenizer)
-    if processor is None:
-        raise ValueError("image tasks need an image-text model (model.builtin: llava-tiny or an image-text model.hf)")
-    return ImageEval(exp, data, processor)
+def image_eval(exp, data, io) -> Optional[ImageEval]:
+    """The run's :class:`ImageEval` through ``io``'s processor (:func:`harness.models.modality.model_io`; a text
+    model's run has refused image tasks when it encoded them), or ``None`` when no task has images."""
+    return ImageEval(exp, data, io.processor) if image_tasks(data) else None

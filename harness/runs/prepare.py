@@ -17,16 +17,16 @@ from jinja2.exceptions import TemplateError
 
 from data_recipes import build_world, corpus, get_recipe
 from harness.config import Experiment, ResolvedStage, task_seed
-from harness.data.batches import collate, length_grouped_batches
-from harness.data.encoding import encode_examples, eval_items, fit_eval_items
-from harness.data.images import collate_mixed, encode_image_examples
+from harness.data.batches import length_grouped_batches
+from harness.data.encoding import eval_items, fit_eval_items
+from harness.data.images import stage_collator
 from harness.data.special_text import apply_special_token_policy
 from harness.data.steering.stream import AdaptiveStream
 from harness.data.stream import mixture_stream
 from harness.evaluation.lengths import default_max_new_tokens, needed_new_tokens, too_short_errors
 from harness.models.builtin import builtin_added_token_ids
 from harness.models.hf import load_hf
-from harness.models.image_text import is_image_model, processor_for
+from harness.models.modality import TextOnlyModel, base_kind, model_io
 from harness.runs.images import load_vision_base
 from harness.runs.pretrain import builtin_base, content_hash
 
@@ -98,39 +98,48 @@ def load_base(
     exp: Experiment, data: TaskData, console=None, on_progress: Optional[Callable[[], None]] = None
 ) -> tuple[Any, Any, list[int], dict[str, Any]]:
     """The base model (on the GPU when there is one) and tokenizer — a hub/local model, or a builtin one,
-    pretrained and cached — the ids of the tokens the harness added to it, and facts about where it came from.
-    ``on_progress()`` is called after every pretraining step."""
+    pretrained and cached, text or image-text (:func:`harness.models.modality.base_kind`) — the ids of the tokens
+    the harness added to it, and facts about where it came from. ``on_progress()`` is called after every
+    pretraining step."""
     transformers.utils.logging.disable_progress_bar()  # our own bars are enough
-    if is_image_model(exp.model):
-        model, tokenizer, added, info = load_vision_base(exp, data, console)
-    elif exp.model.hf:
-        model, tokenizer, added = load_hf(exp.model, return_added=True)
-        info: dict[str, Any] = {"source": exp.model.hf}
-    else:
-        all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
-        factory = console.progress_factory() if console is not None else None
-
-        def pulsing(name: str, total: int):  # a trial pretraining its own base must not look hung
-            return after_progress(on_progress, factory(name, total) if factory is not None else None)
-
-        progress = pulsing if on_progress is not None else factory
-        model, tokenizer, base = builtin_base(exp.model, data.corpus, all_train, exp.seed, progress)
-        added = builtin_added_token_ids(tokenizer)
-        if exp.model.pretrain is not None and console is not None:
-            console.info(
-                "base model: "
-                + ("cache hit" if base.cache_hit else f"pretrained (loss {base.final_loss:.3f})")
-                + f" ({base.cache_dir})"
-            )
-        info = {
-            "source": exp.model.builtin,
-            "cache_hit": base.cache_hit,
-            "cache_dir": str(base.cache_dir) if base.cache_dir else None,
-            "pretrain_final_loss": base.final_loss,
-        }
+    build = {"image-text": _image_text_base, "hf": _hf_base, "builtin": _builtin_text_base}[base_kind(exp.model)]
+    model, tokenizer, added, info = build(exp, data, console, on_progress)
     if torch.cuda.is_available():
         model = model.to("cuda")
     return model, tokenizer, added, info
+
+
+def _image_text_base(exp: Experiment, data: TaskData, console, on_progress) -> tuple[Any, Any, list[int], dict]:
+    return load_vision_base(exp, data, console)
+
+
+def _hf_base(exp: Experiment, data: TaskData, console, on_progress) -> tuple[Any, Any, list[int], dict]:
+    model, tokenizer, added = load_hf(exp.model, return_added=True)
+    return model, tokenizer, added, {"source": exp.model.hf}
+
+
+def _builtin_text_base(exp: Experiment, data: TaskData, console, on_progress) -> tuple[Any, Any, list[int], dict]:
+    all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
+    factory = console.progress_factory() if console is not None else None
+
+    def pulsing(name: str, total: int):  # a trial pretraining its own base must not look hung
+        return after_progress(on_progress, factory(name, total) if factory is not None else None)
+
+    progress = pulsing if on_progress is not None else factory
+    model, tokenizer, base = builtin_base(exp.model, data.corpus, all_train, exp.seed, progress)
+    if exp.model.pretrain is not None and console is not None:
+        console.info(
+            "base model: "
+            + ("cache hit" if base.cache_hit else f"pretrained (loss {base.final_loss:.3f})")
+            + f" ({base.cache_dir})"
+        )
+    info = {
+        "source": exp.model.builtin,
+        "cache_hit": base.cache_hit,
+        "cache_dir": str(base.cache_dir) if base.cache_dir else None,
+        "pretrain_final_loss": base.final_loss,
+    }
+    return model, tokenizer, builtin_added_token_ids(tokenizer), info
 
 
 def undertrained_tokens(exp: Experiment, data: TaskData, model, tokenizer) -> Optional[list]:
@@ -263,18 +272,13 @@ def _encoding_key(exp: Experiment, data: TaskData, tokenizer, max_positions: Opt
 def _encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: Optional[int]) -> EncodedData:
     """:func:`encode_task_data`, computed."""
     _check_special_token_text(exp, data, tokenizer)
-    train, processor = {}, processor_for(tokenizer)
+    train, io = {}, model_io(tokenizer)
     for name, splits in data.splits.items():
-        if data.recipes[name].has_images:  # image tasks are evaluated by harness.runs.images.ImageEval
-            if processor is None:
-                raise DataError(
-                    f"tasks.{name}: its examples have images but the model is text-only "
-                    "(model.builtin: llava-tiny, or an image-text model.hf)"
-                )
-            train[name] = encode_image_examples(processor, splits["train"])
-        else:
-            with _template_refusal(name):
-                train[name] = encode_examples(tokenizer, splits["train"])
+        with _template_refusal(name):
+            try:
+                train[name] = io.encode_train(splits["train"], data.recipes[name].has_images)
+            except TextOnlyModel as e:
+                raise DataError(f"tasks.{name}: {e}") from None
         for index, (ex, enc) in enumerate(zip(splits["train"], train[name])):
             if enc.n_supervised <= 1:  # only the end-of-turn token: the answer tokenised to nothing
                 raise DataError(
@@ -407,20 +411,13 @@ def plan_stage(exp: Experiment, stage: ResolvedStage, index: int, pools: dict[st
     for task, c in composition.items():
         c["share"] = c["examples"] / len(examples)
         c["dropped_too_long"] = dropped.get(task, 0)
-    if any(getattr(e, "pixel_values", None) is not None for e in examples):
-        if stage.train.packing is True:
-            raise DataError(
-                f"stage {stage.name!r}: train.packing: true, but its batches hold images; packed batches "
-                "are text-only (set train.packing to auto, which pads image batches, or false)"
-            )
-        return StagePlan(
-            stage,
-            [collate_mixed(b, pad_id, exp.debug.drop_images) for b in grouped],
-            composition,
-            grouped,
-            has_images=True,
+    collate_batch, has_images = stage_collator(examples, pad_id, exp.debug.drop_images)
+    if has_images and stage.train.packing is True:
+        raise DataError(
+            f"stage {stage.name!r}: train.packing: true, but its batches hold images; packed batches "
+            "are text-only (set train.packing to auto, which pads image batches, or false)"
         )
-    return StagePlan(stage, [collate(b, pad_id) for b in grouped], composition, grouped)
+    return StagePlan(stage, [collate_batch(b) for b in grouped], composition, grouped, has_images=has_images)
 
 
 def _adaptive_plan(
@@ -432,10 +429,7 @@ def _adaptive_plan(
     pad_id: int,
 ) -> StagePlan:
     """An adaptive stage's plan: a stream that draws each step's batch from the controller's current weights."""
-    images = any(getattr(e, "pixel_values", None) is not None for pool in kept.values() for e in pool)
-
-    def collate_batch(examples: list):
-        return collate_mixed(examples, pad_id, exp.debug.drop_images) if images else collate(examples, pad_id)
+    collate_batch, _ = stage_collator([e for pool in kept.values() for e in pool], pad_id, exp.debug.drop_images)
 
     if stage.train.packing is True:
         raise DataError(

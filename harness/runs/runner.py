@@ -9,6 +9,7 @@ This module wires components together: the pipeline steps are :mod:`harness.runs
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import time
@@ -27,7 +28,7 @@ from harness.data.encoding import position_limit
 from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_baselines, run_seesaw, seesaw_rows
 from harness.evaluation.image_use import image_eval
 from harness.models.hf import count_parameters
-from harness.models.image_text import processor_for
+from harness.models.modality import model_io
 from harness.models.undertrained import flagged_summary, row_fate, warning_line
 from harness.runs.console import Console
 from harness.runs.evallog import EvalLog, make_benchmarks
@@ -61,7 +62,7 @@ from harness.training.checkpoint import (
     save_resume_point,
     save_stage_checkpoint,
 )
-from harness.training.guard import Injector, NonFiniteError, write_report
+from harness.training.guard import Injector, NoFaults, NonFiniteError, write_report
 from harness.training.loop import LoopState, StageLoop, train_stage
 from harness.training.special_tokens import stage_special_tokens
 
@@ -164,7 +165,7 @@ def _run_claimed(
         console.evaluation_hook(encoded.eval_items, on_evaluation),
         resume_filter=start.keep,
         run_id=run_id,
-        image_eval=image_eval(exp, data, tokenizer),
+        image_eval=image_eval(exp, data, model_io(tokenizer)),
         shard=distributed.current(),
         benchmarks=make_benchmarks(exp, data.world, tokenizer, run_dir, [len(p.batches) for p in plans]),
     )
@@ -186,7 +187,7 @@ def _run_claimed(
     )
     model = _restore(model, start, stages, run)
 
-    injector = Injector(**exp.debug.inject_nonfinite.model_dump()) if exp.debug.inject_nonfinite else None
+    injector = Injector(**exp.debug.inject_nonfinite.model_dump()) if exp.debug.inject_nonfinite else NoFaults()
     summary_stages = [
         _stage_summary(plans[i].recorded(tracker.store.rows()), evals, i, plans) for i in range(start.stage_index)
     ]
@@ -194,7 +195,9 @@ def _run_claimed(
     step, loop_state, exit_code = start.step, start.loop_state, 1
     try:
         for index in range(start.stage_index, len(stages)):
-            model, step = _run_stage(run, model, index, step, loop_state, cache, injector, on_progress)
+            run_stage = functools.partial(_run_stage, run, model, index, step, loop_state, injector, on_progress)
+            begins = loop_state.batch_index == 0  # a resumed run may continue inside a stage
+            model, step = cache.computed(index, run_stage, tracker, run_dir / "samples.jsonl", begins)
             summary_stages.append(_stage_summary(plans[index], evals, index, plans))
             loop_state = LoopState()  # the next stage begins at its first batch
         exit_code = 0
@@ -216,16 +219,13 @@ def _run_stage(
     index: int,
     step: int,
     loop_state: LoopState,
-    cache: StageCache,
-    injector: Optional[Injector],
+    injector: Injector | NoFaults,
     on_progress: Optional[Callable[[], None]],
 ) -> tuple[Any, int]:
     """Stage ``index`` from where ``loop_state`` left it (its first batch, or inside it on a resume) to its end:
     ``(model, step)`` after it."""
     exp, stage, plan, tracker = run.exp, run.stages[index], run.plans[index], run.tracker
-    samples = run.run_dir / "samples.jsonl"
     if loop_state.batch_index == 0:  # the stage begins here (a resumed run may continue inside one)
-        cache.stage_began(index, tracker, samples)
         model = _begin_stage(run, model, index, step)
     batches = stage_batches(
         plan,
@@ -258,7 +258,6 @@ def _run_stage(
             resume=loop_state,
         )
     _end_stage(run, model, index, step, save_resume_point_at)
-    cache.stage_ended(index, model, step, tracker, samples)
     return model, step
 
 
@@ -516,7 +515,7 @@ def _end_stage(run: _Run, model, index: int, step: int, save_resume_point_at) ->
     if stage.train.checkpoint or stage.name in run.init.needed:
         save_stage_checkpoint(
             model,
-            processor_for(run.tokenizer) or run.tokenizer,
+            model_io(run.tokenizer).saved_with_weights(),
             run.run_dir / "checkpoints" / stage.name,
             {"run_id": run.run_id, "stage": stage.name, "step": step, "experiment": run.exp.name},
         )

@@ -372,14 +372,26 @@ class StageCache:
             tracker.close(1)
             raise
 
-    def stage_began(self, index: int, tracker, samples_path: Path) -> None:
+    def computed(
+        self, index: int, run_stage: Callable[[], tuple[Any, int]], tracker, samples_path: Path, begins: bool
+    ) -> tuple[Any, int]:
+        """Stage ``index`` computed by ``run_stage() -> (model, step)`` and, when the stage may write to the cache
+        and ran whole in this process (``begins``: it starts at its first batch, not inside it on a resume), its
+        outcome stored as an entry. The one call a run makes to the cache for a stage it does not replay."""
+        if begins:
+            self._began(index, tracker, samples_path)
+        model, step = run_stage()
+        self._store(index, model, step, tracker, samples_path)
+        return model, step
+
+    def _began(self, index: int, tracker, samples_path: Path) -> None:
         """Mark where stage ``index``'s rows and samples begin (only stages begun in this process are stored)."""
         self.began[index] = _Began(
             len(tracker.existing_rows()), samples_path.stat().st_size if samples_path.exists() else 0
         )
 
-    def stage_ended(self, index: int, model, step: int, tracker, samples_path: Path) -> None:
-        """Store stage ``index``'s outcome (call after everything the stage does, before the next one begins)."""
+    def _store(self, index: int, model, step: int, tracker, samples_path: Path) -> None:
+        """Store stage ``index``'s outcome (after everything the stage does, before the next one begins)."""
         if self._mode(index) is not True or index not in self.began:
             return
         if compiling.fallbacks != self.fallbacks:

@@ -1,4 +1,6 @@
-"""The training forward: the model's logits at the supervised positions only (the loop's and DDP's one forward)."""
+"""The training forward: the model's logits at the supervised positions only (the loop's and DDP's one forward), for
+text and image-text models alike (an image batch's pixels come as :meth:`harness.data.batches.Batch.extra_inputs`).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ from harness.training.compiling import forward_of
 
 # Model types whose logits are exactly lm_head(last hidden state); for them the loss projects only supervised
 # positions. Others (logit soft-capping, scaling) go through the model's own forward.
-_HEAD_ONLY_TYPES = {"qwen2", "qwen3", "llama", "mistral", "gpt2", "qwen3_5", "qwen3_5_text", "olmo2", "phi3"}
+# LLaVA's too: its logits are its head on the language model's last hidden state (the projector feeds the image
+# features in as input embeddings), which its ``base_model`` returns with the images.
+_HEAD_ONLY_TYPES = {"qwen2", "qwen3", "llama", "mistral", "gpt2", "qwen3_5", "qwen3_5_text", "olmo2", "phi3", "llava"}
 
 
 def model_inputs(
@@ -34,6 +38,7 @@ def supervised_logits(
     compiled: Union[bool, str] = False,
     position_ids: Optional[torch.Tensor] = None,
     varlen: bool = False,
+    extra_inputs: Optional[dict] = None,
 ) -> torch.Tensor:
     """Logits ``[N, V]`` at the ``selected`` flat positions (row × T + t, as
     :attr:`harness.data.batches.Batch.supervised`) only; they gather without a host sync. ``compiled``: run the
@@ -41,12 +46,18 @@ def supervised_logits(
     if compiling fails, ``True`` raises).
     ``position_ids``: a packed batch's (:mod:`harness.data.packing`); ``attention_mask`` is then not passed.
     ``varlen``: the packed batch attends example by example (:mod:`harness.models.packed_attention`; its plan is
-    built on the host from ``position_ids``, one device sync per step on a GPU — not measured there yet)."""
+    built on the host from ``position_ids``, one device sync per step on a GPU — not measured there yet).
+    ``extra_inputs``: an image batch's ``pixel_values``, cast to the model's dtype; such a forward runs eager (a
+    compiled vision tower is not measured), and without them an image-text model would silently see no images."""
 
     def pick(x: torch.Tensor) -> torch.Tensor:  # [B, T, …] → [N, …]
         return x.flatten(0, 1).index_select(0, selected)
 
     inputs = model_inputs(input_ids, attention_mask, position_ids)
+    if extra_inputs:
+        dtype = next(model.parameters()).dtype
+        inputs.update({k: v.to(dtype) if v.is_floating_point() else v for k, v in extra_inputs.items()})
+        compiled = False
     attending = nullcontext()
     if varlen and position_ids is not None:
         inputs[SEGMENTS_KWARG] = segment_plan(position_ids)
@@ -56,3 +67,18 @@ def supervised_logits(
             hidden = forward_of(model.base_model, compiled)(**inputs).last_hidden_state
             return model.get_output_embeddings()(pick(hidden))
         return pick(forward_of(model, compiled)(**inputs).logits)
+
+
+def batch_logits(model, batch, selected: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """:func:`supervised_logits` of a whole :class:`~harness.data.batches.Batch` (images included), at ``selected``
+    (default: its supervised positions), eager."""
+    selected = batch.supervised if selected is None else selected
+    return supervised_logits(
+        model,
+        batch.input_ids,
+        batch.attention_mask,
+        selected,
+        position_ids=batch.position_ids,
+        varlen=bool(getattr(batch.layout, "varlen", False)),
+        extra_inputs=batch.extra_inputs(),
+    )

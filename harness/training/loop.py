@@ -32,9 +32,8 @@ import torch
 from harness.config import LossSpec, OptimSpec, TrainSpec
 from harness.core.store import Row
 from harness.data.batches import Batch, task_share_max
-from harness.data.images import vision_supervised_logits
 from harness.training import parallel as distributed
-from harness.training.adapters import param_groups, unwrap
+from harness.training.adapters import param_groups
 from harness.training.batch_source import batch_source
 from harness.training.compiling import compile_decision, compiled_stage
 from harness.training.guard import Injector, NoFaults, NonFiniteError, first_nonfinite_module, nonfinite_grads
@@ -66,12 +65,15 @@ def batch_loss(
     supervised = batch.supervised  # flat positions, found once at collation
     varlen = bool(getattr(getattr(batch, "layout", None), "varlen", False))
     with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-autocast"):
-        if getattr(batch, "pixel_values", None) is not None:  # an image-text batch (harness.data.images)
-            logits = vision_supervised_logits(unwrap(model), batch, supervised)
-        else:
-            logits = parallel.logits_module(model)(
-                batch.input_ids, batch.attention_mask, supervised, compiled, batch.position_ids, varlen
-            )
+        logits = parallel.logits_module(model)(
+            batch.input_ids,
+            batch.attention_mask,
+            supervised,
+            compiled,
+            batch.position_ids,
+            varlen,
+            batch.extra_inputs(),
+        )
     losses, ce = token_losses_and_ce(logits, batch.labels.flatten()[supervised], spec)
     example_of_token = batch.example_of_token  # the example (index into batch.tasks) of each supervised token
     task_of_token = task_ids[example_of_token]

@@ -58,10 +58,17 @@ class _SupervisedLogits(torch.nn.Module):
         self.model = model
 
     def forward(
-        self, input_ids, attention_mask, selected, compiled: bool = False, position_ids=None, varlen: bool = False
+        self,
+        input_ids,
+        attention_mask,
+        selected,
+        compiled: bool = False,
+        position_ids=None,
+        varlen: bool = False,
+        extra_inputs=None,
     ):
         return supervised_logits(
-            unwrap(self.model), input_ids, attention_mask, selected, compiled, position_ids, varlen
+            unwrap(self.model), input_ids, attention_mask, selected, compiled, position_ids, varlen, extra_inputs
         )
 
 

@@ -20,8 +20,12 @@ from harness.training.forward import supervised_logits
 from harness.training.losses import weighted_mean
 
 
-def _logits(model, input_ids, attention_mask, selected, compiled=False, position_ids=None, varlen=False):
-    return supervised_logits(unwrap(model), input_ids, attention_mask, selected, compiled, position_ids, varlen)
+def _logits(
+    model, input_ids, attention_mask, selected, compiled=False, position_ids=None, varlen=False, extra_inputs=None
+):
+    return supervised_logits(
+        unwrap(model), input_ids, attention_mask, selected, compiled, position_ids, varlen, extra_inputs
+    )
 
 
 class SingleProcess:
