@@ -139,6 +139,47 @@ def test_mixed_batch_forward_backward_reaches_projector(data):
     assert torch.allclose(full, single, atol=1e-4)
 
 
+def test_training_forward_of_an_image_batch_is_the_models_own_logits_with_its_images(data):
+    qa, count, texts = data
+    model, processor = small_llava(texts)
+    encoded = encode_image_examples(processor, [count["train"][0], qa["train"][0], count["train"][1]])
+    batch = collate_mixed(encoded, processor.tokenizer.pad_token_id)
+    with torch.no_grad():
+        own = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, pixel_values=batch.pixel_values)
+        blind = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        picked = batch_logits(model, batch)
+    reference = own.logits.flatten(0, 1)[batch.supervised]
+    # The head at the supervised positions only vs the full logits gathered: the same products, summed in whatever
+    # order each matmul picks. Not a measured tolerance: float32 rounding of a dot product over hidden_size terms.
+    bound = model.config.text_config.hidden_size * torch.finfo(torch.float32).eps * reference.abs().max()
+    assert (picked - reference).abs().max() <= bound
+    assert (blind.logits.flatten(0, 1)[batch.supervised] - reference).abs().max() > bound  # the images count
+
+
+def test_a_ranks_slice_of_an_image_batch_keeps_the_images_of_its_rows(data):
+    from harness.training.parallel import DataParallel
+
+    qa, count, texts = data
+    model, processor = small_llava(texts)
+    rows = [qa["train"][0], count["train"][0], count["train"][1], qa["train"][1]]  # images in rows 0 and 3
+    batch = collate_mixed(encode_image_examples(processor, rows), processor.tokenizer.pad_token_id)
+    assert batch.image_rows == (0, 3)
+    hooks = object.__new__(DataParallel)  # the slicing needs no process group
+    hooks.world = 2
+    with torch.no_grad():
+        whole = batch_logits(model, batch)
+        parts = []
+        for rank in range(2):
+            hooks.rank = rank
+            part = hooks.shard(batch)
+            assert part.image_rows == ((0,) if rank == 0 else (1,))
+            assert torch.equal(part.pixel_values, batch.pixel_values[rank : rank + 1])
+            parts.append(batch_logits(model, part))
+    # each row computed at the batch's width either way; bound as above (rounding, not a measured tolerance)
+    bound = model.config.text_config.hidden_size * torch.finfo(torch.float32).eps * whole.abs().max()
+    assert (torch.cat(parts) - whole).abs().max() <= bound
+
+
 def test_drop_images_keeps_tokens_but_not_pixel_content(data):
     qa, _, texts = data
     model, processor = small_llava(texts)

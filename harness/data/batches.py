@@ -94,6 +94,18 @@ class Batch:
     def packed(self) -> bool:
         return self.position_ids is not None
 
+    def row_slice(self, start: int, end: int) -> "Batch":
+        """Rows ``start:end`` of a padded batch, at the batch's width (a data-parallel rank's share)."""
+        mask = self.attention_mask[start:end]
+        return Batch(
+            self.input_ids[start:end],
+            mask,
+            self.labels[start:end],
+            self.tasks[start:end],
+            int(mask.sum()),
+            int(mask.numel()),
+        )
+
     def extra_inputs(self) -> dict[str, Any]:
         """Model inputs beyond the tokens (an image batch's pixels: :class:`harness.data.images.VisionBatch`)."""
         return {}

@@ -130,6 +130,22 @@ class VisionBatch(Batch):
     pixel_values: Any = None  # FloatTensor [n_images, 3, H, W], rows with an image in row order
     image_rows: tuple[int, ...] = ()
 
+    def row_slice(self, start: int, end: int) -> "VisionBatch":
+        """Rows ``start:end`` with the images of those rows (a data-parallel rank's share keeps its pixels)."""
+        text = super().row_slice(start, end)
+        kept = [k for k, row in enumerate(self.image_rows) if start <= row < end]
+        pixels = self.pixel_values[kept[0] : kept[-1] + 1] if kept else None  # image rows are in row order
+        return VisionBatch(
+            text.input_ids,
+            text.attention_mask,
+            text.labels,
+            text.tasks,
+            text.n_real_tokens,
+            text.n_padded_tokens,
+            pixel_values=pixels,
+            image_rows=tuple(self.image_rows[k] - start for k in kept),
+        )
+
     def extra_inputs(self) -> dict[str, Any]:
         """The stacked images, when the batch has any (the forward casts them to the model's dtype)."""
         return {} if self.pixel_values is None else {"pixel_values": self.pixel_values}

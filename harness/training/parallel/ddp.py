@@ -107,7 +107,8 @@ class DataParallel:
         """This rank's contiguous slice of the rows of a global batch (same width as the whole batch): of a padded
         batch, its examples; of a packed one (:mod:`harness.data.packing`), the examples those rows hold, so that
         each row is computed as in one process. A packed batch with fewer rows than ranks gives each rank its
-        contiguous slice of the examples instead, packed anew."""
+        contiguous slice of the examples instead, packed anew. An image batch's slice keeps its rows' pixels (it
+        lost them before: a data-parallel image-text run trained without its images)."""
         if batch.packed and batch.input_ids.shape[0] >= self.world:
             rows = batch.input_ids.shape[0]
             return rows_of(batch, rows * self.rank // self.world, rows * (self.rank + 1) // self.world)
@@ -117,15 +118,7 @@ class DataParallel:
         start, end = rows * self.rank // self.world, rows * (self.rank + 1) // self.world
         if batch.packed:
             return repacked(batch, start, end)
-        mask = batch.attention_mask[start:end]
-        return Batch(
-            batch.input_ids[start:end],
-            mask,
-            batch.labels[start:end],
-            batch.tasks[start:end],
-            int(mask.sum()),
-            int(mask.numel()),
-        )
+        return batch.row_slice(start, end)  # an image batch's slice keeps its rows' images
 
     def logits_module(self, model: torch.nn.Module) -> DistributedDataParallel:
         """The DDP-wrapped training forward of ``model``, rebuilt when its trainable set changed (a new stage)."""
