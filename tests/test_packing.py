@@ -18,7 +18,7 @@ from harness.data.packing import balanced_rows, examples_of, pack_encoded, repac
 from harness.models.builtin import build_builtin
 from harness.models.hf import load_hf
 from harness.training.loop import batch_loss
-from harness.training.packing import PackingCheck, _rel, check_packing
+from harness.training.packing import PackingCheck, check_packing, relative_loss_diff
 from harness.training.special_tokens import _read_token_ids
 
 from .conftest import write_yaml
@@ -254,10 +254,10 @@ def test_an_example_the_model_already_fits_does_not_raise_a_false_alarm():
     near 0 that same rounding is measured against the batch's loss scale, while a real leak still shows."""
     padded = torch.tensor([2.0, 1.5, 1e-5], dtype=torch.float64)
     rounding = torch.tensor([2e-7, -1.5e-7, 1e-7], dtype=torch.float64)  # float32-sized absolute errors
-    assert _rel(padded + rounding, padded) < 2e-7  # the fitted example alone would say 1e-2
+    assert relative_loss_diff(padded + rounding, padded) < 2e-7  # the fitted example alone would say 1e-2
     leaked = padded.clone()
     leaked[1] += 0.01
-    assert _rel(leaked, padded) > 1e-3
+    assert relative_loss_diff(leaked, padded) > 1e-3
 
 
 def _shards(batch, world):
@@ -472,3 +472,16 @@ def test_adapters_train_packed(tiny, tmp_path, trainable):
     tiny["stages"] = tiny["stages"][:1]
     frame = _run(tmp_path, tiny, trainable)
     assert _values(frame, "packed") == [1.0]
+
+
+def test_the_check_measures_losses_with_the_comparison_it_is_given(tok, groups):  # noqa: F811
+    """``compare`` (how bench/packing_check_null.py swaps in the element-wise comparison) is used for the layout
+    noise, the packed difference and what leaked."""
+    model = build_builtin(ModelSpec(builtin="qwen2-tiny", config=SMALL["qwen2-tiny"]), tok, seed=0)
+    padded = [collate(g, tok.pad_token_id) for g in groups]
+    packed = [pack_encoded(g, tok.pad_token_id, *LAYOUTS["varlen"]) for g in groups]
+    result = check_packing(model, padded, packed, LossSpec(), TASKS, compare=lambda a, b: 1.0)
+    assert result.max_rel_diff == 1.0 and result.noise == 1.0 and result.leaked is None  # 1.0 is within 4x noise
+    calls = []
+    check_packing(model, padded, packed, LossSpec(), TASKS, compare=lambda a, b: calls.append(a.shape) or 0.0)
+    assert len(calls) == 2 * min(len(groups), 3)

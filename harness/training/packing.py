@@ -28,7 +28,7 @@ positions — ``positions``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -42,6 +42,8 @@ from harness.training.loop import batch_loss
 SAFETY = 4.0
 CHECK_BATCHES = 3  # the first batches of the stage: "a handful"
 UNIT_ROUNDOFF = {"fp32": 2.0**-24, "bf16-autocast": 2.0**-8}
+
+LossComparison = Callable[[torch.Tensor, torch.Tensor], float]  # (losses, reference losses) -> largest difference
 
 
 class PackingError(ValueError):
@@ -92,7 +94,7 @@ def rounding_floor(model, precision: str) -> float:
     return float(np.sqrt(hidden) * layers * UNIT_ROUNDOFF.get(precision, UNIT_ROUNDOFF["fp32"]))
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+def relative_loss_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest relative difference of per-example losses, each against ``max(|its loss|, mean |loss| of the
     batch)``. Why not its own loss alone: an example the model already fits (loss near 0) carries the absolute
     rounding error of the logits its loss is computed from, not an error proportional to its tiny loss; dividing by
@@ -172,10 +174,17 @@ def _watched(model) -> list[tuple[str, torch.nn.Parameter]]:
 
 
 def check_packing(
-    model, padded: Sequence[Batch], packed: Sequence[Batch], spec: LossSpec, tasks: list[str], precision: str = "fp32"
+    model,
+    padded: Sequence[Batch],
+    packed: Sequence[Batch],
+    spec: LossSpec,
+    tasks: list[str],
+    precision: str = "fp32",
+    compare: LossComparison = relative_loss_diff,
 ) -> PackingCheck:
     """Compare the first :data:`CHECK_BATCHES` batches packed and padded on ``model`` (left as it was: eval mode
-    for the check, gradients cleared, no RNG drawn)."""
+    for the check, gradients cleared, no RNG drawn). ``compare`` measures per-example losses against the padded
+    batch's (default :func:`relative_loss_diff`; ``bench/packing_check_null.py`` passes the comparison it replaced)."""
     was_training = model.training
     model.eval()  # no dropout: the two layouts must see the same function
     watched = _watched(model)
@@ -187,12 +196,14 @@ def check_packing(
             losses, grads = _outcome(model, relaid, spec, tasks, precision, watched)
             restored = torch.empty_like(losses)
             restored[torch.tensor(order)] = losses
-            noise = max(noise, _rel(restored, base_losses), _grad_rel(grads, base_grads))
+            noise = max(noise, compare(restored, base_losses), _grad_rel(grads, base_grads))
             losses, grads = _outcome(model, pack_batch, spec, tasks, precision, watched)
-            diff = max(diff, _rel(losses, base_losses), _grad_rel(grads, base_grads))
+            diff = max(diff, compare(losses, base_losses), _grad_rel(grads, base_grads))
         result = PackingCheck(_model_type(model), diff, noise, rounding_floor(model, precision))
         if not result.exact:
-            result.leaked = _what_leaked(model, packed[:CHECK_BATCHES], spec, tasks, precision, result.tolerance)
+            result.leaked = _what_leaked(
+                model, packed[:CHECK_BATCHES], spec, tasks, precision, result.tolerance, compare
+            )
         return result
     finally:
         model.zero_grad(set_to_none=True)
@@ -200,7 +211,13 @@ def check_packing(
 
 
 def _what_leaked(
-    model, packed: Sequence[Batch], spec: LossSpec, tasks: list[str], precision: str, tolerance: float
+    model,
+    packed: Sequence[Batch],
+    spec: LossSpec,
+    tasks: list[str],
+    precision: str,
+    tolerance: float,
+    compare: LossComparison = relative_loss_diff,
 ) -> str:
     """``attention`` when an example's loss depends on the content of another example in its row, else
     ``positions``."""
@@ -210,6 +227,6 @@ def _what_leaked(
             continue
         before, _ = _outcome(model, batch, spec, tasks, precision, [])
         after, _ = _outcome(model, rotated, spec, tasks, precision, [])
-        if _rel(after[others], before[others]) > tolerance:
+        if compare(after[others], before[others]) > tolerance:
             return "attention"
     return "positions"
