@@ -257,9 +257,49 @@ def _stage_cache_generators(parallel, root: Path) -> dict:
     return {"stores": stores, "uninterrupted": uninterrupted, "replayed": device.draw()}
 
 
+def _image_model_and_batch():
+    """A tiny llava-tiny and a mixed batch whose images are all in rows 0 and 1 (rank 1's half has none)."""
+    import data_recipes as recipes
+    from harness.data.images import collate_mixed, encode_image_examples
+    from harness.models.image_text import build_llava_tiny
+    from harness.models.tokenizer import train_tokenizer
+
+    qa = recipes.get_recipe("shapes_qa")().build("shapes_qa", 40, 4, 0)
+    count = recipes.get_recipe("count")().build("count", 40, 4, 0)
+    texts = [f"{m['role']}\n{m['content']}" for ex in qa["train"] + count["train"] for m in ex.messages]
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    model, processor = build_llava_tiny(train_tokenizer(texts, 300), 0, text_overrides=text, vision_overrides=vision)
+    rows = [qa["train"][0], qa["train"][1], count["train"][0], count["train"][1]]
+    return model, collate_mixed(encode_image_examples(processor, rows), processor.tokenizer.pad_token_id)
+
+
+def _image_batch_gradients(parallel) -> dict:
+    """Two DDP steps' worth of backward on an image batch through the loop's loss: the vision tower and projector
+    get no gradient on rank 1 (no image in its slice), which DDP must accept; the averaged gradients of the
+    projector after the first backward, to compare with one process on the whole batch."""
+    from harness.config import LossSpec
+    from harness.training.loop import batch_loss
+
+    model, batch = _image_model_and_batch()
+    parallel.trained_module(model, "fp32")  # the hooks' device, as at a stage's start
+    part = parallel.shard(batch)
+    grads = None
+    for _ in range(2):  # a second forward is where DDP complains about parameters the first left without gradient
+        loss, _, _ = batch_loss(
+            model, part, LossSpec(), torch.zeros(len(part.tasks), dtype=torch.long), ["t"], "fp32", parallel=parallel
+        )
+        loss.backward()
+        if grads is None:
+            grads = {n: p.grad.clone() for n, p in model.named_parameters() if "projector" in n}
+        model.zero_grad(set_to_none=True)
+    return {"has_pixels": part.pixel_values is not None, "projector_grads": grads}
+
+
 SCENARIOS = {
     "helpers": _helper_values,
     "loop": _loop_collectives,
+    "image": _image_batch_gradients,
     "resume": _resume_generators,
     "stage_cache": _stage_cache_generators,
 }
@@ -286,7 +326,8 @@ def _rank_main(rank: int, root: Path) -> None:
         with ddp.active() as parallel:
             for name, scenario in SCENARIOS.items():
                 try:
-                    out[name] = scenario(parallel) if name in ("helpers", "loop") else scenario(parallel, root)
+                    one_arg = name in ("helpers", "loop", "image")
+                    out[name] = scenario(parallel) if one_arg else scenario(parallel, root)
                 except Exception:
                     out[name] = {"error": traceback.format_exc()}
     finally:
@@ -312,6 +353,26 @@ def ranks(tmp_path_factory) -> list[dict]:
 # ----------------------------------------------------------------------------------------------------------------
 # The helpers' values on two ranks
 # ----------------------------------------------------------------------------------------------------------------
+
+
+def test_image_batches_train_on_two_ranks_as_in_one_process(ranks):
+    """A rank whose slice holds no image still steps (DDP finds the vision parameters unused there), and the
+    projector's averaged gradient is one process's on the whole batch."""
+    from harness.config import LossSpec
+    from harness.training.loop import batch_loss
+
+    results = [_result(rank, "image") for rank in ranks]
+    assert [r["has_pixels"] for r in results] == [True, False]
+    model, batch = _image_model_and_batch()
+    loss, _, _ = batch_loss(model, batch, LossSpec(), torch.zeros(len(batch.tasks), dtype=torch.long), ["t"])
+    loss.backward()
+    for name, grad in results[0]["projector_grads"].items():
+        reference = dict(model.named_parameters())[name].grad
+        assert torch.equal(grad, results[1]["projector_grads"][name])  # DDP's average is every rank's
+        # the sum of two ranks' partial sums vs one sum over the batch: float32 rounding over the batch's tokens,
+        # not a measured tolerance
+        bound = batch.supervised.numel() * torch.finfo(torch.float32).eps * reference.abs().max()
+        assert (grad - reference).abs().max() <= bound, name
 
 
 def test_bad_ranks_names_where_a_nonfinite_step_began_on_every_rank(ranks):

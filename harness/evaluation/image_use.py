@@ -350,4 +350,8 @@ class ImageEval:
 def image_eval(exp, data, io) -> Optional[ImageEval]:
     """The run's :class:`ImageEval` through ``io``'s processor (:func:`harness.models.modality.model_io`; a text
     model's run has refused image tasks when it encoded them), or ``None`` when no task has images."""
-    return ImageEval(exp, data, io.processor) if image_tasks(data) else None
+    if not image_tasks(data):
+        return None
+    if io.processor is None:  # a run refuses it earlier (tasks.<name>: ... text-only); other callers learn it here
+        raise ValueError("image tasks need an image-text model (model.builtin: llava-tiny or an image-text model.hf)")
+    return ImageEval(exp, data, io.processor)

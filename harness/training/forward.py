@@ -15,7 +15,7 @@ from harness.training.compiling import forward_of
 # Model types whose logits are exactly lm_head(last hidden state); for them the loss projects only supervised
 # positions. Others (logit soft-capping, scaling) go through the model's own forward.
 # LLaVA's too: its logits are its head on the language model's last hidden state (the projector feeds the image
-# features in as input embeddings), which its ``base_model`` returns with the images.
+# features in as input embeddings), which its body (:func:`_body`) returns with the images.
 _HEAD_ONLY_TYPES = {"qwen2", "qwen3", "llama", "mistral", "gpt2", "qwen3_5", "qwen3_5_text", "olmo2", "phi3", "llava"}
 
 
@@ -28,6 +28,13 @@ def model_inputs(
     if position_ids is None:
         return {"input_ids": input_ids, "attention_mask": attention_mask}
     return {"input_ids": input_ids, "position_ids": position_ids, "use_cache": False}
+
+
+def _body(model) -> torch.nn.Module:
+    """The module that returns the last hidden state: ``base_model``, or LLaVA's ``model`` where ``base_model`` is the
+    whole model (transformers before 5 gave LLaVA an empty ``base_model_prefix``)."""
+    body = model.base_model
+    return model.model if body is model and hasattr(model, "model") else body
 
 
 def supervised_logits(
@@ -64,7 +71,7 @@ def supervised_logits(
         attending = packed_attention(model)
     with attending:
         if getattr(model.config, "model_type", None) in _HEAD_ONLY_TYPES and model.get_output_embeddings() is not None:
-            hidden = forward_of(model.base_model, compiled)(**inputs).last_hidden_state
+            hidden = forward_of(_body(model), compiled)(**inputs).last_hidden_state
             return model.get_output_embeddings()(pick(hidden))
         return pick(forward_of(model, compiled)(**inputs).logits)
 

@@ -126,8 +126,13 @@ class DataParallel:
         cached = self._wrapped.get(model)
         if cached is None or cached[0] != trainable:
             device = next(model.parameters()).device
+            # An image-text model's vision tower and projector get no gradient on a rank whose slice holds no image:
+            # DDP must look for unused parameters there (they count as zero, which is their share of the sum).
+            image_text = getattr(unwrap(model).config, "vision_config", None) is not None
             ddp = DistributedDataParallel(
-                _SupervisedLogits(model), device_ids=[device] if device.type == "cuda" else None
+                _SupervisedLogits(model),
+                device_ids=[device] if device.type == "cuda" else None,
+                find_unused_parameters=image_text,
             )
             self._wrapped[model] = (trainable, ddp)
         return self._wrapped[model][1]

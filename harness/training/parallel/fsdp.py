@@ -76,7 +76,7 @@ class FullyShardedDataParallel(DataParallel):
     def trained_module(self, model: torch.nn.Module, precision: str) -> torch.nn.Module:
         """A copy of ``model`` sharded over the ranks (blocks, then the root); what the loop's optimiser trains."""
         if getattr(unwrap(model).config, "vision_config", None) is not None:
-            # the image-text loss calls the model's parts directly (harness.data.images), outside a sharded root
+            # not tried: the vision tower and projector would need sharding units of their own
             raise ParallelError("train.parallel: fsdp does not support image-text models yet; use ddp")
         self.device = next(model.parameters()).device  # the hooks' collectives (DataParallel.device)
         replica = copy.deepcopy(model)
