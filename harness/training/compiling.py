@@ -9,12 +9,8 @@ the machine only, never of timing, so a run and its ``--resume`` (and a stage-ca
 :func:`harness.runs.stage_cache.stage_keys`) agree on it: compiled kernels reorder float sums, so a compiled stage's
 numbers differ from an eager one's in the last bits.
 
-The threshold comes from ``bench/compile_cost.py`` (the builtin qwen2-tiny at the default training settings, 2 CPU
-cores shared with other jobs, load ~6; 2026-12-01): the compiled first step takes 40-75 s with a cold Inductor cache
-and ~20 s with a warm one (eager: 1-5 s), then a step takes ~250 ms instead of ~445 ms (1.4-1.8x). On an idle
-machine ``bench/train_speed.py`` measured 0.058 instead of 0.077 s/step (1.33x) after a 30 s cold / 12-15 s warm
-compile. Break-even is then 100-400 steps on the busy machine and 700-1,600 on the idle one; from 1,000 steps
-compiling pays in both with a warm cache, and on a busy machine with a cold one.
+The threshold is where compiling pays for its one-off cost on a CPU, from ``bench/compile_cost.py`` and
+``bench/train_speed.py``; the measurements (machine, date, break-even in steps) are in ``docs/performance.md``.
 
 When compiling fails at the wrap or at the first call (no working C++ compiler, an operator Inductor does not
 support), ``auto`` trains on eagerly after one warning line — the same numbers as ``false``: the random-number state
