@@ -102,13 +102,13 @@ def run_cli(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int 
     )
 
 
-# The data-parallel tests (tests/test_distributed.py, tests/test_fsdp.py) compare ranks with one process on the micro
-# experiment: single-threaded (torchrun gives each rank one thread; the comparison is about the data-parallel
+# The data-parallel tests (tests/runs/test_distributed.py, tests/runs/test_fsdp.py) compare ranks with one process on
+# the micro experiment: single-threaded (torchrun gives each rank one thread; the comparison is about the data-parallel
 # arithmetic, not thread-count-dependent summation order), a training-metrics row every step, wandb off.
 PARALLEL_ENV = {"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
 # Padded batches: the one-process vs two-rank bounds were measured on them; on packed batches (another float order,
 # amplified chaotically from stage 2 on: up to 1.3e-4) the first stage agrees to 2e-7 —
-# tests/test_packing.py::test_two_ranks_train_packed_batches_like_one_process.
+# tests/training/test_packing.py::test_two_ranks_train_packed_batches_like_one_process.
 PARALLEL_SETTINGS = [
     "--set",
     "train.log_every=1",

@@ -42,7 +42,7 @@ class Plugin:
 
     name: ClassVar[str] = ""
     Params: ClassVar[type[BaseModel]] = PluginParams
-    #: Settings the plug-in is built from in the contract test (``tests/test_plugins.py``) where one has no default
+    #: Settings the plug-in is built from in the contract test (``tests/core/test_plugins.py``) where one has no default
     #: (a loader's data file); empty for the rest, whose ``Params()`` alone must validate.
     example_params: ClassVar[dict] = {}
 

@@ -7,7 +7,7 @@ Two rules (``eval.seesaw_test``):
   metrics (0/1 per item), a seeded sign-flip permutation test for the others — every p-value of the run is
   Benjamini–Hochberg corrected together, and an event needs both changes ≥ δ *and* both significant after the
   correction at ``alpha``. Under the quickstart's null (accuracy 0.5, 24 items, 20 % of items flipping between
-  evaluations) the untested rule fires in ~90 % of runs; this one in ≤ α (``tests/test_seesaw_power.py``; also at
+  evaluations) the untested rule fires in ~90 % of runs; this one in ≤ α (``tests/core/test_seesaw_power.py``; also at
   200 items with a small δ, where the correction, not δ, decides: without it ~20 % of null runs report an event).
   What the events control (≥ 1 event in a run with no real change: ≤ α; no per-event bound otherwise):
   :func:`paired_seesaw_events`;
@@ -274,7 +274,7 @@ def paired_seesaw_events(
     false-discovery rate of changes, over the family above). An event is false when either of its changes is.
     When no task really changes anywhere in the run, every change found is false, so BH's FDR is the probability
     of finding any: the probability that a run reports ≥ 1 event is ≤ ``alpha`` (measured at 24 and 200 items:
-    ``tests/test_seesaw_power.py``, ``bench/seesaw_null.py``). When some tasks do change, there is no per-event
+    ``tests/core/test_seesaw_power.py``, ``bench/seesaw_null.py``). When some tasks do change, there is no per-event
     bound: one false change pairs with every real change of the opposite sign in the same interval, and the
     changes of two consecutive intervals share an evaluation (they are negatively correlated, outside the
     independence BH assumes); the false-event rate per run in that case is measured, not guaranteed.

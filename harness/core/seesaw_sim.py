@@ -10,7 +10,7 @@ would drift every task to 0.5). A planted effect replaces one interval's noise f
 A's wrong items turn right, task B's right items turn wrong, with probabilities set so the expected change is
 ``+size`` and ``-size``.
 
-Used by ``tests/test_seesaw_power.py`` (the false-event rate ≤ α at 24 and at 200 items, the correction deciding at
+Used by ``tests/core/test_seesaw_power.py`` (the false-event rate ≤ α at 24 and at 200 items, the correction deciding at
 200, the planted effect found) and ``bench/seesaw_null.py`` (the rates with their intervals and n).
 """
 

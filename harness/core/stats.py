@@ -164,7 +164,7 @@ def seeds_items_interval(outcomes: Sequence[Sequence[float]], confidence: float 
     draws (so it is never zero-width while any outcome differs), and the interval is cut at 0 and 1. When every
     outcome is the same (nothing varies, e.g. 0 of 64 items in each of 3 seeds) it is the Wilson interval of the
     items: seeds that agree on every item add no information about the items. Coverage on simulated seeds × items
-    with a known truth: ``tests/test_stats.py``. One seed gives NaN bounds (there is no across-seed interval;
+    with a known truth: ``tests/core/test_stats.py``. One seed gives NaN bounds (there is no across-seed interval;
     report that seed's :func:`wilson_interval`).
     """
     y = np.asarray(outcomes, dtype=float)

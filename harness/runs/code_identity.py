@@ -53,7 +53,7 @@ SHAPING_PACKAGES = (
 )
 SHAPING_RUN_MODULES = ("prepare", "pretrain", "images", "packing", "runner", "evallog", "ranks", "stage_cache")
 # The other modules of harness/runs, each with why it cannot change a stored number (a new module must be placed in
-# one list or the other: tests/test_stage_cache_key.py)
+# one list or the other: tests/runs/test_stage_cache_key.py)
 NOT_SHAPING_RUN_MODULES = {
     "__init__": "the package's docstring",
     "console": "prints",

@@ -68,7 +68,7 @@ CHECKPOINT = "checkpoint"
 STAGE_NOT_SHAPING = frozenset({"checkpoint", "checkpoint_every", "keep_checkpoints", "stage_cache"})
 # The only fields of an experiment left out of the stage-cache key, each with why it cannot change a stage's numbers
 # (paths as in the YAML; a ``train.X`` of STAGE_NOT_SHAPING also stands for ``stages[i].X``).
-# tests/test_stage_cache_key.py changes every field of the schema one at a time and checks that it misses unless it
+# tests/runs/test_stage_cache_key.py changes every field of the schema one at a time and checks that it misses unless it
 # is listed here.
 NOT_SHAPING = {
     "name": "the experiment's label: it names the run directory and the entry's meta, not what is computed",

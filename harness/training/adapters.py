@@ -21,8 +21,8 @@ does not keep a row still under AdamW: decoupled weight decay shrinks every entr
 (``p -= lr·wd·p``) whatever its gradient. So a row-masked matrix must get no weight decay: the loop puts every
 parameter for which :func:`weight_decay_exempt` is true in its ``weight_decay: 0`` group. With that, Adam's moments
 of a masked row stay exactly 0 and its update is exactly 0, so masked rows stay bitwise equal to their initial
-values (tests/test_adapters.py checks it against the checkpoint). The trained rows themselves then get no weight
-decay either.
+values (tests/training/test_adapters.py checks it against the checkpoint). The trained rows themselves then get no
+weight decay either.
 
 **Adapters** (peft ``LoraConfig`` / ``HiraConfig``): ``r``, ``alpha`` (LoRA's ``lora_alpha``; HiRA has no scaling
 and ignores it), ``dropout``, ``target_modules`` — by default ``q_proj, k_proj, v_proj, up_proj, down_proj`` (the
