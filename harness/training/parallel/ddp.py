@@ -40,6 +40,7 @@ from harness.data.packing import repacked, rows_of
 from harness.training.adapters import unwrap
 from harness.training.forward import supervised_logits
 from harness.training.losses import token_weights
+from harness.training.parallel.single import WholeModelHooks
 
 
 class ParallelError(ValueError):
@@ -72,8 +73,9 @@ class _SupervisedLogits(torch.nn.Module):
         )
 
 
-class DataParallel:
-    """This rank's view of the process group, with the hooks :func:`harness.training.loop.train_stage` calls."""
+class DataParallel(WholeModelHooks):
+    """This rank's view of the process group, with the hooks :func:`harness.training.loop.train_stage` calls
+    (``sync`` and the optimiser state as in one process: DDP trains the model itself)."""
 
     # harness.training.parallel.fsdp's subclass: the trained module's weights exist in full only inside its forward
     sharded = False
@@ -91,17 +93,6 @@ class DataParallel:
         Records the model's device, where the hooks put what they hand a collective."""
         self.device = next(model.parameters()).device
         return model
-
-    def sync(self, model: torch.nn.Module) -> None:
-        """Bring ``model`` up to date with the trained module before it is evaluated or saved (DDP: it is that)."""
-
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
-        """The optimiser's state for a resumable checkpoint (the one-process format)."""
-        return optimizer.state_dict()
-
-    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        """Load a resume point's optimiser state (the one-process format) into this rank's optimiser."""
-        optimizer.load_state_dict(state)
 
     def shard(self, batch: Batch) -> Batch:
         """This rank's contiguous slice of the rows of a global batch (same width as the whole batch): of a padded

@@ -28,7 +28,22 @@ def _logits(
     )
 
 
-class SingleProcess:
+class WholeModelHooks:
+    """The hooks of a loop whose optimiser trains the model itself (one process, DDP; FSDP overrides them)."""
+
+    def sync(self, model: torch.nn.Module) -> None:
+        """Bring ``model`` up to date with the trained module before it is evaluated or saved (here: it is that)."""
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """The optimiser's state for a resumable checkpoint (the one-process format)."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Load a resume point's optimiser state (the one-process format) into this process's optimiser."""
+        optimizer.load_state_dict(state)
+
+
+class SingleProcess(WholeModelHooks):
     """The loop's hooks in one process: rank 0 of a world of 1, every exchange a no-op."""
 
     rank, world, sharded = 0, 1, False
@@ -36,15 +51,6 @@ class SingleProcess:
     def trained_module(self, model: torch.nn.Module, precision: str) -> torch.nn.Module:
         """The optimiser trains ``model`` itself."""
         return model
-
-    def sync(self, model: torch.nn.Module) -> None:
-        """Nothing to copy: the trained module is ``model``."""
-
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
-        return optimizer.state_dict()
-
-    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        optimizer.load_state_dict(state)
 
     def shard(self, batch: Batch) -> Batch:
         """The whole batch is this process's."""
