@@ -187,30 +187,38 @@ def _run_claimed(
     )
     model = _restore(model, start, stages, run)
 
-    injector = Injector(**exp.debug.inject_nonfinite.model_dump()) if exp.debug.inject_nonfinite else NoFaults()
     summary_stages = [
         _stage_summary(plans[i].recorded(tracker.store.rows()), evals, i, plans) for i in range(start.stage_index)
     ]
     cache.annotate(summary_stages)
+    step = _train_stages(run, model, start, cache, summary_stages, on_progress)
+    base = {**base_info, "seconds": base_seconds}
+    return finish_run(exp, run_dir, _close_run(run, step, summary_stages, base, started, start.resumed_from), console)
+
+
+def _train_stages(run: _Run, model, start: Start, cache: StageCache, summary_stages: list, on_progress) -> int:
+    """Every stage from where ``start`` says to the last, each computed and stored through the stage cache, its
+    summary appended to ``summary_stages``; the global step at the end. A non-finite stop leaves its report beside
+    the last good checkpoint; on any failure the store is flushed and the wandb run closed as failed."""
+    exp, tracker = run.exp, run.tracker
+    injector = Injector(**exp.debug.inject_nonfinite.model_dump()) if exp.debug.inject_nonfinite else NoFaults()
     step, loop_state, exit_code = start.step, start.loop_state, 1
     try:
-        for index in range(start.stage_index, len(stages)):
+        for index in range(start.stage_index, len(run.stages)):
             run_stage = functools.partial(_run_stage, run, model, index, step, loop_state, injector, on_progress)
             begins = loop_state.batch_index == 0  # a resumed run may continue inside a stage
-            model, step = cache.computed(index, run_stage, tracker, run_dir / "samples.jsonl", begins)
-            summary_stages.append(_stage_summary(plans[index], evals, index, plans))
+            model, step = cache.computed(index, run_stage, tracker, run.run_dir / "samples.jsonl", begins)
+            summary_stages.append(_stage_summary(run.plans[index], run.evals, index, run.plans))
             loop_state = LoopState()  # the next stage begins at its first batch
         exit_code = 0
     except NonFiniteError as e:
-        write_report(run_dir, e.report)  # the last good checkpoint is left as it was
+        write_report(run.run_dir, e.report)  # the last good checkpoint is left as it was
         raise
     finally:
         tracker.flush()
         if exit_code:
             tracker.close(exit_code)
-
-    base = {**base_info, "seconds": base_seconds}
-    return finish_run(exp, run_dir, _close_run(run, step, summary_stages, base, started, start.resumed_from), console)
+    return step
 
 
 def _run_stage(
