@@ -25,15 +25,18 @@ from harness.runs.prepare import build_task_data
 from harness.runs.runner import run_experiment
 from harness.runs.stage_cache import _publish, read_entry, stage_keys, task_data_hash
 from harness.training import compiling
-from tests.conftest import run_cli
+from tests.conftest import invoke
 
 WALL_CLOCK = ["tokens_per_s"]  # the only values that may differ between two identical runs
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
-    """A stage cache of this test's own."""
+def cache(tmp_path, monkeypatch, _isolated_cache) -> Path:
+    """A stage cache of this test's own; the session's pretrained bases are linked in (not pretrained again)."""
     root = tmp_path / "cache"
+    root.mkdir()
+    (_isolated_cache / "base").mkdir(exist_ok=True)
+    (root / "base").symlink_to(_isolated_cache / "base", target_is_directory=True)
     monkeypatch.setenv("HARNESS_CACHE", str(root))
     return root / "stages"
 
@@ -245,16 +248,17 @@ def test_prune_removes_old_corrupt_and_least_recently_used_entries(tmp_path):
     assert sorted(p.name for p in root.iterdir()) == [".writer.fresh", "recent"]
 
 
-def test_cache_cli_lists_sizes_and_rejects_bad_values(tmp_path):
+def test_cache_cli_lists_sizes_and_rejects_bad_values(tmp_path, monkeypatch):
+    # In process (typer's runner): the commands and their exit codes, without a subprocess's start-up each.
     root = tmp_path / "cache"
     _fake_entry(root / "stages", "k1", 2000, age_s=10)
-    env = {"HARNESS_CACHE": str(root)}
-    listing = run_cli("cache", "ls", env=env)
-    assert listing.returncode == 0 and "k1" in listing.stdout and "x/k1" in listing.stdout
-    assert "1 entries, 2.1 KB" in run_cli("cache", "du", env=env).stdout
-    bad = run_cli("cache", "prune", "--older-than", "7 days", env=env)
-    assert bad.returncode == 2 and "--older-than '7 days'" in bad.stderr
-    assert run_cli("cache", "prune", "--max-size", "1KB", env=env).stdout.startswith("removed 1 entries")
+    monkeypatch.setenv("HARNESS_CACHE", str(root))
+    listing = invoke("cache", "ls")
+    assert listing.exit_code == 0 and "k1" in listing.stdout and "x/k1" in listing.stdout
+    assert "1 entries, 2.1 KB" in invoke("cache", "du").stdout
+    bad = invoke("cache", "prune", "--older-than", "7 days")
+    assert bad.exit_code == 2 and "--older-than '7 days'" in bad.stderr
+    assert invoke("cache", "prune", "--max-size", "1KB").stdout.startswith("removed 1 entries")
     assert not (root / "stages" / "k1").exists()
 
 
