@@ -13,7 +13,7 @@ from harness.models.builtin import build_builtin, builtin_added_token_ids
 from harness.models.tokenizer import train_tokenizer
 from harness.training.adapters import prepare_stage_model
 from harness.training.checkpoint import save_stage_checkpoint
-from tests.conftest import run_cli, write_yaml
+from tests.conftest import invoke, write_yaml
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
 
@@ -59,19 +59,20 @@ def test_bf16_autocast_dtypes_and_adapters(tok):
 
 
 def test_cli_on_an_experiment_and_a_checkpoint(tiny, tmp_path, tok):
+    # In process (typer's runner): the command's output and exit codes, without a subprocess's start-up each.
     tiny["stages"][0]["trainable"] = {"mode": "hira", "r": 2}
     path = write_yaml(tmp_path / "exp.yaml", tiny)
-    result = run_cli("inspect", str(path), "--json")
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = invoke("inspect", str(path), "--json")
+    assert result.exit_code == 0, result.stderr[-2000:]
     rows = _rows(json.loads(result.stdout))
     assert any(name.endswith("q_proj.hira_A") and r["trainable"] == "yes" for name, r in rows.items())
     assert rows["base_model.model.lm_head"]["shape"][-1] > 300
 
     model = build_builtin(ModelSpec(config=TINY), tok, seed=0)
     save_stage_checkpoint(model, tok, tmp_path / "ck", {})
-    result = run_cli("inspect", str(tmp_path / "ck"))
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = invoke("inspect", str(tmp_path / "ck"))
+    assert result.exit_code == 0, result.stderr[-2000:]
     assert "model.layers.0.mlp.down_proj" in result.stdout and "Qwen2ForCausalLM" in result.stdout
 
-    bad = run_cli("inspect", str(tmp_path / "missing.yaml"))
-    assert bad.returncode == 2 and "no such file" in bad.stderr
+    bad = invoke("inspect", str(tmp_path / "missing.yaml"))
+    assert bad.exit_code == 2 and "no such file" in bad.stderr
