@@ -16,7 +16,7 @@ from harness.config import ConfigError, validate_data
 from harness.core.metrics import GROUP_FILE
 from harness.core.stats import wilson_interval
 from harness.studies.replicates import SeedsError, parse_seeds, replicate
-from tests.conftest import run_cli, write_yaml
+from tests.conftest import invoke, run_cli, write_yaml
 
 
 def test_parse_seeds_accepts_a_list_and_names_what_is_wrong():
@@ -47,10 +47,11 @@ def test_a_replicate_changes_the_seed_and_pins_the_task_data(tiny):
 
 def test_cli_rejects_bad_seeds_and_seeds_with_resume(tiny, tmp_path):
     path = write_yaml(tmp_path / "t.yaml", tiny)
-    bad = run_cli("run", str(path), "--seeds", "0,zero", "--out", str(tmp_path / "g"))
-    assert bad.returncode == 2 and "'zero' is not a non-negative integer" in bad.stderr
-    resumed = run_cli("run", str(path), "--seeds", "0,1", "--resume", str(tmp_path / "g"))
-    assert resumed.returncode == 2 and "--resume continues one run" in resumed.stderr
+    # In process (typer's runner): refused before any work, so no subprocess start-up is needed for the exit code.
+    bad = invoke("run", str(path), "--seeds", "0,zero", "--out", str(tmp_path / "g"))
+    assert bad.exit_code == 2 and "'zero' is not a non-negative integer" in bad.stderr
+    resumed = invoke("run", str(path), "--seeds", "0,1", "--resume", str(tmp_path / "g"))
+    assert resumed.exit_code == 2 and "--resume continues one run" in resumed.stderr
     assert not (tmp_path / "g").exists()
 
 
