@@ -15,7 +15,7 @@ from harness.models.builtin import build_builtin, builtin_unused_token_ids
 from harness.models.tokenizer import ENDOFTEXT, IM_END, IM_START, PAD, SPECIAL_TOKENS, train_tokenizer
 from harness.runs.console import Console
 from harness.runs.runner import run_experiment
-from tests.conftest import run_cli, write_yaml
+from tests.conftest import invoke, write_yaml
 
 TEXTS = [f"user\nRepeat after me: word{i} and more words" for i in range(60)]
 
@@ -88,13 +88,13 @@ def test_run_warns_records_and_auto_trains_the_flagged_row(planted, tiny, tmp_pa
 def test_inspect_tokens_lists_the_flagged_row(planted, tiny, tmp_path):
     directory, im_end = planted
     path = _experiment(tiny, tmp_path, directory, "auto")
-    table = run_cli("inspect", str(path), "--tokens")
-    assert table.returncode == 0, table.stderr[-2000:]
+    table = invoke("inspect", str(path), "--tokens")  # in process: the output, without a subprocess's start-up
+    assert table.exit_code == 0, table.stderr[-2000:]
     row = next(line for line in table.stdout.splitlines() if IM_END in line and str(im_end) in line)
     assert "yes" in row and "norm" in row and "tied" in row
     assert "1 of 4 flagged: <|im_end|>" in table.stdout
-    listed = run_cli("inspect", str(directory), "--tokens", "--json")
-    assert listed.returncode == 0, listed.stderr[-2000:]
+    listed = invoke("inspect", str(directory), "--tokens", "--json")
+    assert listed.exit_code == 0, listed.stderr[-2000:]
     reports = {r["token"]: r for r in json.loads(listed.stdout)}
     assert set(reports) == {PAD, ENDOFTEXT, IM_START, IM_END}
     assert [t for t, r in reports.items() if r["flagged"]] == [IM_END]
