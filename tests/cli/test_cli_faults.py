@@ -3,6 +3,7 @@ documented exit code, or a counted and reported drop, and never lose or mix earl
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -13,11 +14,32 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.conftest import MICRO, ROOT, run_cli, write_yaml
+from tests.conftest import MICRO, ROOT, TINY, invoke, run_cli, write_yaml
 
 
 def _lines(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def finished_tiny(tmp_path_factory):
+    """The tiny experiment (a resume point every 4 steps) run to the end once by the real command; returns (the
+    experiment file, the run directory). Tests that change the directory work on a copy (:func:`_copy_run`)."""
+    root = tmp_path_factory.mktemp("finished_tiny")
+    spec = copy.deepcopy(TINY)
+    spec["train"]["checkpoint_every"] = 4
+    exp_file, out = write_yaml(root / "x.yaml", spec), root / "run"
+    result = run_cli("run", str(exp_file), "--out", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    return exp_file, out
+
+
+def _copy_run(finished, tmp_path) -> tuple[Path, Path]:
+    """A copy of the finished tiny run (and its experiment file) in this test's own directory."""
+    exp_file, out = finished
+    shutil.copy(exp_file, tmp_path / "x.yaml")
+    shutil.copytree(out, tmp_path / "run")
+    return tmp_path / "x.yaml", tmp_path / "run"
 
 
 # -- 1. run directories: claimed once ---------------------------------------------------------------------------
@@ -41,10 +63,8 @@ def test_two_runs_on_one_directory_the_second_is_refused(tiny, tmp_path):
     assert set(pl.read_parquet(out / "metrics.parquet")["run_id"].unique()) == {run_id}
 
 
-def test_rerun_on_a_used_directory_needs_resume_or_force(tiny, tmp_path):
-    exp_file = write_yaml(tmp_path / "x.yaml", tiny)
-    out = tmp_path / "run"
-    assert run_cli("run", str(exp_file), "--out", str(out)).returncode == 0
+def test_rerun_on_a_used_directory_needs_resume_or_force(finished_tiny, tmp_path):
+    exp_file, out = _copy_run(finished_tiny, tmp_path)  # a run that went to the end, in the directory
     first = (out / "samples.jsonl").read_bytes()
     again = run_cli("run", str(exp_file), "--out", str(out))
     assert again.returncode == 2, again.stderr[-2000:]
@@ -128,8 +148,10 @@ def test_a_task_data_error_leaves_the_directory_free_for_the_corrected_rerun(tin
     tiny["eval"]["splits"] = ["heldout"]
     tiny["stages"] = [{"name": "a", "steps": 2, "mixture": {"mine": 1.0}}]
     exp_file, out = write_yaml(tmp_path / "x.yaml", tiny), tmp_path / "run"
-    failed = run_cli("run", str(exp_file), "--out", str(out))
-    assert failed.returncode == 2 and "no rows (the file is empty)" in failed.stderr
+    # In process (a DataError the command turns into exit 2): a lock it failed to release would refuse the rerun
+    # below, a real process, as in use by this one.
+    failed = invoke("run", str(exp_file), "--out", str(out))
+    assert failed.exit_code == 2 and "no rows (the file is empty)" in failed.stderr
     assert not [p.name for p in out.iterdir() if p.name != ".lock"], "a run that trained nothing leaves nothing"
     (tmp_path / "mine.jsonl").write_text("".join(json.dumps({"q": f"q{i}", "a": f"a{i}"}) + "\n" for i in range(12)))
     fixed = run_cli("run", str(exp_file), "--out", str(out))
@@ -273,18 +295,15 @@ def test_a_failed_metrics_write_leaves_no_temporary_file(tmp_path, monkeypatch):
     [("stages[0].name=.", "stages[0].name: stage name '.'"), ("name=..", "name: experiment name '..'")],
 )
 def test_dot_names_are_rejected_at_validate(tiny, tmp_path, override, field):
-    result = run_cli("validate", str(write_yaml(tmp_path / "x.yaml", tiny)), "--set", override)
-    assert result.returncode == 2 and field in result.stderr and "is not allowed" in result.stderr
+    result = invoke("validate", str(write_yaml(tmp_path / "x.yaml", tiny)), "--set", override)  # in process
+    assert result.exit_code == 2 and field in result.stderr and "is not allowed" in result.stderr
 
 
 # -- 2. a cut-off last line of samples.jsonl --------------------------------------------------------------------
 
 
-def test_half_written_samples_line_keeps_resume_and_report_working(tiny, tmp_path):
-    tiny["train"]["checkpoint_every"] = 4
-    exp_file = write_yaml(tmp_path / "x.yaml", tiny)
-    out = tmp_path / "run"
-    assert run_cli("run", str(exp_file), "--out", str(out)).returncode == 0
+def test_half_written_samples_line_keeps_resume_and_report_working(finished_tiny, tmp_path):
+    exp_file, out = _copy_run(finished_tiny, tmp_path)  # run to the end with train.checkpoint_every: 4
     complete = len(_lines(out / "samples.jsonl"))
     with open(out / "samples.jsonl", "a") as f:  # killed mid-write
         f.write('{"run_id": "x", "stage": "b", "step": 8, "task": "rep')
@@ -315,20 +334,22 @@ def test_4000_word_eval_row_on_gpt2_tiny_is_dropped_and_counted_or_exit_2(tiny, 
     tiny["stages"] = [{"name": "a", "steps": 2, "mixture": {"mine": 1.0}}]
     tiny["data"] = {"too_long": policy}
     tiny["tracking"]["console"] = True
-    result = run_cli("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--out", str(tmp_path / "run"))
-    if policy == "error":
+    exp_file = write_yaml(tmp_path / "x.yaml", tiny)
+    if policy == "error":  # a real process: in this one, an earlier in-process run's log handler could write here
+        result = run_cli("run", str(exp_file), "--out", str(tmp_path / "run"))
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert (
             "tasks.mine: 1 heldout evaluation items (prompt plus answer) are longer than max_length=256"
             in result.stderr
         )
         return
+    result = run_cli("run", str(exp_file), "--out", str(tmp_path / "run"))  # its console output
     assert result.returncode == 0, result.stderr[-3000:]
     console = " ".join((result.stdout + result.stderr).split())  # the console wraps long lines
     assert console.count("evaluation dropped items too long for the model (data.too_long: drop): mine/heldout 1") == 1
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["too_long"] == {"mine/heldout": 1}
-    report = run_cli("report", str(tmp_path / "run"))
-    assert report.returncode == 0, report.stderr[-2000:]
+    report = invoke("report", str(tmp_path / "run"))  # in process
+    assert report.exit_code == 0, report.output[-2000:]
     html = (tmp_path / "run" / "report" / "report.html").read_text()
     assert "Evaluation dropped items too long for the model (data.too_long: drop): mine/heldout 1;" in html
 
@@ -344,8 +365,8 @@ def test_4000_word_eval_row_on_gpt2_tiny_is_dropped_and_counted_or_exit_2(tiny, 
     ],
 )
 def test_bad_model_config_and_enum_values_are_exit_2_naming_field_and_value(tiny, tmp_path, override, message):
-    result = run_cli("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--set", override)
-    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    result = invoke("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--set", override)  # in process: refused
+    assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
 # -- 6. chat control tokens inside data -------------------------------------------------------------------------
@@ -362,13 +383,15 @@ def test_control_token_answer_is_rejected_or_escaped(tiny, tmp_path, policy):
     }
     tiny["stages"] = [{"name": "a", "steps": 2, "mixture": {"mine": 1.0}}]
     tiny["data"] = {"special_tokens_in_text": policy}
-    result = run_cli("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--out", str(tmp_path / "run"))
-    if policy == "error":
+    exp_file = write_yaml(tmp_path / "x.yaml", tiny)
+    if policy == "error":  # a real process: no traceback on its stderr (nothing else writes there)
+        result = run_cli("run", str(exp_file), "--out", str(tmp_path / "run"))
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert "tasks.mine: task 'mine', split" in result.stderr and "row " in result.stderr
         assert "the assistant text contains the special token '<|im_end|>'" in result.stderr
         return
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = invoke("run", str(exp_file), "--out", str(tmp_path / "run"))  # in process: the run is read back below
+    assert result.exit_code == 0, result.output[-3000:]
     from harness.config import load_experiment
     from harness.runs.prepare import build_task_data, encode_task_data, load_base
 
