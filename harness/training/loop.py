@@ -31,7 +31,7 @@ import torch
 
 from harness.config import LossSpec, OptimSpec, TrainSpec
 from harness.core.store import Row
-from harness.data.batches import Batch, task_share_max
+from harness.data.batches import Batch
 from harness.training import parallel as distributed
 from harness.training.adapters import param_groups
 from harness.training.batch_source import batch_source
@@ -134,10 +134,10 @@ class Window:
         task_of_token: torch.Tensor,
         grad_norm: torch.Tensor,
         batch: Batch,
-        global_share: Optional[float] = None,
+        global_share: float,
     ) -> None:
-        """One successful step. ``global_share``: the global batch's (:func:`task_share_max`), when ``batch``
-        is one rank's slice of it; else it is ``batch``'s own."""
+        """One successful step. ``global_share``: the global batch's largest task share (:func:`task_share_max`;
+        ``batch`` may be one rank's slice of it), from the stage's batch source."""
         if self.loss_sum.device != losses.device:  # sums live where the losses are: no per-step host copy
             self.loss_sum, self.token_count, self.grad_norm_sum = (
                 t.to(losses.device) for t in (self.loss_sum, self.token_count, self.grad_norm_sum)
@@ -148,7 +148,7 @@ class Window:
         self.steps += 1
         self.real_tokens += batch.n_real_tokens
         self.padded_tokens += batch.n_padded_tokens
-        self.task_share_max_sum += global_share if global_share is not None else task_share_max(batch.tasks)
+        self.task_share_max_sum += global_share
 
     def rows(self, tasks: list[str], stage: str, step: int, lr: float) -> list[Row]:
         counts = self.token_count.tolist()

@@ -10,7 +10,6 @@ computes on one rank but in the one-process order of operations, so one-process 
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 import torch
 
@@ -73,12 +72,3 @@ class SingleProcess(WholeModelHooks):
     def bad_ranks(self, loss_bad: bool, grad_bad: bool) -> list[int]:
         """No other rank to hear from: the loop's own flags decide."""
         return []
-
-    def report_of(self, rank: int, report: dict) -> dict:
-        return report
-
-    def gather(self, obj) -> Optional[list]:
-        return [obj]
-
-    def all_gather(self, obj) -> list:
-        return [obj]
