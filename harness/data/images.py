@@ -130,21 +130,27 @@ class VisionBatch(Batch):
     pixel_values: Any = None  # FloatTensor [n_images, 3, H, W], rows with an image in row order
     image_rows: tuple[int, ...] = ()
 
-    def row_slice(self, start: int, end: int) -> "VisionBatch":
-        """Rows ``start:end`` with the images of those rows (a data-parallel rank's share keeps its pixels)."""
-        text = super().row_slice(start, end)
-        kept = [k for k, row in enumerate(self.image_rows) if start <= row < end]
-        pixels = self.pixel_values[kept[0] : kept[-1] + 1] if kept else None  # image rows are in row order
-        return VisionBatch(
+    @classmethod
+    def of(cls, text: Batch, pixels: Any, image_rows: tuple[int, ...]) -> "VisionBatch":
+        """A text batch's tensors with the images of its ``image_rows``."""
+        return cls(
             text.input_ids,
             text.attention_mask,
             text.labels,
             text.tasks,
             text.n_real_tokens,
             text.n_padded_tokens,
+            text.supervised,
             pixel_values=pixels,
-            image_rows=tuple(self.image_rows[k] - start for k in kept),
+            image_rows=image_rows,
         )
+
+    def row_slice(self, start: int, end: int) -> "VisionBatch":
+        """Rows ``start:end`` with the images of those rows (a data-parallel rank's share keeps its pixels)."""
+        text = super().row_slice(start, end)
+        kept = [k for k, row in enumerate(self.image_rows) if start <= row < end]
+        pixels = self.pixel_values[kept[0] : kept[-1] + 1] if kept else None  # image rows are in row order
+        return VisionBatch.of(text, pixels, tuple(self.image_rows[k] - start for k in kept))
 
     def extra_inputs(self) -> dict[str, Any]:
         """The stacked images, when the batch has any (the forward casts them to the model's dtype)."""
@@ -155,17 +161,7 @@ class VisionBatch(Batch):
         if moved is self:
             return self
         pixels = None if self.pixel_values is None else self.pixel_values.to(device)
-        return VisionBatch(
-            moved.input_ids,
-            moved.attention_mask,
-            moved.labels,
-            moved.tasks,
-            moved.n_real_tokens,
-            moved.n_padded_tokens,
-            moved.supervised,
-            pixel_values=pixels,
-            image_rows=self.image_rows,
-        )
+        return VisionBatch.of(moved, pixels, self.image_rows)
 
 
 def collate_mixed(examples: Sequence[Encoded], pad_id: int, drop_images: bool = False) -> VisionBatch:
@@ -179,17 +175,7 @@ def collate_mixed(examples: Sequence[Encoded], pad_id: int, drop_images: bool = 
         pixels = torch.from_numpy(np.stack([examples[i].pixel_values for i in rows]))
         if drop_images:
             pixels = torch.zeros_like(pixels)
-    return VisionBatch(
-        base.input_ids,
-        base.attention_mask,
-        base.labels,
-        base.tasks,
-        base.n_real_tokens,
-        base.n_padded_tokens,
-        base.supervised,
-        pixel_values=pixels,
-        image_rows=rows,
-    )
+    return VisionBatch.of(base, pixels, rows)
 
 
 def stage_collator(examples: Sequence[Encoded], pad_id: int, drop_images: bool = False) -> tuple[Callable, bool]:
