@@ -17,13 +17,13 @@ import torch
 from harness.checks.result import CheckResult
 from harness.data.images import collate_mixed, encode_image_examples
 from harness.evaluation.image_use import image_use
-from harness.models.image_text import processor_for
+from harness.models.modality import model_io
 from harness.training.forward import batch_logits
 
 
 def encode_with_processor(tokenizer, examples: Sequence[Any]) -> Optional[list]:
     """The examples encoded through the tokenizer's processor (images included); ``None`` for a text model."""
-    processor = processor_for(tokenizer)
+    processor = model_io(tokenizer).processor
     return None if processor is None else encode_image_examples(processor, examples)
 
 
@@ -57,7 +57,7 @@ def images_matter_check(
 ):
     """The *images matter* :class:`~harness.checks.result.CheckResult` on the image examples, or ``None`` when there
     are none (a text model or no image task)."""
-    processor = processor_for(tokenizer)
+    processor = model_io(tokenizer).processor
     with_images = [ex for ex in examples if getattr(ex, "image", None) is not None]
     if processor is None or len(with_images) < 2:
         return None

@@ -178,6 +178,25 @@ def collate_mixed(examples: Sequence[Encoded], pad_id: int, drop_images: bool = 
     return VisionBatch.of(base, pixels, rows)
 
 
+def left_padded_prompts(
+    encoded: Sequence[ImageEncoded], pad_id: int, drop_images: bool = False
+) -> tuple[Any, Any, dict[str, Any]]:
+    """``(input_ids, attention_mask, images)`` of the items' prompts, left-padded for ``generate``; ``images`` the
+    keyword inputs of their stacked images when every item has one (zeros with ``drop_images``), else empty."""
+    import torch
+
+    width = max(e.prompt_length for e in encoded)
+    ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, e in enumerate(encoded):
+        ids[row, width - e.prompt_length :] = torch.from_numpy(e.input_ids[: e.prompt_length])
+        mask[row, width - e.prompt_length :] = 1
+    if not all(e.has_image for e in encoded):
+        return ids, mask, {}
+    pixels = torch.from_numpy(np.stack([e.pixel_values for e in encoded]))
+    return ids, mask, {"pixel_values": torch.zeros_like(pixels) if drop_images else pixels}
+
+
 def stage_collator(examples: Sequence[Encoded], pad_id: int, drop_images: bool = False) -> tuple[Callable, bool]:
     """``(collate, holds_images)`` for a stage whose examples are ``examples``: when any has an image, every batch
     is collated with the images (:func:`collate_mixed`, a :class:`VisionBatch` even for a batch without one), else

@@ -13,7 +13,7 @@ of the gold answer (end-of-turn token included). Metrics per group:
   image makes the right answer more likely; 0 for a model blind to images.
 
 Every proportion comes with its ``n`` and a 95 % Wilson interval; the gap with a paired t interval and the
-paired t-test's p-value (``scipy.stats``). Greedy decoding uses ``model.generate`` (which passes ``pixel_values``
+paired t-test's p-value (``scipy.stats``). Greedy decoding uses ``model.generate`` (which passes the images
 on the prefill only); the harness's own decoder in ``evaluation/runner.py`` takes no images.
 
 :class:`ImageEval` runs it on every image task and eval split at each evaluation of a run: ``greedy`` (accuracy with
@@ -32,7 +32,7 @@ import numpy as np
 from harness.config import task_seed
 from harness.core.stats import wilson_interval
 from harness.data.encoding import IGNORE_INDEX
-from harness.data.images import ImageEncoded, collate_mixed, encode_image_examples
+from harness.data.images import ImageEncoded, collate_mixed, encode_image_examples, left_padded_prompts
 
 CONDITIONS: tuple[str, ...] = ("real", "blank", "swapped")
 
@@ -212,34 +212,18 @@ def _probe_task(
     )
 
 
-def _left_padded_prompts(encoded: Sequence[ImageEncoded], pad_id: int):
-    import torch
-
-    width = max(e.prompt_length for e in encoded)
-    ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, e in enumerate(encoded):
-        ids[row, width - e.prompt_length :] = torch.from_numpy(e.input_ids[: e.prompt_length])
-        mask[row, width - e.prompt_length :] = 1
-    return ids, mask
-
-
 def greedy_with_images(
     model, processor, encoded: Sequence[ImageEncoded], batch_size: int, max_new_tokens: int, drop_images: bool = False
 ) -> tuple[list[str], list[tuple[int, ...]]]:
     """Greedy continuations of each item's prompt with its image: ``(texts, token ids)``, up to EOS, pad dropped."""
-    import torch
 
     tokenizer = processor.tokenizer
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     texts, token_ids = [], []
     for start in range(0, len(encoded), batch_size):
         chunk = encoded[start : start + batch_size]
-        ids, mask = _left_padded_prompts(chunk, tokenizer.pad_token_id)
-        kwargs: dict[str, Any] = {}
-        if all(e.has_image for e in chunk):
-            pixels = torch.from_numpy(np.stack([e.pixel_values for e in chunk]))
-            kwargs["pixel_values"] = (torch.zeros_like(pixels) if drop_images else pixels).to(device, dtype)
+        ids, mask, images = left_padded_prompts(chunk, tokenizer.pad_token_id, drop_images)
+        kwargs: dict[str, Any] = {k: v.to(device, dtype) for k, v in images.items()}
         generated = model.generate(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
@@ -270,8 +254,8 @@ def gold_loglik(
     for start in range(0, len(encoded), batch_size):
         chunk = list(encoded[start : start + batch_size])
         batch = collate_mixed(chunk, processor.tokenizer.pad_token_id, drop_images).to(device)
-        pixels = None if batch.pixel_values is None else batch.pixel_values.to(next(model.parameters()).dtype)
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, pixel_values=pixels).logits
+        images = {k: v.to(next(model.parameters()).dtype) for k, v in batch.extra_inputs().items()}
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **images).logits
         logp = torch.log_softmax(logits.float(), dim=-1)
         labels = batch.labels
         positions = torch.arange(labels.shape[1], device=device)[None, :]

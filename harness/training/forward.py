@@ -54,8 +54,9 @@ def supervised_logits(
     ``position_ids``: a packed batch's (:mod:`harness.data.packing`); ``attention_mask`` is then not passed.
     ``varlen``: the packed batch attends example by example (:mod:`harness.models.packed_attention`; its plan is
     built on the host from ``position_ids``, one device sync per step on a GPU — not measured there yet).
-    ``extra_inputs``: an image batch's ``pixel_values``, cast to the model's dtype; such a forward runs eager (a
-    compiled vision tower is not measured), and without them an image-text model would silently see no images."""
+    ``extra_inputs``: an image batch's images (:meth:`~harness.data.batches.Batch.extra_inputs`), cast to the
+    model's dtype; such a forward runs eager (a compiled vision tower is not measured), and without them an
+    image-text model would silently see no images."""
 
     def pick(x: torch.Tensor) -> torch.Tensor:  # [B, T, …] → [N, …]
         return x.flatten(0, 1).index_select(0, selected)
