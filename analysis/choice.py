@@ -4,7 +4,7 @@ Greedy accuracy on a yes/no pool is a threshold at P(Yes) = P(No): a model that 
 true but leans towards "No" scores chance. :func:`binary_choice_auc` reads the first-answer-token probabilities every
 evaluation stores per item (``top5`` in ``samples.jsonl``) and measures the ranking instead: the probability that a
 true item gets a higher ``P(Yes) / (P(Yes) + P(No))`` than a false one (the ROC AUC, 0.5 = no knowledge), with a
-one-sided Mann–Whitney p-value and a DeLong interval (:func:`harness.core.stats.auc_test`, the statistic the run
+one-sided Mann–Whitney p-value and a score interval (:func:`harness.core.stats.auc_test`, the statistic the run
 logs as ``choice_auc`` at every evaluation). Samples written since the run logs it carry ``choice_p``, the share
 from the full logits; older ones fall back to the top-5 list.
 
@@ -49,7 +49,7 @@ def positive_share(top5: list[dict], positive: str, negative: str) -> float:
 
 def binary_choice_auc(samples: pl.DataFrame, task: str, positive: str = "Yes", negative: str = "No") -> pl.DataFrame:
     """Per evaluation step × split of ``task``: ``n``, ``n_positive`` (gold answers starting with ``positive``),
-    ``auc`` with its DeLong 95 % ``auc_low`` / ``auc_high`` and one-sided ``p_value`` (H1: true items rank higher),
+    ``auc`` with its 95 % ``auc_low`` / ``auc_high`` and one-sided ``p_value`` (H1: true items rank higher),
     ``greedy`` accuracy and the share of items whose greedy answer starts with ``positive`` (``predicted_positive``),
     each with its 95 % Wilson ``_low`` / ``_high``, and the mean positive share. Steps where one class is empty are
     left out (no ranking to measure)."""

@@ -12,7 +12,7 @@
   ``above_in`` = ``k/N``, the replicates whose final score is significantly above it (each run's one-sided exact
   binomial test, Benjamini–Hochberg over its tasks at α = 0.05, as the run report decides it);
 - :func:`choice_scores`: for every two-answer task × split (yes/no), each seed's final ``choice_auc`` (the ranking of
-  P(Yes) between true and false statements) with its DeLong interval and p-value, their mean with a t-interval,
+  P(Yes) between true and false statements) with its score interval and p-value, their mean with a t-interval,
   and ``above_half_in`` = ``k/N``, the replicates whose AUC is significantly above 0.5 (its interval's lower end
   above 0.5);
 - :func:`recurring_events`: seesaw events matched across seeds on (split, rose task, fell task, stage transition),

@@ -28,7 +28,7 @@ def choice_and_benchmark_curves(page: Page, run: Any) -> None:
             lambda: _chance_line(P.plot_curves(frame, "choice_auc", splits, None, tasks, colors)),
             "curves_choice_auc.png",
             "Two-answer tasks (yes/no): AUC of P(Yes) / (P(Yes) + P(No)) at the first answer token between "
-            "true and false statements, with its DeLong 95 % band; dotted: 0.5, no ranking. Greedy accuracy "
+            "true and false statements, with its 95 % score-interval band; dotted: 0.5, no ranking. Greedy accuracy "
             "cuts this ranking at P(Yes) = P(No), so a model leaning to one answer scores chance while it "
             "ranks right.",
         )

@@ -76,7 +76,7 @@ def group_report(group_dir: PathLike, out: Optional[PathLike] = None, *, metric:
         page.p(
             "choice_auc: the probability that a true statement gets a higher P(Yes) / (P(Yes) + P(No)) at the "
             "first answer token than a false one (0.5: no ranking), at the end of the last stage; 'above 0.5 in' "
-            "counts the seeds whose DeLong 95 % interval lies above 0.5. Greedy accuracy is this ranking cut at "
+            "counts the seeds whose 95 % interval lies above 0.5. Greedy accuracy is this ranking cut at "
             "P(Yes) = P(No): a model leaning to one answer scores chance while it ranks right.",
             "note",
         )
@@ -92,7 +92,7 @@ def group_report(group_dir: PathLike, out: Optional[PathLike] = None, *, metric:
                             "95% across seeds (t)": _interval(r["t_low"], r["t_high"]),
                             "above 0.5 in": r["above_half_in"],
                             "answered Yes (mean share)": r["yes_share"],
-                            "per seed: AUC [DeLong 95%] p": r["values"],
+                            "per seed: AUC [95%] p": r["values"],
                         }
                         for r in choices.iter_rows(named=True)
                     ]

@@ -26,7 +26,7 @@ PROPORTION_METRICS = frozenset(
 
 #: The binary-choice metrics of two-answer tasks (yes/no), from the first-answer-position logits of the two answers'
 #: first tokens (the ``first_token`` probe): ``choice_auc`` (ROC AUC of P(first class) / (P(first) + P(second))
-#: between items whose gold is the first class and the others; ``n``, DeLong 95 % interval), ``choice_auc_p`` (its
+#: between items whose gold is the first class and the others; ``n``, 95 % score interval), ``choice_auc_p`` (its
 #: one-sided Mann–Whitney p-value, H1: AUC > 0.5), ``choice_yes`` (share of items where the first class — "Yes" —
 #: is the likelier of the two) and ``choice_acc`` (share where the likelier one is the gold one).
 CHOICE_METRICS = ("choice_auc", "choice_auc_p", "choice_yes", "choice_acc")

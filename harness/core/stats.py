@@ -1,7 +1,7 @@
 """The statistics the harness reports with its numbers: intervals, paired tests, false-discovery correction, power.
 
-Thin wrappers over :mod:`scipy.stats` where it has the procedure; the one that scipy lacks (the McNemar power
-formula) is written here and says so.
+Thin wrappers over :mod:`scipy.stats` where it has the procedure; those that scipy lacks (the McNemar power
+formula, the AUC's score interval) are written here and say so.
 
 - :func:`wilson_interval` — 95 % Wilson score interval of a proportion (every ``greedy``/``mode_ok``/… rate);
 - :func:`mcnemar_exact` — exact two-sided McNemar test for paired binary outcomes (the same items evaluated twice);
@@ -12,7 +12,8 @@ formula) is written here and says so.
 - :func:`t_interval` — Student-t interval of a mean across replicates (seeds), for values that are not proportions;
 - :func:`seeds_items_interval` / :func:`seeds_rates_interval` — 95 % interval of a proportion measured by several
   seeds on the same items, accounting for both (two-way crossed variance components); none from one seed;
-- :func:`auc_test` — ROC AUC of two classes' scores with a DeLong interval and a one-sided Mann–Whitney p-value;
+- :func:`auc_test` — ROC AUC of two classes' scores with a score interval (:func:`auc_score_interval`, valid at
+  small classes) and a one-sided Mann–Whitney p-value;
 - :func:`min_detectable_difference` — the smallest paired change in a proportion that a pool of ``n`` items
   detects at 80 % power.
 """
@@ -264,8 +265,8 @@ def min_detectable_difference(n: int, *, discordant: float = 0.5, alpha: float =
 
 
 class AucResult(NamedTuple):
-    """The ROC AUC of scores between a positive and a negative class: estimate, 95 % DeLong interval, one-sided
-    p-value (H1: positives score higher), and the class sizes. NaN throughout when a class is empty."""
+    """The ROC AUC of scores between a positive and a negative class: estimate, 95 % score interval (Newcombe's),
+    one-sided p-value (H1: positives score higher), and the class sizes. NaN throughout when a class is empty."""
 
     auc: float
     low: float
@@ -284,20 +285,42 @@ def auc_test(positive: Sequence[float], negative: Sequence[float], confidence: f
     ranking. The binary-choice metric of two-answer tasks (``choice_auc``: P(Yes) share of true vs false statements).
 
     The estimate and its one-sided p-value are scipy's Mann–Whitney U (``U / (m·n)``, ``alternative="greater"``,
-    exact for small untied samples). The interval is DeLong's (DeLong, DeLong & Clarke-Pearson 1988, Biometrics
-    44:837): the variance of the AUC from the per-item placement values, ``V = var(V10)/m + var(V01)/n``, a normal
-    interval clipped to [0, 1]. Hand-written because scipy has no DeLong; no resampling, so every evaluation's
-    interval is deterministic. A degenerate sample (all placements equal, e.g. perfect separation) gives a
-    zero-width interval."""
+    exact for small untied samples). The interval is :func:`auc_score_interval`, which stays valid when a class has
+    few items (a yes/no pool with one or two items of a class is common) and never has zero width."""
     x, y = np.asarray(positive, dtype=float), np.asarray(negative, dtype=float)
     m, n = int(x.size), int(y.size)
     if m == 0 or n == 0:
         return AucResult(math.nan, math.nan, math.nan, math.nan, m, n)
     u, p_value = stats.mannwhitneyu(x, y, alternative="greater")
     auc = float(u) / (m * n)
-    # placement values: for each positive, the share of negatives below it (ties ½), and vice versa
-    psi = (x[:, None] > y[None, :]) + 0.5 * (x[:, None] == y[None, :])
-    v10, v01 = psi.mean(axis=1), psi.mean(axis=0)
-    variance = (v10.var(ddof=1) / m if m > 1 else 0.0) + (v01.var(ddof=1) / n if n > 1 else 0.0)
-    half = float(stats.norm.ppf(0.5 + confidence / 2)) * math.sqrt(max(variance, 0.0))
-    return AucResult(auc, max(0.0, auc - half), min(1.0, auc + half), float(p_value), m, n)
+    low, high = auc_score_interval(auc, m, n, confidence)
+    return AucResult(auc, low, high, float(p_value), m, n)
+
+
+def auc_score_interval(auc: float, m: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Newcombe's score interval for an AUC from ``m`` positives and ``n`` negatives (Newcombe 2006, "Confidence
+    intervals for an effect size measure based on the Mann–Whitney statistic. Part 2", Stat. Med. 25:559, method
+    5): every θ with ``|AUC − θ| ≤ z·sqrt(V(θ))``, V being Hanley & McNeil's variance (1982, Radiology 143:29)
+    evaluated at θ, with both class sizes minus one replaced by ``(m + n)/2 − 1``:
+
+        V(θ) = θ(1 − θ)/(m·n) · [1 + ((m + n)/2 − 1)·((1 − θ)/(2 − θ) + θ/(1 + θ))]
+
+    Chosen over DeLong's interval, which estimates the variance from the placement values: with one item in a
+    class one of its terms is undefined, and all placements equal (perfect separation, all scores tied) give
+    zero variance, so its interval excluded 0.5 under the null far more often than the nominal 2.5 % at small
+    classes (measured: ``tests/analysis/test_choice.py``). Like Wilson's for a proportion, this one takes its
+    variance at θ, not at the estimate: V(0.5) is the exact null variance of U/(m·n) for untied scores,
+    ``(m + n + 1)/(12·m·n)``, so "interval above 0.5" is the normal approximation of the one-sided Mann–Whitney
+    test, and the interval has positive width at AUC 0 or 1. Hand-written: scipy has no interval for an AUC.
+    Returns ``(low, high)`` in [0, 1]."""
+    z = float(stats.norm.ppf(0.5 + confidence / 2))
+    half = (m + n) / 2 - 1
+
+    def sd(theta: float) -> float:
+        inner = 1 + half * ((1 - theta) / (2 - theta) + theta / (1 + theta))
+        return math.sqrt(max(theta * (1 - theta) / (m * n) * inner, 0.0))
+
+    # the brackets stop short of an estimate of exactly 0 or 1, where θ = the estimate is a trivial root (V = 0)
+    low = 0.0 if auc <= 0 else optimize.brentq(lambda t: auc - t - z * sd(t), 0.0, min(auc, 1 - 1e-12))
+    high = 1.0 if auc >= 1 else optimize.brentq(lambda t: t - auc - z * sd(t), max(auc, 1e-12), 1.0)
+    return float(low), float(high)

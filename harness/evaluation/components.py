@@ -143,7 +143,7 @@ class Component(Plugin):
         self, records: list[ItemRecord], recipe: Any, ctx: EvalContext
     ) -> dict[str, tuple[int, float, float]]:
         """``{metric: (n, low, high)}`` for metrics that are not proportions but have an interval of their own
-        (``choice_auc``: DeLong); proportions get Wilson's from :meth:`item_values`."""
+        (``choice_auc``: Newcombe's score interval); proportions get Wilson's from :meth:`item_values`."""
         return {}
 
     def __repr__(self) -> str:

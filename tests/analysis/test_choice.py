@@ -73,7 +73,7 @@ def test_rows_per_step_and_split_and_one_class_pools_left_out(tmp_path):
 
 def test_auc_test_on_a_null_keeps_its_false_alarm_rate_and_coverage():
     """P(Yes) independent of truth at the quickstart's pool (200 items, half true): the one-sided p < 0.05 fires in
-    about 5 % of pools, and the DeLong 95 % interval covers 0.5 in about 95 %."""
+    about 5 % of pools, and the 95 % interval covers 0.5 in about 95 %."""
     import numpy as np
 
     from harness.core.stats import auc_test, wilson_interval
@@ -111,10 +111,48 @@ def test_auc_test_finds_a_planted_ranking_that_greedy_misses():
 def test_auc_test_edges():
     from harness.core.stats import auc_test
 
-    assert auc_test([0.9, 0.8], [0.1, 0.2])[:3] == (1.0, 1.0, 1.0)
+    assert auc_test([0.9, 0.8], [0.1, 0.2])[:3:2] == (1.0, 1.0)
     assert auc_test([0.5, 0.5], [0.5, 0.5]).auc == 0.5
     empty = auc_test([], [0.1])
     assert empty.n == 1 and empty.auc != empty.auc  # NaN
+
+
+# Class sizes of small yes/no pools, down to one item in a class. Replicates per ratio, and the most of them whose
+# interval may lie above 0.5 under the null: a procedure at exactly the nominal one-sided 2.5 % exceeds that count
+# with probability 0.1 % (the 99.9 % quantile of Binomial(replicates, 0.025), ~4.3 % of 800), so a failure is a real
+# excess, not bad luck; DeLong's interval fired in ~6 % of 4:20 pools, ~14 % of 2:30, ~37 % of 1:40.
+SMALL_CLASSES = [(12, 12), (4, 20), (2, 30), (1, 40)]
+NULL_POOLS = 800
+
+
+@pytest.mark.parametrize("positives, negatives", SMALL_CLASSES)
+def test_auc_interval_lies_above_half_at_most_nominally_at_small_classes(positives, negatives):
+    """Scores independent of the class: the share of pools whose 95 % interval lies above 0.5 (what the group
+    report counts as "significantly above chance") is at most the one-sided 2.5 %, within the binomial bound."""
+    import numpy as np
+    from scipy import stats
+
+    from harness.core.stats import auc_test
+
+    rng = np.random.default_rng(positives * 1000 + negatives)
+    above = 0
+    for _ in range(NULL_POOLS):
+        scores = rng.random(positives + negatives)
+        above += auc_test(scores[:positives], scores[positives:]).low > 0.5
+    assert above <= stats.binom.ppf(0.999, NULL_POOLS, 0.025), above
+
+
+def test_perfect_separation_and_all_ties_do_not_give_a_zero_width_interval():
+    from harness.core.stats import auc_test
+
+    separated = auc_test([0.9, 0.8, 0.7], [0.1, 0.2])
+    assert separated.auc == 1.0 == separated.high and 0.0 < separated.low < 0.9, separated
+    flipped = auc_test([0.1, 0.2], [0.9, 0.8, 0.7])
+    assert flipped.auc == 0.0 == flipped.low and 0.1 < flipped.high < 1.0, flipped
+    tied = auc_test([0.5] * 4, [0.5] * 6)
+    assert tied.auc == 0.5 and tied.low < 0.5 < tied.high, tied
+    one = auc_test([0.9], [0.1] * 40)  # one positive, ranked first: no evidence beyond 1/41
+    assert one.low < 0.5 < one.high == 1.0, one
 
 
 def test_first_token_probe_logs_choice_metrics_on_two_answer_tasks():

@@ -4,7 +4,7 @@ three trainings), ends, at the last evaluation,
 
 - in **every seed**, with yes/no's *ranking* learned on ``heldout_template`` (trained people, unseen phrasings):
   ``choice_auc`` — the AUC of P(Yes) / (P(Yes) + P(No)) at the first answer token between true and false
-  statements — significantly above 0.5 (its DeLong 95 % interval wholly above 0.5). Greedy accuracy is that
+  statements — significantly above 0.5 (its 95 % score interval wholly above 0.5). Greedy accuracy is that
   ranking cut at P(Yes) = P(No); the quickstart leans to "No", so greedy sits at chance while the ranking is
   learned (docs/quickstart.md). Greedy stays reported, not judged;
 - in **every seed**, with reversed 2-digit addition significantly above its baseline on ``heldout`` (held-out
@@ -93,7 +93,7 @@ def _choice_miss(summary: dict, task: str = CHOICE_TASK) -> str | None:
     values = final["metrics"][split][task]
     if "choice_auc" not in values:
         return f"{task} {split}: no choice_auc logged (is the first_token probe on?)"
-    ci = final["intervals"][split][task]["choice_auc"]  # DeLong 95 %
+    ci = final["intervals"][split][task]["choice_auc"]  # 95 % score interval
     if ci["ci_low"] > 0.5:
         return None
     return (
