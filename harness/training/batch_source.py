@@ -62,11 +62,11 @@ class SteeredBatches:
     """An adaptive stage's stream (:class:`harness.data.steering.stream.AdaptiveStream`), fed the per-task training
     losses by :class:`~harness.training.steering.Steering`; each step's batch is drawn when the step begins."""
 
-    def __init__(self, stream, tasks: list[str], stage: str, parallel, mixture, steer):
+    def __init__(self, stream, tasks: list[str], stage: str, parallel, mixture, steer, device: torch.device):
         if mixture is not None:  # a resumed stage: the stream continues where its resume point left it
             stream.load(mixture)
         self.stream = stream
-        self.steering = Steering(stream, tasks, stage, parallel, steer)
+        self.steering = Steering(stream, tasks, stage, parallel, device, steer)
 
     def __len__(self) -> int:
         return len(self.stream)
@@ -97,9 +97,11 @@ class SteeredBatches:
         return self.stream.state(), self.steering.state()
 
 
-def batch_source(batches, tasks: list[str], stage: str, parallel, state) -> StaticBatches | SteeredBatches:
+def batch_source(
+    batches, tasks: list[str], stage: str, parallel, state, device: torch.device
+) -> StaticBatches | SteeredBatches:
     """The source of a stage's batches: ``batches`` is a list (a static stage) or an adaptive stream; ``state`` is the
-    :class:`harness.training.loop.LoopState` the stage starts from."""
+    :class:`harness.training.loop.LoopState` the stage starts from; ``device``: the training device."""
     if isinstance(batches, list):
         return StaticBatches(batches, parallel)
-    return SteeredBatches(batches, tasks, stage, parallel, state.mixture, state.steer)
+    return SteeredBatches(batches, tasks, stage, parallel, state.mixture, state.steer, device)

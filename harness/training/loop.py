@@ -384,7 +384,8 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState], c
     train, task_index = loop.train, {t: i for i, t in enumerate(loop.tasks)}
     parallel = distributed.loop_hooks(train.parallel)  # SingleProcess in one process
     state = resume or LoopState()
-    source = batch_source(batches, loop.tasks, loop.stage, parallel, state)
+    device = next(model.parameters()).device
+    source = batch_source(batches, loop.tasks, loop.stage, parallel, state, device)
     if started_rows := source.start_rows(state.batch_index, loop.start_step):  # an adaptive stage's start weights
         loop.log(started_rows, loop.start_step)
     # What the optimiser trains: ``model`` itself, or under FSDP a sharded replica whose weights are synced back
@@ -396,7 +397,6 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState], c
     window = Window.from_state(len(loop.tasks), state.window) if state.window else Window(len(loop.tasks))
     max_norm = train.optim.grad_clip if train.optim.grad_clip is not None else float("inf")
     guard = train.nonfinite.action != "off"
-    device = next(model.parameters()).device
     trained.train()
     source.begin(state.batch_index, device)
 

@@ -1,6 +1,7 @@
-"""The loop's side of an adaptive mixture: per-task training-loss sums since the controller's last update (on the
-model's device, no per-step host copy), all-reduced over data-parallel ranks at each update so every rank feeds its
-stream the same numbers, and the weight trajectory as ``mixture_weight`` rows (split ``train``, one per task).
+"""The loop's side of an adaptive mixture: per-task training-loss sums since the controller's last update (made on
+the training device, a resumed stage's too: no per-step host copy), all-reduced over data-parallel ranks at each
+update so every rank feeds its stream the same numbers, and the weight trajectory as ``mixture_weight`` rows (split
+``train``, one per task).
 
 The stream itself (:class:`harness.data.steering.stream.AdaptiveStream`) draws the global batch; each rank trains
 its slice of it (``parallel.shard``), exactly as with a precomputed static stream.
@@ -21,15 +22,25 @@ from harness.data.batches import task_share_max
 class Steering:
     """Feeds ``stream`` (an AdaptiveStream) every ``stream.spec.every`` steps of the stage; ``state`` continues the
     partial sums of a resumed stage (this rank's own); ``parallel``: the loop's hooks
-    (:func:`harness.training.parallel.loop_hooks`)."""
+    (:func:`harness.training.parallel.loop_hooks`); ``device``: the training device, where the sums live."""
 
-    def __init__(self, stream, loop_tasks: list[str], stage: str, parallel, state: Optional[dict[str, Any]] = None):
+    def __init__(
+        self,
+        stream,
+        loop_tasks: list[str],
+        stage: str,
+        parallel,
+        device: torch.device,
+        state: Optional[dict[str, Any]] = None,
+    ):
         self.stream, self.stage, self.parallel = stream, stage, parallel
         self.global_share: Optional[float] = None  # the last global batch's largest task share (next_batch)
         self.columns = [loop_tasks.index(t) for t in stream.tasks]  # the stream's tasks among the loop's
-        n = len(loop_tasks)
-        self.loss_sum = torch.tensor(state["loss_sum"] if state else [0.0] * n, dtype=torch.float64)
-        self.token_count = torch.tensor(state["token_count"] if state else [0.0] * n, dtype=torch.float64)
+        zeros = [0.0] * len(loop_tasks)
+        # On the training device from the start, a resumed stage's too: an update may come before any trained step
+        # (a skipped first step), and what the all-reduce is handed must be where the losses are added
+        self.loss_sum = torch.tensor(state["loss_sum"] if state else zeros, dtype=torch.float64, device=device)
+        self.token_count = torch.tensor(state["token_count"] if state else zeros, dtype=torch.float64, device=device)
 
     def next_batch(self, device):
         """The step's batch: the stream's next global batch, this rank's slice of it, on ``device``."""
@@ -39,9 +50,7 @@ class Steering:
         return self.parallel.shard(batch).to(device)
 
     def add(self, ce: torch.Tensor, task_of_token: torch.Tensor) -> None:
-        """A trained step's per-token cross-entropy, summed per task."""
-        if self.loss_sum.device != ce.device:
-            self.loss_sum, self.token_count = self.loss_sum.to(ce.device), self.token_count.to(ce.device)
+        """A trained step's per-token cross-entropy, summed per task (on the training device, as the sums are)."""
         self.loss_sum.index_add_(0, task_of_token, ce.detach().double())
         self.token_count.index_add_(0, task_of_token, torch.ones_like(ce, dtype=torch.float64))
 
@@ -50,8 +59,7 @@ class Steering:
         return the new weights' rows; otherwise nothing."""
         if (batch_index + 1) % self.stream.spec.every:
             return []
-        sums = torch.stack([self.loss_sum, self.token_count])
-        self.parallel.all_reduce_sum(sums)
+        sums = self.parallel.all_reduce_sum(torch.stack([self.loss_sum, self.token_count]))
         loss_sum, count = sums.cpu().numpy()[:, self.columns]
         losses = np.where(count > 0, loss_sum / np.maximum(count, 1.0), math.nan)
         self.stream.observe(losses)

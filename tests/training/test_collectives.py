@@ -1,11 +1,10 @@
 """The data-parallel hooks' collectives (harness/training/parallel/ddp.py) and each rank's random generators in
 resume points and stage-cache entries, on two gloo ranks spawned once for the module (one fixture, several
-assertions), plus in-process checks that the hooks put what they hand a collective on the model's device.
+assertions).
 
-Why the device checks use ``meta``: NCCL (GPUs) refuses CPU tensors, gloo takes anything, and on a CPU-only
-machine every tensor is on the CPU, so a tensor made on the wrong device cannot be seen by running. A model on the
-``meta`` device can: the hooks must take their device from the model (:meth:`DataParallel.trained_module`), and a
-recorder standing in for ``torch.distributed.all_reduce`` sees where each tensor it is handed lives.
+Every collective call is recorded with the device of each tensor it is handed. On a CPU every tensor is on the CPU
+and gloo takes anything, so this is the coverage half (the calls happen, with tensors on the hooks' device); the half
+that tells devices apart, on ``meta``, is tests/training/test_collective_devices.py.
 """
 
 from __future__ import annotations
@@ -178,6 +177,24 @@ def _loop_collectives(parallel) -> dict:
     }
 
 
+def _steering_collectives(parallel) -> dict:
+    """An adaptive stage resumed on two ranks, each with its own partial sums, whose first step after the resume was
+    skipped: the update all-reduces the resumed sums (no ``add`` since), every collective recorded."""
+    from harness.training.steering import Steering
+    from tests.training.test_collective_devices import StubStream
+
+    parallel.trained_module(torch.nn.Linear(2, 2), "fp32")  # the hooks' device, as at a stage's start
+    rank, stream, calls = parallel.rank, StubStream(), []
+    state = {"loss_sum": [1.0 + rank, 4.0 * rank], "token_count": [1.0, 2.0 * rank]}
+    steering = Steering(stream, ["a", "b"], "s", parallel, parallel.device, state)
+    saved = record_collectives(calls)
+    try:
+        steering.after_step(0, 1)
+    finally:
+        restore_collectives(saved)
+    return {"calls": calls, "observed": stream.observed, "hooks_device": parallel.device}
+
+
 class FakeDeviceGenerator:
     """Stands in for this rank's CUDA generator (none on a CPU machine): a CPU generator per rank."""
 
@@ -300,6 +317,7 @@ SCENARIOS = {
     "helpers": _helper_values,
     "loop": _loop_collectives,
     "image": _image_batch_gradients,
+    "steering": _steering_collectives,
     "resume": _resume_generators,
     "stage_cache": _stage_cache_generators,
 }
@@ -326,7 +344,7 @@ def _rank_main(rank: int, root: Path) -> None:
         with ddp.active() as parallel:
             for name, scenario in SCENARIOS.items():
                 try:
-                    one_arg = name in ("helpers", "loop", "image")
+                    one_arg = name in ("helpers", "loop", "image", "steering")
                     out[name] = scenario(parallel) if one_arg else scenario(parallel, root)
                 except Exception:
                     out[name] = {"error": traceback.format_exc()}
@@ -409,8 +427,8 @@ def test_global_mean_terms_add_up_to_the_global_weighted_mean(ranks):
 def test_a_training_stage_hands_collectives_only_tensors_on_the_models_device(ranks):
     """The real loop on two ranks (non-finite guard on, a skipped step, so a window without a successful step is
     summed): the recorder saw the hooks' all-reduces, and every tensor handed to a collective was on the model's
-    device, which is the hooks' device. On a CPU this is the coverage half; the meta tests below are the half that
-    tells devices apart."""
+    device, which is the hooks' device. On a CPU this is the coverage half; the meta tests
+    (tests/training/test_collective_devices.py) are the half that tells devices apart."""
     for r in ranks:
         loop = _result(r, "loop")
         assert loop["hooks_device"] == loop["model_device"]
@@ -426,61 +444,14 @@ def test_a_training_stage_hands_collectives_only_tensors_on_the_models_device(ra
         assert stopped["first_module"] == "model.layers.0.mlp", stopped
 
 
-class _Handed(Exception):
-    """Raised by the recorder on a meta tensor (a meta tensor has no values to reduce), carrying its device."""
-
-    def __init__(self, device):
-        super().__init__(str(device))
-        self.device = device
-
-
-@pytest.fixture
-def meta_hooks(tmp_path, monkeypatch):
-    """One in-process gloo rank whose hooks trained a model on ``meta``, and ``torch.distributed.all_reduce``
-    replaced by a recorder that raises :class:`_Handed` when given a meta tensor (and reduces the others)."""
-    from harness.training.parallel.ddp import DataParallel
-
-    real = dist.all_reduce
-
-    def recorder(tensor, *args, **kwargs):
-        if tensor.device.type == "meta":
-            raise _Handed(tensor.device)
-        return real(tensor, *args, **kwargs)
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    monkeypatch.setattr(dist, "all_reduce", recorder)
-    try:
-        parallel = DataParallel()
-        with torch.device("meta"):
-            model = torch.nn.Linear(4, 4)
-        assert parallel.trained_module(model, "fp32") is model
-        yield parallel
-    finally:
-        dist.destroy_process_group()
-
-
-def test_bad_ranks_flags_live_on_the_models_device(meta_hooks):
-    with pytest.raises(_Handed) as handed:
-        meta_hooks.bad_ranks(False, True)
-    assert handed.value.device.type == "meta"
-
-
-def test_sum_window_reduces_on_the_models_device_even_without_a_successful_step(meta_hooks):
-    from harness.training.loop import Window
-
-    window = Window(3)  # no successful step: its sums are still the CPU zeros it was made with
-    assert window.loss_sum.device.type == "cpu"
-    with pytest.raises(_Handed) as handed:
-        meta_hooks.sum_window(window)
-    assert handed.value.device.type == "meta"
-
-
-def test_global_mean_reduces_on_the_losses_device(meta_hooks):
-    per_token = torch.ones(5, device="meta")
-    with pytest.raises(_Handed):
-        meta_hooks.global_mean(per_token, torch.ones(5, device="meta"))
-    with pytest.raises(_Handed):
-        meta_hooks.global_mean(per_token, None)
+def test_a_resumed_adaptive_update_sums_every_ranks_partial_sums_on_the_hooks_device(ranks):
+    """Rank 0 resumed with loss sums (a=1, b=0) over counts (1, 0), rank 1 with (2, 4) over (1, 2): both observe the
+    per-task means of the sums over ranks, in the stream's task order (b, a), reduced on the hooks' device."""
+    for r in ranks:
+        steering = _result(r, "steering")
+        assert steering["observed"] == [[4.0 / 2.0, 3.0 / 2.0]]
+        assert [name for name, _ in steering["calls"]] == ["all_reduce"]
+        assert all(d == steering["hooks_device"] for _, devices in steering["calls"] for d in devices)
 
 
 # ----------------------------------------------------------------------------------------------------------------

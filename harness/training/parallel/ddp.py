@@ -156,9 +156,12 @@ class DataParallel(WholeModelHooks):
         window.loss_sum, window.token_count = packed[:n].to(dtype), packed[n : 2 * n].to(window.token_count.dtype)
         window.real_tokens, window.padded_tokens = (int(v) for v in packed[2 * n :].tolist())
 
-    def all_reduce_sum(self, tensor: torch.Tensor) -> None:
-        """Sum ``tensor`` over ranks in place (an adaptive mixture's per-task statistics; on the model's device)."""
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` summed over ranks (an adaptive mixture's per-task statistics), on the hooks' device whatever
+        device it came from: NCCL takes only the rank's GPU (in place when ``tensor`` is there already)."""
+        tensor = tensor.to(self.device)
         dist.all_reduce(tensor)
+        return tensor
 
     def bad_ranks(self, loss_bad: bool, grad_bad: bool) -> list[int]:
         """The ranks where a non-finite step began: those whose loss was non-finite, else those whose gradient
