@@ -3,9 +3,9 @@
 Two rules (``eval.seesaw_test``):
 
 - **paired** (:func:`paired_seesaw_events`, the default): eval items are fixed, so a task's change between two
-  evaluations is a paired measurement. Each task's change is tested on its items — exact McNemar for proportion
-  metrics (0/1 per item), a seeded sign-flip permutation test for the others — every p-value of the run is
-  Benjamini–Hochberg corrected together, and an event needs both changes ≥ δ *and* both significant after the
+  evaluations is a paired measurement. Each task's change is tested on its items — exact McNemar for 0/1 outcomes
+  (proportion metrics, benchmark documents), a seeded sign-flip permutation test for the others — every p-value of
+  the run is Benjamini–Hochberg corrected together, and an event needs both changes ≥ δ *and* both significant after the
   correction at ``alpha``. Under the quickstart's null (accuracy 0.5, 24 items, 20 % of items flipping between
   evaluations) the untested rule fires in ~90 % of runs; this one in ≤ α (``tests/core/test_seesaw_power.py``; also at
   200 items with a small δ, where the correction, not δ, decides: without it ~20 % of null runs report an event).
@@ -184,6 +184,14 @@ def _paired(before: np.ndarray | dict, after: np.ndarray | dict) -> tuple[np.nda
     return before[both], after[both]
 
 
+def _binary(values: np.ndarray) -> bool:
+    """Whether every value is 0 or 1. For such pairs the sign-flip test's exact null distribution is McNemar's
+    (the differences are ±1 on the discordant items, 0 elsewhere), so the exact test is the same test without the
+    resampled one's floor of ~1/resamples — a floor that Benjamini–Hochberg over a run's hundreds of tests never lets
+    through (a benchmark's 0/1 documents, in a family that is not a proportion metric, could never be significant)."""
+    return bool(np.all((values == 0) | (values == 1)))
+
+
 def _same_outcomes(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two evaluations have identical outcomes for the same tasks (a repeated evaluation)."""
     if a.keys() != b.keys():
@@ -210,8 +218,9 @@ def change_tests(
 
     Returns ``{metric, split, step_from, step_to, stage_from, stage_to, task, change, n, test, p_raw}`` per task
     present at both evaluations: ``change`` is the difference of the paired items' means over ``n`` items,
-    ``test`` is ``"mcnemar"`` (exact; metrics in :data:`PROPORTION_METRICS`) or ``"permutation"`` (paired,
-    ``resamples`` resamples seeded by ``seed`` and the test's identity, so each p-value is reproducible alone).
+    ``test`` is ``"mcnemar"`` (exact; metrics in :data:`PROPORTION_METRICS`, and any other whose paired values are
+    all 0 or 1, such as a benchmark's per-document outcomes) or ``"permutation"`` (paired, ``resamples`` resamples
+    seeded by ``seed`` and the test's identity, so each p-value is reproducible alone).
     """
     metrics = list(metrics)
     tests: list[tuple[tuple, dict[str, Any]]] = []
@@ -233,7 +242,7 @@ def change_tests(
                 "change": float((y.sum() - x.sum()) / x.size),
                 "n": int(x.size),
             }
-            if metric in PROPORTION_METRICS:
+            if metric in PROPORTION_METRICS or (_binary(x) and _binary(y)):
                 x, y = x.astype(bool), y.astype(bool)
                 discordant.append((test, int(np.count_nonzero(~x & y)), int(np.count_nonzero(x & ~y))))
                 test.update(test="mcnemar", p_raw=math.nan)

@@ -17,6 +17,8 @@ import analysis as A
 from analysis.evidence import stored_seesaw_events
 from harness.config import EvalSpec
 from harness.core.metrics import PROPORTION_METRICS
+from harness.core.seesaw_sim import Schedule, simulate_outcomes
+from harness.core.seesaw_sim import outcome_rows as simulated_rows
 from harness.core.stats import wilson_interval
 from harness.core.store import MetricsStore, Row, read_metrics
 from harness.evaluation.evidence import outcome_rows, run_seesaw, seesaw_rows
@@ -117,6 +119,49 @@ def test_paired_rule_finds_nothing_where_outcomes_only_reshuffle():
         outcome_rows(samples), [], test="paired", delta=0.15, alpha=0.05, seed=0, metrics=["greedy"]
     )
     assert n_tests == 10 and events == []
+
+
+def _benchmark_history(planted: bool, seed: int = 3) -> list[dict]:
+    """A run with hundreds of paired tests: 6 tasks × 3 splits of 200 items over 12 evaluations (the simulated
+    null: 20 % of items churn, accuracy stationary), and a 200-document benchmark at the first and last evaluation.
+    ``planted``: over that span the benchmark loses 70 documents (gaining none) while task t0 (split s0) rises by
+    0.6; otherwise the benchmark churns like the tasks and nothing changes."""
+    rng = np.random.default_rng(seed)
+    schedule = Schedule(items=200, accuracy=0.3)
+    outcomes = simulate_outcomes(schedule, rng)
+    bench = np.zeros((2, 200), dtype=bool)
+    bench[0, :140] = True
+    if planted:
+        first = outcomes[0, 0, 0]
+        wrong = np.flatnonzero(~first)[:120]
+        outcomes[-1, 0, 0] = first
+        outcomes[-1, 0, 0, wrong] = True  # t0/s0 at the last evaluation: its first outcomes, 120 more right
+        bench[1, 70:140] = True  # 70 of the 140 right documents turn wrong, none the other way
+    else:
+        bench[1] = bench[0] ^ (rng.random(200) < 0.2)
+    rows = simulated_rows(outcomes)
+    last = rows[-1]["step"]
+    for k, step in enumerate((0, last)):
+        rows.append(
+            {"step": step, "stage": "sim", "task": "bench:world_mc", "split": "bench", "metric": "acc",
+             "outcomes": bench[k].astype(float).tolist()}
+        )  # fmt: skip
+    return rows
+
+
+@pytest.mark.parametrize("planted", [True, False])
+def test_a_benchmark_falling_while_a_task_rises_is_an_event_and_a_null_benchmark_is_not(planted):
+    """The benchmark family's 0/1 per-document outcomes get the exact McNemar test, like any 0/1 outcomes: a
+    resampled test's p-value cannot fall below ~1/resamples, which Benjamini–Hochberg over hundreds of tests never
+    lets through."""
+    events, n_tests = run_seesaw(_benchmark_history(planted), [], test="paired", delta=0.15, alpha=0.05, seed=0)
+    bench = [e for e in events if e["metric"] == "bench_vs_greedy"]
+    assert n_tests > 200
+    if planted:
+        assert [(e["rose"], e["fell"], e["test"]) for e in bench] == [("t0/s0", "bench:world_mc/acc", "mcnemar")]
+        assert bench[0]["p_value"] < 1e-10 and bench[0]["fell_by"] == pytest.approx(0.35)
+    else:
+        assert bench == []
 
 
 def test_run_with_untested_seesaw_rule(tiny, tmp_path):
