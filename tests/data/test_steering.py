@@ -56,7 +56,7 @@ def simulate(controller, problem: Synthetic, steps: int = 400, batch: int = 16, 
         counts = np.bincount(rng.choice(len(p), size=batch, p=p / p.sum()), minlength=len(p)).astype(float)
         seen += counts
         losses = np.where(counts > 0, problem.losses(seen, rng), np.nan)
-        controller.update(losses, counts)
+        controller.update(losses, counts, p)  # what the counts were drawn from: the floored weights
         trajectory.append(floored(controller.probs(), floor))
     return np.array(trajectory)
 
@@ -171,6 +171,24 @@ def test_same_seed_same_draws_and_weights_and_resume_continues_exactly():
     assert first + _drive(resumed, 17, start=13) == full
     weights = [w for w in full if isinstance(w[0], float)]
     assert weights[-1][0] > 0.45 > 7 / 20  # the high-loss task gained over its natural start share
+
+
+def test_odm_importance_weight_is_the_probability_the_stream_sampled_with():
+    """Exp3's reward estimate divides the loss by the probability its arm was drawn with (Albalak et al. 2023,
+    Algorithm 1): the stream draws from the floored policy, so a task the floor lifts from 0.02 to 0.116 is weighted
+    by 1/0.116, not 1/0.02."""
+    mixture = parse_mixture({"adaptive": {"method": "odm", "every": 1, "floor": 0.1}}, "m", ["a", "b"], [])
+    pools = {"a": [Example("a", i) for i in range(7)], "b": [Example("b", i) for i in range(13)]}
+    stream = AdaptiveStream(mixture.adaptive, pools, 5, 64, np.random.default_rng(0), lambda ex: ex, {})
+    stream.controller.load({"rewards": [0.0, 0.0], "t": 3, "policy": [0.98, 0.02]})
+    sampled = stream.weights()
+    assert sampled == pytest.approx([0.8 * 0.98 + 0.1, 0.8 * 0.02 + 0.1])
+    batch = stream.next_batch()
+    assert {e.task for e in batch} == {"a", "b"}  # both drawn (64 draws at 0.116): both rewards move
+    losses = np.array([2.0, 3.0])
+    stream.observe(losses)
+    alpha = stream.controller.params["alpha"]
+    assert stream.controller.rewards == pytest.approx((1 - alpha) * losses / sampled)
 
 
 def test_composition_counts_what_was_drawn():

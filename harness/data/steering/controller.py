@@ -1,10 +1,10 @@
 """What every adaptive-mixture controller shares: its interface, the floor, and its state as JSON.
 
 A controller is a small deterministic state machine over numpy arrays (no RNG, no torch): given the per-task
-training loss of the steps since its last update (``nan`` for a task no step drew) and how many examples of each
-task those steps drew, it moves its sampling distribution. The stream (:mod:`harness.data.steering.stream`) samples
-from ``floored(controller.probs(), floor)``; every data-parallel rank holds the same controller and feeds it the
-same all-reduced numbers, so all ranks draw the same global batch.
+training loss of the steps since its last update (``nan`` for a task no step drew), how many examples of each
+task those steps drew and the distribution they were drawn from, it moves its sampling distribution. The stream
+(:mod:`harness.data.steering.stream`) samples from ``floored(controller.probs(), floor)``; every data-parallel rank
+holds the same controller and feeds it the same all-reduced numbers, so all ranks draw the same global batch.
 
 A controller is a plug-in (:mod:`harness.core.plugins`): its settings (the YAML keys under ``adaptive:`` beside the
 shared ones) are the fields of its pydantic ``Params``, validated with ``context={"tasks": [...]}`` (the stage's
@@ -28,7 +28,11 @@ def floored(probs: np.ndarray, floor: float) -> np.ndarray:
 
 
 class Controller(Plugin):
-    """The interface: ``probs()``, ``update(losses, examples)``, ``state()`` / ``load(state)``.
+    """The interface: ``probs()``, ``update(losses, examples, sampled)``, ``state()`` / ``load(state)``.
+
+    ``sampled``: the distribution the stream drew those examples from — ``floored(probs(), floor)``, not
+    ``probs()``; ``None`` (a caller without a floor): ``probs()`` itself. A controller that weights by the chance of a
+    draw (ODM's importance weight) must use it.
 
     ``Params``: the method's own settings (the YAML keys under ``adaptive:``), each with its default; their values
     reach ``__init__`` as the plain mapping ``params`` written in the file (defaults filled). ``defaults`` (derived
@@ -51,7 +55,7 @@ class Controller(Plugin):
     def probs(self) -> np.ndarray:
         raise NotImplementedError
 
-    def update(self, losses: np.ndarray, examples: np.ndarray) -> None:
+    def update(self, losses: np.ndarray, examples: np.ndarray, sampled: Optional[np.ndarray] = None) -> None:
         raise NotImplementedError
 
     def state(self) -> dict[str, Any]:

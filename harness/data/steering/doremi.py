@@ -90,7 +90,8 @@ class DoReMi(Controller):
     def probs(self) -> np.ndarray:
         return np.exp(self.log_alpha)
 
-    def update(self, losses: np.ndarray, examples: np.ndarray) -> None:
+    def update(self, losses: np.ndarray, examples: np.ndarray, sampled: Optional[np.ndarray] = None) -> None:
+        # ``sampled`` is unused: DoReMi's step is the excess loss itself, not weighted by the chance of a draw
         seen = (examples > 0) & np.isfinite(losses)
         ready = seen & (self.seen >= START_UPDATES) if self.from_start else seen
         if self.from_start:  # the running mean of the first START_UPDATES losses of each task

@@ -6,7 +6,10 @@ Per update t (the paper updates every step; here every ``every`` steps), with K 
 
     ε_t   = min(1/K, sqrt(ln K / (K·t)))                                 (exploration, decaying)
     π_i   = (1 − K·ε_t) · p0_i·exp(ε_{t−1}·R̂_i) / Σ_j p0_j·exp(ε_{t−1}·R̂_j) + ε_t
-    R̂_i  ← α·R̂_i + (1 − α)·L_i / π_i                                    (for the arm drawn; α: smoothing)
+    R̂_i  ← α·R̂_i + (1 − α)·L_i / p_i                                    (for the arm drawn; α: smoothing)
+
+p_i being the probability task i was drawn with: π_i floored (``floor``: the stream samples ``(1 − K·floor)·π +
+floor``), which is the paper's π_i when the floor is 0.
 
 The paper draws one domain per step and updates the R̂ of the domain drawn with its loss over its probability. A
 batch here mixes tasks example by example, so every task drawn since the last update gets that same update, with L_i
@@ -83,8 +86,14 @@ class OnlineDataMixing(Controller):
     def probs(self) -> np.ndarray:
         return self.policy
 
-    def update(self, losses: np.ndarray, examples: np.ndarray) -> None:
-        self.rewards = odm_rewards(self.rewards, losses, examples, self.policy, float(self.params["alpha"]))
+    def update(self, losses: np.ndarray, examples: np.ndarray, sampled: Optional[np.ndarray] = None) -> None:
+        # Exp3's importance weight is 1 / the probability the arm was actually drawn with (Albalak et al. 2023,
+        # "Efficient Online Data Mixing For Language Model Pre-Training", Algorithm 1: L_i / π_i, π being what it
+        # samples from). The stream samples the floored policy, which lifts a task near 0 to the floor: dividing
+        # by the unfloored π would inflate that task's reward by the ratio of the two, once the decaying
+        # exploration ε_t is below the floor.
+        drawn_from = self.policy if sampled is None else np.asarray(sampled, dtype=np.float64)
+        self.rewards = odm_rewards(self.rewards, losses, examples, drawn_from, float(self.params["alpha"]))
         self.t += 1
         self.policy = odm_policy(self.start, self.rewards, self.t + 1)  # π for the next draws
 

@@ -77,7 +77,8 @@ class AdaptiveStream:
 
     def observe(self, losses: np.ndarray) -> None:
         """One controller update from the per-task mean losses (in :attr:`tasks` order) of the steps since the last."""
-        self.controller.update(np.asarray(losses, dtype=np.float64), self.pending.copy())
+        # the draws since the last update all came from these weights: the controller's probs move only at an update
+        self.controller.update(np.asarray(losses, dtype=np.float64), self.pending.copy(), self.weights())
         self.pending[:] = 0
 
     def pool_examples(self) -> list:
