@@ -34,8 +34,9 @@ from harness.models.builtin import build_builtin, builtin_added_token_ids
 from harness.models.hf import load_hf
 from harness.models.modality import base_kind, model_io
 from harness.models.tokenizer import train_tokenizer
+from harness.models.undertrained import undertrained_tokens
 from harness.runs.images import untrained_vision_base
-from harness.runs.prepare import build_task_data, undertrained_tokens
+from harness.runs.prepare import build_task_data
 from harness.runs.pretrain import tokenizer_texts
 from harness.training.adapters import prepare_stage_model, trainable_report, unwrap, weight_decay_exempt
 
@@ -226,7 +227,7 @@ def inspect_experiment(path: Path, overrides: Optional[list[str]] = None, stage:
     model, tokenizer, added, source, notes = build(exp, data)
     flagged: list[int] = []
     if kind == "hf":  # the run's under-trained rows, which auto trains too
-        flagged = [r.id for r in undertrained_tokens(exp, data, model, tokenizer) or [] if r.flagged]
+        flagged = [r.id for r in undertrained_tokens(exp.model, data.corpus, model, tokenizer) or [] if r.flagged]
     model = prepare_stage_model(model, chosen.train.trainable, added, None, flagged)
     tasks = [t for t in chosen.mixture.tasks if data.splits[t]["train"]] or list(data.splits)
     examples = [data.splits[t]["train"][0] for t in tasks[:2]]
@@ -274,7 +275,7 @@ def inspect_tokens(target: Path, overrides: Optional[list[str]] = None) -> Token
     exp = load_experiment(target, overrides)
     data = build_task_data(exp)
     model, tokenizer, _, info = load_base(exp, data, HarnessConsole(enabled=exp.tracking.console))
-    reports = undertrained_tokens(exp, data, model, tokenizer)
+    reports = undertrained_tokens(exp.model, data.corpus, model, tokenizer)
     if reports is None:
         return TokenInspection(
             [],

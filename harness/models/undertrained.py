@@ -238,3 +238,31 @@ def row_fate(stages: Sequence[tuple[str, Any]], flagged_ids: Iterable[int], adde
     if all(trainable.mode == "full" for _, trainable in stages):
         return "every stage trains the whole model, their rows included"
     return "every stage trains their rows (full mode, unfreeze or trainable.new_token_rows)"
+
+
+def undertrained_tokens(spec, corpus: Sequence[str], model, tokenizer) -> Optional[list[TokenReport]]:
+    """The under-trained check of a base model's special-token rows (:func:`detect_undertrained`), one report per
+    special / chat-template token; ``None`` for a builtin without ``pretrain`` (every row is at its initialisation:
+    nothing to tell apart). ``spec``: the run's :class:`~harness.config.ModelSpec`; ``corpus``: the builtin's
+    pretraining corpus, whose absent ids are its known-unused reference rows (a hub / local model's are the rows
+    past its vocabulary and its reserved tokens)."""
+    from harness.models.builtin import builtin_unused_token_ids
+
+    if not spec.hf and spec.pretrain is None:
+        return None
+    unused = None
+    if not spec.hf:
+        rows = model.get_input_embeddings().weight.shape[0]
+        unused = reference_unused_ids(tokenizer, rows, builtin_unused_token_ids(tokenizer, corpus))
+    return detect_undertrained(model, tokenizer, unused_ids=unused)
+
+
+def special_token_note(
+    reports: Optional[Sequence[TokenReport]], stages: Sequence[tuple[str, Any]], added: Iterable[int]
+) -> tuple[Optional[str], Optional[list[dict]]]:
+    """``(console line or None, summary.json's flagged tokens)`` of :func:`undertrained_tokens`' reports, the line
+    saying what the run's ``stages`` (``(name, trainable spec)``) do with their rows; ``(None, None)`` unchecked."""
+    if reports is None:
+        return None, None
+    fate = row_fate(stages, [r.id for r in reports if r.flagged], added)
+    return warning_line(reports, added, fate), flagged_summary(reports)

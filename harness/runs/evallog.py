@@ -19,6 +19,9 @@ from harness.core.metrics import is_benchmark_task
 from harness.core.store import Row, atomic_write_text
 from harness.evaluation import EVAL_METRICS, hijack_token_ids, run_evaluation
 from harness.evaluation.evidence import outcome_rows
+from harness.evaluation.image_use import image_eval
+from harness.models.modality import model_io
+from harness.training import parallel as distributed
 
 
 @dataclass
@@ -54,6 +57,39 @@ class EvalLog:
         self.history = [r for r in self.tracker.existing_rows() if _is_eval_row(r)]
         if self.history:  # a resumed run, or stages replayed from the stage cache: their items' outcomes too
             self.outcomes = _resumed_outcomes(self.samples_path, self.history)
+
+    @classmethod
+    def for_run(
+        cls,
+        exp: Experiment,
+        data,
+        items: list,
+        tokenizer,
+        tracker,
+        run_dir: Path,
+        on_evaluation: Optional[Callable[[str, int, list[Row]], None]],
+        stage_steps: list[int],
+        run_id: str,
+        resume_filter: Optional[Callable[[str, int, str], bool]] = None,
+    ) -> "EvalLog":
+        """The log of a run in ``run_dir`` over ``data`` (:class:`harness.runs.prepare.TaskData`) whose stages train
+        ``stage_steps`` steps: its evaluators too — the image tasks' (:func:`harness.evaluation.image_use.image_eval`),
+        the benchmarks (:func:`make_benchmarks`) — and this process's share of the evaluation batches."""
+        benchmarks = make_benchmarks(exp, data.world, tokenizer, run_dir, stage_steps)
+        return cls(
+            exp,
+            items,
+            data.recipes,
+            tokenizer,
+            tracker,
+            run_dir / "samples.jsonl",
+            on_evaluation,
+            resume_filter=resume_filter,
+            run_id=run_id,
+            image_eval=image_eval(exp, data, model_io(tokenizer)),
+            shard=distributed.current(),
+            benchmarks=benchmarks,
+        )
 
     def run(self, model, stage: str, step: int) -> None:
         started = time.perf_counter()

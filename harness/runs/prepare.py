@@ -7,6 +7,7 @@ training.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
@@ -18,15 +19,16 @@ from jinja2.exceptions import TemplateError
 from data_recipes import build_world, corpus, get_recipe
 from harness.config import Experiment, ResolvedStage, task_seed
 from harness.data.batches import length_grouped_batches
-from harness.data.encoding import eval_items, fit_eval_items
+from harness.data.encoding import eval_items, fit_eval_items, position_limit
 from harness.data.images import stage_collator
 from harness.data.special_text import apply_special_token_policy
 from harness.data.steering.stream import AdaptiveStream
 from harness.data.stream import mixture_stream
 from harness.evaluation.lengths import default_max_new_tokens, needed_new_tokens, too_short_errors
 from harness.models.builtin import builtin_added_token_ids
-from harness.models.hf import load_hf
+from harness.models.hf import count_parameters, load_hf
 from harness.models.modality import TextOnlyModel, base_kind, model_io
+from harness.models.undertrained import special_token_note, undertrained_tokens
 from harness.runs.images import load_vision_base
 from harness.runs.pretrain import builtin_base, content_hash
 
@@ -109,6 +111,35 @@ def load_base(
     return model, tokenizer, added, info
 
 
+@dataclass
+class Base:
+    """The run's base model as :func:`build_base` made it: the model and tokenizer (an image-text model's carries its
+    processor: :func:`harness.models.modality.model_io`), the ids of the tokens the harness added, facts about where
+    it came from (``summary.json``'s ``base``), its flagged special tokens (``None``: not checked) and the positions
+    it can read (``None``: unbounded)."""
+
+    model: Any
+    tokenizer: Any
+    added: list[int]
+    info: dict[str, Any]
+    undertrained: Optional[list[dict]]
+    max_positions: Optional[int]
+
+
+def build_base(exp: Experiment, data: TaskData, console, on_progress: Optional[Callable[[], None]] = None) -> Base:
+    """:func:`load_base`, timed, with its size and the under-trained check of its special-token rows
+    (:func:`harness.models.undertrained.undertrained_tokens`) said on the console."""
+    started = time.perf_counter()
+    model, tokenizer, added, info = load_base(exp, data, console, on_progress)
+    info = {**info, "seconds": time.perf_counter() - started}
+    reports = undertrained_tokens(exp.model, data.corpus, model, tokenizer)
+    line, flagged = special_token_note(reports, [(s.name, s.train.trainable) for s in exp.resolved_stages()], added)
+    console.info(f"model: {count_parameters(model)[0] / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
+    if line:
+        console.info(line)
+    return Base(model, tokenizer, added, info, flagged, position_limit(model.config))
+
+
 def _image_text_base(exp: Experiment, data: TaskData, console, on_progress) -> tuple[Any, Any, list[int], dict]:
     return load_vision_base(exp, data, console)
 
@@ -140,24 +171,6 @@ def _builtin_text_base(exp: Experiment, data: TaskData, console, on_progress) ->
         "pretrain_final_loss": base.final_loss,
     }
     return model, tokenizer, builtin_added_token_ids(tokenizer), info
-
-
-def undertrained_tokens(exp: Experiment, data: TaskData, model, tokenizer) -> Optional[list]:
-    """The under-trained check of the base model's special-token rows (:func:`harness.models.undertrained
-    .detect_undertrained`), one report per special / chat-template token; ``None`` for a builtin without
-    ``pretrain`` (every row is at its initialisation: nothing to tell apart). A builtin's known-unused reference
-    rows are the ids its pretraining corpus never contains; a hub / local model's are the rows past its vocabulary
-    and its reserved tokens."""
-    from harness.models.builtin import builtin_unused_token_ids
-    from harness.models.undertrained import detect_undertrained, reference_unused_ids
-
-    if not exp.model.hf and exp.model.pretrain is None:
-        return None
-    unused = None
-    if not exp.model.hf:
-        rows = model.get_input_embeddings().weight.shape[0]
-        unused = reference_unused_ids(tokenizer, rows, builtin_unused_token_ids(tokenizer, data.corpus))
-    return detect_undertrained(model, tokenizer, unused_ids=unused)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -20,44 +20,34 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
-from safetensors.torch import load_model
 
-from harness.config import ConfigError, Experiment, ResolvedStage, TrainableSpec, computing_debug, dump_yaml, safe_load
+from harness.config import ConfigError, Experiment, ResolvedStage, computing_debug, dump_yaml, safe_load
 from harness.core.store import Row, atomic_write_text
-from harness.data.encoding import position_limit
 from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_baselines, run_seesaw, seesaw_rows
-from harness.evaluation.image_use import image_eval
-from harness.models.hf import count_parameters
 from harness.models.modality import model_io
-from harness.models.undertrained import flagged_summary, row_fate, warning_line
 from harness.runs.console import Console
-from harness.runs.evallog import EvalLog, make_benchmarks
+from harness.runs.evallog import EvalLog
 from harness.runs.packing import stage_batches
 from harness.runs.prepare import (
     DataError,
     StagePlan,
     after_progress,
+    build_base,
     build_task_data,
     encode_task_data,
-    load_base,
     plan_stage,
-    undertrained_tokens,
 )
 from harness.runs.rundir import claim_run_dir, clear_run_outputs, unique_run_name
 from harness.runs.stage_cache import StageCache
 from harness.runs.tracking import Tracker
 from harness.training import parallel as distributed
 from harness.training.adapters import (
-    drop_adapter,
     format_trainable_report,
-    merged_state_dict,
-    prepare_stage_model,
     trainable_report,
 )
 from harness.training.checkpoint import (
     Start,
     latest_resume_point,
-    load_state_dict,
     resume_start,
     save_resume_point,
     save_stage_checkpoint,
@@ -65,6 +55,7 @@ from harness.training.checkpoint import (
 from harness.training.guard import Injector, NoFaults, NonFiniteError, write_report
 from harness.training.loop import LoopState, StageLoop, train_stage
 from harness.training.special_tokens import stage_special_tokens
+from harness.training.stage_start import InitStates, stage_model, starting_model
 
 
 def new_run_id(exp: Experiment) -> str:
@@ -139,61 +130,45 @@ def _run_claimed(
 
     # -- data and base model (all data errors surface here, before any training) -------------------------------
     data = build_task_data(exp)
-    t0 = time.perf_counter()
-    model, tokenizer, added, base_info = load_base(exp, data, console, on_progress)
-    base_seconds = time.perf_counter() - t0
-    undertrained = _describe_base(exp, data, model, tokenizer, added, console)
-    encoded = encode_task_data(exp, data, tokenizer, position_limit(model.config))
+    base = build_base(exp, data, console, on_progress)
+    model, tokenizer = base.model, base.tokenizer
+    encoded = encode_task_data(exp, data, tokenizer, base.max_positions)
     for note in encoded.notes():
         console.info(note)
+    too_long = encoded.too_long_counts()
     stages = exp.resolved_stages()
     plans = [plan_stage(exp, s, i, encoded.train, tokenizer.pad_token_id) for i, s in enumerate(stages)]
 
     # -- where to start, decided once: after the stages the stage cache holds, or where a resume point left off
-    cache = StageCache.for_run(exp, stages, data, base_info, model, run_dir, run_id, console)
+    cache = StageCache.for_run(exp, stages, data, base.info, model, run_dir, run_id, console)
     start = resume_start(point, stages, [len(p.batches) for p in plans]) if resume else cache.start()
     tracker = Tracker(exp, run_dir, run_id, exp.resolved_dict(), resume_filter=start.keep)
     baselines = log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stages[0].name)
     cache.replay(tracker, run_dir / "samples.jsonl", on_evaluation)  # after the baselines: the order of a whole run
-    evals = EvalLog(
+    said = console.evaluation_hook(encoded.eval_items, on_evaluation)
+    evals = EvalLog.for_run(
         exp,
+        data,
         encoded.eval_items,
-        data.recipes,
         tokenizer,
         tracker,
-        run_dir / "samples.jsonl",
-        console.evaluation_hook(encoded.eval_items, on_evaluation),
-        resume_filter=start.keep,
-        run_id=run_id,
-        image_eval=image_eval(exp, data, model_io(tokenizer)),
-        shard=distributed.current(),
-        benchmarks=make_benchmarks(exp, data.world, tokenizer, run_dir, [len(p.batches) for p in plans]),
-    )
-    run = _Run(
-        exp,
         run_dir,
+        said,
+        [len(p.batches) for p in plans],
         run_id,
-        console,
-        stages,
-        plans,
-        tokenizer,
-        added,
-        tracker,
-        evals,
-        _init_states(model, stages, start.stage_index, run_dir),
-        baselines,
-        undertrained,
-        encoded.too_long_counts(),
+        start.keep,
     )
-    model = _restore(model, start, stages, run)
-
     summary_stages = [
         _stage_summary(plans[i].recorded(tracker.store.rows()), evals, i, plans) for i in range(start.stage_index)
     ]
     cache.annotate(summary_stages)
+    flagged = [t["id"] for t in base.undertrained or []]
+    model, init = starting_model(model, start, stages, run_dir, base.added, flagged)
+    run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, base.added, tracker, evals, init)
+    run.baselines, run.undertrained, run.too_long = baselines, base.undertrained, too_long
     step = _train_stages(run, model, start, cache, summary_stages, on_progress)
-    base = {**base_info, "seconds": base_seconds}
-    return finish_run(exp, run_dir, _close_run(run, step, summary_stages, base, started, start.resumed_from), console)
+    summary = _close_run(run, step, summary_stages, base.info, started, start.resumed_from)
+    return finish_run(exp, run_dir, summary, console)
 
 
 def _train_stages(run: _Run, model, start: Start, cache: StageCache, summary_stages: list, on_progress) -> int:
@@ -311,22 +286,6 @@ def _without_kill(resolved: dict) -> dict:
     return {**resolved, "debug": computing_debug(resolved.get("debug") or {})}
 
 
-def _describe_base(exp: Experiment, data, model, tokenizer, added: list[int], console) -> Optional[list[dict]]:
-    """Say the base model's size; return its flagged special tokens (:func:`harness.runs.prepare.undertrained_tokens`),
-    said in one console line — ``None`` when not checked (a builtin without pretraining)."""
-    console.info(f"model: {count_parameters(model)[0] / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
-    reports = undertrained_tokens(exp, data, model, tokenizer)
-    if reports is None:
-        return None
-    fate = row_fate(
-        [(s.name, s.train.trainable) for s in exp.resolved_stages()], [r.id for r in reports if r.flagged], added
-    )
-    line = warning_line(reports, added, fate)
-    if line:
-        console.info(line)
-    return flagged_summary(reports)
-
-
 def log_baselines(tracker: Tracker, baselines: dict, stage: str) -> dict[str, Any]:
     """Log the eval pools' baselines (``baseline_<metric>`` rows at step 0, unless a resumed run's store already has
     them); returns them for ``summary.json``."""
@@ -394,15 +353,6 @@ def finish_run(exp: Experiment, run_dir: Path, summary: dict[str, Any], console)
 
 
 @dataclass
-class _InitStates:
-    """The weights that stages with ``init: base`` or ``init: <earlier stage>`` start from: ``needed`` names them,
-    ``states`` holds those known so far (a stage adds its own when it ends)."""
-
-    needed: set[str]
-    states: dict[str, dict] = field(default_factory=dict)
-
-
-@dataclass
 class _Run:
     """What the stages of one run share."""
 
@@ -416,7 +366,7 @@ class _Run:
     added: list[int]  # ids of the tokens the harness added to the vocabulary
     tracker: Tracker
     evals: EvalLog
-    init: _InitStates
+    init: InitStates
     baselines: dict[str, Any] = field(default_factory=dict)  # summary.json's "baselines"
     undertrained: Optional[list[dict]] = None  # the base model's flagged special tokens (summary.json); None: unchecked
     too_long: dict[str, int] = field(default_factory=dict)  # eval items dropped as too long, per "task/split"
@@ -426,46 +376,10 @@ class _Run:
         return [t["id"] for t in self.undertrained or []]
 
 
-def _init_states(model, stages: list[ResolvedStage], finished: int, run_dir: Path) -> _InitStates:
-    """The base model's state (when a stage starts from it) and those of the first ``finished`` stages (a resumed
-    run's, read back from their checkpoints) that a later stage starts from."""
-    init = _InitStates({s.init for s in stages} - {"previous"})
-    if "base" in init.needed:
-        init.states["base"] = merged_state_dict(model)
-    for earlier in stages[:finished]:
-        if earlier.name in init.needed:
-            init.states[earlier.name] = load_state_dict(run_dir / "checkpoints" / earlier.name)
-    return init
-
-
-def _inherited(stages: list[ResolvedStage], index: int) -> Optional[TrainableSpec]:
-    """What trained in the stage whose weights stage ``index`` starts from (``init: previous``), else None."""
-    return stages[index - 1].train.trainable if index > 0 and stages[index].init == "previous" else None
-
-
-def _restore(model, start: Start, stages: list[ResolvedStage], run: _Run):
-    """The model of a resumed run as its resume point saved it: the structure (adapter or not) of the stage it was
-    in, then its weights and the random states. A new run's base model is returned as it is."""
-    if start.weights is None:
-        return model
-    index = start.weights.stage_index
-    model = prepare_stage_model(
-        model, stages[index].train.trainable, run.added, _inherited(stages, index), run.undertrained_ids
-    )
-    load_model(model, str(start.weights.file))
-    start.weights.restore_rng()  # torch's CPU generator; from a resume point also this rank's others
-    return model
-
-
 def _begin_stage(run: _Run, model, index: int, step: int):
     """The stage's starting weights and trainable set, logged; then the evaluation of its starting point."""
     stage, plan = run.stages[index], run.plans[index]
-    if stage.init != "previous":
-        model = drop_adapter(model)
-        model.load_state_dict(run.init.states[stage.init])
-    model = prepare_stage_model(
-        model, stage.train.trainable, run.added, _inherited(run.stages, index), run.undertrained_ids
-    )
+    model = stage_model(model, run.stages, index, run.init, run.added, run.undertrained_ids)
     report = trainable_report(model)
     run.tracker.log(
         [
@@ -518,9 +432,7 @@ def _end_stage(run: _Run, model, index: int, step: int, save_resume_point_at) ->
         ],
         step,
     )
-    if stage.name in run.init.needed:
-        run.init.states[stage.name] = merged_state_dict(model)
-    if stage.train.checkpoint or stage.name in run.init.needed:
+    if run.init.keep(stage.name, model) or stage.train.checkpoint:
         save_stage_checkpoint(
             model,
             model_io(run.tokenizer).saved_with_weights(),

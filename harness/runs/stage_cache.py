@@ -300,12 +300,8 @@ class StageCache:
         console,
     ) -> "StageCache":
         """The cache handle of a run on ``data`` (:class:`harness.runs.prepare.TaskData`) from the base ``model``."""
-        keys = stage_keys(
-            exp,
-            base_key(base_info, model),
-            task_data_hash(data.splits, data.corpus),
-            next(model.parameters()).device.type,
-        )
+        base, data_hash = base_key(base_info, model), task_data_hash(data.splits, data.corpus)
+        keys = stage_keys(exp, base, data_hash, next(model.parameters()).device.type)
         return cls(exp, stages, keys, run_dir, run_id, console)
 
     def _mode(self, index: int):

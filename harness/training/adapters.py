@@ -252,8 +252,8 @@ def prepare_stage_model(
     ``added_token_ids``: the rows ``new_token_rows`` trains (``load_hf(..., return_added=True)``'s ids, or
     :func:`harness.models.builtin.builtin_added_token_ids` for a builtin). ``previous``: the previous stage's trainable
     spec when this stage continues from its weights (``init: previous``), else ``None``. ``undertrained_ids``: the
-    base model's flagged special tokens (:func:`harness.runs.prepare.undertrained_tokens`), which ``new_token_rows:
-    auto`` trains too.
+    base model's flagged special tokens (:func:`harness.models.undertrained.undertrained_tokens`), which
+    ``new_token_rows: auto`` trains too.
 
     Order: a ``PeftModel`` from the previous stage is merged (``previous.adapter == "merge"``) or kept
     (``"continue"``); the mode sets ``requires_grad`` (full: all; frozen: none; lora / hira: the adapter only);

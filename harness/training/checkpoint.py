@@ -136,8 +136,8 @@ def save_resume_point(
     run_dir: Path, model, stage_index: int, stage: str, step: int, loop_state: LoopState, keep: int
 ) -> None:
     """Model, optimiser, scheduler, RNG states, the data position and the loop's window (and an adaptive stage's
-    stream, ``mixture``, with each rank's partial per-task loss sums, ``steer``), written atomically; only the newest
-    ``keep`` are kept.
+    stream, ``mixture``, with each rank's partial per-task loss sums, ``steer``; the stage's packed or padded
+    decision, ``packing``), written atomically; only the newest ``keep`` are kept.
 
     With several data-parallel ranks every rank calls this: the model, optimiser and scheduler are the same on all
     of them, but each has its own random generators (its own CUDA device's among them) and its own part of the
@@ -171,6 +171,7 @@ def save_resume_point(
             "window": loop_state.window,
             "mixture": loop_state.mixture,
             "steer": loop_state.steer,
+            "packing": loop_state.packing,
             "world": parallel.world if parallel is not None else 1,
         }
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
@@ -270,6 +271,7 @@ def resume_start(point: Optional[Path], stages: Sequence[ResolvedStage], stage_l
         bundle["scheduler"],
         state.get("mixture"),
         state.get("steer"),
+        state.get("packing"),  # None from resume points written before it was kept: the stage checks again
     )
     return Start(index, step, loop_state, weights, keep, point.name)
 

@@ -208,6 +208,8 @@ class LoopState:
     scheduler: Optional[dict[str, Any]] = None
     mixture: Optional[dict[str, Any]] = None  # an adaptive stage's stream (the same on every rank)
     steer: Optional[dict[str, Any]] = None  # its per-task loss sums since the last update (this rank's own)
+    # packed or padded, as decided when the stage began (harness.runs.packing.decision): a resume trains the same
+    packing: Optional[dict[str, Any]] = None
 
 
 @dataclass(init=False)
@@ -449,7 +451,7 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState], c
             loop.evaluate(step)
             trained.train()
         if train.checkpoint_every and step % train.checkpoint_every == 0 and i + 1 < len(source):
-            at = LoopState(i + 1, state.consecutive_skips, window.state())
+            at = LoopState(i + 1, state.consecutive_skips, window.state(), packing=state.packing)
             _checkpoint(model, loop, step, at, optimizer, scheduler, parallel, source)
     return loop.start_step + len(source)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -147,6 +148,53 @@ def test_resume_refuses_a_changed_experiment(tiny, tmp_path):
     assert run_cli("run", str(exp_file), "--out", str(out)).returncode == 0
     result = run_cli("run", str(exp_file), "--resume", str(out), "--set", "train.optim.lr=0.1")
     assert result.returncode == 2 and "differs from the run being resumed" in result.stderr
+
+
+def _checked(exact: bool, calls: list):
+    """A stand-in for the packing check that decides ``exact`` (and counts its calls)."""
+    from harness.training.packing import PackingCheck
+
+    def check(*args, **kwargs):
+        calls.append(exact)
+        return PackingCheck("qwen2", 0.0 if exact else 1.0, 1e-7, 1e-7, None if exact else "attention")
+
+    return check
+
+
+def _train_rows(run_dir, after: int) -> list:
+    frame = read_metrics(run_dir).filter(
+        (pl.col("step") > after) & pl.col("metric").is_in(["loss", "pad_fraction"]) & (pl.col("split") == "train")
+    )
+    return frame.select("step", "task", "metric", "value").sort("step", "task", "metric", nulls_last=True).rows()
+
+
+def test_a_resumed_stage_trains_the_layout_it_began_with_without_checking_again(tiny, tmp_path, monkeypatch):
+    """The packed/padded decision is in the resume point: resumed, the stage trains the layout it began with, where
+    the check on the partly trained model would now decide the other way, and the check does not run again."""
+    from harness.runs import packing
+
+    tiny["stages"] = [{"name": "a", "steps": 6, "mixture": {"repeat": 0.5, "math": 0.5}}]
+    tiny["train"].update(checkpoint_every=2, keep_checkpoints=5, log_every=1, stage_cache=False, packing="auto")
+    tiny["eval"]["every"] = 6
+    exp, calls = validate_data(tiny), []
+    monkeypatch.setattr(packing, "check_packing", _checked(True, calls))
+    run_dir = run_experiment(exp, tmp_path / "run").run_dir
+    uninterrupted = _train_rows(run_dir, after=4)
+    assert any(metric == "pad_fraction" and value == 0.0 for _, _, metric, value in uninterrupted)  # packed
+    *kept, end = sorted((run_dir / "checkpoints" / "resume").glob("step-*"))
+    assert kept[-1].name == "step-00000004"
+    shutil.rmtree(end)  # the run as killed after step 4's resume point
+    (run_dir / "summary.json").unlink()
+
+    monkeypatch.setattr(packing, "check_packing", _checked(False, calls))  # asked now, it would pad
+    run_experiment(exp, run_dir, resume=True)
+    assert _train_rows(run_dir, after=4) == uninterrupted, "the resumed part trained another layout"
+    assert calls == [True], "the check ran again on the partly trained model"
+    assert json.loads((kept[-1] / "state.json").read_text())["packing"] == {
+        "packed": True,
+        "varlen": True,
+        "factor": None,
+    }
 
 
 # -- sanity ---------------------------------------------------------------------------------------------------
