@@ -27,7 +27,7 @@ from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_b
 from harness.models.modality import model_io
 from harness.runs.console import Console
 from harness.runs.evallog import EvalLog
-from harness.runs.packing import stage_batches
+from harness.runs.packing import stage_layout
 from harness.runs.prepare import (
     DataError,
     StagePlan,
@@ -210,13 +210,14 @@ def _run_stage(
     exp, stage, plan, tracker = run.exp, run.stages[index], run.plans[index], run.tracker
     if loop_state.batch_index == 0:  # the stage begins here (a resumed run may continue inside one)
         model = _begin_stage(run, model, index, step)
-    batches = stage_batches(
+    batches, loop_state.packing = stage_layout(  # a resumed stage keeps the layout it began with (no check)
         plan,
         model,
         list(exp.tasks),
         run.tokenizer.pad_token_id,
         step,
         tracker.log if loop_state.batch_index == 0 else None,
+        loop_state.packing,
     )
     save_resume_point_at = _resume_saver(run, model, index)
     with run.console.stage_progress(stage.name, len(plan.batches)) as advance:
