@@ -292,13 +292,9 @@ def paired_seesaw_events(
     metrics = list(metrics)
     if tests is None:
         tests = change_tests(rows, metrics, seed=seed)
-    if correction not in ("bh", "none"):
-        raise ValueError(f"correction must be 'bh' or 'none', got {correction!r}")
-    raw = [t["p_raw"] for t in tests]
-    adjusted = benjamini_hochberg(raw) if correction == "bh" else np.asarray(raw, dtype=float)
     groups: dict[tuple, list[tuple[dict[str, Any], float]]] = {}
-    for test, p_adj in zip(tests, adjusted):
-        if p_adj <= alpha and abs(test["change"]) >= delta - TOLERANCE:
+    for test, p_adj in significant_changes(tests, alpha=alpha, correction=correction):
+        if abs(test["change"]) >= delta - TOLERANCE:
             where = (
                 test["step_from"],
                 test["stage_from"],
@@ -327,6 +323,21 @@ def paired_seesaw_events(
                 event.update(p_value=max(p_up, p_down), test=up["test"])
                 events.append(event)
     return events  # groups keep the tests' time order, and rising/falling tasks their order within it
+
+
+def significant_changes(
+    tests: list[dict[str, Any]], *, alpha: float = DEFAULT_ALPHA, correction: str = "bh"
+) -> list[tuple[dict[str, Any], float]]:
+    """The discoveries among a run's tests (:func:`change_tests`), in their order: ``(test, adjusted p)`` for every
+    test whose Benjamini–Hochberg adjusted p-value (over all of ``tests``, one family) is ≤ ``alpha``, whatever its
+    size. What BH guarantees is stated about these: when no task changes anywhere, the probability of ≥ 1 of them
+    is ≤ ``alpha``; events (:func:`paired_seesaw_events`) are the pairs of them that also reach δ.
+    ``correction="none"``: each test's own p-value."""
+    if correction not in ("bh", "none"):
+        raise ValueError(f"correction must be 'bh' or 'none', got {correction!r}")
+    raw = [t["p_raw"] for t in tests]
+    adjusted = benjamini_hochberg(raw) if correction == "bh" else np.asarray(raw, dtype=float)
+    return [(test, float(p_adj)) for test, p_adj in zip(tests, adjusted) if p_adj <= alpha]
 
 
 def _same(a: dict[str, float], b: dict[str, float]) -> bool:

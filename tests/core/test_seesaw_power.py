@@ -5,16 +5,28 @@ Null: the quickstart's schedule (6 tasks, 11 intervals, 3 splits, 20 % of items 
 evaluations, accuracy stationary), at 24 items per task and split (the quickstart's pools: the δ threshold decides)
 and at 200 (small δ: each change's own test decides, and the Benjamini-Hochberg correction decides whether the run
 reports anything). What the events control (harness.core.seesaw.paired_seesaw_events): under this null, the
-probability that a run reports ≥ 1 event is ≤ α. Rates are per run; every check uses a seeded generator.
+probability that a run reports ≥ 1 event is ≤ α; what the correction itself guarantees, tested apart because the
+event tests cannot catch a loose correction: the probability of ≥ 1 discovery is ≤ α. Rates are per run; every check
+uses a seeded generator.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import stats
 
-from harness.core.seesaw import DEFAULT_ALPHA
-from harness.core.seesaw_sim import Planted, Schedule, false_events, found_planted, simulate_outcomes, simulate_run
+from harness.core.seesaw import DEFAULT_ALPHA, change_tests, significant_changes
+from harness.core.seesaw_sim import (
+    METRIC,
+    Planted,
+    Schedule,
+    false_events,
+    found_planted,
+    outcome_rows,
+    simulate_outcomes,
+    simulate_run,
+)
 from harness.core.stats import wilson_interval
 
 NULL_RUNS = 300  # enough that a detector firing in α = 5 % of runs fails the bound below almost surely
@@ -33,6 +45,26 @@ def test_null_false_event_rate_is_at_most_alpha():
     paired = wilson_interval(sum(bool(r["paired"]) for r in runs), NULL_RUNS)
     assert untested.low > 0.8  # the null is the issue's: the untested rule fires in ~90 % of runs
     assert paired.high <= DEFAULT_ALPHA, paired  # the whole 95 % interval of the paired rule's rate is ≤ α
+
+
+DISCOVERY_RUNS = 400
+
+
+def test_null_rate_of_any_discovery_is_at_most_alpha():
+    """The guarantee BH itself makes, tested where it can fail: under the complete null its false-discovery rate is
+    the probability that a run has ≥ 1 discovery (any change significant after the correction, whatever δ), so
+    that per-run rate must be ≤ α. The event tests above cannot see a miscalibrated correction: an event needs two
+    discoveries of opposite sign in one interval, which the corrected rule almost never makes under the null, so a
+    correction several times too loose still passes them."""
+    rng = np.random.default_rng(31)
+    runs = 0
+    for _ in range(DISCOVERY_RUNS):
+        tests = change_tests(outcome_rows(simulate_outcomes(Schedule(items=200), rng)), [METRIC])
+        runs += bool(significant_changes(tests, alpha=DEFAULT_ALPHA))
+    # The most runs with a discovery that a rule at exactly α gives with probability ≥ 99.9 % (the 99.9 % quantile
+    # of Binomial(DISCOVERY_RUNS, α), ~9 % of runs): exceeding it is a real excess, not bad luck. The exact
+    # McNemar tests are discrete, so the measured rate sits below α (~3 %); a correction 5x too loose gives ~15 %.
+    assert runs <= stats.binom.ppf(0.999, DISCOVERY_RUNS, DEFAULT_ALPHA), runs
 
 
 @pytest.mark.parametrize("accuracy", [0.2, 0.5, 0.85])
