@@ -24,7 +24,7 @@ def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None
     per batch, logged rows, the model)``."""
     from harness.core.store import Row
     from harness.runs.packing import stage_batches
-    from harness.runs.prepare import plan_stage
+    from harness.runs.stage_plan import plan_stage
     from harness.runs.tracking import Tracker
     from harness.training.loop import StageLoop, train_stage
     from harness.training.special_tokens import stage_special_tokens
@@ -103,7 +103,7 @@ def trl_dataset(exp, pools, order=None):
 
 def plan_examples(exp, stage, pools, pad_id):
     """The examples of :func:`harness.runs.prepare.plan_stage`'s batches, in batch order."""
-    from harness.runs.prepare import plan_stage
+    from harness.runs.stage_plan import plan_stage
 
     plan = plan_stage(exp, stage, 0, pools, pad_id)
     by_ids = {}

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 from harness.core.store import Row
 from harness.data.packing import ROW_WIDTH_FACTOR, pack_encoded
 from harness.models.packed_attention import UnsupportedAttention, can_replace
-from harness.runs.prepare import StagePlan
+from harness.runs.stage_plan import StagePlan
 from harness.training.compiling import compile_decision
 from harness.training.packing import PackingError, check_packing
 

@@ -30,15 +30,14 @@ from harness.runs.evallog import EvalLog
 from harness.runs.packing import stage_layout
 from harness.runs.prepare import (
     DataError,
-    StagePlan,
     after_progress,
     build_base,
     build_task_data,
     encode_task_data,
-    plan_stage,
 )
 from harness.runs.rundir import claim_run_dir, clear_run_outputs, unique_run_name
 from harness.runs.stage_cache import StageCache
+from harness.runs.stage_plan import StagePlan, plan_stage
 from harness.runs.tracking import Tracker
 from harness.training import parallel as distributed
 from harness.training.adapters import (

@@ -399,7 +399,8 @@ def test_image_batches_are_padded_and_packing_true_is_refused(tiny, tmp_path):
     from types import SimpleNamespace
 
     from harness.runs.packing import stage_batches
-    from harness.runs.prepare import DataError, plan_stage
+    from harness.runs.prepare import DataError
+    from harness.runs.stage_plan import plan_stage
 
     def example(i):
         ids = np.arange(5 + i % 3, dtype=np.int64)
@@ -428,7 +429,7 @@ def test_image_batches_are_padded_and_packing_true_is_refused(tiny, tmp_path):
 
 def test_auto_pads_a_compiled_stage(tok, groups, tiny, tmp_path, monkeypatch):  # noqa: F811
     from harness.runs import packing
-    from harness.runs.prepare import StagePlan
+    from harness.runs.stage_plan import StagePlan
 
     exp = load_experiment(write_yaml(tmp_path / "x.yaml", tiny))
     plan = StagePlan(exp.resolved_stages()[0], [collate(g, tok.pad_token_id) for g in groups], {}, groups)
