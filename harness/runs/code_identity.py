@@ -1,5 +1,7 @@
-"""The code a stage's numbers depend on, as one hash: part of every stage-cache key (:mod:`harness.runs.stage_cache`),
-so a commit that changes what a stage computes misses the entries made before it, without anyone bumping a version.
+"""The code a stage's numbers depend on, as one hash (:func:`code_fingerprint`), and what else computes them
+(:func:`environment`: library versions, the GPU, the files of a user's lm-eval tasks): parts of every stage-cache key
+(:mod:`harness.runs.stage_cache`), so a commit, an upgrade or an edited task that changes what a stage computes misses
+the entries made before it, without anyone bumping a version.
 
 Which source counts, by layer (``docs/design.md``, "Layers"):
 
@@ -14,10 +16,21 @@ Which source counts, by layer (``docs/design.md``, "Layers"):
 - every file under ``data_recipes/`` (a recipe makes the task data and scores its answers);
 - the plug-in modules imported from outside the package (:func:`code_fingerprint`).
 
+Of those directories, only source-looking files count: ``*.py`` and the data files the code reads (the shipped
+lm-eval task YAMLs), never hidden files or editor leftovers (swap files, backups), and not the few modules that run
+only after the last stage is stored (:data:`AFTER_TRAINING`).
+
 Left out, because they cannot change a stored number: ``runs.console`` (prints), ``runs.tracking`` (forwards the
 rows it is given to the store and wandb), ``runs.rundir`` (claims directories), ``runs.cache_housekeeping`` (lists
 and prunes entries), ``runs.code_identity`` (this file), and the layers above ``runs`` — ``cli``, ``checks``,
 ``studies`` — which start runs but do not compute inside one.
+
+Beyond the code (:func:`environment`): the versions of the libraries that compute a stage besides torch and
+transformers (which the key names itself) — peft, and the optional kernels a model runs through when installed
+(flash-attn, fla, causal-conv1d; ``absent`` when not) — lm-eval's when the run has benchmarks, the GPU's model on
+CUDA (kernels and their float order differ across GPUs, as the CPU thread count, keyed too, changes sums), and the
+content of every ``include_path`` of ``eval.benchmarks``: its task YAMLs, their Python and data files, and the local
+data files they name elsewhere (the path alone misses an edited task).
 
 Python files are hashed as their syntax tree without docstrings (``ast.dump``), so editing a comment, a docstring
 or the layout does not invalidate the cache; any change to the code does. Other files are hashed as bytes. Parsing
@@ -29,14 +42,19 @@ whole fingerprint once.
 from __future__ import annotations
 
 import ast
+import glob
 import hashlib
+import importlib.metadata
 import json
 import os
 import tempfile
 import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, Sequence
+
+import torch
+import yaml
 
 from harness.core.plugins import plugin_files
 from harness.runs.pretrain import cache_root
@@ -63,6 +81,30 @@ NOT_SHAPING_RUN_MODULES = {
     "checkpoint_eval": "harness eval: evaluates a checkpoint outside any stage, stores no cache entry",
     "code_identity": "this file",
 }
+# Files of the shaping packages that run only once the last stage is stored, each with why (a replayed stage cannot
+# differ for them: the run computes them again, after its stages).
+AFTER_TRAINING = {
+    "harness/core/seesaw.py": "the seesaw events of the whole run, detected after the last stage (runner._close_run)",
+    "harness/core/seesaw_sim.py": "simulated evaluation histories for the seesaw tests and bench; no run imports it",
+}
+SOURCE_SUFFIXES = (".py",)
+DATA_SUFFIXES = (".yaml",)  # the shipped lm-eval tasks (harness/evaluation/benchmarks), read by the runs that use them
+# Distributions whose code computes a stage besides torch and transformers: adapters, and optional kernels used when
+# installed (flash-attn; fla, as flash-linear-attention and its fla-core; causal-conv1d)
+LIBRARIES = ("peft", "flash-attn", "flash-linear-attention", "fla-core", "causal-conv1d")
+BENCHMARK_LIBRARY = "lm-eval"  # it computes the benchmark rows: keyed only for a run with eval.benchmarks
+
+
+def is_leftover(path: Path) -> bool:
+    """A file no one means as code or data: hidden (``.x.py.swp``, ``.#x.py``), an editor backup or autosave
+    (``x.py~``, ``#x.py#``), byte code."""
+    name = path.name
+    return (
+        name.startswith((".", "#"))
+        or name.endswith("~")
+        or path.suffix in (".pyc", ".swp", ".swo")
+        or "__pycache__" in path.parts
+    )
 
 
 def shaping_files(root: Path = REPO) -> list[Path]:
@@ -72,10 +114,10 @@ def shaping_files(root: Path = REPO) -> list[Path]:
         files += [
             p
             for p in (root / package).rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+            if p.suffix in SOURCE_SUFFIXES + DATA_SUFFIXES and p.is_file() and not is_leftover(p.relative_to(root))
         ]
     files += [root / "harness" / "runs" / f"{name}.py" for name in SHAPING_RUN_MODULES]
-    return sorted(p.relative_to(root) for p in files)
+    return sorted(rel for rel in (p.relative_to(root) for p in files) if rel.as_posix() not in AFTER_TRAINING)
 
 
 def _without_docstrings(tree: ast.AST) -> ast.AST:
@@ -95,10 +137,13 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
 
 def file_digest(path: Path) -> str:
     """SHA-256 of a file's code: a Python file's syntax tree without docstrings (comments and layout never reach
-    it), any other file's bytes."""
+    it), any other file's bytes (a Python file that does not parse too: a user's task helper may be broken)."""
     data = path.read_bytes()
     if path.suffix == ".py":
-        data = ast.dump(_without_docstrings(ast.parse(data, filename=str(path)))).encode()
+        try:
+            data = ast.dump(_without_docstrings(ast.parse(data, filename=str(path)))).encode()
+        except SyntaxError:
+            pass
     return hashlib.sha256(data).hexdigest()
 
 
@@ -161,3 +206,85 @@ def code_fingerprint(root: Path = REPO) -> str:
     for file in plugins:
         digest.update(f"{file}\0{file_digest(file)}\n".encode())
     return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Beyond the code: libraries, the GPU, a user's benchmark tasks
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def version(distribution: str) -> str:
+    """The installed version of ``distribution``, ``absent`` when it is not installed (read from its metadata:
+    importing a kernel package to ask would cost seconds and initialise CUDA)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def environment(device: str, benchmarks: Sequence = ()) -> dict[str, Any]:
+    """What computes a stage besides the code (module docstring): the :data:`LIBRARIES`' versions, lm-eval's and
+    the content of each ``include_path`` when there are ``benchmarks`` (``eval.benchmarks``), the GPU's model on
+    ``device`` cuda."""
+    out: dict[str, Any] = {"libraries": {name: version(name) for name in LIBRARIES}}
+    if device == "cuda" and torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name()
+    if benchmarks:
+        out["libraries"][BENCHMARK_LIBRARY] = version(BENCHMARK_LIBRARY)
+        paths = dict.fromkeys(str(Path(s.include_path).resolve()) for s in benchmarks if s.include_path)
+        out["include_paths"] = {path: include_path_digest(Path(path)) for path in paths}
+    return out
+
+
+class _TaskYaml(yaml.SafeLoader):
+    """lm-eval task YAMLs with their tags (``!function utils.process``) read as nothing: only the data files they
+    name are looked for here."""
+
+
+_TaskYaml.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def include_path_digest(directory: Path) -> str:
+    """The hash of an lm-eval ``include_path`` as lm-eval reads it: every file under ``directory`` but leftovers
+    (task YAMLs, their Python, data files beside them), and the local data files its YAMLs name outside it."""
+    own = [p.relative_to(directory) for p in directory.rglob("*") if p.is_file()]
+    own = sorted(rel for rel in own if not is_leftover(rel))
+    named: set[Path] = set()
+    for rel in own:
+        if rel.suffix in (".yaml", ".yml"):
+            named |= _named_data_files(directory / rel)
+    outside = sorted(p for p in named if not p.is_relative_to(directory.resolve()))
+    return fingerprint_of(directory, [*own, *outside])  # an absolute path stays itself under ``directory``
+
+
+def _named_data_files(task_yaml: Path) -> set[Path]:
+    """The existing local files a task YAML names as its data (``dataset_kwargs.data_files``, a local
+    ``dataset_path``), relative names tried against the YAML's directory and the working directory (where the
+    datasets library looks); a directory stands for its files."""
+    try:
+        config = yaml.load(task_yaml.read_text(encoding="utf-8"), Loader=_TaskYaml)
+    except (OSError, yaml.YAMLError):
+        return set()  # lm-eval refuses it as it does; the file's own bytes are hashed anyway
+    if not isinstance(config, dict):
+        return set()
+    names = [config.get("dataset_path")]
+    kwargs = config.get("dataset_kwargs")
+    data_files = kwargs.get("data_files") if isinstance(kwargs, dict) else None
+    for value in data_files.values() if isinstance(data_files, dict) else [data_files]:
+        names += value if isinstance(value, list) else [value]
+    found: set[Path] = set()
+    for name in (n for n in names if isinstance(n, str) and n):
+        matches = _local(name, task_yaml.parent)
+        for match in matches:
+            found |= {p for p in match.rglob("*") if p.is_file()} if match.is_dir() else {match}
+    return {p.resolve() for p in found if not is_leftover(p)}
+
+
+def _local(name: str, base: Path) -> list[Path]:
+    """The files or directories ``name`` (a path or a glob) denotes, against ``base`` first, then the working
+    directory; [] for a hub name (``json``, ``org/dataset``) that names nothing here."""
+    for root in (base, Path.cwd()):
+        matches = sorted(glob.glob(str(root / Path(name).expanduser())))
+        if matches:
+            return [Path(m) for m in matches]
+    return []

@@ -19,7 +19,9 @@ key unless it is added there), so the top-level ``train`` section too (evaluatio
 ``max_length``); the base model's key, the content of the task data, the hash of the code that shapes a stage's
 numbers (:func:`harness.runs.code_identity.code_fingerprint`), the harness, torch and transformers versions and the
 device (on a CPU, with its torch thread count; with several data-parallel ranks, their number) (numerics differ
-across them). A run replays cached stages in order and stops at the first miss.
+across them), and what else computes a stage (:func:`harness.runs.code_identity.environment`: peft's and the
+optional kernels' versions, the GPU's model; with benchmarks, lm-eval's version and the content of each
+``include_path``). A run replays cached stages in order and stops at the first miss.
 
 Entries are written into a temporary sibling and renamed into place: a reader sees none or a whole one; when two
 workers finish the same stage at once the second rename fails and that worker discards its copy.
@@ -50,7 +52,7 @@ from harness.config import Experiment, ResolvedStage, computing_debug
 from harness.core.metrics import is_benchmark_task
 from harness.core.store import Row
 from harness.evaluation import EVAL_METRICS
-from harness.runs.code_identity import code_fingerprint
+from harness.runs.code_identity import code_fingerprint, environment
 from harness.runs.pretrain import cache_root, content_hash
 from harness.training import compiling, rng
 from harness.training import parallel as distributed
@@ -60,8 +62,9 @@ from harness.training.compiling import compile_decision
 # Bump when an entry's layout or what a key covers changes (2: samples carry per-item outcomes for the paired seesaw;
 # 3: rows keep their n and Wilson interval, which entries of 2 dropped; 4: the key covers the whole experiment but
 # NOT_SHAPING, and the code — entries of 3 miss once; evaluations add the choice rows of two-answer tasks, which
-# entries of 3 lack)
-STAGE_CACHE_VERSION = "4"
+# entries of 3 lack; 5: the key covers peft's, the kernels' and lm-eval's versions, the GPU's model and the content of
+# benchmark include paths, and the code hash leaves out editor leftovers and modules run after training)
+STAGE_CACHE_VERSION = "5"
 META = "meta.json"
 CHECKPOINT = "checkpoint"
 # Train fields that decide what a run keeps on disk, not what a stage computes: out of a stage's part of the key.
@@ -161,6 +164,8 @@ def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str, code: Op
         "device": device,
         "base": base,
         "code": code if code is not None else code_fingerprint(),
+        # peft's and the optional kernels' versions, the GPU, lm-eval and the user's benchmark task files
+        "environment": environment(device, exp.eval.benchmarks),
         # on a CPU the intra-op thread count changes the order of float sums: a stage computed with 2 threads
         # is not bit-identical to the same stage computed by a 1-thread sweep worker
         "cpu_threads": torch.get_num_threads() if device == "cpu" else None,

@@ -1,12 +1,15 @@
 """What the stage-cache key covers (harness.runs.stage_cache.stage_keys): every field of the schema, changed one at a
 time to a valid different value, misses from the stage it affects on — or is one of the documented ``NOT_SHAPING``
-fields and shares the entries; and the code that shapes a stage is in the key (an edited copy of one module misses).
+fields and shares the entries; the code that shapes a stage is in the key (an edited copy of one module misses) and
+nothing else of the tree (editor leftovers, modules run after training); and so is what else computes a stage: the
+libraries' versions, the GPU, the files of an ``include_path`` benchmark task.
 
 Keys only: nothing here trains, so the whole schema is walked in seconds."""
 
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import json
 import shutil
 import typing
@@ -15,10 +18,12 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import pytest
+import torch
 from pydantic import BaseModel
 
 from harness.config import Experiment, TrainSpec
 from harness.runs import code_identity
+from harness.runs.code_identity import AFTER_TRAINING
 from harness.runs.prepare import build_task_data
 from harness.runs.stage_cache import NOT_SHAPING, STAGE_NOT_SHAPING, stage_keys, task_data_hash
 from harness.training import compiling
@@ -286,7 +291,7 @@ def code_copy(tmp_path) -> Path:
     for rel in code_identity.shaping_files():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(code_identity.REPO / rel, root / rel)
-    for rel in ("harness/runs/console.py",):
+    for rel in ("harness/runs/console.py", *AFTER_TRAINING):
         shutil.copy2(code_identity.REPO / rel, root / rel)
     return root
 
@@ -328,6 +333,20 @@ def test_an_edited_copy_of_a_shaping_module_misses_and_a_comment_does_not(code_c
     assert all(a != b for a, b in zip(before, after))
 
 
+def test_editor_leftovers_and_modules_run_after_training_keep_the_code_hash(code_copy):
+    before = code_identity.code_fingerprint(code_copy)
+    training = code_copy / "harness" / "training"
+    for name in (".losses.py.swp", "losses.py~", "#losses.py#", ".#losses.py", "notes.txt"):
+        (training / name).write_text("stray\n")
+    for rel in AFTER_TRAINING:  # the seesaw of the whole run, its simulations: after the last stage is stored
+        (code_copy / rel).write_text((code_copy / rel).read_text() + "\nEDITED = 1\n")
+    code_identity._cached.cache_clear()
+    assert code_identity.code_fingerprint(code_copy) == before
+    (training / "new_module.py").write_text("VALUE = 1\n")  # a source file that does count
+    code_identity._cached.cache_clear()
+    assert code_identity.code_fingerprint(code_copy) != before
+
+
 def test_a_recipe_edit_misses(code_copy):
     spec = _experiment()
     spec["stages"] = spec["stages"][:1]
@@ -366,3 +385,79 @@ def test_file_digests_are_remembered_by_path_size_and_mtime(code_copy, tmp_path,
     assert len(memo) == len(code_identity.shaping_files(code_copy))  # copied files keep their (old) mtimes
     monkeypatch.setattr(code_identity, "file_digest", lambda path: pytest.fail(f"{path} parsed again"))
     assert code_identity.fingerprint_of(code_copy, code_identity.shaping_files(code_copy)) == first
+
+
+# -- what else computes a stage --------------------------------------------------------------------------------------
+
+
+def _one_stage() -> dict:
+    spec = _experiment()
+    spec["stages"] = spec["stages"][:1]
+    return spec
+
+
+def _versions(monkeypatch, **fake: str) -> None:
+    """``importlib.metadata.version`` as if the distributions named (``_`` for ``-``) had these versions."""
+    real = importlib.metadata.version
+    fake = {name.replace("_", "-"): v for name, v in fake.items()}
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: fake.get(name) or real(name))
+
+
+def test_peft_and_kernel_versions_are_in_the_key(monkeypatch):
+    spec = _one_stage()
+    before = _keys(spec)
+    _versions(monkeypatch, peft="9.9.9")
+    assert _keys(spec) != before
+    _versions(monkeypatch, flash_attn="2.7.0")  # installed where it was absent: the model may run through it
+    assert _keys(spec) != before
+    monkeypatch.undo()
+    assert _keys(spec) == before
+
+
+def test_the_gpu_model_is_in_the_key_on_cuda(monkeypatch):
+    monkeypatch.setattr(compiling, "can_compile", lambda device_type: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    keys = {}
+    for name in ("NVIDIA H200", "NVIDIA A100-SXM4-80GB"):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
+        exp = Experiment.model_validate(_one_stage())
+        keys[name] = stage_keys(exp, "base", "data", "cuda", code="code")
+    assert keys["NVIDIA H200"] != keys["NVIDIA A100-SXM4-80GB"]
+
+
+def _task_files(tmp_path: Path) -> tuple[Path, Path]:
+    """An lm-eval task directory (YAML with a ``!function`` helper) whose data file lies outside it."""
+    tasks, data = tmp_path / "tasks", tmp_path / "data" / "docs.jsonl"
+    tasks.mkdir()
+    data.parent.mkdir()
+    data.write_text('{"q": "1+1", "a": "2"}\n')
+    (tasks / "utils.py").write_text("def process(docs):\n    return docs\n")
+    (tasks / "mine.yaml").write_text(
+        "task: mine\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
+        "process_docs: !function utils.process\ndoc_to_text: '{{q}}'\n"
+    )
+    return tasks, data
+
+
+def test_an_include_path_task_is_keyed_by_its_files_not_its_path(tmp_path, monkeypatch):
+    tasks, data = _task_files(tmp_path)
+    spec = _one_stage()
+    spec["eval"]["benchmarks"] = [{"task": "mine", "include_path": str(tasks)}]
+    before = _keys(spec)
+    assert _keys(spec) == before
+    (tasks / ".mine.yaml.swp").write_text("stray")  # an editor's swap file is no task
+    assert _keys(spec) == before
+
+    yaml_file = tasks / "mine.yaml"
+    yaml_file.write_text(yaml_file.read_text().replace("'{{q}}'", "'Q: {{q}}'"))  # same path, other prompt
+    edited = _keys(spec)
+    assert edited != before
+    data.write_text('{"q": "1+1", "a": "3"}\n')  # its data file, outside the directory
+    assert _keys(spec) != edited
+
+    no_benchmarks = _one_stage()
+    keyed, plain = _keys(spec), _keys(no_benchmarks)
+    _versions(monkeypatch, lm_eval="0.0.1")
+    assert _keys(spec) != keyed
+    assert _keys(no_benchmarks) == plain  # lm-eval computes benchmark rows only
