@@ -12,6 +12,11 @@ slow: docs/packing.md). The check's result is a store row at the stage's first s
 (and the tolerance it was held to, ``train/packing_tolerance``; ``train/packed`` 1 or 0 says which batches trained,
 ``train/packing_varlen`` 1 when they attend example by example).
 
+On several ranks each rank checks its own slice of the batches (the rows the loop will train on that rank, and the
+same examples padded), so no rank holds more activations for the check than it trains with; the ranks' checks are
+then exchanged and every rank acts on the same one, the check closest to failing: all pack with the same layout, or
+all pad, or under ``true`` all stop with the same one-line error (exit 2) — none is left waiting in a collective.
+
 The decision (:func:`decision`: packed or not, and which layout) goes into the stage's resume points
 (:class:`harness.training.loop.LoopState` ``packing``): a resumed stage trains the layout its first part trained,
 without checking again on the partly trained model (which could decide otherwise and finish the stage on other
@@ -20,15 +25,19 @@ batches than the uninterrupted run).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Callable, Optional
 
 from harness.core.store import Row
-from harness.data.packing import ROW_WIDTH_FACTOR, pack_encoded
+from harness.data.batches import collate
+from harness.data.encoding import Encoded
+from harness.data.packing import ROW_WIDTH_FACTOR, examples_of, pack_encoded
 from harness.models.packed_attention import UnsupportedAttention, can_replace
 from harness.runs.stage_plan import StagePlan
 from harness.training.compiling import compile_decision
-from harness.training.packing import PackingError, check_packing
+from harness.training.packing import CHECK_BATCHES, PackingError, check_packing
+from harness.training.parallel import loop_hooks
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +79,8 @@ def stage_batches(
 
 
 def _decide(plan: StagePlan, model, tasks: list[str], pad_id: int, step: int, record) -> Optional[tuple[list, dict]]:
-    """``(packed batches, decision)`` when the check proved a packed layout exact on ``model``; None: padded."""
+    """``(packed batches, decision)`` when the check proved a packed layout exact on ``model`` on every rank; None:
+    padded. Each rank checks its own slice (:func:`_rank_slices`), then the ranks agree (:func:`_agreed`)."""
     stage = plan.stage
     setting = stage.train.packing
     if setting is False or plan.has_images or not plan.examples:
@@ -82,30 +92,75 @@ def _decide(plan: StagePlan, model, tasks: list[str], pad_id: int, step: int, re
         # cause is not measured yet (recompiles on the rows' shapes?). Until it is solved, auto keeps them padded.
         log.info("stage %r: compiled stages train on padded batches (train.packing: auto)", stage.name)
         return None
-    result = None
+    # This rank's share of a batch (an fsdp stage's hooks shard batches as these do) and the verdicts' exchange.
+    hooks = loop_hooks()
+    agreed, layout = None, (False, None)
     for varlen, factor in layouts(model, compiled):
-        packed = [pack_encoded(examples, pad_id, factor, varlen) for examples in plan.examples]
+        padded, packed = _rank_slices(plan, hooks, pad_id, factor, varlen)
         try:
-            result = check_packing(model, plan.batches, packed, stage.train.loss, tasks, stage.train.precision)
+            result = check_packing(model, padded, packed, stage.train.loss, tasks, stage.train.precision)
         except UnsupportedAttention as error:  # the model's attention asks for more than harness_varlen does
             log.info("stage %r: example-by-example attention unavailable (%s); trying masked rows", stage.name, error)
-            continue
-        if result.exact:
-            break
-    if result is None:  # no layout could be tried (a replaced layouts list): nothing proven, so padded
+            result = None
+        except Exception as error:
+            with contextlib.suppress(Exception):  # tell the other ranks, so that none waits for this one
+                hooks.all_gather(f"{type(error).__name__}: {error}")
+            raise
+        outcome = _agreed(hooks, result, stage.name)
+        if outcome is not None:
+            agreed, layout = outcome, (varlen, factor)
+            if outcome[1].exact:
+                break
+    if agreed is None:  # no layout could be tried on every rank (or a replaced layouts list): nothing proven
         log.warning("stage %r: no packed layout could be checked; training on padded batches", stage.name)
         return None
+    (where, result), (varlen, factor) = agreed, layout
     if record is not None:
         record(_rows(stage.name, step, result, varlen), step)
     if result.exact:
-        return packed, decision(True, varlen, factor)
+        return [pack_encoded(ex, pad_id, factor, varlen) for ex in plan.examples], decision(True, varlen, factor)
     if setting is True:
         raise PackingError(
-            f"stage {stage.name!r}: train.packing: true, but {result.why()}; set train.packing "
+            f"stage {stage.name!r}: train.packing: true, but {result.why()}{where}; set train.packing "
             "to auto (pads instead) or false"
         )
-    log.warning("stage %r: %s; training on padded batches (train.packing: auto)", stage.name, result.why())
+    log.warning("stage %r: %s%s; training on padded batches (train.packing: auto)", stage.name, result.why(), where)
     return None
+
+
+def _rank_slices(plan: StagePlan, hooks, pad_id: int, factor: Optional[int], varlen: bool) -> tuple[list, list]:
+    """``(padded, packed)`` for the check: of the first :data:`~harness.training.packing.CHECK_BATCHES` batches
+    packed with ``(factor, varlen)``, this rank's slice as the loop will train it (``hooks.shard``: whole rows of
+    the step's packed batch), and the same examples padded, in the same order. A rank holds its share of the
+    activations during the check, not world size x it. In one process: the whole packed batch and the plan's
+    padded batch (the same examples, collated alike)."""
+    padded, packed = [], []
+    for examples in plan.examples[:CHECK_BATCHES]:
+        part = hooks.shard(pack_encoded(examples, pad_id, factor, varlen))
+        own = [Encoded(task, ids, labels) for task, (ids, labels) in zip(part.tasks, examples_of(part))]
+        padded.append(collate(own, pad_id))
+        packed.append(part)
+    return padded, packed
+
+
+def _agreed(hooks, result, stage: str) -> Optional[tuple[str, Any]]:
+    """Every rank's check of one layout, exchanged (one object collective, which every rank calls as often as the
+    others), and the one all ranks act on: ``(where, check)``, the check of the rank closest to failing — a
+    failing one when any fails, so all ranks pad, or all stop with the same message — with ``where`` naming that
+    rank when there are several. None when some rank could not try the layout. Another rank's error raises here."""
+    results = hooks.all_gather(result)
+    for rank, other in enumerate(results):
+        if isinstance(other, str):  # that rank's check raised (out of memory, say): this rank stops as well
+            raise RuntimeError(f"stage {stage!r}: the packing check failed on rank {rank}: {other}")
+    if any(other is None for other in results):
+        return None
+
+    def closeness(item: tuple[int, Any]) -> tuple[bool, float]:
+        diff, tolerance = item[1].max_rel_diff, item[1].tolerance
+        return not item[1].exact, diff / tolerance if tolerance > 0 else (float("inf") if diff > 0 else 0.0)
+
+    rank, check = max(enumerate(results), key=closeness)
+    return (f" (on rank {rank}'s slice, of {len(results)} ranks)" if len(results) > 1 else ""), check
 
 
 def layouts(model, compiled: bool = False) -> list[tuple[bool, Optional[int]]]:

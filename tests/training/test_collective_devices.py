@@ -7,7 +7,9 @@ Why ``meta``: NCCL (GPUs) refuses CPU tensors, gloo takes anything, and on a CPU
 the CPU, so a tensor made on the wrong device cannot be seen by running. A model on the ``meta`` device can: the
 hooks must take their device from the model (:meth:`DataParallel.trained_module`), and a recorder standing in for
 ``torch.distributed.all_reduce`` sees where each tensor it is handed lives. The two-rank half (the real loop and a
-resumed adaptive update on gloo, every collective recorded) is tests/training/test_collectives.py.
+resumed adaptive update on gloo, every collective recorded) is tests/training/test_collectives.py. The packing
+check's verdicts go through the hooks' object ``all_gather`` (its site is in the inventory): what they hand it is
+checked here to be plain values.
 
 Not in the inventory, because torch makes those calls itself on the device of what it was given: DDP's gradient
 all-reduce (``device_ids`` from the model), and FSDP2's all-gathers and reduce-scatters (``fully_shard``,
@@ -17,6 +19,7 @@ all-reduce (``device_ids`` from the model), and FSDP2's all-gathers and reduce-s
 from __future__ import annotations
 
 import ast
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -180,6 +183,37 @@ def test_one_process_steering_observes_the_resumed_sums_in_the_streams_task_orde
     stream = StubStream()
     rows = Steering(stream, TASKS, "s", SingleProcess(), torch.device("cpu"), RESUMED).after_step(0, 1)
     assert stream.observed == [[2.0, 1.0]] and [r.task for r in rows] == ["b", "a"]
+
+
+# -- the packing check's verdicts -----------------------------------------------------------------------------------
+
+
+def _holds_a_tensor(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    elif isinstance(value, dict):
+        value = [*value.keys(), *value.values()]
+    return isinstance(value, (list, tuple, set)) and any(_holds_a_tensor(v) for v in value)
+
+
+def test_packing_verdicts_are_exchanged_as_plain_values(meta_hooks, monkeypatch):
+    """Ranks agree on the packing check (:mod:`harness.runs.packing`) through the hooks' ``all_gather``, an object
+    collective: what it pickles must hold no tensor (a tensor on the GPU would be pickled from there, one on the
+    CPU would be fine under gloo and is not what the inventory above allows for), and it is the only collective
+    the stage's decision calls. Two real ranks agreeing: tests/runs/test_packing_ranks.py."""
+    from harness.runs.packing import stage_layout
+    from harness.training.parallel import ddp
+    from tests.runs.test_packing_ranks import PAD, TASKS, _model, _plan
+
+    gathered, real = [], dist.all_gather_object
+    monkeypatch.setattr(ddp, "_CURRENT", meta_hooks)  # the run's hooks, as under ddp.active()
+    monkeypatch.setattr(dist, "all_gather_object", lambda out, obj, *a, **k: (gathered.append(obj), real(out, obj)))
+    monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: pytest.fail("the decision all-reduced a tensor"))
+    _, decision = stage_layout(_plan(), _model(), TASKS, PAD, 0, None)
+    assert decision["packed"] and gathered
+    assert not any(_holds_a_tensor(obj) for obj in gathered), gathered
 
 
 # -- every collective call site -------------------------------------------------------------------------------------

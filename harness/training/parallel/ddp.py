@@ -180,7 +180,8 @@ class DataParallel(WholeModelHooks):
         return out
 
     def all_gather(self, obj):
-        """``obj`` of every rank, in rank order (sharded evaluation's per-item results)."""
+        """``obj`` of every rank, in rank order (sharded evaluation's per-item results, the packing check's verdicts:
+        :mod:`harness.runs.packing`)."""
         out = [None] * self.world
         dist.all_gather_object(out, obj)
         return out

@@ -73,3 +73,7 @@ class SingleProcess(WholeModelHooks):
     def bad_ranks(self, loss_bad: bool, grad_bad: bool) -> list[int]:
         """No other rank to hear from: the loop's own flags decide."""
         return []
+
+    def all_gather(self, obj) -> list:
+        """``obj`` of every rank, in rank order: this process's alone (the packing check's verdict)."""
+        return [obj]
