@@ -69,7 +69,17 @@ SHAPING_PACKAGES = (
     "harness/evaluation",
     "data_recipes",
 )
-SHAPING_RUN_MODULES = ("prepare", "pretrain", "images", "packing", "runner", "evallog", "ranks", "stage_cache")
+SHAPING_RUN_MODULES = (
+    "prepare",
+    "stage_plan",
+    "pretrain",
+    "images",
+    "packing",
+    "runner",
+    "evallog",
+    "ranks",
+    "stage_cache",
+)
 # The other modules of harness/runs, each with why it cannot change a stored number (a new module must be placed in
 # one list or the other: tests/runs/test_stage_cache_key.py)
 NOT_SHAPING_RUN_MODULES = {
