@@ -4,13 +4,16 @@
   (overfit and inputs-matter checks), ``inspect`` (one row per module), ``schema`` (the experiment JSON Schema);
 - sweeps: ``sweep`` (optuna workers on a shared storage), ``sweep-status``;
 - reproductions: ``repro`` (a published finding's arms × seeds → table and figure, experiments/repro/);
+  these two live in :mod:`harness.cli.studies`; they and ``run --seeds`` take ``--launcher local|slurm`` (this
+  machine, or one SLURM job array: :mod:`harness.studies.launch`);
 - analysis: ``report`` (report.html for a run or a sweep), ``compare`` (per-task deltas between two runs);
 - ``cache ls | du | prune``: the stage cache (:mod:`harness.runs.stage_cache`).
 
 Exit codes: 0 success; 2 invalid input: experiment / sweep file (every error printed with its YAML path), a
 ``--set`` value, task data, a run directory that is not empty or in use; 3 stopped by the non-finite guard; 4 a
-special token's row would not train; 5 the file system refused (permission, disk full); 1 anything else. Errors
-are one line, no traceback (``--debug`` anywhere on the line shows it): :mod:`harness.cli.errors`.
+special token's row would not train; 5 the file system refused (permission, disk full); 1 anything else (cluster
+jobs that failed among them). Errors are one line, no traceback (``--debug`` anywhere on the line shows it):
+:mod:`harness.cli.errors`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+
+from harness.cli import studies
+from harness.cli.launching import DetachOption, LauncherOption, SlurmOption, choose_launcher
 
 app = typer.Typer(
     add_completion=False,
@@ -93,52 +99,42 @@ def run(
     force: bool = typer.Option(
         False, "--force", help="Start over in a non-empty --out (its earlier run's outputs are deleted)."
     ),
+    nodes: int = typer.Option(
+        1,
+        "--nodes",
+        min=1,
+        help="Nodes of a data-parallel run inside a SLURM allocation (one srun task per node; --nproc ranks "
+        "each): torchrun's rendezvous is read from SLURM's environment.",
+    ),
+    launcher: Optional[str] = LauncherOption,
+    slurm: Optional[list[str]] = SlurmOption,
+    detach: bool = DetachOption,
 ):
     """Train and evaluate an experiment (exit 3 when the non-finite guard stops it)."""
     exp = _load(file, set_)  # first: a broken file is reported without importing torch
-    import os
-
     from harness.config import ConfigError
     from harness.runs import ranks
     from harness.runs.prepare import DataError
     from harness.runs.runner import default_run_dir, run_experiment
-    from harness.studies.replicates import SeedsError, parse_seeds, run_group
-    from harness.training.checkpoint import WorldSizeError, check_resume_world
+    from harness.training.checkpoint import WorldSizeError
     from harness.training.guard import NonFiniteError
     from harness.training.parallel import ParallelError
     from harness.training.special_tokens import SpecialTokenGradientError
 
-    if resume and out and out != resume:
-        _fail("--resume names the run directory; drop --out or give the same directory")
-    if resume and force:
-        _fail("--resume continues the run in the directory, --force starts over in it: give one")
-    if resume:
-        try:  # the ranks check again (a torchrun by hand); here it fails before any rank starts
-            check_resume_world(resume, int(os.environ["WORLD_SIZE"]) if ranks.launched_by_torchrun() else nproc)
-        except WorldSizeError as e:
-            _fail(str(e))
-    try:
-        seed_list = parse_seeds(seeds) if seeds is not None else exp.seeds
-    except SeedsError as e:
-        _fail(str(e))
-    if jobs > 1 and not seed_list:
-        _fail("--jobs runs seed replicates at once: give --seeds (or seeds: in the file)")
-    if seed_list and resume:
-        _fail("--resume continues one run: give a replicate's directory (<group>/seed-<s>) without --seeds")
-    if seed_list and nproc > 1:
-        _fail("--seeds with --nproc is not supported yet: run each seed with --set seed=<s> --nproc N")
+    choice = choose_launcher(None, launcher, slurm)
+    seed_list = _run_refusals(exp, seeds, out, resume, force, nproc, nodes, jobs, choice.kind, detach)
     run_dir = resume or out or default_run_dir(exp)
-    if nproc > 1 and not ranks.launched_by_torchrun():
+    if (nproc > 1 or nodes > 1) and not ranks.launched_by_torchrun():
         argv = [a for a in sys.argv[1:]] + ([] if out or resume else ["--out", str(run_dir)])  # one dir for all
-        raise typer.Exit(ranks.launch(nproc, argv))
+        try:
+            code = ranks.launch(nproc, argv, nodes=nodes)
+        except ranks.RendezvousError as e:
+            _fail(str(e))
+        raise typer.Exit(code)
     session = ranks.rank_session(exp, run_dir, resume=resume is not None) if ranks.launched_by_torchrun() else None
     try:
         if seed_list:
-            command = ["run", str(file), *(arg for value in set_ or [] for arg in ("--set", value))]
-            codes = run_group(exp, run_dir, seed_list, jobs=jobs, command=command, echo=typer.echo)
-            failed = {s: c for s, c in codes.items() if c}
-            if failed:
-                _fail(f"replicates failed: {failed} (see {run_dir}/seed-<s>.log)", next(iter(failed.values())))
+            _run_seeds(exp, file, set_, run_dir, seed_list, jobs, choice, detach)
         else:
             with session or contextlib.nullcontext((exp, run_dir)) as (exp, run_dir):
                 run_experiment(exp, run_dir, resume=resume is not None, force=force)
@@ -150,6 +146,69 @@ def run(
         _fail(f"training stopped: {e}\nreport: {run_dir / 'nonfinite.json'}", code=3)
     except SpecialTokenGradientError as e:
         _fail(f"training stopped before the first update: {e}", code=4)
+
+
+def _run_refusals(exp, seeds, out, resume, force, nproc, nodes, jobs, kind: str, detach: bool) -> Optional[list[int]]:
+    """The seeds ``harness run`` replicates over (None: one run), after refusing what its options cannot do
+    together (one line, exit 2)."""
+    import os
+
+    from harness.runs import ranks
+    from harness.studies.replicates import SeedsError, parse_seeds
+    from harness.training.checkpoint import WorldSizeError, check_resume_world
+
+    if resume and out and out != resume:
+        _fail("--resume names the run directory; drop --out or give the same directory")
+    if resume and force:
+        _fail("--resume continues the run in the directory, --force starts over in it: give one")
+    if resume:
+        try:  # the ranks check again (a torchrun by hand); here it fails before any rank starts
+            world = int(os.environ["WORLD_SIZE"]) if ranks.launched_by_torchrun() else nproc * nodes
+            check_resume_world(resume, world)
+        except WorldSizeError as e:
+            _fail(str(e))
+    try:
+        seed_list = parse_seeds(seeds) if seeds is not None else exp.seeds
+    except SeedsError as e:
+        _fail(str(e))
+    if jobs > 1 and not seed_list:
+        _fail("--jobs runs seed replicates at once: give --seeds (or seeds: in the file)")
+    if seed_list and resume:
+        _fail("--resume continues one run: give a replicate's directory (<group>/seed-<s>) without --seeds")
+    if seed_list and (nproc > 1 or nodes > 1):
+        _fail("--seeds with --nproc is not supported yet: run each seed with --set seed=<s> --nproc N")
+    if nodes > 1 and not (out or resume):
+        _fail("--nodes: give --out on a file system every node reaches (each node would name its own directory)")
+    if kind == "slurm" and not seed_list:
+        _fail("--launcher slurm runs seed replicates as jobs: give --seeds (one run: see docs/distributed.md)")
+    if kind == "slurm" and jobs > 1:
+        _fail("--jobs is for this machine; on SLURM each replicate is a job (--slurm array_parallelism=N: N at once)")
+    if detach and kind != "slurm":
+        _fail("--detach leaves SLURM jobs running: it needs --launcher slurm")
+    return seed_list
+
+
+def _run_seeds(exp, file: Path, set_, group_dir: Path, seeds: list[int], jobs: int, choice, detach: bool) -> None:
+    """``harness run --seeds``: the replicates here (in this process, or ``--jobs`` subprocesses) or as SLURM jobs."""
+    from harness.studies.launch import JobsFailed, make_launcher
+    from harness.studies.replicates import run_group
+
+    cluster = None
+    if choice.kind == "slurm":
+        cluster = make_launcher(
+            choice, group_dir / "slurm", echo=typer.echo, job_name=f"harness-seeds-{exp.name}", detach=detach
+        )
+    command = ["run", str(file), *(arg for value in set_ or [] for arg in ("--set", value))]
+    try:
+        codes = run_group(exp, group_dir, seeds, jobs=jobs, command=command, echo=typer.echo, launcher=cluster)
+    except JobsFailed as e:
+        _fail(str(e), 1)
+    if cluster is not None and not codes:
+        typer.echo("the jobs run on: this command again follows them")
+        return
+    failed = {s: c for s, c in codes.items() if c}
+    if failed:
+        _fail(f"replicates failed: {failed} (see {group_dir}/seed-<s>.log)", next(iter(failed.values())))
 
 
 @app.command("eval")
@@ -221,130 +280,11 @@ def schema(
     typer.echo(json.dumps(out, indent=2))
 
 
-# -- sweeps (harness/studies/sweep/) -----------------------------------------------------------------------------------
+# -- sweeps and reproductions (harness/cli/studies.py) ----------------------------------------------------------------
 
-
-@app.command()
-def sweep(
-    file: Path = typer.Argument(..., help="Sweep YAML (experiments/sweeps/*.yaml)."),
-    workers: int = typer.Option(1, "--workers", min=1, help="Worker processes on this machine."),
-    out: Optional[Path] = typer.Option(None, "--out", help="The sweep directory (default runs/sweeps/<study>)."),
-    set_: Optional[list[str]] = typer.Option(
-        None,
-        "--set",
-        help="Override a field of the sweep file: key.path=value "
-        "(space.<path>=… and overrides.<path>=… keep <path> whole).",
-    ),
-    worker_offset: int = typer.Option(
-        0,
-        "--worker-offset",
-        help="First worker index (sampler seed = study.seed + index): give each machine its own range.",
-    ),
-    gpus: Optional[str] = typer.Option(
-        None,
-        "--gpus",
-        help="Devices to deal among the workers, e.g. 0,1,2,3 "
-        "(each worker's CUDA_VISIBLE_DEVICES: equal consecutive groups).",
-    ),
-):
-    """Run an optuna sweep: N workers on one shared storage, until the study's trial budget is used."""
-    from harness.config import ConfigError
-    from harness.core.redact import mask_url
-    from harness.studies.sweep import load_sweep
-    from harness.studies.sweep.results import status_text
-    from harness.studies.sweep.worker import load_worker_study, run_sweep, stop_on_sigterm
-
-    stop_on_sigterm()  # SIGTERM stops the workers as Ctrl-C does (they would otherwise run on alone)
-    try:
-        spec = load_sweep(file, set_)
-        sweep_dir = out or Path("runs") / "sweeps" / spec.name
-        typer.echo(f"sweep {spec.name} → {sweep_dir} (storage {mask_url(spec.storage_url(sweep_dir))})")
-        result = run_sweep(
-            spec,
-            sweep_dir,
-            workers=workers,
-            worker_offset=worker_offset,
-            echo=typer.echo,
-            gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else None,
-        )
-    except ConfigError as e:
-        _fail(str(e))
-    typer.echo(status_text(load_worker_study(spec, sweep_dir, worker_offset), spec))
-    typer.echo(f"trials: {sweep_dir / 'trials.parquet'}")
-    if not result["budget_done"] and not spec.spec.study.timeout:
-        _fail("the workers stopped before the trial budget was used (see the worker logs)", 1)
-
-
-@app.command("sweep-status")
-def sweep_status(
-    sweep_dir: Path = typer.Argument(..., help="A sweep directory (holding sweep.resolved.yaml)."),
-    top: int = typer.Option(5, "--top", help="Best trials shown."),
-):
-    """Best trials (or the Pareto front) and parameter importances; rewrites trials.parquet from the storage."""
-    from harness.config import ConfigError
-    from harness.studies.sweep import RESOLVED_NAME, load_resolved
-    from harness.studies.sweep.results import status_text, write_trials
-    from harness.studies.sweep.worker import load_worker_study
-
-    if not (sweep_dir / RESOLVED_NAME).is_file():
-        _fail(f"{sweep_dir}: no {RESOLVED_NAME} here; give the directory of a sweep (harness sweep --out)")
-    try:
-        spec = load_resolved(sweep_dir)
-    except ConfigError as e:
-        _fail(str(e))
-    study = load_worker_study(spec, sweep_dir, 0)
-    write_trials(study, spec, sweep_dir)
-    typer.echo(status_text(study, spec, top=top))
-
-
-@app.command()
-def repro(
-    name: Optional[str] = typer.Argument(None, help="A reproduction under experiments/repro/ (or its directory)."),
-    scale: float = typer.Option(1.0, "--scale", min=0.0, help="Multiply the reproduction's size fields (steps)."),
-    seeds: str = typer.Option("0,1,2", "--seeds", help="Comma-separated seeds, one run per arm each."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default runs/repro/NAME)."),
-    arms: Optional[str] = typer.Option(None, "--arms", help="Comma-separated arms to run (default all)."),
-    micro: bool = typer.Option(False, "--micro", help="The micro size of the reproduction (seconds; tests)."),
-    jobs: int = typer.Option(
-        1,
-        "--jobs",
-        min=1,
-        help="Runs at once, each in its own process (torch threads split between them unless OMP_NUM_THREADS is set).",
-    ),
-    list_: bool = typer.Option(False, "--list", help="List the reproductions and exit."),
-):
-    """Run a published finding's arms for several seeds; write NAME.md (table with intervals) and NAME.png."""
-    from harness.config import ConfigError
-    from harness.studies.repro.plan import available, load_repro, parse_seeds, run_repro
-    from harness.studies.repro.report import write_outputs
-    from harness.training.guard import NonFiniteError
-    from harness.training.special_tokens import SpecialTokenGradientError
-
-    if not list_ and not name:
-        _fail("harness repro: give a NAME (harness repro --list shows them)")
-    try:
-        if list_:
-            for known in available():
-                typer.echo(f"{known:<24} {load_repro(known).spec.title}")
-            return
-        spec = load_repro(name)
-        seed_list = parse_seeds(seeds)
-        out_dir = out or Path("runs") / "repro" / spec.name
-        outcomes = run_repro(
-            spec, seed_list, out_dir, scale, micro, arms.split(",") if arms else None, typer.echo, jobs=jobs
-        )
-    except (ConfigError, ValueError) as e:
-        _fail(f"harness repro: {e}")
-    except NonFiniteError as e:  # the exit codes of harness run
-        _fail(f"harness repro: training stopped: {e}", code=3)
-    except SpecialTokenGradientError as e:
-        _fail(f"harness repro: training stopped before the first update: {e}", code=4)
-    command = " ".join(
-        ["harness repro", spec.name, f"--seeds {seeds}"]
-        + ([f"--scale {scale:g}"] if scale != 1 else [])
-        + (["--micro"] if micro else [])
-    )
-    typer.echo(f"table → {write_outputs(spec, outcomes, out_dir, command)}")
+app.command()(studies.sweep)
+app.command("sweep-status")(studies.sweep_status)
+app.command()(studies.repro)
 
 
 # ---- analysis: report and compare (the analysis package) ------------------------------------------------------

@@ -38,6 +38,7 @@ USER_ERRORS = (
     ("yaml.error", "YAMLError"),
     ("harness.training.compiling", "CompileFailed"),  # train.compile: true where this machine cannot compile
     ("harness.training.packing", "PackingError"),  # train.packing: true on a model packing is not exact on
+    ("harness.studies.launch.spec", "LauncherError"),  # a --launcher / --slurm choice that cannot be used here
 )
 
 

@@ -26,6 +26,20 @@ _Loader.add_implicit_resolver(
 )
 
 
+# YAML 1.1 reads digits separated by colons as base 60 (``4:00:00`` is the integer 14400); YAML 1.2 dropped that, and
+# a person writing a SLURM time limit or a ratio means the text. Those resolvers go; plain integers keep theirs.
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+for _first, _resolvers in list(_Loader.yaml_implicit_resolvers.items()):
+    _Loader.yaml_implicit_resolvers[_first] = [
+        (tag, rx) for tag, rx in _resolvers if not (tag in (_INT, _FLOAT) and (rx.match("1:30") or rx.match("1:30.5")))
+    ]
+_Loader.add_implicit_resolver(
+    _INT,
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+
+
 def safe_load(text: str) -> Any:
     """``yaml.safe_load`` with floats such as ``1e-4`` read as floats."""
     return yaml.load(text, Loader=_Loader)  # noqa: S506 — a SafeLoader subclass

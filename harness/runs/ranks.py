@@ -4,10 +4,11 @@ which each rank runs the whole experiment.
 ``harness run FILE --nproc N`` re-runs the same command as N ranks through torchrun's own launcher, called in this
 process (:func:`launch`: it returns the exit code of the first rank that failed, which the ``torchrun`` command
 turns into 1); any torchrun invocation, multi-node included, works the same: the ranks read torchrun's
-environment. Each rank then runs the whole experiment inside :func:`rank_session` (the training hooks it activates
-are :mod:`harness.training.parallel`): only rank 0 writes; every other rank runs into a scratch directory it
-deletes, with wandb off and no console; a resumed rank other than 0 starts from a scratch copy of rank 0's run
-directory.
+environment. ``--nodes M`` inside a SLURM allocation (one ``srun`` task per node) takes the rendezvous from SLURM's
+environment (:func:`slurm_rendezvous`). Each rank then runs the whole experiment inside :func:`rank_session` (the
+training hooks it activates are :mod:`harness.training.parallel`): only rank 0 writes; every other rank runs into a
+scratch directory it deletes, with wandb off and no console; a resumed rank other than 0 starts from a scratch copy
+of rank 0's run directory.
 """
 
 from __future__ import annotations
@@ -30,22 +31,55 @@ from harness.training.parallel import ddp
 SCRATCH_ENV = "HARNESS_RANK_SCRATCH"  # where ranks other than 0 make their scratch run directories
 
 
-def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
-    """The command that re-runs ``python -m harness ARGV`` (``--nproc`` removed) as ``nproc`` torchrun ranks on
-    this machine."""
+class RendezvousError(ValueError):
+    """``--nodes`` outside a SLURM allocation that gives them (one line, exit 2)."""
+
+
+def slurm_rendezvous(nodes: int, environ=None) -> list[str]:
+    """torchrun's multi-node options read from SLURM's environment: the first host of the allocation
+    (``scontrol show hostnames $SLURM_JOB_NODELIST``) as the c10d endpoint (port ``$MASTER_PORT``, else 29500),
+    ``$SLURM_JOB_ID`` as the rendezvous id, ``$SLURM_NODEID`` as this node's rank."""
+    environ = os.environ if environ is None else environ
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not environ.get("SLURM_JOB_ID") or not nodelist:
+        raise RendezvousError(
+            f"--nodes {nodes}: the rendezvous is read from SLURM's environment — run it in an sbatch script, one srun "
+            "task per node (docs/distributed.md), or call torchrun with --rdzv-endpoint yourself"
+        )
+    have = int(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or 0)
+    if have != nodes:
+        raise RendezvousError(f"--nodes {nodes}, but this SLURM allocation has {have} node(s) ({nodelist})")
+    import subprocess
+
+    hosts = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return [
+        f"--nnodes={nodes}",
+        f"--node-rank={environ.get('SLURM_NODEID', '0')}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={hosts[0]}:{environ.get('MASTER_PORT', '29500')}",
+        f"--rdzv-id={environ['SLURM_JOB_ID']}",
+    ]
+
+
+def torchrun_command(nproc: int, argv: list[str], nodes: int = 1) -> list[str]:
+    """The command that re-runs ``python -m harness ARGV`` (``--nproc`` and ``--nodes`` removed) as ``nproc``
+    torchrun ranks on this machine, or on each of ``nodes`` SLURM nodes (:func:`slurm_rendezvous`)."""
     args, skip = [], False
     for a in argv:
         if skip:
             skip = False
-        elif a == "--nproc":
+        elif a in ("--nproc", "--nodes"):
             skip = True
-        elif not a.startswith("--nproc="):
+        elif not a.startswith(("--nproc=", "--nodes=")):
             args.append(a)
+    where = ["--standalone"] if nodes == 1 else slurm_rendezvous(nodes)
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *where,
         f"--nproc-per-node={nproc}",
         "-m",
         "harness",
@@ -57,10 +91,12 @@ def launched_by_torchrun() -> bool:
     return "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def launch(nproc: int, argv: list[str]) -> int:
+def launch(nproc: int, argv: list[str], nodes: int = 1) -> int:
     """Run ``harness ARGV`` as ``nproc`` ranks (torchrun's own code, in this process) and return the exit code of
     the rank that failed first (a NaN stop's 3 stays 3; torchrun itself would say 1), or 128 + the signal that
-    killed it; when a rank fails, torchrun stops the others, and one line says which rank and how."""
+    killed it; when a rank fails, torchrun stops the others, and one line says which rank and how. Raises
+    :class:`RendezvousError` (before any rank starts) for ``nodes`` > 1 outside a SLURM allocation of that size."""
+    command = torchrun_command(nproc, argv, nodes)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -69,7 +105,7 @@ def launch(nproc: int, argv: list[str]) -> int:
     scratch = tempfile.mkdtemp(prefix="harness-ranks-")
     os.environ[SCRATCH_ENV] = scratch
     try:
-        run(parse_args(torchrun_command(nproc, argv)[3:]))
+        run(parse_args(command[3:]))
         return 0
     except SignalException as e:  # Ctrl-C / SIGTERM to the launcher: torchrun has stopped the ranks
         print(

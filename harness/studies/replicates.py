@@ -7,7 +7,9 @@ the same task pools and is scored on the same eval items: the spread across seed
 not a different test set. (To vary the task data too, give each run its own ``data_seed``.)
 
 Replicates run one after another in this process, or ``jobs`` at a time as ``harness run`` subprocesses, each
-writing its console output to ``<group>/seed-<s>.log``. ``group.json`` in the group directory marks it
+writing its console output to ``<group>/seed-<s>.log``, or as the jobs of one SLURM job array (``--launcher
+slurm``: :mod:`harness.studies.launch`; their logs and jobs file in ``<group>/slurm/``), each resuming from its
+resume point when its job is requeued. ``group.json`` in the group directory marks it
 (:data:`GROUP_FILE`) and records each replicate's status; :mod:`analysis.group` reads it.
 """
 
@@ -23,6 +25,8 @@ from typing import Callable, Optional, Sequence
 from harness.config import Experiment
 from harness.core.metrics import GROUP_FILE
 from harness.core.store import atomic_write_text
+from harness.studies.launch import Launcher, Task
+from harness.studies.launch.run_job import RunJob
 
 
 class SeedsError(ValueError):
@@ -82,16 +86,21 @@ def run_group(
     jobs: int = 1,
     command: Optional[list[str]] = None,
     echo: Callable[[str], None] = print,
+    launcher: Optional[Launcher] = None,
 ) -> dict[int, int]:
     """Run every replicate; returns ``{seed: exit code}``.
 
     ``jobs == 1`` runs them in this process (an exception ends the group, as it would a single run); otherwise
     ``command`` — ``harness run`` argv for the experiment file with its ``--set`` overrides — is started per seed
-    with the replicate's seed fields set, ``jobs`` at a time.
+    with the replicate's seed fields set, ``jobs`` at a time. A ``launcher`` runs each as one of its tasks instead
+    (empty codes: it left them running, detached; :class:`~harness.studies.launch.JobsFailed` once all ended, when
+    some failed).
     """
     status: dict[int, str] = {}
     _write_group(group_dir, exp, seeds, status)
     codes: dict[int, int] = {}
+    if launcher is not None:
+        return _run_launched(exp, group_dir, seeds, launcher, status)
     if jobs == 1:
         from harness.runs.runner import run_experiment  # torch and transformers: only when replicates run here
 
@@ -126,6 +135,26 @@ def run_group(
         _write_group(group_dir, exp, seeds, status)
         time.sleep(0.2)
     return codes
+
+
+def _run_launched(
+    exp: Experiment, group_dir: Path, seeds: Sequence[int], launcher: Launcher, status: dict[int, str]
+) -> dict[int, int]:
+    """The replicates as ``launcher``'s tasks ("seed <s>"), ``group.json`` updated as each ends."""
+    job = RunJob(launcher.max_requeues)
+    tasks = [Task(f"seed {s}", job, (replicate(exp, s), replicate_dir(group_dir, s).resolve())) for s in seeds]
+    codes: dict[int, int] = {}
+
+    def ended(task: Task, outcome: str) -> None:
+        seed = int(task.name.split()[-1])
+        codes[seed], status[seed] = (0, "done") if outcome == "done" else (1, f"failed ({outcome})")
+        _write_group(group_dir, exp, seeds, status)
+
+    for seed in seeds:
+        status[seed] = "submitted"
+    _write_group(group_dir, exp, seeds, status)
+    finished = launcher.run(tasks, on_done=lambda task, value: ended(task, "done"), on_failed=ended)
+    return codes if finished else {}
 
 
 def replica_log(group_dir: Path, seed: int) -> Path:

@@ -37,6 +37,8 @@ from harness.config.errors import yaml_errors
 from harness.config.load import apply_overrides, validate_data
 from harness.config.paths import PathError, parse_path, resolve_path, set_path
 from harness.config.yaml_io import load_raw
+from harness.studies.launch import Launcher, LauncherSpec
+from harness.studies.launch.local import LocalLauncher
 from harness.studies.repro.jobs import PlannedRun, run_planned
 
 REPRO_ROOT = Path(__file__).resolve().parents[3] / "experiments" / "repro"  # harness/studies/repro/ → the project
@@ -83,6 +85,7 @@ class ReproSpec(BaseModel):
     expect: Optional[Expect] = None
     x_label: Optional[str] = None
     x_log: bool = False
+    launcher: Optional[LauncherSpec] = Field(None, description="Where the runs go with --launcher slurm.")
 
     def arm(self, name: str) -> Arm:
         value = self.arms[name]
@@ -220,10 +223,12 @@ def run_repro(
     arms: Optional[list[str]] = None,
     echo: Callable[[str], None] = print,
     jobs: int = 1,
-) -> list[RunOutcome]:
+    launcher: Optional[Launcher] = None,
+) -> Optional[list[RunOutcome]]:
     """Run every arm for every seed into ``out/runs``, reusing finished runs; returns one outcome per run, seed-major
-    (all arms of seed 0 first). Experiments are all validated before the first run starts. ``jobs > 1`` runs that
-    many at once, each in its own process."""
+    (all arms of seed 0 first), or None when ``launcher`` left its jobs running (detached). Experiments are all
+    validated before the first run starts. ``jobs > 1`` runs that many at once, each in its own process;
+    ``launcher`` (default: this machine, ``jobs`` at a time) may send them to a cluster instead."""
     from harness.runs.rundir import LOCK_FILE
     from harness.runs.runner import changed_sections  # torch and transformers: only when something runs
 
@@ -263,7 +268,9 @@ def run_repro(
         )
         echo(f"{arm} seed {seed}: {why} → {run_dir}")
         todo.append(PlannedRun(arm, seed, exp, run_dir, used))
-    run_planned(todo, jobs, lambda run: collect(run.arm, run.seed, run.exp), echo)
+    launcher = launcher or LocalLauncher(jobs, echo)
+    if not run_planned(todo, launcher, lambda run: collect(run.arm, run.seed, run.exp)):
+        return None
     return [outcomes[arm, seed] for arm, seed, _ in plan]
 
 

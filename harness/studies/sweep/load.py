@@ -34,7 +34,8 @@ from harness.studies.sweep.spec import RESOLVED_NAME, ObjectiveSpec, SweepSpec, 
 from harness.studies.sweep.study import make_pruner, make_sampler
 
 Errors = list[tuple[str, str]]
-SECTION_ORDER = ["experiment", "overrides", "study", "space", "objective", "objectives"]  # errors come in this order
+# errors come in this order
+SECTION_ORDER = ["experiment", "overrides", "study", "space", "objective", "objectives", "launcher"]
 
 
 def _split_overrides(items: list[str] | None) -> tuple[list[str], dict[str, dict[str, Any]]]:

@@ -192,6 +192,29 @@ def describe_trial(t, sweep: Sweep) -> str:
     )
 
 
+class TrialFollower:
+    """What a launching command shows of its sweep as the workers run: each trial once it has finished (again when
+    its state changes), ``trials.parquet`` rewritten after any change. Call it once per look at the study."""
+
+    FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+    def __init__(self, study, sweep: Sweep, sweep_dir: Path, echo=print):
+        self.study, self.sweep, self.sweep_dir, self.echo = study, sweep, Path(sweep_dir), echo
+        self.seen: dict[int, str] = {}
+
+    def __call__(self, write: bool = True) -> bool:
+        """Show the trials finished since the last call; True when there were any."""
+        changed = False
+        for t in self.study.get_trials(deepcopy=False):
+            if t.state in self.FINISHED and self.seen.get(t.number) != t.state.name:
+                self.seen[t.number] = t.state.name
+                self.echo(describe_trial(t, self.sweep))
+                changed = True
+        if changed and write:
+            write_trials(self.study, self.sweep, self.sweep_dir)
+        return changed
+
+
 def importances(study, sweep: Sweep) -> list[tuple[str, dict[str, float]]] | str:
     """Parameter importances (optuna's default evaluator, PED-ANOVA) over the *normalised* simplex weights and the
     other parameters of COMPLETE trials, one dict per objective; a message when there are too few trials."""

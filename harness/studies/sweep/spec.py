@@ -11,6 +11,7 @@ a stage::
       stages.assistant.mixture: {simplex: [yesno, assistant_qa, short_qa]}
       stages.assistant.optim.lr: {float: [3.0e-4, 3.0e-3], log: true}
     objective: {metric: greedy, split: heldout, tasks: [assistant_qa, yesno], reduce: min}
+    launcher: {partition: gpu, time: "4:00:00", gpus_per_job: 1}   # optional: the workers as SLURM jobs
 
 Space kinds
 -----------
@@ -38,6 +39,7 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from harness.config import Strict
 from harness.core.names import check_safe_name
+from harness.studies.launch.spec import LauncherSpec
 
 RESOLVED_NAME = "sweep.resolved.yaml"  # the sweep as workers read it, in the sweep directory
 BASE_EXPERIMENT_NAME = "experiment.yaml"  # the base experiment (overrides applied), next to it
@@ -235,6 +237,7 @@ class SweepSpec(Strict):
     objectives: Optional[list[ObjectiveSpec]] = Field(None, min_length=1)
     seed_trials: bool = Field(True, description="Enqueue uniform and natural mixture weights as the first trials.")
     checkpoints: bool = Field(False, description="Save stage checkpoints in every trial (off: trials keep none).")
+    launcher: Optional[LauncherSpec] = Field(None, description="Where the workers run with --launcher slurm.")
 
     @model_validator(mode="after")
     def _one_objective(self) -> "SweepSpec":

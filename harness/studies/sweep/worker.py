@@ -42,7 +42,7 @@ from harness.config import validate_data
 from harness.core.redact import STORAGE_ENV
 from harness.studies.sweep.heartbeat import WORKER_ATTR, Heartbeat, fail_stale_trials, fail_trials_of, worker_id
 from harness.studies.sweep.load import load_resolved
-from harness.studies.sweep.results import describe_trial, write_trials
+from harness.studies.sweep.results import TrialFollower, write_trials
 from harness.studies.sweep.space import Sweep, sample_values
 from harness.studies.sweep.study import (
     budget_lock,
@@ -311,18 +311,8 @@ def launch_workers(
     )
     study = load_worker_study(sweep, sweep_dir, worker_offset)
     grace = sweep.spec.study.heartbeat.grace
-    seen: dict[int, str] = {}
     exits: dict[int, int] = {}
-    finished_states = {TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL}
-
-    def follow() -> bool:
-        changed = False
-        for t in study.get_trials(deepcopy=False):
-            if t.state in finished_states and seen.get(t.number) != t.state.name:
-                seen[t.number] = t.state.name
-                echo(describe_trial(t, sweep))
-                changed = True
-        return changed
+    follow = TrialFollower(study, sweep, sweep_dir, echo)
 
     try:
         while True:
@@ -340,8 +330,7 @@ def launch_workers(
             stale = fail_stale_trials(study, grace)
             if stale:
                 echo(f"trials {stale} marked FAIL: no heartbeat for {grace:.0f} s")
-            if follow():
-                write_trials(study, sweep, sweep_dir)
+            follow()
             if not running:
                 break
             time.sleep(poll_s)
@@ -361,7 +350,7 @@ def launch_workers(
             if p.returncode is not None
         }
         fail_trials_of(study, dead)
-        follow()
+        follow(write=False)
         write_trials(study, sweep, sweep_dir)
     done = counted_trials(study) >= sweep.spec.study.n_trials
     return {"budget_done": done, "exits": exits}
