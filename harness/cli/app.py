@@ -26,7 +26,7 @@ from typing import Optional
 
 import typer
 
-from harness.cli import studies
+from harness.cli import mixture, studies
 from harness.cli.launching import DetachOption, LauncherOption, SlurmOption, choose_launcher
 
 app = typer.Typer(
@@ -285,6 +285,7 @@ def schema(
 app.command()(studies.sweep)
 app.command("sweep-status")(studies.sweep_status)
 app.command()(studies.repro)
+app.command()(mixture.mixture)
 
 
 # ---- analysis: report and compare (the analysis package) ------------------------------------------------------
