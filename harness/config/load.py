@@ -59,6 +59,8 @@ def _component_errors(exp: Experiment) -> Errors:
             if name not in registry:
                 errors.append((f"eval.{field}[{i}]", str(UnknownNameError(registry.kind, name, registry.names()))))
 
+    errors += _reference_errors(exp)
+
     task_names = list(exp.tasks)
     loss_specs = [("train.loss", exp.train.loss)] + [
         (f"stages[{i}].loss", stage.loss) for i, stage in enumerate(exp.stages) if stage.loss is not None
@@ -68,6 +70,28 @@ def _component_errors(exp: Experiment) -> Errors:
             if name not in task_names:
                 errors.append((f"{where}.task_weights.{name}", f"unknown task {name!r}{suggest(name, task_names)}"))
     return errors
+
+
+def _reference_errors(exp: Experiment) -> Errors:
+    """The ``forgetting`` probe's reference text (harness.evaluation.forgetting): a file that exists and holds a
+    document (a non-blank line); without one, a builtin base (an HF base has no builtin corpus to sample)."""
+    if "forgetting" not in exp.eval.probes:
+        return []
+    path = exp.eval.reference_text
+    if path is None:
+        if exp.model.builtin is None:
+            where = f"eval.probes[{exp.eval.probes.index('forgetting')}]"
+            return [(where, "the forgetting probe needs eval.reference_text with a model.hf base (no builtin corpus)")]
+        return []
+    if not Path(path).is_file():
+        return [("eval.reference_text", f"no reference text file '{path}'")]
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        return [("eval.reference_text", f"cannot read reference text file '{path}': {type(e).__name__}")]
+    if not text.strip():
+        return [("eval.reference_text", f"reference text file '{path}' has no documents (one per non-blank line)")]
+    return []
 
 
 def _stage_errors(exp: Experiment) -> Errors:
@@ -286,6 +310,9 @@ def resolve_data_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     (the experiment file's directory), so a run does not depend on the directory it is started from. Tasks whose
     recipe is unknown or whose params are not a mapping are left for validation to report."""
     out = _benchmark_paths(raw, base_dir)
+    reference = out.get("eval", {}).get("reference_text") if isinstance(out.get("eval"), dict) else None
+    if isinstance(reference, str):  # the forgetting probe's reference text file
+        out = {**out, "eval": {**out["eval"], "reference_text": str((base_dir / reference).resolve())}}
     tasks = out.get("tasks")
     if not isinstance(tasks, dict):
         return out

@@ -380,8 +380,13 @@ class EvalSpec(Strict):
     benchmarks: Optional[list[BenchmarkSpec]] = Field(
         None, description="lm-evaluation-harness tasks run on the live model (see docs/benchmarks.md)."
     )
+    reference_text: Optional[str] = Field(
+        None,
+        description="The forgetting probe's reference text: a UTF-8 file, one document per non-blank line (a "
+        "relative path is relative to the experiment file); null: a held-out sample of the builtin world corpus.",
+    )
 
-    _omit_added = _omitted_unless_set("benchmarks")
+    _omit_added = _omitted_unless_set("benchmarks", "reference_text")
 
 
 class Experiment(Strict):

@@ -35,6 +35,7 @@ from typing import Any, ClassVar, Iterator
 from harness.core.metrics import CHOICE_METRICS
 from harness.core.plugins import Plugin
 from harness.core.registry import EVALUATORS, PROBES
+from harness.evaluation.forgetting import REFERENCE_METRICS
 
 NEED_GREEDY = "greedy"
 NEED_TEACHER_FORCED = "teacher_forced"
@@ -283,6 +284,19 @@ class FirstToken(Component):
         counts = Counter(r.top1_id for r in records if r.top1_id is not None)
         names = {r.top1_id: r.top1_token for r in records}
         return [(i, names[i] or "", c) for i, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+@PROBES.plugin("forgetting")
+class Forgetting(Component):
+    """``forgetting``: the loss on a fixed reference text next to the base model's (``ref_loss``, ``ref_ppl``,
+    ``ref_loss_base``, ``ref_loss_delta``; task ``ref:<name>``, split ``ref``). Run-level, not per task: the model
+    work and the rows are :mod:`harness.evaluation.forgetting`'s, called once per evaluation by the run's
+    evaluation log; here it only contributes its metric names (nothing per task × split)."""
+
+    metric_names = REFERENCE_METRICS
+
+    def metrics(self, records, recipe, ctx):
+        return {}
 
 
 def _gold_is_first(record: ItemRecord) -> bool:

@@ -17,6 +17,7 @@ from harness.core.metrics import BASELINE_PREFIX, BENCH_TASK_PREFIX, SEESAW_TEST
 from harness.core.seesaw import SEESAW_METRICS, change_tests, paired_seesaw_events, seesaw_events
 from harness.core.store import Row
 from harness.evaluation.baselines import Baseline, strongest_baselines, task_baselines
+from harness.evaluation.forgetting import REF_FAMILY, REF_TASK_PREFIX, paired_t_pvalues, reference_family
 
 
 def outcome_rows(samples: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -45,17 +46,26 @@ def run_seesaw(
     metrics: Sequence[str] = SEESAW_METRICS,
 ) -> tuple[list[dict[str, Any]], int]:
     """``(events, number of paired tests made)`` for a run: the paired rule on per-item ``outcomes`` rows
-    (:func:`outcome_rows`), benchmarks included (:func:`benchmark_family`), or with ``test == "none"`` the untested
-    threshold rule on metric ``values`` rows (``{step, stage, task, split, metric, value}``; 0 tests; our tasks
-    only)."""
+    (:func:`outcome_rows`), benchmarks (:func:`benchmark_family`) and the forgetting probe's reference text
+    (:func:`harness.evaluation.forgetting.reference_family`, paired t-tests) included, or with ``test == "none"``
+    the untested threshold rule on metric ``values`` rows (``{step, stage, task, split, metric, value}``; 0 tests;
+    our tasks only)."""
     if test == "none":
         return seesaw_events(values, delta, metrics), 0
     tests = change_tests(outcomes, metrics, seed=seed)
     family = benchmark_family(outcomes)
     if family:  # benchmarks: their changes and the tasks' over the same spans, in the same BH family
         tests += change_tests(family, [BENCH_FAMILY], seed=seed)
+    reference = reference_family(outcomes)
+    if reference:  # the reference text falls when its loss rises: its changes meet the tasks' in the same family
+        ref_tests = change_tests(reference, [REF_FAMILY], seed=seed)
+        paired_t_pvalues(ref_tests, reference)
+        tests += ref_tests
     events = paired_seesaw_events(outcomes, delta, metrics, alpha=alpha, seed=seed, tests=tests)
-    return [e for e in events if e["metric"] != BENCH_FAMILY or BENCH_TASK_PREFIX in e["rose"] + e["fell"]], len(tests)
+    # in the two added families only events of their own (benchmark, reference) count: the tasks' own families
+    # report the task-vs-task ones at their finer spans
+    own = {BENCH_FAMILY: BENCH_TASK_PREFIX, REF_FAMILY: REF_TASK_PREFIX}
+    return [e for e in events if e["metric"] not in own or own[e["metric"]] in e["rose"] + e["fell"]], len(tests)
 
 
 #: The seesaw family in which benchmarks meet the tasks (event metric and split; see :func:`benchmark_family`)

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from harness.core.metrics import BENCH_TASK_PREFIX, is_benchmark_task
 from harness.evaluation.evidence import format_score
+from harness.evaluation.forgetting import REF_SPLIT
 
 TABLE_METRICS = ("greedy", "mode_ok", "tf_first", "ft_rank_mean", "ft_hijack")
 MAIN_SCORES = ("greedy", "tf_exact", "tf_first", "mode_ok")  # the evaluation line shows the first one measured
@@ -216,6 +217,7 @@ class Console:
                     ]
                     table.add_row(task if i == 0 else "", st["name"], "-" if n is None else str(n), *cells)
             self._print_table(table)
+        self._reference_table(summary)
         events = summary.get("seesaw_events", [])
         if events:
             from harness.core.seesaw import format_events
@@ -230,6 +232,26 @@ class Console:
             markup=False,
             soft_wrap=True,
         )
+
+    def _reference_table(self, summary: dict[str, Any]) -> None:
+        """The forgetting probe's rows at each stage's end (split ``ref``), when it ran: the current and the base
+        model's loss on the reference text, their paired difference and the perplexity, each with its interval."""
+        metrics = ("ref_loss", "ref_loss_base", "ref_loss_delta", "ref_ppl")
+        tasks = sorted({t for st in summary["stages"] for t in st["metrics"].get(REF_SPLIT, {})})
+        if not tasks:
+            return
+        table = Table(title="reference text: loss (nats/token), base model, difference, perplexity", show_lines=False)
+        for column in ("task", "stage", "n", *metrics):
+            table.add_column(column, justify="left" if column in ("task", "stage") else "right")
+        for task in tasks:
+            for i, st in enumerate(summary["stages"]):
+                values = st["metrics"].get(REF_SPLIT, {}).get(task, {})
+                cis = st.get("intervals", {}).get(REF_SPLIT, {}).get(task, {})
+                n = next((c["n"] for c in cis.values()), None)
+                cells = [format_score(values.get(m), cis.get(m, {}).get("ci_low"), cis.get(m, {}).get("ci_high"))
+                         for m in metrics]  # fmt: skip
+                table.add_row(task if i == 0 else "", st["name"], "-" if n is None else str(n), *cells)
+        self._print_table(table)
 
     def _print_table(self, table: Table) -> None:
         """A table as wide as the terminal allows; in a log (stderr not a terminal) at its natural width, however

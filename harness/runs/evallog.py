@@ -19,6 +19,7 @@ from harness.core.metrics import is_benchmark_task
 from harness.core.store import Row, atomic_write_text
 from harness.evaluation import EVAL_METRICS, hijack_token_ids, run_evaluation
 from harness.evaluation.evidence import outcome_rows
+from harness.evaluation.forgetting import is_reference_task, reference_for_run
 from harness.evaluation.image_use import image_eval
 from harness.models.modality import model_io
 from harness.training import parallel as distributed
@@ -45,6 +46,7 @@ class EvalLog:
     image_eval: Optional[Callable[[Any], tuple[list, list]]] = None  # harness.runs.images.ImageEval
     shard: Any = None  # data-parallel ranks share out the eval batches (harness.evaluation.sharding.Shard)
     benchmarks: Any = None  # eval.benchmarks (harness.evaluation.benchmarks.Benchmarks): lm-eval tasks, when due
+    reference: Any = None  # the forgetting probe's reference text (harness.evaluation.forgetting.ReferenceText)
     history: list[Row] = field(default_factory=list)  # every evaluation row, in order
     outcomes: list[dict] = field(default_factory=list)  # per-item outcome rows (evidence.outcome_rows), in order
     seconds: float = 0.0
@@ -71,11 +73,15 @@ class EvalLog:
         stage_steps: list[int],
         run_id: str,
         resume_filter: Optional[Callable[[str, int, str], bool]] = None,
+        base_model: Any = None,
     ) -> "EvalLog":
         """The log of a run in ``run_dir`` over ``data`` (:class:`harness.runs.prepare.TaskData`) whose stages train
         ``stage_steps`` steps: its evaluators too — the image tasks' (:func:`harness.evaluation.image_use.image_eval`),
-        the benchmarks (:func:`make_benchmarks`) — and this process's share of the evaluation batches."""
+        the benchmarks (:func:`make_benchmarks`), the forgetting probe's reference text with ``base_model``'s losses on
+        it (:func:`harness.evaluation.forgetting.reference_for_run`) — and this process's share of the evaluation
+        batches."""
         benchmarks = make_benchmarks(exp, data.world, tokenizer, run_dir, stage_steps)
+        reference = reference_for_run(exp, data, tokenizer, base_model) if base_model is not None else None
         return cls(
             exp,
             items,
@@ -89,6 +95,7 @@ class EvalLog:
             image_eval=image_eval(exp, data, model_io(tokenizer)),
             shard=distributed.current(),
             benchmarks=benchmarks,
+            reference=reference,
         )
 
     def run(self, model, stage: str, step: int) -> None:
@@ -107,6 +114,9 @@ class EvalLog:
             interval = tuple(given) if given else (ci.n, ci.low, ci.high) if ci is not None else ()
             rows.append(Row(stage, step, task, split, metric, value, text, *interval))
         bench_rows, bench_samples = self._benchmarks(model, step)
+        if self.reference is not None:  # the forgetting probe: every rank computes it (FSDP needs them all)
+            ref_rows, ref_samples = self.reference.evaluate(model)
+            bench_rows, bench_samples = bench_rows + ref_rows, bench_samples + ref_samples
         rows += [Row(stage, step, *row[:4], None, *row[4:]) for row in bench_rows]
         samples = [{"stage": stage, "step": step, **sample} for sample in samples + bench_samples]
         # One write + flush + fsync per evaluation: a kill leaves at most an unfinished last line, which readers skip.
@@ -197,7 +207,10 @@ class EvalLog:
 def _is_eval_row(row: Row) -> bool:
     """Rows written by evaluations (the others are training metrics, compositions and seesaw events)."""
     return row.task is not None and (
-        row.metric in EVAL_METRICS or row.metric.startswith("img_") or is_benchmark_task(row.task)
+        row.metric in EVAL_METRICS
+        or row.metric.startswith("img_")
+        or is_benchmark_task(row.task)
+        or is_reference_task(row.task)
     )
 
 

@@ -156,6 +156,7 @@ def _run_claimed(
         [len(p.batches) for p in plans],
         run_id,
         start.keep,
+        base_model=model,  # the forgetting probe's base losses: measured here, on the base, before any stage
     )
     summary_stages = [
         _stage_summary(plans[i].recorded(tracker.store.rows()), evals, i, plans) for i in range(start.stage_index)

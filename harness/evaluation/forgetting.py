@@ -1,0 +1,245 @@
+"""The ``forgetting`` probe: the loss of the current model on a fixed reference text, next to the base model's.
+
+The forgetting measure PEFT and others log: how much worse the fine-tuned model predicts ordinary text of the kind it
+was pretrained on. The reference text is fixed for the run:
+
+- **default** (builtin base): a held-out sample of the world corpus — :data:`DEFAULT_DOCUMENTS` documents drawn by
+  :func:`data_recipes.world.corpus` from the run's world with a seed of their own (fresh phrasings and fact orders of
+  the same people, and fresh filler prose), every document that also occurs in the pretraining corpus left out: the
+  base read these facts, never these documents. Drawing them touches no random state the run uses;
+- **a user's file** (``eval.reference_text``): one document per non-blank line (UTF-8), in file order.
+
+Per document: the mean token cross-entropy (nats) of its tokens and a closing end-of-text token, each predicted from
+the document's own prefix after a leading end-of-text token (how the pretraining stream joins documents). Rows, task
+``ref:<name>`` (``ref:world`` or ``ref:<file stem>``), split ``ref``, at every evaluation:
+
+- ``ref_loss``: mean over documents of the per-document loss (each document weighs the same, so the interval and the
+  seesaw test are about the same quantity), ``n`` documents, 95 % Student-t interval over documents;
+- ``ref_ppl``: ``exp(ref_loss)``, interval the exponentiated bounds;
+- ``ref_loss_base``: the same for the base model, computed once when the run starts;
+- ``ref_loss_delta``: mean per-document difference current − base, with a paired 95 % Student-t interval (the
+  documents are the same, so the pairing removes their spread in difficulty). Student t rather than a bootstrap:
+  each difference is already a mean over tens of tokens, so at 64 documents the mean's t approximation is good, the
+  interval is cheap and exact at step 0 (every difference 0, width 0), and a percentile bootstrap is too narrow at
+  small n.
+
+Each document's sample (``samples.jsonl``) carries ``outcomes: {ref_loglik: -loss}``, higher is better: the paired
+seesaw test reads it (:func:`reference_family`), so a rise of the reference loss is a task falling. No torch at import.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+REF_TASK_PREFIX = "ref:"
+REF_SPLIT = "ref"
+#: The per-document outcome the seesaw reads: minus the document's mean token cross-entropy (nats), higher is better.
+REF_OUTCOME = "ref_loglik"
+REFERENCE_METRICS = ("ref_loss", "ref_ppl", "ref_loss_base", "ref_loss_delta")
+#: Documents of the default (world) reference text: enough for a paired interval, one small forward pass each.
+DEFAULT_DOCUMENTS = 64
+#: The seesaw family in which the reference text meets the tasks (event metric and split; :func:`reference_family`)
+REF_FAMILY = "ref_vs_greedy"
+
+
+def is_reference_task(task: Optional[str]) -> bool:
+    return task is not None and task.startswith(REF_TASK_PREFIX)
+
+
+class ReferenceTextError(ValueError):
+    """A reference text file that cannot be used; ``str()`` is one line naming the path."""
+
+
+def world_documents(world: Any, pretraining: list[str], docs_per_person: int, permute: bool, n: int) -> list[str]:
+    """``n`` documents of the world corpus's kind that are not in ``pretraining`` (the run's pretraining corpus),
+    deterministic for the world: the corpus generator under a seed string no pretraining corpus uses."""
+    from data_recipes.world import corpus
+
+    seen = set(pretraining)
+    # corpus() seeds its own random.Random from f"corpus:{world.seed}:{seed}"; the pretraining corpus passes an int,
+    # so this string seed draws other documents and leaves every RNG of the run untouched.
+    fresh = corpus(world, "heldout-reference", docs_per_person=docs_per_person, permute=permute)  # type: ignore[arg-type]
+    return [doc for doc in dict.fromkeys(fresh) if doc not in seen][:n]
+
+
+def file_documents(path: str | Path) -> list[str]:
+    """The documents of a user's reference text: one per non-blank line. Raises :class:`ReferenceTextError` (one
+    line, naming the path) for a missing, unreadable or empty file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReferenceTextError(f"no reference text file '{path}'")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReferenceTextError(f"cannot read reference text file '{path}': {type(e).__name__}") from None
+    docs = [line.strip() for line in lines if line.strip()]
+    if not docs:
+        raise ReferenceTextError(f"reference text file '{path}' has no documents (one per non-blank line)")
+    return docs
+
+
+def encode_documents(tokenizer: Any, docs: list[str], max_length: Optional[int]) -> list[list[int]]:
+    """Each document as ``[eot, *tokens, eot]`` (eot: the tokenizer's end-of-text/eos token), cut to
+    ``max_length`` tokens (the model's positions)."""
+    eot = tokenizer.eos_token_id
+    encoded = tokenizer(docs, add_special_tokens=False)["input_ids"]
+    out = []
+    for ids in encoded:
+        seq = ([eot] if eot is not None else []) + list(ids) + ([eot] if eot is not None else [])
+        out.append(seq[:max_length] if max_length else seq)
+    return out
+
+
+def document_losses(model: Any, sequences: list[list[int]], pad_id: int, batch_size: int = 16) -> np.ndarray:
+    """Per sequence, the mean cross-entropy (nats) of tokens 1..end given their prefix; fixed batches in sequence
+    order, right-padded, so the same model and sequences give the same floats. Eval mode under ``no_grad`` (no
+    dropout, no random draw); every module's mode is restored."""
+    import torch
+    import torch.nn.functional as F
+
+    device = next(model.parameters()).device
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    out: list[float] = []
+    try:
+        with torch.no_grad():
+            for start in range(0, len(sequences), batch_size):
+                batch = sequences[start : start + batch_size]
+                width = max(len(s) for s in batch)
+                ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+                mask = torch.zeros((len(batch), width), dtype=torch.long)
+                for row, seq in enumerate(batch):
+                    ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+                    mask[row, : len(seq)] = 1
+                ids, mask = ids.to(device), mask.to(device)
+                logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+                labels = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+                nll = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
+                counts = (labels != -100).sum(dim=1).clamp(min=1)
+                out.extend((nll.sum(dim=1) / counts).tolist())
+    finally:
+        for module, training in modes:
+            module.training = training
+    return np.asarray(out, dtype=float)
+
+
+def t_interval(values: np.ndarray) -> tuple[float, float]:
+    """95 % Student-t interval of the mean (a zero-width one when every value is equal, NaN for one value)."""
+    from harness.core.stats import t_interval as core_t
+
+    ci = core_t(values.tolist())
+    return ci.low, ci.high
+
+
+class ReferenceText:
+    """The run's reference text: its documents, the base model's per-document losses, and the rows and samples of
+    one evaluation (:meth:`evaluate`)."""
+
+    def __init__(self, name: str, docs: list[str], tokenizer: Any, base_model: Any, batch_size: int = 16):
+        self.task = REF_TASK_PREFIX + name
+        self.docs = docs
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        config = getattr(base_model, "config", None)
+        self.sequences = encode_documents(tokenizer, docs, getattr(config, "max_position_embeddings", None))
+        self.batch_size = batch_size
+        self.base = self.losses(base_model)
+
+    def losses(self, model: Any) -> np.ndarray:
+        return document_losses(model, self.sequences, self.pad_id, self.batch_size)
+
+    def evaluate(self, model: Any) -> tuple[list[tuple], list[dict[str, Any]]]:
+        """``(rows, samples)``: rows ``(task, split, metric, value, n, low, high)`` (see the module docstring) and one
+        sample per document with its ``ref_loglik`` outcome."""
+        current = self.losses(model)
+        return reference_rows(self.task, current, self.base), [
+            {
+                "task": self.task,
+                "split": REF_SPLIT,
+                "index": i,
+                "prompt": doc,
+                "gold": None,
+                "pred": None,
+                "ref_loss": float(loss),
+                "ref_loss_base": float(base),
+                "outcomes": {REF_OUTCOME: -float(loss)},
+            }
+            for i, (doc, loss, base) in enumerate(zip(self.docs, current, self.base))
+        ]
+
+
+def reference_rows(task: str, current: np.ndarray, base: np.ndarray) -> list[tuple]:
+    """The four rows of one evaluation from per-document losses of the current and the base model."""
+    n = int(current.size)
+    loss, base_loss, delta = float(current.mean()), float(base.mean()), float((current - base).mean())
+    low, high = t_interval(current)
+    return [
+        (task, REF_SPLIT, "ref_loss", loss, n, low, high),
+        (task, REF_SPLIT, "ref_ppl", math.exp(loss), n, math.exp(low), math.exp(high)),
+        (task, REF_SPLIT, "ref_loss_base", base_loss, n, *t_interval(base)),
+        (task, REF_SPLIT, "ref_loss_delta", delta, n, *t_interval(current - base)),
+    ]
+
+
+def reference_for_run(exp: Any, data: Any, tokenizer: Any, base_model: Any) -> Optional[ReferenceText]:
+    """The run's :class:`ReferenceText` when ``eval.probes`` names ``forgetting`` (None otherwise): the user's file
+    (``eval.reference_text``), else the world sample of a builtin base. A missing or empty file, and an HF base
+    without one, are refused by the experiment's validation (``harness.config.load``), before anything runs."""
+    if "forgetting" not in exp.eval.probes:
+        return None
+    if exp.eval.reference_text:
+        path = Path(exp.eval.reference_text)
+        return ReferenceText(path.stem, file_documents(path), tokenizer, base_model, exp.eval.batch_size)
+    docs = world_documents(data.world, data.corpus, exp.world.docs_per_person, exp.world.permute, DEFAULT_DOCUMENTS)
+    return ReferenceText("world", docs, tokenizer, base_model, exp.eval.batch_size)
+
+
+def reference_family(outcomes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Outcome rows that let the paired seesaw pair the reference text with a task: at every evaluation where the
+    reference was measured, its per-document ``ref_loglik`` (task ``ref:world``) and each task's ``greedy`` per
+    split (``yesno/heldout``), all under metric and split :data:`REF_FAMILY` — so the reference's change between two
+    evaluations is tested against every task's change over the same span (as benchmarks are:
+    :func:`harness.evaluation.evidence.benchmark_family`)."""
+    points = {(o["step"], o["stage"]) for o in outcomes if is_reference_task(o["task"])}
+    out = []
+    for o in outcomes:
+        if (o["step"], o["stage"]) not in points:
+            continue
+        if is_reference_task(o["task"]) and o["metric"] == REF_OUTCOME:
+            task = o["task"]
+        elif o["metric"] == "greedy" and not is_reference_task(o["task"]):
+            task = f"{o['task']}/{o['split']}"
+        else:
+            continue
+        out.append({**o, "task": task, "metric": REF_FAMILY, "split": REF_FAMILY})
+    return out
+
+
+def paired_t_pvalues(tests: list[dict[str, Any]], family: list[dict[str, Any]]) -> None:
+    """Replace the resampled p-value of every reference-text test in ``tests`` (from
+    :func:`harness.core.seesaw.change_tests` over ``family``) by the two-sided paired t-test's on the same
+    documents: per-document losses are continuous, and a resampled p-value cannot fall below ~1/resamples, a
+    floor that Benjamini–Hochberg over a run's hundreds of tests would not let through."""
+    from scipy import stats
+
+    def as_mapping(raw: Any) -> dict[Any, float]:  # item key -> value, from a mapping or a sequence in item order
+        return dict(raw) if isinstance(raw, dict) else dict(enumerate(raw))
+
+    values = {(o["step"], o["stage"], o["task"]): as_mapping(o["outcomes"]) for o in family}
+    for test in tests:
+        if not is_reference_task(test["task"]):
+            continue
+        before = values[(test["step_from"], test["stage_from"], test["task"])]
+        after = values[(test["step_to"], test["stage_to"], test["task"])]
+        keys = [k for k in before if k in after]
+        diff = np.array([after[k] - before[k] for k in keys], dtype=float)
+        if diff.size < 2 or not np.any(diff):
+            p = 1.0  # no change at all (a repeated evaluation): nothing to find
+        elif np.all(diff == diff[0]):
+            p = 0.0  # every document moved by the same amount: the t statistic is infinite
+        else:
+            p = float(stats.ttest_1samp(diff, 0.0).pvalue)
+        test.update(test="paired_t", p_raw=p)
