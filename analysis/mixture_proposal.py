@@ -16,6 +16,7 @@ held-out residual vector of a random trial (targets together, so their correlati
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -71,7 +72,18 @@ class MixtureProposal:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as JSON values (NaN, e.g. a leave-one-seed-out error without seeds, as null)."""
+        return _json_safe(asdict(self))
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def _objective_spec(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -104,6 +116,7 @@ def search_hull(
     lam = np.vstack([np.eye(n)] + [rng.dirichlet(np.full(n, a), size=candidates // 3) for a in (0.05, 0.3, 1.0)])
     sign = -1.0 if maximize else 1.0
     scores = sign * value(lam @ W)
+    scores = np.where(np.isfinite(scores), scores, np.inf)  # a law that overflows somewhere is not optimal there
     start = lam[int(np.argmin(scores))]
 
     def loss(x: np.ndarray) -> float:

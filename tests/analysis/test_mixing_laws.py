@@ -238,7 +238,8 @@ def test_cli_writes_proposal_json_and_refuses_bad_input(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert "<- chosen" in result.output and "winner" in result.output
-    saved = json.loads((sweep / PROPOSAL_NAME).read_text())
+    saved = json.loads((sweep / PROPOSAL_NAME).read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    assert saved["cv"][0]["loso_objective"] is None  # no seeds: no leave-one-seed-out error, null not NaN
     assert saved["chosen"] == "scheffe2" and set(saved["mixture"]) == set(TASKS)
     assert saved["winner"]["observed"] == pytest.approx(Y.mean(axis=1).min())
 
