@@ -197,21 +197,12 @@ def propose(
     W = data.select([f"param/{path}.{w}" for w in weights]).to_numpy().astype(float)
     W = W / W.sum(axis=1, keepdims=True)
     Y = data.select(list(columns.values())).to_numpy().astype(float)
-    n, k = W.shape
     seed_col = _seed_column(data)
     seeds = data[seed_col].to_numpy() if seed_col else None
-    n_train = n - (int(np.max(np.unique(seeds, return_counts=True)[1])) if seeds is not None else 1)
-    usable = laws.usable_forms(n_train, k, forms)
-    if not [f for f in usable if f != "constant"]:
-        raise AnalysisError(
-            f"{n} complete trials are too few to fit a mixing law over {k} weights with one held out "
-            f"(the smallest form needs more than {min(laws.n_params(f, k) for f in forms if f != 'constant') + 1})"
-        )
     proportion = [objective["metric"] in PROPORTION_METRICS] * len(targets)
-    rows = laws.cross_validate(usable, W, Y, proportion, score, seeds)
-    by_seed = seeds is not None
-    chosen = laws.choose(rows, by_seed)
+    rows, chosen, usable = _choose_form(W, Y, proportion, score, seeds, forms)
     fitted = laws.fit_law(chosen.form, W, Y, proportion)
+    n, by_seed = len(W), seeds is not None
 
     def value(M: np.ndarray) -> np.ndarray:
         return score(fitted.predict(M))
@@ -266,6 +257,25 @@ def propose(
         ),
         notes=notes,
     )
+
+
+def _choose_form(W, Y, proportion, score, seeds, forms):
+    """Cross-validate the forms one fold can fit and choose one: ``(rows, chosen, usable forms)``; an
+    :class:`AnalysisError` when no form but the constant can be fitted."""
+    n, k = W.shape
+    if not [f for f in forms if f != "constant"]:
+        raise AnalysisError("no form to fit besides the constant (the reference a form must beat)")
+    n_train = n - (int(np.max(np.unique(seeds, return_counts=True)[1])) if seeds is not None else 1)
+    usable = laws.usable_forms(n_train, k, forms)
+    if not [f for f in usable if f != "constant"]:
+        smallest = min(laws.n_params(f, k) for f in forms if f != "constant")
+        raise AnalysisError(
+            f"{n} complete trials are too few to fit a mixing law over {k} weights with one "
+            f"{'seed' if seeds is not None else 'trial'} held out (the smallest form needs more than {smallest} "
+            "in each fold)"
+        )
+    rows = laws.cross_validate(usable, W, Y, proportion, score, seeds)
+    return rows, laws.choose(rows, seeds is not None), usable
 
 
 def _observed_objective(data: pl.DataFrame, Y: np.ndarray, score: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:

@@ -211,6 +211,8 @@ def test_bad_inputs_are_analysis_errors():
         propose(trials, {"objectives": [{"metric": "eval_loss"}, {"metric": "greedy"}]})
     with pytest.raises(AnalysisError, match="too few"):
         propose(sweep_frame(W[:3], Y[:3]), sweep_config())
+    with pytest.raises(AnalysisError, match="besides the constant"):
+        propose(trials, sweep_config(), forms=("constant",))
     with pytest.raises(AnalysisError, match="no metric"):
         propose(trials, sweep_config("greedy"))
 
