@@ -5,9 +5,10 @@ and dtype on a sample batch (forward hooks) — for an experiment file or a chec
 
 - a checkpoint directory is loaded with ``AutoModelForCausalLM`` / ``AutoTokenizer``; the sample batch is a short
   chat rendered with its template (plain text without one); everything is reported as loaded (trainable);
-- an experiment YAML builds the base model as the run would (builtin: the tokenizer trained on the world corpus
-  and the task data, then the architecture; ``model.hf``: :func:`harness.models.builtin.load_hf`), applies the
-  trainable set of one stage (the first, or ``--stage``) through
+- an experiment YAML builds the base model as the run would, without pretraining
+  (:func:`harness.runs.prepare.untrained_base`, beside the run's own :func:`~harness.runs.prepare.load_base`:
+  builtin: the tokenizer trained on the world corpus and the task data, then the architecture; ``model.hf``:
+  :func:`harness.models.hf.load_hf`), applies the trainable set of one stage (the first, or ``--stage``) through
   :func:`harness.training.adapters.prepare_stage_model`, and runs two of that stage's training examples through it
   (under bf16 autocast when the stage says ``precision: bf16-autocast``). A builtin base with ``pretrain`` is shown
   *untrained* (same architecture and shapes; pretraining is not run), and the report says so.
@@ -30,14 +31,9 @@ from rich.table import Table
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from harness.config import load_experiment
-from harness.models.builtin import build_builtin, builtin_added_token_ids
-from harness.models.hf import load_hf
 from harness.models.modality import base_kind, model_io
-from harness.models.tokenizer import train_tokenizer
 from harness.models.undertrained import undertrained_tokens
-from harness.runs.images import untrained_vision_base
-from harness.runs.prepare import build_task_data
-from harness.runs.pretrain import tokenizer_texts
+from harness.runs.prepare import build_task_data, untrained_base
 from harness.training.adapters import prepare_stage_model, trainable_report, unwrap, weight_decay_exempt
 
 
@@ -185,31 +181,6 @@ def _summary(model, tokenizer) -> dict[str, Any]:
     }
 
 
-def _untrained_image_text(exp, data) -> tuple[Any, Any, list[int], str, list[str]]:
-    return (*untrained_vision_base(exp, data), [])
-
-
-def _hf(exp, data) -> tuple[Any, Any, list[int], str, list[str]]:
-    model, tokenizer, added = load_hf(exp.model, return_added=True)
-    return model, tokenizer, added, f"model.hf {exp.model.hf}", []
-
-
-def _untrained_builtin(exp, data) -> tuple[Any, Any, list[int], str, list[str]]:
-    """The builtin base as pretraining would start it: the run's tokenizer, freshly initialised weights."""
-    all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
-    tokenizer = train_tokenizer(
-        tokenizer_texts(data.corpus, all_train), exp.model.tokenizer.vocab_size, exp.model.tokenizer.min_frequency
-    )
-    source, notes = f"builtin {exp.model.builtin}", []
-    if exp.model.pretrain is not None:
-        source += " (untrained: the architecture as pretraining would start it; pretraining not run)"
-        notes.append(
-            "weights are freshly initialised, not pretrained: shapes, dtypes, counts and trainable "
-            "flags are those of the run"
-        )
-    return build_builtin(exp.model, tokenizer, exp.seed), tokenizer, builtin_added_token_ids(tokenizer), source, notes
-
-
 def inspect_experiment(path: Path, overrides: Optional[list[str]] = None, stage: Optional[str] = None) -> Inspection:
     """Build the experiment's base model (no pretraining), apply one stage's trainable set, run two examples."""
     exp = load_experiment(path, overrides)
@@ -222,11 +193,9 @@ def inspect_experiment(path: Path, overrides: Optional[list[str]] = None, stage:
             raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(by_name)}")
         chosen = by_name[stage]
     data = build_task_data(exp)
-    kind = base_kind(exp.model)
-    build = {"image-text": _untrained_image_text, "hf": _hf, "builtin": _untrained_builtin}[kind]
-    model, tokenizer, added, source, notes = build(exp, data)
+    model, tokenizer, added, source, notes = untrained_base(exp, data)
     flagged: list[int] = []
-    if kind == "hf":  # the run's under-trained rows, which auto trains too
+    if base_kind(exp.model) == "hf":  # the run's under-trained rows, which auto trains too
         flagged = [r.id for r in undertrained_tokens(exp.model, data.corpus, model, tokenizer) or [] if r.flagged]
     model = prepare_stage_model(model, chosen.train.trainable, added, None, flagged)
     tasks = [t for t in chosen.mixture.tasks if data.splits[t]["train"]] or list(data.splits)

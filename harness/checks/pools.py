@@ -22,7 +22,7 @@ from harness.evaluation.image_use import IMAGE_MAX_NEW_TOKENS
 from harness.evaluation.lengths import default_max_new_tokens, needed_new_tokens
 from harness.models.image_text import with_processor
 from harness.models.modality import base_kind
-from harness.runs.prepare import build_task_data, encode_task_data
+from harness.runs.prepare import build_task_data, builtin_tokenizer, encode_task_data
 
 POWER = 0.8
 
@@ -42,7 +42,7 @@ def _tokenizer(exp: Experiment, data):
     """The run's tokenizer when it can be had cheaply, else None; an image-text model's with its processor."""
     kind = base_kind(exp.model)
     if kind == "image-text":
-        return with_processor(exp.model, None if exp.model.hf else _builtin_tokenizer(exp, data))
+        return with_processor(exp.model, None if exp.model.hf else builtin_tokenizer(exp, data))
     if kind == "hf":
         from transformers import AutoTokenizer  # heavy: only for hf models
 
@@ -54,17 +54,7 @@ def _tokenizer(exp: Experiment, data):
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         return tokenizer
-    return _builtin_tokenizer(exp, data)
-
-
-def _builtin_tokenizer(exp: Experiment, data):
-    from harness.models.tokenizer import train_tokenizer
-    from harness.runs.pretrain import tokenizer_texts
-
-    all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
-    return train_tokenizer(
-        tokenizer_texts(data.corpus, all_train), exp.model.tokenizer.vocab_size, exp.model.tokenizer.min_frequency
-    )
+    return builtin_tokenizer(exp, data)
 
 
 def pool_report(exp: Experiment) -> list[str]:

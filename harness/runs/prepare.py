@@ -21,12 +21,13 @@ from harness.config import Experiment, task_seed
 from harness.data.encoding import eval_items, fit_eval_items, position_limit
 from harness.data.special_text import apply_special_token_policy
 from harness.evaluation.lengths import default_max_new_tokens, needed_new_tokens, too_short_errors
-from harness.models.builtin import builtin_added_token_ids
+from harness.models.builtin import build_builtin, builtin_added_token_ids
 from harness.models.hf import count_parameters, load_hf
 from harness.models.modality import TextOnlyModel, base_kind, model_io
+from harness.models.tokenizer import train_tokenizer
 from harness.models.undertrained import special_token_note, undertrained_tokens
-from harness.runs.images import load_vision_base
-from harness.runs.pretrain import builtin_base, content_hash
+from harness.runs.images import load_vision_base, untrained_vision_base
+from harness.runs.pretrain import builtin_base, content_hash, tokenizer_texts
 
 
 class DataError(Exception):
@@ -167,6 +168,37 @@ def _builtin_text_base(exp: Experiment, data: TaskData, console, on_progress) ->
         "pretrain_final_loss": base.final_loss,
     }
     return model, tokenizer, builtin_added_token_ids(tokenizer), info
+
+
+def builtin_tokenizer(exp: Experiment, data: TaskData):
+    """The builtin base's tokenizer as the run trains it (on the world corpus and every task's training examples; well
+    under a second), without the model."""
+    all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
+    return train_tokenizer(
+        tokenizer_texts(data.corpus, all_train), exp.model.tokenizer.vocab_size, exp.model.tokenizer.min_frequency
+    )
+
+
+def untrained_base(exp: Experiment, data: TaskData) -> tuple[Any, Any, list[int], str, list[str]]:
+    """The base as :func:`load_base` builds it but without pretraining (what ``harness inspect`` shows: a builtin's
+    architecture, tokenizer and shapes with freshly initialised weights; a hub model as loaded; an image-text
+    base's untrained parts): ``(model, tokenizer, added token ids, source in words, notes)``. Kept beside
+    :func:`load_base` so the choice of builder is made in one place."""
+    kind = base_kind(exp.model)
+    if kind == "image-text":
+        return (*untrained_vision_base(exp, data), [])
+    if kind == "hf":
+        model, tokenizer, added = load_hf(exp.model, return_added=True)
+        return model, tokenizer, added, f"model.hf {exp.model.hf}", []
+    tokenizer = builtin_tokenizer(exp, data)
+    source, notes = f"builtin {exp.model.builtin}", []
+    if exp.model.pretrain is not None:
+        source += " (untrained: the architecture as pretraining would start it; pretraining not run)"
+        notes.append(
+            "weights are freshly initialised, not pretrained: shapes, dtypes, counts and trainable "
+            "flags are those of the run"
+        )
+    return build_builtin(exp.model, tokenizer, exp.seed), tokenizer, builtin_added_token_ids(tokenizer), source, notes
 
 
 # ----------------------------------------------------------------------------------------------------------------
