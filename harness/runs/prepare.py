@@ -170,6 +170,17 @@ def _builtin_text_base(exp: Experiment, data: TaskData, console, on_progress) ->
     return model, tokenizer, builtin_added_token_ids(tokenizer), info
 
 
+def warm_base(exp: Experiment):
+    """Pretrain (or find in the cache) the experiment's builtin base once, before the processes that will load it
+    start (sweep workers, ranks other than 0): the cache's information (``cache_hit``, ``cache_dir``), or None when
+    the base needs no pretraining (``model.hf``, or no ``model.pretrain``)."""
+    if exp.model.hf or exp.model.pretrain is None:
+        return None
+    data = build_task_data(exp)
+    all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
+    return builtin_base(exp.model, data.corpus, all_train, exp.seed, None)[2]
+
+
 def builtin_tokenizer(exp: Experiment, data: TaskData):
     """The builtin base's tokenizer as the run trains it (on the world corpus and every task's training examples; well
     under a second), without the model."""

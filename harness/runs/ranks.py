@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Iterator
 
 from harness.config import dump_yaml
-from harness.runs.prepare import build_task_data
-from harness.runs.pretrain import builtin_base
+from harness.runs.prepare import warm_base
 from harness.runs.rundir import RunDirError  # one line, exit 2 (harness.cli.errors)
 from harness.training.parallel import ddp
 
@@ -161,15 +160,6 @@ def _scratch_for_resume(run_dir: Path, scratch: Path) -> None:
                     (scratch / "checkpoints" / sub / entry.name).symlink_to(entry.resolve())
 
 
-def _warm_base_model(exp) -> None:
-    """Rank 0 pretrains (or finds) the cached builtin base model before the others read the cache."""
-    if exp.model.hf or exp.model.pretrain is None:
-        return
-    data = build_task_data(exp)
-    all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
-    builtin_base(exp.model, data.corpus, all_train, exp.seed, None)
-
-
 @contextlib.contextmanager
 def rank_session(exp, run_dir: Path, resume: bool = False) -> Iterator[tuple[object, Path]]:
     """Join the process group torchrun set up and yield ``(experiment, run directory)`` for this rank: rank 0's
@@ -180,7 +170,7 @@ def rank_session(exp, run_dir: Path, resume: bool = False) -> Iterator[tuple[obj
         scratch = None
         try:
             if rank == 0:
-                _warm_base_model(exp)
+                warm_base(exp)  # rank 0 pretrains (or finds) the cached base before the others read it
             else:
                 scratch = Path(tempfile.mkdtemp(prefix=f"harness-rank{rank}-", dir=os.environ.get(SCRATCH_ENV)))
                 exp = exp.model_copy(

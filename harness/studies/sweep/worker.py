@@ -390,14 +390,11 @@ def warm_base_model(sweep: Sweep, echo: Callable[[str], None] = print) -> None:
     # torch and transformers (seconds to import) only when there is a base model to pretrain; see run_trial.
     import transformers
 
-    from harness.runs.prepare import build_task_data
-    from harness.runs.pretrain import builtin_base
+    from harness.runs.prepare import warm_base
 
     transformers.utils.logging.disable_progress_bar()
     started = time.perf_counter()
-    data = build_task_data(exp)
-    all_train = [ex for splits in data.splits.values() for ex in splits["train"]]
-    _, _, info = builtin_base(exp.model, data.corpus, all_train, exp.seed, None)
+    info = warm_base(exp)
     if not info.cache_hit:
         echo(f"base model pretrained once for every worker ({time.perf_counter() - started:.0f} s, {info.cache_dir})")
 
