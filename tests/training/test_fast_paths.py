@@ -25,7 +25,7 @@ from harness.data.encoding import IGNORE_INDEX, Encoded
 from harness.runs.stage_plan import plan_stage
 from harness.training import compiling
 from harness.training.loop import StageLoop, batch_loss, make_optimizer, train_stage
-from tests.conftest import TINY
+from tests.conftest import TINY, drift_bound, relative
 
 
 def _mixed_pools(n_per_task: int = 400, seed: int = 0) -> dict[str, list[Encoded]]:
@@ -148,12 +148,18 @@ def test_vocabulary_projection_only_at_supervised_positions(tiny_model):
     n_supervised = int((batch.labels != IGNORE_INDEX).sum())
     assert rows == [n_supervised], "one projection, of exactly the supervised positions"
     assert n_supervised < batch.n_real_tokens < batch.n_padded_tokens
-    # … and it is the same loss as the full projection's at those positions.
-    with torch.no_grad():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        selected = batch.labels != IGNORE_INDEX
-        full = torch.nn.functional.cross_entropy(logits[selected], batch.labels[selected])
-    assert torch.allclose(loss.detach(), full, atol=1e-5)
+
+    # … and it is the same loss as the full projection's at those positions, to rounding: within DRIFT_FACTOR × how
+    # far the full projection moves with the batch's rows reversed (tests/conftest.py).
+    def full_projection_loss(flip: bool) -> float:
+        ids, mask, labels = (t.flip(0) if flip else t for t in (batch.input_ids, batch.attention_mask, batch.labels))
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits
+        selected = labels != IGNORE_INDEX
+        return torch.nn.functional.cross_entropy(logits[selected], labels[selected]).item()
+
+    full, reordered = full_projection_loss(False), full_projection_loss(True)
+    assert relative([full], [loss.item()]) <= drift_bound(relative([full], [reordered]))
     assert ce.shape == task_of_token.shape == (n_supervised,)
 
 
@@ -227,11 +233,25 @@ def _train_copy(model, batches, tasks, **loop):
     return model, logged
 
 
+def _param_differences(a: torch.nn.Module, b: torch.nn.Module) -> np.ndarray:
+    """Per parameter, the largest difference between two models relative to the first's largest magnitude."""
+    with torch.no_grad():
+        return np.array([float((x - y).abs().max() / x.abs().max()) for x, y in zip(a.parameters(), b.parameters())])
+
+
+def _losses(rows) -> dict:
+    return {(r.step, r.task): r.value for r in rows if r.metric == "loss"}
+
+
 def test_compiled_training_matches_eager_and_keeps_plain_state_dicts(tiny_model):
-    """``train.compile``: the same updates as eager (fused kernels reorder float sums: tolerance, not equality),
-    the compiled forward really used, and no compile wrapper in the model's state dict (checkpoints unchanged)."""
+    """``train.compile``: the same updates as eager to rounding (fused kernels reorder float sums: within
+    DRIFT_FACTOR × what eager with every batch's rows reversed gives, tests/conftest.py), the compiled forward
+    really used, and no compile wrapper in the model's state dict (checkpoints unchanged)."""
     pools, batches = _batches(16, steps=4)
+    examples = [e for pool in pools.values() for e in pool]
+    rows_reversed = [collate(examples[i : i + 8][::-1], pad_id=0) for i in range(0, 4 * 8, 8)]
     eager, eager_rows = _train_copy(tiny_model, batches, list(pools))
+    reordered, reordered_rows = _train_copy(tiny_model, rows_reversed, list(pools))
     compiled, compiled_rows = _train_copy(tiny_model, batches, list(pools), compile=True)
     wrapper = compiling._COMPILED.get(compiled.base_model)
     assert wrapper is not None and wrapper.called and wrapper.error is None, "compiled forward not used"
@@ -239,11 +259,13 @@ def test_compiled_training_matches_eager_and_keeps_plain_state_dicts(tiny_model)
     again, _ = _train_copy(tiny_model, batches, list(pools), compile=True)
     assert all(torch.equal(a, b) for a, b in zip(compiled.parameters(), again.parameters())), "reproducible"
     assert list(compiled.state_dict()) == list(eager.state_dict())
-    for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), name
-    eager_losses = {(r.step, r.task): r.value for r in eager_rows if r.metric == "loss"}
-    compiled_losses = {(r.step, r.task): r.value for r in compiled_rows if r.metric == "loss"}
-    assert len(eager_losses) >= 4 and compiled_losses == pytest.approx(eager_losses, rel=1e-4)
+    got, reference = _param_differences(eager, compiled), _param_differences(eager, reordered)
+    assert got.max() <= drift_bound(reference), (got.max(), reference.max())
+    eager_losses, compiled_losses, reordered_losses = (_losses(r) for r in (eager_rows, compiled_rows, reordered_rows))
+    assert len(eager_losses) >= 4 and compiled_losses.keys() == eager_losses.keys() == reordered_losses.keys()
+    keys = sorted(eager_losses, key=str)
+    loss_rel = relative([eager_losses[k] for k in keys], [compiled_losses[k] for k in keys])
+    assert loss_rel.max() <= drift_bound(relative([eager_losses[k] for k in keys], [reordered_losses[k] for k in keys]))
 
 
 def _failing_compile(at: str):
