@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import numpy as np
-from scipy import optimize
+from scipy import optimize, special
 
 from analysis.mixture_fit import _design
 from harness.core.stats import Interval, t_interval
@@ -69,7 +69,7 @@ def _logit(y: np.ndarray) -> np.ndarray:
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-z))
+    return special.expit(z)  # no overflow warning where a far-off exponent sends z to ±inf
 
 
 def _fit_scheffe(W: np.ndarray, y: np.ndarray, degree: int) -> tuple[dict, Callable]:
@@ -281,7 +281,7 @@ def improvement(
     """How much ``row``'s form lowers the held-out squared error of the objective below ``base``'s (the trials'
     mean), per held-out fold (a trial, or a seed's trials averaged), with its 95 % t interval over folds: the form
     is worth proposing from only when the interval lies above 0 — the smallest CV error alone is, on noise, some
-    form's luck about half the time."""
+    form's luck often (docs/sweeps.md, "From a sweep to the mixture")."""
     observed = score(Y)
     gain = (observed - score(Y - base.residuals)) ** 2 - (observed - score(Y - row.residuals)) ** 2
     groups = np.asarray(groups)

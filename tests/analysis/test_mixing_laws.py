@@ -118,7 +118,7 @@ def test_cross_validation_chooses_the_generating_form():
 
 def test_support_check_false_alarm_on_noise_and_hit_on_a_law():
     """The proposal is "supported" only when the chosen form beats the trials' mean on held-out trials (a 95 %
-    interval above 0). The smallest CV error alone picks some form on pure noise most of the time; the check must
+    interval above 0). The smallest CV error alone picks some form on pure noise often; the check must
     not: its false-alarm rate on noise stays near the nominal 5 %, and it fires on a planted law."""
     score = lambda Y: Y.mean(axis=1)  # noqa: E731
     forms = ("constant", "scheffe", "scheffe2", "gp")  # the log-linear law is slow to refit; these make the point
