@@ -1,8 +1,9 @@
-"""The ``harness`` command line, twelve commands:
+"""The ``harness`` command line, thirteen commands:
 
 - one experiment: ``validate``, ``run`` (``--resume`` a killed run), ``eval`` (a checkpoint alone), ``sanity``
   (overfit and inputs-matter checks), ``inspect`` (one row per module), ``schema`` (the experiment JSON Schema);
-- sweeps: ``sweep`` (optuna workers on a shared storage), ``sweep-status``;
+- sweeps: ``sweep`` (optuna workers on a shared storage), ``sweep-status``, ``mixture`` (mixing laws fitted to a
+  sweep's trials and the mixture they propose: :mod:`harness.cli.mixture`);
 - reproductions: ``repro`` (a published finding's arms × seeds → table and figure, experiments/repro/);
   these two live in :mod:`harness.cli.studies`; they and ``run --seeds`` take ``--launcher local|slurm`` (this
   machine, or one SLURM job array: :mod:`harness.studies.launch`);
