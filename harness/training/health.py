@@ -1,5 +1,6 @@
 """Training health by module group: gradient norm and update ratio ‖Δθ‖/‖θ‖ for the embeddings, each block's
-attention and MLP, the norms and the head, so a layer going wrong shows before the loss does.
+attention and MLP, the norms and the head, so a layer going wrong shows before the loss does. Measured at log steps
+only (:mod:`harness.training.loop`), each measure read from the device in one go.
 
 Groups come from parameter names (``model.layers.3.self_attn.q_proj.weight`` → ``layers.3.attn``), which
 covers the Llama/Qwen/GPT-2 naming families; anything else falls in ``other``.
@@ -67,22 +68,30 @@ class GroupStats:
         self.groups = dict(groups)
 
     def grad_norms(self) -> dict[str, float]:
-        out = {}
+        norms = {}
         for group, params in self.groups.items():
             grads = [gathered(p.grad.detach().float().norm()) for _, p in params if p.grad is not None]
             if grads:
-                out[group] = float(torch.stack(grads).norm())
-        return out
+                norms[group] = torch.stack(grads).norm()
+        # one read of the device for every group (a log step's cost is one sync, not one per group)
+        return dict(zip(norms, torch.stack(list(norms.values())).tolist())) if norms else {}
 
     def snapshot(self) -> dict[str, list[torch.Tensor]]:
         return {g: [p.detach().clone() for _, p in ps] for g, ps in self.groups.items()}
 
     def update_ratios(self, before: dict[str, list[torch.Tensor]]) -> dict[str, float]:
         """‖Δθ‖/‖θ‖ per group, and ``all`` over every trainable parameter."""
+        # Every parameter's two sums in one read of the device, then added up on the host in parameter order (the
+        # same float64 sums as adding each one as it is read).
+        sums = []
+        for group, params in self.groups.items():
+            sums += [gathered(((p.detach() - b) ** 2).sum()).float() for (_, p), b in zip(params, before[group])]
+            sums += [gathered((p.detach() ** 2).sum()).float() for _, p in params]
+        values = iter(torch.stack(sums).tolist() if sums else [])
         out, delta_total, norm_total = {}, 0.0, 0.0
         for group, params in self.groups.items():
-            delta = sum(float(gathered(((p.detach() - b) ** 2).sum())) for (_, p), b in zip(params, before[group]))
-            norm = sum(float(gathered((p.detach() ** 2).sum())) for _, p in params)
+            delta = sum(next(values) for _ in params)
+            norm = sum(next(values) for _ in params)
             out[group] = (delta / norm) ** 0.5 if norm > 0 else 0.0
             delta_total += delta
             norm_total += norm

@@ -1,11 +1,16 @@
 """The training loop: one stage of completion-only SFT, read top to bottom.
 
 Per step: a length-grouped batch → forward through the model body → vocabulary projection *only at supervised
-positions* (a completion-only loss never needs the others) → loss → backward → non-finite guard → clip → AdamW
-step → warmup/cosine schedule. Every ``log_every`` steps the window's training metrics go to the tracker (overall
-and per-task loss, lr, grad norm, update ratio, tokens/s, pad fraction, per-module-group health); every
-``eval.every`` global steps and at the stage's end the ``evaluate`` callback runs; every ``checkpoint_every``
-steps a resumable checkpoint is written. Metrics are accumulated on-device and read back once per window.
+positions* (a completion-only loss never needs the others) → loss → backward → clip → AdamW step, unless the
+non-finite guard's flag is up → warmup/cosine schedule. In one process the flag is decided on the device and read
+by the host once the next step's forward is queued (or at a log, evaluation or checkpoint step, which read the
+device anyway; :mod:`harness.training.guard`): a finite step never waits for its own result.
+
+Every ``log_every`` steps the window's training metrics go to the tracker (overall and per-task loss, lr, grad
+norm, update ratio, tokens/s, pad fraction, per-module-group health, the last measured only at log steps); every
+``eval.every`` global steps and at the stage's end the ``evaluate`` callback runs; every ``checkpoint_every`` steps a
+resumable checkpoint is written. Metrics are accumulated on-device (:class:`~harness.training.window.Window`) and
+read back once per window.
 
 An adaptive stage (:mod:`harness.data.steering`) hands the loop a stream instead of a list: each step's global
 batch is drawn when the step begins, from the weights of the controller's last update, which
@@ -34,13 +39,22 @@ from harness.core.store import Row
 from harness.data.batches import Batch
 from harness.training import parallel as distributed
 from harness.training.adapters import param_groups
-from harness.training.batch_source import batch_source
+from harness.training.batch_source import StaticBatches, batch_source
 from harness.training.compiling import compile_decision, compiled_stage
-from harness.training.guard import Injector, NoFaults, NonFiniteError, first_nonfinite_module, nonfinite_grads
+from harness.training.guard import (
+    Injector,
+    NoFaults,
+    NonFiniteError,
+    StepGuard,
+    Verdict,
+    first_nonfinite_module,
+    nonfinite_grads,
+)
 from harness.training.health import GroupStats, Unmeasured, gathered
 from harness.training.losses import first_answer_tokens, token_losses_and_ce
 from harness.training.parallel import SingleProcess
 from harness.training.special_tokens import check_special_token_gradients
+from harness.training.window import Window
 
 ONE_PROCESS = SingleProcess()
 
@@ -106,95 +120,6 @@ def make_optimizer(model, spec: OptimSpec, total_steps: int):
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     return optimizer, scheduler
-
-
-@dataclass
-class Window:
-    """Training metrics accumulated over one logging window (on-device sums, read once per window)."""
-
-    n_tasks: int
-    loss_sum: torch.Tensor = None  # per task
-    token_count: torch.Tensor = None  # per task
-    grad_norm_sum: torch.Tensor = None
-    steps: int = 0
-    skipped: int = 0
-    real_tokens: int = 0
-    padded_tokens: int = 0
-    task_share_max_sum: float = 0.0  # per batch: the largest single task's share of its examples
-    seconds: float = 0.0  # training time in the window (evaluation excluded)
-
-    def __post_init__(self):
-        self.loss_sum = torch.zeros(self.n_tasks) if self.loss_sum is None else self.loss_sum
-        self.token_count = torch.zeros(self.n_tasks) if self.token_count is None else self.token_count
-        self.grad_norm_sum = torch.zeros(()) if self.grad_norm_sum is None else self.grad_norm_sum
-
-    def add(
-        self,
-        losses: torch.Tensor,
-        task_of_token: torch.Tensor,
-        grad_norm: torch.Tensor,
-        batch: Batch,
-        global_share: float,
-    ) -> None:
-        """One successful step. ``global_share``: the global batch's largest task share (:func:`task_share_max`;
-        ``batch`` may be one rank's slice of it), from the stage's batch source."""
-        if self.loss_sum.device != losses.device:  # sums live where the losses are: no per-step host copy
-            self.loss_sum, self.token_count, self.grad_norm_sum = (
-                t.to(losses.device) for t in (self.loss_sum, self.token_count, self.grad_norm_sum)
-            )
-        self.loss_sum.index_add_(0, task_of_token, losses.detach().float())
-        self.token_count.index_add_(0, task_of_token, torch.ones_like(losses, dtype=torch.float32))
-        self.grad_norm_sum += grad_norm.detach().float()
-        self.steps += 1
-        self.real_tokens += batch.n_real_tokens
-        self.padded_tokens += batch.n_padded_tokens
-        self.task_share_max_sum += global_share
-
-    def rows(self, tasks: list[str], stage: str, step: int, lr: float) -> list[Row]:
-        counts = self.token_count.tolist()
-        sums = self.loss_sum.tolist()
-        out = [Row(stage, step, task, "train", "loss", s / c) for task, s, c in zip(tasks, sums, counts) if c]
-        if self.steps:
-            out += [
-                Row(stage, step, None, "train", "loss", sum(sums) / max(1.0, sum(counts))),
-                Row(stage, step, None, "train", "grad_norm", float(self.grad_norm_sum) / self.steps),
-                Row(stage, step, None, "train", "tokens_per_s", self.real_tokens / max(self.seconds, 1e-9)),
-                Row(stage, step, None, "train", "pad_fraction", 1 - self.real_tokens / max(1, self.padded_tokens)),
-                # how far batches stray from the mixture: a batcher that clusters tasks makes its own seesaw
-                Row(stage, step, None, "train", "batch_task_share_max", self.task_share_max_sum / self.steps),
-            ]
-        out.append(Row(stage, step, None, "train", "lr", lr))
-        if self.skipped:
-            out.append(Row(stage, step, None, "train", "skipped_steps", self.skipped))
-        return out
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "loss_sum": self.loss_sum.tolist(),
-            "token_count": self.token_count.tolist(),
-            "grad_norm_sum": float(self.grad_norm_sum),
-            "steps": self.steps,
-            "skipped": self.skipped,
-            "real_tokens": self.real_tokens,
-            "padded_tokens": self.padded_tokens,
-            "task_share_max_sum": self.task_share_max_sum,
-            "seconds": self.seconds,
-        }
-
-    @classmethod
-    def from_state(cls, n_tasks: int, state: dict[str, Any]) -> "Window":
-        return cls(
-            n_tasks,
-            torch.tensor(state["loss_sum"]),
-            torch.tensor(state["token_count"]),
-            torch.tensor(state["grad_norm_sum"]),
-            state["steps"],
-            state["skipped"],
-            state["real_tokens"],
-            state["padded_tokens"],
-            state.get("task_share_max_sum", 0.0),
-            state["seconds"],
-        )
 
 
 @dataclass
@@ -280,46 +205,74 @@ def _no_progress(steps: int) -> None:
 def _diagnose(
     model, batch: Batch, loop: StageLoop, task_ids: torch.Tensor, step: int, what: str, parallel
 ) -> dict[str, Any]:
-    """Name the first module with a non-finite output (re-running the batch with hooks) and the bad grads. A
-    sharded (FSDP) model re-runs through its sharded forward, on every rank (the all-gathers must match); a DDP
-    model re-runs outside DDP (a second DDP forward before the optimiser step would confuse its reducer)."""
+    """Name the first module with a non-finite output (re-running the batch with hooks, and with the step's injected
+    fault, if any) and the bad grads. A sharded (FSDP) model re-runs through its sharded forward, on every rank (the
+    all-gathers must match); a DDP model re-runs outside DDP (a second DDP forward before the optimiser step would
+    confuse its reducer)."""
     through = parallel if parallel.sharded else ONE_PROCESS
     tasks: dict[str, int] = {}
     for t in batch.tasks:
         tasks[t] = tasks.get(t, 0) + 1
-    return {
-        "step": step,
-        "stage": loop.stage,
-        "what": what,
-        "first_module": first_nonfinite_module(
+    loop.injector.before_forward(model, step)
+    try:
+        first = first_nonfinite_module(
             model,
             lambda: batch_loss(
                 model, batch, loop.train.loss, task_ids, loop.tasks, loop.train.precision, parallel=through
             ),
-        ),
+        )
+    finally:
+        loop.injector.remove()
+    return {
+        "step": step,
+        "stage": loop.stage,
+        "what": what,
+        "first_module": first,
         "nonfinite_grads": nonfinite_grads(model),
         "tasks": tasks,
     }
 
 
-def _nonfinite_report(
-    model,
-    batch: Batch,
-    loop: StageLoop,
-    task_ids: torch.Tensor,
-    step: int,
-    loss: torch.Tensor,
-    grad_norm: torch.Tensor,
-    parallel,
-) -> Optional[dict[str, Any]]:
-    """None when the step's loss and gradient are finite (on every rank), else the guard's report — with several
-    ranks, the report of the first rank where it began, on every rank, so that all of them stop here."""
-    loss_bad, grad_bad = (~torch.isfinite(torch.stack([loss.detach().float(), grad_norm.float()]))).tolist()
-    bad_ranks = parallel.bad_ranks(loss_bad, grad_bad)  # with several ranks, one host sync per step
+@dataclass
+class Trained:
+    """A step whose update the device has (or, when flagged, has not) applied, kept until the host reads its
+    verdict: what its metrics need, and its gradients for the guard's report."""
+
+    step: int
+    batch: Batch
+    task_ids: torch.Tensor
+    ce: torch.Tensor
+    task_of_token: torch.Tensor
+    grad_norm: torch.Tensor
+    share: float
+    verdict: Verdict
+    grads: list[Optional[torch.Tensor]]
+
+
+def _settle(
+    done: Trained, loop: StageLoop, state: LoopState, window: Window, source, trained, params, parallel
+) -> bool:
+    """Read ``done``'s verdict and act on it: a finite step's metrics join the window and the steering; a non-finite
+    step stops the stage or is counted as skipped. True when it was skipped."""
+    loss_bad, grad_bad, bad_ranks = done.verdict.read()
     if not (loss_bad or grad_bad or bad_ranks):
-        return None
-    report = _diagnose(model, batch, loop, task_ids, step, "loss" if loss_bad else "gradient", parallel)
-    return parallel.report_of(bad_ranks[0], report) if bad_ranks else report
+        state.consecutive_skips = 0
+        window.add(done.ce, done.task_of_token, done.grad_norm, done.batch, done.share)
+        source.trained(done.ce, done.task_of_token)
+        return False
+    saved = [p.grad for p in params]
+    for p, g in zip(params, done.grads):  # the flagged step's gradients, which its update never used
+        p.grad = g
+    try:
+        what = "loss" if loss_bad else "gradient"
+        report = _diagnose(trained, done.batch, loop, done.task_ids, done.step, what, parallel)
+    finally:
+        for p, g in zip(params, saved):
+            p.grad = g
+    # with several ranks, the report of the first rank where it began, on every rank, so that all of them stop here
+    report = parallel.report_of(bad_ranks[0], report) if bad_ranks else report
+    _skip_or_stop(report, state, loop, window, done.step)
+    return True
 
 
 def _window_rows(
@@ -364,21 +317,16 @@ def _optimizer_for(trained, spec: OptimSpec, steps: int, state: LoopState, paral
     return optimizer, scheduler
 
 
-def _skip_or_stop(
-    report: dict[str, Any], state: LoopState, loop: StageLoop, optimizer, scheduler, window: Window, step: int
-) -> None:
-    """A non-finite step: stop (``nonfinite.action: stop``, or too many skips in a row), or drop the step and keep
-    the schedule (``skip_step``)."""
+def _skip_or_stop(report: dict[str, Any], state: LoopState, loop: StageLoop, window: Window, step: int) -> None:
+    """A non-finite step: stop (``nonfinite.action: stop``, or too many skips in a row), or count the dropped step
+    (``skip_step``; its update was never applied, and the schedule moved on)."""
     nonfinite = loop.train.nonfinite
     state.consecutive_skips += 1
     if nonfinite.action == "stop" or state.consecutive_skips >= nonfinite.max_consecutive:
         if nonfinite.action == "skip_step":
             report["consecutive_skips"] = state.consecutive_skips
         raise NonFiniteError(report)
-    optimizer.zero_grad(set_to_none=True)
-    scheduler.step()
     window.skipped += 1
-    loop.injector.remove()
     loop.log([Row(loop.stage, step, None, "train", "nonfinite_skip", 1.0)], step)
 
 
@@ -398,7 +346,9 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState], c
     optimizer, scheduler = _optimizer_for(trained, train.optim, len(source), state, parallel)
     window = Window.from_state(len(loop.tasks), state.window) if state.window else Window(len(loop.tasks))
     max_norm = train.optim.grad_clip if train.optim.grad_clip is not None else float("inf")
-    guard = train.nonfinite.action != "off"
+    # An adaptive stage's controller hears each step's losses before its next draw: its verdicts are read at once.
+    guard = StepGuard(train.nonfinite.action, parallel, optimizer, may_defer=isinstance(source, StaticBatches))
+    pending: Optional[Trained] = None  # a step whose device-side verdict the host has not read yet
     trained.train()
     source.begin(state.batch_index, device)
 
@@ -406,7 +356,9 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState], c
         batch, step = source.batch(i), loop.start_step + i + 1  # an adaptive stage draws it now
         task_ids = torch.tensor([task_index[t] for t in batch.tasks]).to(device)
         is_log_step = (i + 1) % train.log_every == 0 or i + 1 == len(source)
-        started, before = time.perf_counter(), None
+        evaluates = step % loop.eval_every == 0 or i + 1 == len(source)
+        checkpoints = bool(train.checkpoint_every) and step % train.checkpoint_every == 0 and i + 1 < len(source)
+        started = time.perf_counter()
 
         if step == loop.kill_at:  # no cleanup, no exit code: what a crashed or OOM-killed rank leaves behind
             os.kill(os.getpid(), signal.SIGKILL)
@@ -414,6 +366,9 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState], c
         loss, ce, task_of_token = batch_loss(
             trained, batch, train.loss, task_ids, loop.tasks, train.precision, compiled, parallel
         )
+        if pending is not None:  # the last step's verdict, read now that this step's forward is queued behind it
+            _settle(pending, loop, state, window, source, trained, params, parallel)
+            pending = None
         loss.backward()
         source.after_backward(i)  # on a GPU the next batch's copy overlaps this step's work
         loop.injector.after_backward(trained, step)
@@ -422,21 +377,18 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState], c
             check_special_token_gradients(trained, loop.special_tokens, batch=batch)
         group_grads = groups.grad_norms() if is_log_step else None
         grad_norm = gathered(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
-
-        report = _nonfinite_report(trained, batch, loop, task_ids, step, loss, grad_norm, parallel) if guard else None
-        if report is not None:
-            _skip_or_stop(report, state, loop, optimizer, scheduler, window, step)
-        else:
-            state.consecutive_skips = 0
-            loop.injector.remove()
-            # Clip only now: clipping non-finite gradients would smear NaN over every parameter's gradient.
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, grad_norm)
-            before = groups.snapshot() if is_log_step else None
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            window.add(ce, task_of_token, grad_norm, batch, source.share(i))
-            source.trained(ce, task_of_token)
+        before = groups.snapshot() if is_log_step else None
+        verdict = guard.step(optimizer, loss, grad_norm, params, max_norm)  # clip, then AdamW unless non-finite
+        scheduler.step()  # a skipped step keeps the schedule
+        done = Trained(
+            step, batch, task_ids, ce, task_of_token, grad_norm, source.share(i), verdict, [p.grad for p in params]
+        )
+        optimizer.zero_grad(set_to_none=True)  # the gradients live on in ``done`` until its verdict is read
+        loop.injector.remove()
+        if guard.defers and not (is_log_step or evaluates or checkpoints):
+            pending = done
+        elif _settle(done, loop, state, window, source, trained, params, parallel):
+            before = None  # a skipped step has no update to measure
 
         window.seconds += time.perf_counter() - started
         if is_log_step:
@@ -446,11 +398,11 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState], c
         if steered := source.after_step(i, step):  # an adaptive stage's controller updated its weights
             loop.log(steered, step)
         loop.progress(1)
-        if step % loop.eval_every == 0 or i + 1 == len(source):
+        if evaluates:
             parallel.sync(model)
             loop.evaluate(step)
             trained.train()
-        if train.checkpoint_every and step % train.checkpoint_every == 0 and i + 1 < len(source):
+        if checkpoints:
             at = LoopState(i + 1, state.consecutive_skips, window.state(), packing=state.packing)
             _checkpoint(model, loop, step, at, optimizer, scheduler, parallel, source)
     return loop.start_step + len(source)
