@@ -36,6 +36,10 @@ Run from the repository root (TRL is a benchmark-only dependency: ``pip install 
     python bench/train_speed.py --device cuda --model qwen2.5-0.5b-shape   # bf16 autocast, MFU (GPU only)
     python bench/train_speed.py --configs harness,harness-compile --hidden 512   # a wider qwen2-tiny
 
+``--baseline DIR`` runs every harness configuration chosen a second time from another checkout of the repository
+(``git archive HEAD | tar -x -C DIR``, or a worktree), named ``base:<config>`` and interleaved with the rest: before
+and after a change, side by side in one bench run on the same inputs.
+
 The machine should be otherwise idle: before each run the bench samples the CPU use of other processes for a
 moment and waits (up to ``--max-wait`` seconds) while it is above ``--max-busy``; each run's figure is printed.
 
@@ -238,12 +242,18 @@ def wait_until_quiet(args) -> float:
     return busy
 
 
+BASE = "base:"  # a configuration run from the --baseline checkout
+
+
 def spawn(name: str, workdir: Path, args, extra: list[str] = ()) -> dict:
+    root, child_name = ROOT, name
+    if name.startswith(BASE):  # the same configuration, from the baseline checkout's bench and code
+        root, child_name = Path(args.baseline).resolve(), name[len(BASE) :]
     cmd = [
         sys.executable,
-        str(Path(__file__).resolve()),
+        str(root / "bench" / "train_speed.py"),
         "--child",
-        name,
+        child_name,
         "--workdir",
         str(workdir),
         "--steps",
@@ -262,12 +272,12 @@ def spawn(name: str, workdir: Path, args, extra: list[str] = ()) -> dict:
         cmd,
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=root,
         env={**os.environ, "WANDB_SILENT": "true", "TOKENIZERS_PARALLELISM": "false"},
     )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
+            return {**json.loads(line[len("RESULT ") :]), "config": name}
     raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
@@ -301,6 +311,11 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--max-wait", type=float, default=180, help="seconds to wait for a quiet machine per run")
     parser.add_argument("--json", type=Path, help="also write every run's numbers here")
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout of the repository: its harness configurations run too, as base:<config>",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="run the harness configuration once under torch.profiler and print its top operators",
@@ -316,6 +331,8 @@ def chosen_configs(parser: argparse.ArgumentParser, args) -> list[str]:
     """``--configs`` checked against the known names, less the TRL ones when TRL is not installed."""
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in configs if c not in HARNESS_CONFIGS and c not in TRL_CONFIGS]
+    if args.baseline and not (args.baseline / "bench" / "train_speed.py").exists():
+        parser.error(f"--baseline {args.baseline}: no bench/train_speed.py there")
     if unknown:
         parser.error(f"unknown configs {unknown}; known: {', '.join([*HARNESS_CONFIGS, *TRL_CONFIGS])}")
     if any(c in TRL_CONFIGS for c in configs):
@@ -326,6 +343,8 @@ def chosen_configs(parser: argparse.ArgumentParser, args) -> list[str]:
             configs = [c for c in configs if c in HARNESS_CONFIGS]
         else:
             print(f"TRL {trl.__version__}")
+    if args.baseline:  # each harness configuration right after itself from the baseline checkout
+        configs = [v for c in configs for v in ([c, BASE + c] if c in HARNESS_CONFIGS else [c])]
     return configs
 
 
@@ -466,14 +485,21 @@ def print_ratios_and_goals(med: dict[str, dict]) -> None:
     print("\n".join("  " + g for g in goals))
 
 
-def print_overhead(med: dict[str, dict]) -> None:
-    """What the non-finite guard and the health metrics cost: tokens/s with them off against ``harness``."""
-    overhead = [n for n in ("harness-noguard", "harness-nodiag", "harness-bare") if n in med]
-    if overhead:
-        print("\nguard and health metrics: tokens/s with them off, relative to the defaults (on)")
-        ours = med["harness"]["real_tps"]
-        for name in overhead:
-            print(f"  {name:<22}{med[name]['real_tps'] / ours:>6.3f}×  ({HARNESS_CONFIGS[name]})")
+def print_overhead(med: dict[str, dict], results: dict[str, list[dict]]) -> None:
+    """What the non-finite guard and the health metrics cost: tokens/s with them off against ``harness`` (and, with
+    ``--baseline``, the same for the baseline's code): the ratio of medians, then each repetition's own ratio (the
+    two runs of one round ran next to each other)."""
+    for prefix in ("", BASE):
+        overhead = [prefix + n for n in ("harness-noguard", "harness-nodiag", "harness-bare") if prefix + n in med]
+        if overhead and prefix + "harness" in med:
+            code = "the baseline's code" if prefix else "this code"
+            print(f"\nguard and health metrics ({code}): tokens/s with them off, relative to the defaults (on)")
+            ours = med[prefix + "harness"]["real_tps"]
+            for name in overhead:
+                settings = HARNESS_CONFIGS[name[len(prefix) :]]
+                pairs = zip(results[name], results[prefix + "harness"])
+                per_rep = ", ".join(f"{a['real_tps'] / b['real_tps']:.3f}" for a, b in pairs)
+                print(f"  {name:<27}{med[name]['real_tps'] / ours:>6.3f}×  [{per_rep}]  ({settings})")
 
 
 def print_limits(workdir: Path, args, results: dict[str, list[dict]], med: dict[str, dict]) -> None:
@@ -533,7 +559,7 @@ def main() -> None:
     med = print_medians(args, results)
     if "harness" in med:
         print_ratios_and_goals(med)
-        print_overhead(med)
+        print_overhead(med, results)
         print_limits(workdir, args, results, med)
     if args.json:
         args.json.write_text(json.dumps({"info": info, "runs": results, "medians": med}, indent=2))
