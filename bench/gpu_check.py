@@ -1,7 +1,9 @@
 """GPU check: the harness's own path on CUDA — ``harness run … --nproc 2`` (NCCL) with the non-finite guard on, a
 stage-cache replay, a killed rank and its ``--resume``, a NaN on one rank, and an fsdp run — each a ``python -m
-harness`` command on the micro experiment (tests/data/micro.yaml), checked against the first run. About 3–4 minutes
-on one H200; prints one line per check and exits 1 if any failed, 0 otherwise.
+harness`` command on the micro experiment (tests/data/micro.yaml), checked against the first run — then a bf16-autocast
+run (the packing check's verdict and tolerance per stage), an adaptive stage (the steering all-reduce) and a packed
+bf16 run on the Qwen2.5-0.5B shape (experiments/real_size.yaml, when present). Prints one line per check and exits 1
+if any failed, 0 otherwise.
 
     python bench/gpu_check.py            # on a machine with CUDA; without one it says so and exits 0
     python bench/gpu_check.py --cpu      # the same commands on the CPU (gloo): tries the script itself
@@ -176,6 +178,62 @@ def run_checks(work: Path, env: dict, nproc: int, report: Report) -> None:
             report.line("fsdp's first-stage losses within 1e-3 of ddp's", worst <= 1e-3, f"max relative {worst:.2e}")
 
 
+def run_precision_and_steering_checks(work: Path, env: dict, nproc: int, report: Report) -> None:
+    """bf16 autocast (with the packing check's verdict and the tolerance it used), an adaptive stage (the steering
+    all-reduce of each rank's per-task loss sums: NCCL takes no CPU tensor), and a packed run on the Qwen2.5-0.5B
+    shape (experiments/real_size.yaml, flash-attention's varlen kernels where installed)."""
+    no_cache = ["--set", "train.stage_cache=false"]
+    bf16 = work / "bf16"
+    code, err, seconds = harness(bf16, *no_cache, "--set", "train.precision=bf16-autocast", env=env, nproc=nproc)
+    report.line("bf16-autocast run", code == 0, f"exit {code}, {seconds:.0f} s" + _tail(code, err))
+    if code == 0:
+        losses = train_losses(bf16)
+        packing = _packing_rows(bf16)
+        report.line(
+            "bf16: losses finite, packing decided per stage",
+            len(losses) == 140 and all(math.isfinite(v) for v in losses.values()) and len(packing) == 3,
+            f"{len(losses)} steps; per stage (packed, max rel diff, tolerance): {packing}",
+        )
+    steer = work / "steer"
+    code, err, seconds = harness(
+        steer, *no_cache, "--set", "stages.short.mixture={adaptive: {method: odm}}", env=env, nproc=nproc
+    )
+    report.line("adaptive stage (steering all-reduce)", code == 0, f"exit {code}, {seconds:.0f} s" + _tail(code, err))
+    real = ROOT / "experiments" / "real_size.yaml"
+    if real.exists():
+        cmd = [sys.executable, "-m", "harness", "run", str(real), "--out", str(work / "real"), *no_cache]
+        cmd += ["--set", "train.precision=bf16-autocast"] + (["--nproc", str(nproc)] if nproc > 1 else [])
+        started = time.monotonic()
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        seconds = time.monotonic() - started
+        packing = _packing_rows(work / "real") if done.returncode == 0 else "-"
+        report.line(
+            "Qwen2.5-0.5B shape, bf16, packed",
+            done.returncode == 0,
+            f"exit {done.returncode}, {seconds:.0f} s; packing {packing}" + _tail(done.returncode, done.stderr),
+        )
+
+
+def _packing_rows(run: Path) -> list[tuple]:
+    """Each stage's packing rows: (packed, max relative difference, tolerance), in stage order."""
+    import polars as pl
+
+    from harness.core.store import read_metrics
+
+    rows = read_metrics(run).filter(pl.col("metric").is_in(["packed", "packing_max_rel_diff", "packing_tolerance"]))
+    by_stage: dict[str, dict[str, float]] = {}
+    for stage, metric, value in zip(rows["stage"], rows["metric"], rows["value"]):
+        by_stage.setdefault(stage, {})[metric] = value
+    return [
+        (
+            int(m.get("packed", -1)),
+            f"{m.get('packing_max_rel_diff', float('nan')):.2e}",
+            f"{m.get('packing_tolerance', float('nan')):.2e}",
+        )
+        for m in by_stage.values()
+    ]
+
+
 def _tail(failed, err: str) -> str:
     return ("\n" + "\n".join("    " + line for line in err.strip().splitlines()[-8:])) if failed else ""
 
@@ -212,6 +270,7 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         env["HARNESS_CACHE"] = str(work / "cache")  # a fresh cache: the replay reads what the first run stored
         run_checks(work, env, nproc, report)
+        run_precision_and_steering_checks(work, env, nproc, report)
     print(f"gpu_check: {report.failed} failed, {time.monotonic() - started:.0f} s in all", flush=True)
     return 1 if report.failed else 0
 
