@@ -39,7 +39,9 @@ SCHEMA = {
 FILENAME = "metrics.parquet"
 # Per-task metrics of the contract where a smaller value is better (every other one: larger is better); sweeps
 # take their default objective direction from it, the analysis its plot and ranking directions.
-LOWER_IS_BETTER = frozenset({"loss", "eval_loss", "ft_rank_mean", "ft_rank_median", "ft_hijack"})
+LOWER_IS_BETTER = frozenset(
+    {"loss", "eval_loss", "ft_rank_mean", "ft_rank_median", "ft_hijack", "ref_loss", "ref_ppl", "ref_loss_delta"}
+)
 
 
 @dataclass(frozen=True)
