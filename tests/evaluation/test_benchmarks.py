@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from harness.config import ConfigError, validate_data
-from tests.conftest import TINY, run_cli, write_yaml
+from tests.conftest import TINY, invoke, run_cli, write_yaml
 
 lm_eval = pytest.importorskip("lm_eval")
 
@@ -62,8 +62,8 @@ def bench_run(tmp_path_factory) -> Path:
     tasks = _user_task(tmp / "tasks")
     exp = _experiment(tmp, [{"task": "world_mc", "limit": 16}, {"task": "my_facts", "include_path": str(tasks)}])
     out = tmp / "run"
-    result = run_cli("run", str(write_yaml(tmp / "exp.yaml", exp)), "--out", str(out))
-    assert result.returncode == 0, result.stderr[-4000:]
+    result = invoke("run", str(write_yaml(tmp / "exp.yaml", exp)), "--out", str(out))  # in process: reads its outputs
+    assert result.exit_code == 0, result.output[-4000:]
     return out
 
 

@@ -17,7 +17,7 @@ from harness.config import validate_data
 from harness.core.store import read_metrics
 from harness.runs.prepare import DataError
 from harness.runs.runner import run_experiment
-from tests.conftest import ROOT, run_cli, write_yaml
+from tests.conftest import ROOT, invoke, run_cli, write_yaml
 
 
 def test_forward_nan_is_caught_at_its_step_naming_the_module(tiny, tmp_path):
@@ -143,11 +143,13 @@ def test_killed_run_resumes_to_identical_metrics(tiny, tmp_path):
 
 
 def test_resume_refuses_a_changed_experiment(tiny, tmp_path):
+    """In process (the command, without a subprocess's start-up): neither run tests the process."""
     exp_file = write_yaml(tmp_path / "x.yaml", tiny)
     out = tmp_path / "run"
-    assert run_cli("run", str(exp_file), "--out", str(out)).returncode == 0
-    result = run_cli("run", str(exp_file), "--resume", str(out), "--set", "train.optim.lr=0.1")
-    assert result.returncode == 2 and "differs from the run being resumed" in result.stderr
+    finished = invoke("run", str(exp_file), "--out", str(out))
+    assert finished.exit_code == 0, finished.output[-2000:]
+    result = invoke("run", str(exp_file), "--resume", str(out), "--set", "train.optim.lr=0.1")
+    assert result.exit_code == 2 and "differs from the run being resumed" in result.stderr
 
 
 def _checked(exact: bool, calls: list):
