@@ -10,14 +10,22 @@ absolute positions fed the row's positions read the wrong embedding, and a forwa
 mask turns the detection off.
 
 The tolerance is derived, not tuned. The same check measures the *layout noise*: the per-example losses and
-gradients of the padded batch laid out differently (rows in reverse order, wider padding) — a correct packed
-forward differs from the padded one by the same kind of float reordering, and nothing else. Where the kernels give
-bit-identical results for both layouts (the noise is 0) a floor stands in: the probabilistic rounding-error bound
-of ``n_layers`` chained dot products of length ``hidden_size``, ``√hidden_size · n_layers · u`` (u the unit
-roundoff of the compute precision; N. J. Higham and T. Mary, "A new approach to probabilistic rounding error
-analysis", SIAM J. Sci. Comput. 41(5), 2019: relative error ∝ √n·u, not n·u). The tolerance is
-``SAFETY × max(noise, floor)``: ``SAFETY`` = 4 is the λ of that bound at which it holds with probability
-1 − 2·exp(−λ²/2)·… ≈ 0.9993 per quantity.
+gradients of the padded batch computed two more ways that cannot leak — its rows in reverse order with wider
+padding (the reordering across rows), and one example per row through the packed batch's own forward path
+(restarting positions, no mask, example-by-example attention or transformers' block-diagonal mask: the packed
+kernels on rows where every example starts its row, so nothing precedes it to leak from). A correct packed forward
+differs from the padded one by the same kind of float reordering, and nothing else. Where the kernels give
+bit-identical results for all three layouts (the noise is 0) two bounds stand in. The floor: the probabilistic
+rounding-error bound of ``n_layers`` chained dot products of length ``hidden_size`` accumulated in fp32 (bf16
+autocast accumulates in fp32 too), ``√hidden_size · n_layers · 2⁻²⁴`` (N. J. Higham and T. Mary, "A new approach
+to probabilistic rounding error analysis", SIAM J. Sci. Comput. 41(5), 2019: relative error ∝ √n·u, not n·u).
+The tolerance is ``SAFETY × max(noise, floor)``: ``SAFETY`` = 4 is the λ of that bound at which it holds with
+probability 1 − 2·exp(−λ²/2)·… ≈ 0.9993 per quantity. And never less than one rounding of a stored result, the
+unit roundoff ``u`` of the compute precision (2⁻²⁴ fp32, below the floor; 2⁻⁸ bf16): under autocast every
+matmul's output is rounded to bf16, and a kernel that treats a packed row otherwise (an example's offset in its
+row, which no layout free of leaks reproduces) can round it the other way; one rounding is bounded by ``u``
+itself, so it takes no λ. The bound with bf16's u in place of the fp32 accumulation's (``√hidden · n_layers ·
+2⁻⁸``: 0.18 on a 4-layer 128-wide model, ≈ 2.8 on a Qwen2.5-0.5B shape) was above every leak and passed them all.
 
 When the difference is above tolerance the check says what leaked: it packs the same examples again with the first
 example of every row replaced (its tokens rotated by one); if the *other* examples' losses move, they see their
@@ -27,21 +35,22 @@ positions — ``positions``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
 from harness.config import LossSpec
-from harness.data.batches import Batch, collate
+from harness.data.batches import Batch, Layout, collate
 from harness.data.encoding import IGNORE_INDEX, Encoded
 from harness.data.packing import examples_of, pack_like
 from harness.training.loop import batch_loss
 
 SAFETY = 4.0
 CHECK_BATCHES = 3  # the first batches of the stage: "a handful"
-UNIT_ROUNDOFF = {"fp32": 2.0**-24, "bf16-autocast": 2.0**-8}
+UNIT_ROUNDOFF = {"fp32": 2.0**-24, "bf16-autocast": 2.0**-8}  # of a stored result in the compute precision
+ACCUMULATION_ROUNDOFF = 2.0**-24  # matmuls accumulate in fp32 under either precision
 
 LossComparison = Callable[[torch.Tensor, torch.Tensor], float]  # (losses, reference losses) -> largest difference
 
@@ -60,10 +69,12 @@ class PackingCheck:
     noise: float
     floor: float
     leaked: Optional[str] = None  # "attention" | "positions" (None while exact)
+    loss_noise: float = 0.0  # the part of ``noise`` measured on per-example losses (gradients left out)
+    roundoff: float = 0.0  # one rounding of a stored result in the compute precision: the least tolerance
 
     @property
     def tolerance(self) -> float:
-        return SAFETY * max(self.noise, self.floor)
+        return max(SAFETY * max(self.noise, self.floor), self.roundoff)
 
     @property
     def exact(self) -> bool:
@@ -85,13 +96,14 @@ def _model_type(model) -> str:
     return str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
 
 
-def rounding_floor(model, precision: str) -> float:
-    """``√hidden_size · n_layers · u``: the floor of the tolerance (module docstring)."""
+def rounding_floor(model, precision: str = "fp32") -> float:
+    """``√hidden_size · n_layers · 2⁻²⁴``: the floor of the tolerance (module docstring), the fp32 accumulation's
+    rounding bound in either precision (``precision`` is kept for callers; autocast accumulates in fp32)."""
     config = model.config
     config = getattr(config, "text_config", None) or config
     hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", 1)
     layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", 1)
-    return float(np.sqrt(hidden) * layers * UNIT_ROUNDOFF.get(precision, UNIT_ROUNDOFF["fp32"]))
+    return float(np.sqrt(hidden) * layers * ACCUMULATION_ROUNDOFF)
 
 
 def relative_loss_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -127,6 +139,23 @@ def _relaid(batch: Batch) -> tuple[Batch, list[int]]:
         wide.n_padded_tokens + pad.numel(),
     )
     return relaid, order
+
+
+def _one_per_row(batch: Batch, like: Batch) -> Batch:
+    """Padded ``batch`` through the forward of packed batch ``like``: restarting positions, no mask, ``like``'s
+    attention (example by example or the block-diagonal mask), one example per row at the row's start, its padding
+    a segment of its own after it. Exact on any model the padded batch is: nothing precedes an example in its row,
+    so neither a state nor attention nor a row position can carry anything into it."""
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    width = batch.input_ids.shape[1]
+    device = batch.input_ids.device
+    positions = torch.stack(
+        [torch.cat([torch.arange(n, device=device), torch.arange(width - n, device=device)]) for n in lengths]
+    )
+    spans = tuple((row, 0, n) for row, n in enumerate(lengths))
+    return replace(
+        batch, position_ids=positions, layout=Layout(spans, like.layout.pad_id, like.layout.factor, like.layout.varlen)
+    )
 
 
 def _rotated_first(batch: Batch) -> tuple[Batch, list[int]]:
@@ -183,12 +212,14 @@ def check_packing(
     compare: LossComparison = relative_loss_diff,
 ) -> PackingCheck:
     """Compare the first :data:`CHECK_BATCHES` batches packed and padded on ``model`` (left as it was: eval mode
-    for the check, gradients cleared, no RNG drawn). ``compare`` measures per-example losses against the padded
-    batch's (default :func:`relative_loss_diff`; ``bench/packing_check_null.py`` passes the comparison it replaced)."""
+    for the check, gradients cleared, no RNG drawn), against the layout noise measured on the same batches (the
+    padded rows reversed and wider, and one example per row through the packed forward: module docstring).
+    ``compare`` measures per-example losses against the padded batch's (default :func:`relative_loss_diff`;
+    ``bench/packing_check_null.py`` passes the comparison it replaced)."""
     was_training = model.training
     model.eval()  # no dropout: the two layouts must see the same function
     watched = _watched(model)
-    diff = noise = 0.0
+    diff = noise = loss_noise = 0.0
     try:
         for pad_batch, pack_batch in list(zip(padded, packed))[:CHECK_BATCHES]:
             base_losses, base_grads = _outcome(model, pad_batch, spec, tasks, precision, watched)
@@ -196,13 +227,19 @@ def check_packing(
             losses, grads = _outcome(model, relaid, spec, tasks, precision, watched)
             restored = torch.empty_like(losses)
             restored[torch.tensor(order)] = losses
-            noise = max(noise, compare(restored, base_losses), _grad_rel(grads, base_grads))
+            alone, alone_grads = _outcome(model, _one_per_row(pad_batch, pack_batch), spec, tasks, precision, watched)
+            loss_noise = max(loss_noise, compare(restored, base_losses), compare(alone, base_losses))
+            noise = max(noise, loss_noise, _grad_rel(grads, base_grads), _grad_rel(alone_grads, base_grads))
             losses, grads = _outcome(model, pack_batch, spec, tasks, precision, watched)
             diff = max(diff, compare(losses, base_losses), _grad_rel(grads, base_grads))
-        result = PackingCheck(_model_type(model), diff, noise, rounding_floor(model, precision))
+        roundoff = UNIT_ROUNDOFF.get(precision, UNIT_ROUNDOFF["fp32"])
+        result = PackingCheck(_model_type(model), diff, noise, rounding_floor(model), None, loss_noise, roundoff)
         if not result.exact:
+            # Only the other examples' losses are compared there, which a layout free of leaks leaves as they were
+            # up to the losses' own noise: the stored-result roundoff (which the gradients need) does not apply.
+            losses_tolerance = SAFETY * max(loss_noise, result.floor)
             result.leaked = _what_leaked(
-                model, packed[:CHECK_BATCHES], spec, tasks, precision, result.tolerance, compare
+                model, packed[:CHECK_BATCHES], spec, tasks, precision, losses_tolerance, compare
             )
         return result
     finally:

@@ -483,4 +483,4 @@ def test_the_check_measures_losses_with_the_comparison_it_is_given(tok, groups):
     assert result.max_rel_diff == 1.0 and result.noise == 1.0 and result.leaked is None  # 1.0 is within 4x noise
     calls = []
     check_packing(model, padded, packed, LossSpec(), TASKS, compare=lambda a, b: calls.append(a.shape) or 0.0)
-    assert len(calls) == 2 * min(len(groups), 3)
+    assert len(calls) == 3 * min(len(groups), 3)  # per batch: rows reversed, one example per row, packed
