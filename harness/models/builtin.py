@@ -1,7 +1,9 @@
 """Builtin tiny architectures built from transformers configs (any HF causal LM loads through :mod:`harness.models.hf`).
 
 Builtin models get the harness's own tokenizer (trained on the world corpus and the experiment's task data) and,
-with ``model.pretrain``, are pretrained on the world corpus and cached (see :mod:`harness.runs.pretrain`).
+with ``model.pretrain``, are pretrained on the world corpus and cached (see :mod:`harness.runs.pretrain`). Their
+embedding has one row per token unless the config asks for more rows (``vocab_size``, as ``qwen2.5-0.5b`` does): the
+rows past the tokenizer are never produced by it, like a released model's padded vocabulary.
 """
 
 from __future__ import annotations
@@ -85,6 +87,31 @@ BUILTIN_MODELS.add(
     ),
 )
 
+# Qwen2.5-0.5B's shape (its released config.json) with random weights, for measuring memory and speed at a size users
+# train: 24 layers (override num_hidden_layers for a short run), 14 heads of 64 over 2 KV heads, tied embeddings, and
+# its padded vocabulary of 151,936 rows. The builtin tokenizer trained here is far smaller (the world corpus has no
+# 151k merges), so the rows past it are never produced — as Qwen2.5's own 151,665-token tokenizer leaves 271 rows
+# unused. Memory (embedding, head, AdamW state) and full-vocabulary ranks then cost what the released model's do.
+QWEN2_5_0_5B_VOCAB = 151_936
+BUILTIN_MODELS.add(
+    "qwen2.5-0.5b",
+    BuiltinArch(
+        "qwen2",
+        dict(
+            vocab_size=QWEN2_5_0_5B_VOCAB,
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+            rope_theta=1_000_000.0,
+            tie_word_embeddings=True,
+        ),
+    ),
+)
+
 FULL_ATTENTION_INTERVAL = 4  # qwen3_5-tiny: layer i is full attention when (i + 1) % 4 == 0 (Qwen3.5's own pattern)
 
 
@@ -95,7 +122,8 @@ def _config_class(model_type: str):
 
 
 def builtin_config(spec: "ModelSpec", tokenizer) -> Any:
-    """The transformers config of a builtin model, sized to ``tokenizer``."""
+    """The transformers config of a builtin model, sized to ``tokenizer``: one embedding row per token, or the config's
+    ``vocab_size`` rows where it asks for more (rows the tokenizer never produces); fewer is an error."""
     arch = BUILTIN_MODELS.get(spec.builtin)
     config_class = _config_class(arch.model_type)
     aliases = getattr(config_class, "attribute_map", {}) or {}
@@ -106,8 +134,11 @@ def builtin_config(spec: "ModelSpec", tokenizer) -> Any:
         n = int(fields["num_hidden_layers"])
         interval = min(FULL_ATTENTION_INTERVAL, n)
         fields["layer_types"] = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
+    rows = int(fields.get("vocab_size") or 0)
+    if rows and rows < len(tokenizer):
+        raise ValueError(f"vocab_size {rows} is smaller than the tokenizer's {len(tokenizer)} tokens")
     fields.update(
-        vocab_size=len(tokenizer),
+        vocab_size=max(rows, len(tokenizer)),
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,  # every builtin config has the field (GPT-2's default, 50256, would be out of range)
