@@ -1,8 +1,9 @@
 """The ``harness mixture SWEEP_DIR`` command, a plain function :mod:`harness.cli.app` registers: the mixing-law fits
 of a finished sweep with their cross-validated errors, the chosen form, and the mixture it proposes inside the
 explored convex hull with its predicted value and bootstrap interval, next to the sweep's in-sample winner
-(:mod:`analysis.mixture_proposal`); ``proposal.json`` is written in the sweep directory. Nothing heavy is imported
-before the command runs."""
+(:mod:`analysis.mixture_proposal`); ``proposal.json`` is written in the sweep directory. ``--verify K`` then trains
+the proposal and the winner on K fresh seeds, here or through a launcher, and writes ``verify.json``
+(:mod:`harness.studies.mixture_verify`). Nothing heavy is imported before the command runs."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from harness.cli.launching import raise_usage
+from harness.cli.launching import DetachOption, LauncherOption, SlurmOption, choose_launcher, raise_usage
 
 
 def mixture(
@@ -27,6 +28,16 @@ def mixture(
         "reference a form must beat).",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap and of the search in the hull."),
+    verify: Optional[int] = typer.Option(
+        None,
+        "--verify",
+        help="Train the proposal and the in-sample winner on K fresh seeds (SWEEP_DIR/verify/) and compare them on "
+        "the same held-out items; write SWEEP_DIR/verify.json.",
+    ),
+    jobs: int = typer.Option(1, "--jobs", min=1, help="With --verify: runs at once on this machine (processes)."),
+    launcher: Optional[str] = LauncherOption,
+    slurm: Optional[list[str]] = SlurmOption,
+    detach: bool = DetachOption,
 ):
     """Fit mixing laws to a sweep's trials, choose one by cross-validated error and propose the mixture that
     optimises the sweep's objective inside the explored mixtures; write SWEEP_DIR/proposal.json."""
@@ -37,6 +48,7 @@ def mixture(
 
     if not is_sweep_dir(sweep_dir):
         raise_usage(f"harness mixture: {sweep_dir}: not a sweep directory (no trials.parquet)")
+    choice = _verify_choice(sweep_dir, verify, jobs, launcher, slurm, detach)
     unknown = [f for f in form or [] if f not in FORMS]
     if unknown:
         raise_usage(f"harness mixture: --form {', '.join(unknown)}: use {', '.join(FORMS)}")
@@ -55,3 +67,56 @@ def mixture(
     out = Path(sweep_dir) / PROPOSAL_NAME
     atomic_write_text(out, json.dumps(proposal.to_json(), indent=2) + "\n")
     typer.echo(f"proposal → {out}")
+    if verify is not None:
+        _verify(sweep_dir, proposal.to_json(), verify, jobs, choice, detach)
+
+
+def _verify_choice(sweep_dir: Path, verify, jobs: int, launcher, slurm, detach: bool):
+    """The launcher of ``--verify`` (None without it); one line, exit 2, for options that cannot be used."""
+    if verify is None:
+        if jobs > 1 or launcher or slurm or detach:
+            raise_usage("harness mixture: --jobs, --launcher, --slurm and --detach launch the runs of --verify K")
+        return None
+    if verify < 1:
+        raise_usage(f"harness mixture: --verify {verify}: give the number of fresh seeds, at least 1")
+    from harness.config import ConfigError
+    from harness.studies.sweep import load_resolved
+
+    try:
+        section = load_resolved(sweep_dir).spec.launcher
+    except ConfigError as e:
+        raise_usage(f"harness mixture: --verify needs the sweep's experiment: {e}")
+    choice = choose_launcher(section, launcher, slurm)
+    if choice.kind == "slurm" and jobs > 1:
+        raise_usage(
+            "harness mixture: --jobs is for this machine: on SLURM each run is a job (--slurm array_parallelism=N)"
+        )
+    if detach and choice.kind != "slurm":
+        raise_usage("harness mixture: --detach leaves SLURM jobs running: it needs --launcher slurm")
+    return choice
+
+
+def _verify(sweep_dir: Path, proposal: dict, k: int, jobs: int, choice, detach: bool) -> None:
+    """Train both arms on ``k`` fresh seeds, print the comparison, write ``verify.json``."""
+    from analysis.loading import load_sweep
+    from harness.config import ConfigError
+    from harness.studies.launch import JobsFailed, make_launcher
+    from harness.studies.mixture_verify import VERIFY_DIR, VERIFY_NAME, format_verification, verify
+    from harness.studies.sweep import load_resolved
+
+    sweep = load_resolved(sweep_dir)
+    folder = Path(sweep_dir) / VERIFY_DIR / "slurm"
+    runs = make_launcher(
+        choice, folder, jobs=jobs, echo=typer.echo, job_name=f"harness-verify-{sweep.name}", detach=detach
+    )
+    try:
+        report = verify(sweep, Path(sweep_dir), proposal, load_sweep(sweep_dir).to_dicts(), k, runs, typer.echo)
+    except (ConfigError, ValueError) as e:
+        raise_usage(f"harness mixture --verify: {e}")
+    except JobsFailed as e:
+        raise_usage(f"harness mixture --verify: {e}", 1)
+    if report is None:
+        typer.echo("the jobs run on: this command again follows them, then writes verify.json")
+        return
+    typer.echo(format_verification(report))
+    typer.echo(f"verification → {Path(sweep_dir) / VERIFY_NAME}")

@@ -1,0 +1,139 @@
+"""``harness mixture SWEEP_DIR --verify K``: the proposal and the sweep's winner trained on K fresh seeds (none the
+sweep used, a fresh data seed too), compared on the same held-out items with the paired difference and its interval,
+``verify.json`` written and its finished runs reused on a second call; the crossed seeds × items interval against
+simulated tables (null coverage and a planted difference); the refusals (bad K, SLURM without submitit), one line,
+exit 2.
+
+The sweep directory is made as ``harness sweep`` makes it (the sweep file loaded, its base experiment and resolved
+file written) with synthetic trials in place of trained ones: the proposal needs more trials than a test can train,
+and what is verified here is the training of the two arms, not the sweep's numbers."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from harness.config.yaml_io import dump_yaml
+from harness.core.stats import wilson_interval
+from harness.studies.mixture_verify import VERIFY_NAME, crossed_interval, used_seeds
+from harness.studies.sweep import BASE_EXPERIMENT_NAME, RESOLVED_NAME, load_sweep
+from tests.conftest import TINY, invoke, write_yaml
+
+TASKS = ["repeat", "yesno", "math"]
+PATH = "stages.b.mixture"
+
+
+def _sweep_dir(tmp_path: Path, n: int = 10) -> tuple[Path, object]:
+    exp = copy.deepcopy(TINY)
+    exp["eval"]["every"] = 2
+    for stage in exp["stages"]:
+        stage["steps"] = 2
+    write_yaml(tmp_path / "tiny.yaml", exp)
+    source = {
+        "experiment": "tiny.yaml",
+        "study": {"name": "verify", "sampler": "random", "n_trials": n, "seed": 0},
+        "space": {PATH: {"simplex": TASKS}},
+        "objective": {"metric": "tf_first", "split": "heldout", "tasks": ["yesno", "math"], "reduce": "mean"},
+    }
+    sweep = load_sweep(write_yaml(tmp_path / "verify.yaml", source))
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    (sweep_dir / BASE_EXPERIMENT_NAME).write_text(dump_yaml(sweep.base_raw))
+    (sweep_dir / RESOLVED_NAME).write_text(dump_yaml(sweep.resolved_yaml()))
+    # synthetic trials: a smooth objective over the simplex, best inside it (the proposal needs a fit, not truth)
+    rng = np.random.default_rng(0)
+    W = rng.dirichlet(np.ones(3), size=n)
+    Y = np.column_stack([0.3 + 0.6 * W[:, 1] - 0.5 * W[:, 1] ** 2, 0.2 + 0.5 * W[:, 2] - 0.6 * W[:, 2] ** 2])
+    Y += rng.normal(0, 0.01, size=Y.shape)
+    data = {"number": list(range(n)), "state": ["COMPLETE"] * n, "objective": Y.mean(axis=1)}
+    for i, t in enumerate(TASKS):
+        data[f"param/{PATH}.{t}"] = W[:, i]
+    for j, t in enumerate(["yesno", "math"]):
+        data[f"metric/b/heldout/{t}/tf_first"] = Y[:, j]
+    data["trial_dir"] = [f"trials/{i}" for i in range(n)]
+    pl.DataFrame(data).write_parquet(sweep_dir / "trials.parquet")
+    return sweep_dir, sweep
+
+
+def test_verify_trains_both_arms_on_fresh_seeds_and_reuses_them(tmp_path):
+    sweep_dir, sweep = _sweep_dir(tmp_path)
+    args = ["mixture", str(sweep_dir), "--bootstrap", "10", "--form", "constant", "--form", "scheffe2"]
+    result = invoke(*args, "--verify", "2")
+    assert result.exit_code == 0, result.output
+    report = json.loads((sweep_dir / VERIFY_NAME).read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    proposal = json.loads((sweep_dir / "proposal.json").read_text())
+
+    used = used_seeds(sweep, pl.read_parquet(sweep_dir / "trials.parquet").to_dicts())
+    assert len(report["seeds"]) == 2 and not set(report["seeds"]) & used and report["data_seed"] not in used
+    runs = {arm: report["arms"][arm]["runs"] for arm in ("proposal", "winner")}
+    for arm, by_seed in runs.items():
+        assert set(by_seed) == {str(s) for s in report["seeds"]}
+        for seed, run in by_seed.items():
+            assert run["how"] == "trained" and Path(run["run_dir"]) == sweep_dir / "verify" / arm / f"seed-{seed}"
+            resolved = (Path(run["run_dir"]) / "config.resolved.yaml").read_text()
+            assert f"seed: {seed}" in resolved and f"data_seed: {report['data_seed']}" in resolved
+    # seed-major in this process: the winner's first stage, identical to the proposal's, comes from the stage cache
+    assert all(run["cached_steps"] > 0 for run in runs["winner"].values())
+    assert report["arms"]["proposal"]["values"][PATH] == pytest.approx(proposal["mixture"])
+    assert report["arms"]["winner"]["values"][PATH] == pytest.approx(proposal["winner"]["mixture"])
+
+    # the same items in every run, and the paired difference is the mean of the per-seed differences
+    assert report["same_items"] and report["n_items"] == 8 and report["interval"] == "seeds × items"
+    diffs = [row["proposal"] - row["winner"] for row in report["per_seed"]]
+    assert report["difference"]["estimate"] == pytest.approx(np.mean(diffs))
+    d = report["difference"]
+    assert d["low"] < d["estimate"] < d["high"]  # never zero-width, even when no item differs between the arms
+    o, w = report["optimism"], report["in_sample"]
+    assert w["observed"] == pytest.approx(proposal["winner"]["observed"])
+    assert o["estimate"] == pytest.approx(w["observed"] - report["winner"]["mean"])  # maximize: in-sample − fresh
+    assert "optimism" in result.output and "prop − win" in result.output
+
+    again = invoke(*args, "--verify", "2")
+    assert again.exit_code == 0, again.output
+    second = json.loads((sweep_dir / VERIFY_NAME).read_text())
+    assert all(run["how"] == "reused" for arm in second["arms"].values() for run in arm["runs"].values())
+    assert second["per_seed"] == report["per_seed"]
+
+
+def test_verify_refuses_bad_k_and_slurm_without_submitit(tmp_path, monkeypatch):
+    sweep_dir, _ = _sweep_dir(tmp_path)
+    result = invoke("mixture", str(sweep_dir), "--verify", "0")
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "--verify 0" in result.output
+    monkeypatch.setitem(sys.modules, "submitit", None)  # import submitit now fails
+    result = invoke("mixture", str(sweep_dir), "--verify", "2", "--launcher", "slurm")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        '--launcher slurm needs submitit, the harness\'s cluster extra: pip install -e ".[cluster]"'
+    )
+    assert not (sweep_dir / "verify").exists()  # refused before anything ran
+
+
+def _tables(rng, seeds: int, items: int, effect: float) -> np.ndarray:
+    """Paired 0/1 outcomes of two arms on the same items, differenced: item difficulty shared by both arms and all
+    seeds, a per-seed shift, and ``effect`` added to the first arm's success probability."""
+    difficulty = rng.normal(0, 1.0, size=items)
+    seed_shift = rng.normal(0, 0.3, size=(seeds, 1))
+    logit = difficulty[None, :] + seed_shift
+    p_b = 1 / (1 + np.exp(-logit))
+    p_a = np.clip(p_b + effect, 0, 1)
+    return (rng.random((seeds, items)) < p_a).astype(float) - (rng.random((seeds, items)) < p_b).astype(float)
+
+
+def test_crossed_interval_covers_a_null_and_finds_a_planted_difference():
+    rng = np.random.default_rng(1)
+    sims = 300
+    # null: no difference between the arms; the interval should cover 0 about 95 % of the time
+    covered = sum(lo <= 0 <= hi for _, lo, hi in (crossed_interval(_tables(rng, 3, 40, 0.0)) for _ in range(sims)))
+    ci = wilson_interval(covered, sims)
+    assert ci.high >= 0.95 and ci.low >= 0.85, (covered, sims)
+    # planted: the first arm is 0.25 more likely right on every item; the interval should exclude 0 mostly
+    hits = sum(lo > 0 for _, lo, _ in (crossed_interval(_tables(rng, 3, 40, 0.25)) for _ in range(sims)))
+    assert wilson_interval(hits, sims).low > 0.5, (hits, sims)
+    assert np.isnan(crossed_interval(np.ones((1, 5)))[1])  # one seed: no interval
