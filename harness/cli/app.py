@@ -5,8 +5,8 @@
 - sweeps: ``sweep`` (optuna workers on a shared storage), ``sweep-status``, ``mixture`` (mixing laws fitted to a
   sweep's trials and the mixture they propose: :mod:`harness.cli.mixture`);
 - reproductions: ``repro`` (a published finding's arms × seeds → table and figure, experiments/repro/);
-  these two live in :mod:`harness.cli.studies`; they and ``run --seeds`` take ``--launcher local|slurm`` (this
-  machine, or one SLURM job array: :mod:`harness.studies.launch`);
+  these two live in :mod:`harness.cli.studies`; they, ``run --seeds`` and ``mixture --verify K`` take ``--launcher
+  local|slurm`` (this machine, or one SLURM job array: :mod:`harness.studies.launch`);
 - analysis: ``report`` (report.html for a run or a sweep), ``compare`` (per-task deltas between two runs);
 - ``cache ls | du | prune``: the stage cache (:mod:`harness.runs.stage_cache`).
 
