@@ -24,13 +24,13 @@ probability 1 − 2·exp(−λ²/2)·… ≈ 0.9993 per quantity. And never less
 unit roundoff ``u`` of the compute precision (2⁻²⁴ fp32, below the floor; 2⁻⁸ bf16): under autocast every
 matmul's output is rounded to bf16, and a kernel that treats a packed row otherwise (an example's offset in its
 row, which no layout free of leaks reproduces) can round it the other way; one rounding is bounded by ``u``
-itself, so it takes no λ. The bound with bf16's u in place of the fp32 accumulation's (``√hidden · n_layers ·
-2⁻⁸``: 0.18 on a 4-layer 128-wide model, ≈ 2.8 on a Qwen2.5-0.5B shape) was above every leak and passed them all.
+itself, so it takes no λ. (The bound with bf16's u in place of the fp32 accumulation's grows with the model's
+size to far above any leak, and passed them all: docs/packing.md.)
 
 When the difference is above tolerance the check says what leaked: it packs the same examples again with the first
 example of every row replaced (its tokens rotated by one); if the *other* examples' losses move, they see their
 row neighbours — ``attention`` leaked; if they do not, the examples see only themselves but at the wrong
-positions — ``positions``.
+positions — ``positions``. Those losses are held to their own measured noise and the floor, not to ``u``.
 """
 
 from __future__ import annotations
