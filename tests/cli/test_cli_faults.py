@@ -23,14 +23,15 @@ def _lines(path):
 
 @pytest.fixture(scope="module")
 def finished_tiny(tmp_path_factory):
-    """The tiny experiment (a resume point every 4 steps) run to the end once by the real command; returns (the
-    experiment file, the run directory). Tests that change the directory work on a copy (:func:`_copy_run`)."""
+    """The tiny experiment (a resume point every 4 steps) run to the end once by the command, in process (the tests
+    exercise the process on what it left); returns (the experiment file, the run directory). Tests that change the
+    directory work on a copy (:func:`_copy_run`)."""
     root = tmp_path_factory.mktemp("finished_tiny")
     spec = copy.deepcopy(TINY)
     spec["train"]["checkpoint_every"] = 4
     exp_file, out = write_yaml(root / "x.yaml", spec), root / "run"
-    result = run_cli("run", str(exp_file), "--out", str(out))
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = invoke("run", str(exp_file), "--out", str(out))
+    assert result.exit_code == 0, result.output[-2000:]
     return exp_file, out
 
 
