@@ -42,7 +42,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--workdir", type=Path, help="bench/train_speed.py's prepared inputs (made here if absent)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=25, help="optimiser steps per run")
-    parser.add_argument("--warmup", type=int, default=3, help="steps excluded from timing")
+    parser.add_argument("--warmup", type=int, default=3, help="the clock starts at the end of step warmup + 1")
     parser.add_argument("--json", type=Path, help="also write every run's numbers here")
     return parser.parse_args()
 
