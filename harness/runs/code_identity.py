@@ -51,7 +51,7 @@ import tempfile
 import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 import yaml
@@ -232,11 +232,14 @@ def version(distribution: str) -> str:
         return "absent"
 
 
-def environment(device: str, benchmarks: Sequence = ()) -> dict[str, Any]:
+def environment(device: str, benchmarks: Sequence = (), reference_text: Optional[str] = None) -> dict[str, Any]:
     """What computes a stage besides the code (module docstring): the :data:`LIBRARIES`' versions, lm-eval's and
-    the content of each ``include_path`` when there are ``benchmarks`` (``eval.benchmarks``), the GPU's model on
-    ``device`` cuda."""
+    the content of each ``include_path`` when there are ``benchmarks`` (``eval.benchmarks``), the content of the
+    forgetting probe's ``eval.reference_text`` file (the path alone would replay rows of an edited file), the GPU's
+    model on ``device`` cuda."""
     out: dict[str, Any] = {"libraries": {name: version(name) for name in LIBRARIES}}
+    if reference_text:
+        out["reference_text"] = hashlib.sha256(Path(reference_text).read_bytes()).hexdigest()
     if device == "cuda" and torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name()
     if benchmarks:

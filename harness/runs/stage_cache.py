@@ -164,8 +164,8 @@ def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str, code: Op
         "device": device,
         "base": base,
         "code": code if code is not None else code_fingerprint(),
-        # peft's and the optional kernels' versions, the GPU, lm-eval and the user's benchmark task files
-        "environment": environment(device, exp.eval.benchmarks),
+        # peft's and the optional kernels' versions, the GPU, lm-eval, the user's benchmark tasks and reference text
+        "environment": environment(device, exp.eval.benchmarks, exp.eval.reference_text),
         # on a CPU the intra-op thread count changes the order of float sums: a stage computed with 2 threads
         # is not bit-identical to the same stage computed by a 1-thread sweep worker
         "cpu_threads": torch.get_num_threads() if device == "cpu" else None,

@@ -77,6 +77,7 @@ EXPLICIT: dict[str, Any] = {
     "eval.hijack_words": ["yes"],
     "eval.splits": ["heldout", "train"],
     "eval.benchmarks": [{"task": "world_mc", "limit": 10}],
+    "eval.reference_text": str(ROOT / "README.md"),  # any text file: its lines are the forgetting probe's documents
     "tracking.wandb.project": "other",
     "tracking.wandb.entity": "me",
     "tracking.wandb.group": "g",
@@ -461,3 +462,15 @@ def test_an_include_path_task_is_keyed_by_its_files_not_its_path(tmp_path, monke
     _versions(monkeypatch, lm_eval="0.0.1")
     assert _keys(spec) != keyed
     assert _keys(no_benchmarks) == plain  # lm-eval computes benchmark rows only
+
+
+def test_the_reference_text_is_keyed_by_its_content_not_its_path(tmp_path):
+    text = tmp_path / "reference.txt"
+    text.write_text("The first document.\nThe second document.\n")
+    spec = _one_stage()
+    spec["eval"]["probes"] = ["first_token", "forgetting"]
+    spec["eval"]["reference_text"] = str(text)
+    before = _keys(spec)
+    assert _keys(spec) == before
+    text.write_text("The first document.\nAn edited second document.\n")  # same path, other documents
+    assert _keys(spec) != before
