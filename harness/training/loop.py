@@ -254,6 +254,8 @@ def _settle(
 ) -> bool:
     """Read ``done``'s verdict and act on it: a finite step's metrics join the window and the steering; a non-finite
     step stops the stage or is counted as skipped. True when it was skipped."""
+    # the step's gradients leave ``done`` now: a finite step's are freed here, not held through the next backward
+    grads, done.grads = done.grads, []
     loss_bad, grad_bad, bad_ranks = done.verdict.read()
     if not (loss_bad or grad_bad or bad_ranks):
         state.consecutive_skips = 0
@@ -261,7 +263,7 @@ def _settle(
         source.trained(done.ce, done.task_of_token)
         return False
     saved = [p.grad for p in params]
-    for p, g in zip(params, done.grads):  # the flagged step's gradients, which its update never used
+    for p, g in zip(params, grads):  # the flagged step's gradients, which its update never used
         p.grad = g
     try:
         what = "loss" if loss_bad else "gradient"

@@ -223,3 +223,27 @@ def test_health_metrics_read_in_one_go_equal_the_per_parameter_reads(tiny_model)
     expected_ratios["all"] = (delta_total / norm_total) ** 0.5
     assert stats.grad_norms() == expected_norms
     assert stats.update_ratios(before) == expected_ratios
+
+
+@pytest.mark.parametrize("action", ["stop", "off"])
+def test_a_steps_gradients_are_freed_before_the_next_backward(tiny_model, action):
+    """The guard keeps a step's gradients until its verdict is read (for the report of a flagged step), never longer:
+    by the next step's backward they are gone, as with no guard — a full extra set of gradients at the peak of every
+    step would cost a large model its memory."""
+    import weakref
+
+    model = copy.deepcopy(tiny_model)
+    param = model.get_input_embeddings().weight
+    previous: list = []
+    alive_at_backward: list[bool] = []
+
+    def after_accumulate(p):
+        alive_at_backward.append(bool(previous) and previous[-1]() is not None)
+        previous.append(weakref.ref(p.grad))
+
+    handle = param.register_post_accumulate_grad_hook(after_accumulate)
+    try:
+        _train(model, _batches(6), nonfinite=NonFiniteSpec(action=action))
+    finally:
+        handle.remove()
+    assert len(alive_at_backward) == 6 and not any(alive_at_backward), alive_at_backward
