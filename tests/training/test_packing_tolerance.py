@@ -108,3 +108,25 @@ def test_the_least_tolerance_stays_far_below_a_leak_at_any_size(shape):
     assert fp32.tolerance == packing.SAFETY * floor
     measured = PackingCheck("x", 0.0, noise=1e-2, floor=floor, roundoff=2.0**-8)
     assert measured.tolerance == packing.SAFETY * 1e-2  # measured noise above the bounds sets the tolerance
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_defect_of_the_packed_path_alone_is_caught_not_taken_for_noise(tok, groups, precision):  # noqa: F811
+    """A planted defect of the packed forward that does not depend on an example's place in its row (every packed
+    row's hidden states scaled: a kernel bug, no leak between examples). The one-example-per-row reference runs that
+    same path, so it shows the defect too: were it taken for noise, the tolerance would grow to the defect's size and
+    pass it (as it did before its share of the noise was capped at a kernel's rounding)."""
+    model = build_builtin(ModelSpec(builtin="qwen2-tiny", config=SMALL["qwen2-tiny"]), tok, seed=0)
+    assert _check(model, tok, groups, "varlen", precision).exact
+
+    def scaled_when_packed(module, args, kwargs, output):
+        if kwargs.get("position_ids") is not None and kwargs.get("attention_mask") is None:  # a packed row
+            output.last_hidden_state.mul_(1.1)
+        return output
+
+    handle = model.model.register_forward_hook(scaled_when_packed, with_kwargs=True)
+    try:
+        result = _check(model, tok, groups, "varlen", precision)
+    finally:
+        handle.remove()
+    assert not result.exact, result
