@@ -66,6 +66,7 @@ def used_seeds(sweep: Sweep, trials: list[dict[str, Any]]) -> set[int]:
     if base.data_seed is not None:
         used.add(int(base.data_seed))
     used |= {int(t.seed) for t in base.tasks.values() if getattr(t, "seed", None) is not None}
+    used |= {int(s) for s in (getattr(base, "seeds", None) or [])}  # a seed group's replicates (run --seeds)
     for row in trials:
         for key, value in row.items():
             if key.startswith("param/") and key.endswith("seed") and isinstance(value, (int, float)):

@@ -137,3 +137,14 @@ def test_crossed_interval_covers_a_null_and_finds_a_planted_difference():
     hits = sum(lo > 0 for _, lo, _ in (crossed_interval(_tables(rng, 3, 40, 0.25)) for _ in range(sims)))
     assert wilson_interval(hits, sims).low > 0.5, (hits, sims)
     assert np.isnan(crossed_interval(np.ones((1, 5)))[1])  # one seed: no interval
+
+
+def test_a_seed_groups_replicate_seeds_count_as_used():
+    from types import SimpleNamespace
+
+    from harness.config import validate_data
+
+    spec = copy.deepcopy(TINY)
+    spec["seeds"] = [0, 1005]  # run --seeds: replicates the sweep's base may have been run with
+    used = used_seeds(SimpleNamespace(base=validate_data(spec, "tiny")), [])
+    assert 1005 in used  # else fresh seeds max(used) + 1000 + i could reuse it
