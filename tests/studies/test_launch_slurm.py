@@ -113,6 +113,19 @@ def test_ctrl_c_cancels_the_submitted_jobs_and_no_other(tmp_path, fake_slurm_clu
     assert "interrupted: cancelling jobs 1001_0, 1001_1" in lines
 
 
+def test_ctrl_c_before_the_jobs_file_is_written_cancels_what_was_submitted(tmp_path, fake_slurm_cluster, monkeypatch):
+    lines = []
+    launcher = _launcher(tmp_path, lines)
+
+    def interrupted(followed):
+        raise KeyboardInterrupt  # as if Ctrl-C came right after sbatch returned
+
+    monkeypatch.setattr(launcher, "_record", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        launcher.run([Task(f"sleep {i}", time.sleep, (60,)) for i in range(2)])
+    assert fake_slurm_cluster.calls("scancel") == [["1000_0", "1000_1"]]  # else they ran on, in no jobs file
+
+
 def test_a_stopped_launch_is_reattached_not_submitted_again(tmp_path, fake_slurm_cluster):
     tasks = [Task("nap", time.sleep, (2,))]
     first = _launcher(tmp_path, [])

@@ -196,9 +196,14 @@ class SubmititLauncher(Launcher):
         followed = self._attach(tasks)
         attached = {f.task.name for f in followed}
         fresh = [task for task in tasks if task.name not in attached]
-        if fresh:
-            followed += self._submit(fresh)
-        self._record(followed)
+        with sigterm_as_interrupt():
+            try:
+                if fresh:
+                    followed += self._submit(fresh)
+                self._record(followed)
+            except KeyboardInterrupt:  # between sbatch and the jobs file: the jobs exist, nothing would find them
+                self.cancel(followed)
+                raise
         if self.detach:
             self.echo("detached: the jobs run on; the same command again follows them")
             return False
