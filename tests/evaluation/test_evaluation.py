@@ -106,7 +106,7 @@ def tiny_model(tok, seed=0, eos_scale=2.0):
 
 def test_registries_hold_the_contract_names():
     assert EVALUATORS.names() == ["greedy", "mode_ok", "teacher_forced"]
-    assert PROBES.names() == ["first_token"]
+    assert PROBES.names() == ["first_token", "forgetting"]
     with pytest.raises(KeyError, match="did you mean 'greedy'"):
         EVALUATORS.get("gredy")
 

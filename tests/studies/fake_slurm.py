@@ -59,10 +59,18 @@ def read_job(key: str) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    """Written beside and renamed into place: the tests read these files while the fake commands write them (a
+    half-written file read as JSON failed under load)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
 def _update(key: str, **fields) -> dict:
     with _locked():
         job = {**read_job(key), **fields}
-        (_state() / "jobs" / f"{key}.json").write_text(json.dumps(job))
+        _write_atomically(_state() / "jobs" / f"{key}.json", json.dumps(job))
         return job
 
 
@@ -164,7 +172,7 @@ def srun(args: list[str]) -> int:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(fd, stream)
     attempt = env["SLURM_RESTART_COUNT"]
-    (_state() / "env" / f"{key}.{attempt}.json").write_text(json.dumps(env))
+    _write_atomically(_state() / "env" / f"{key}.{attempt}.json", json.dumps(env))
     _update(key, step_pid=os.getpid())
     os.execvp(rest[0], rest)
     return 1  # not reached
