@@ -16,7 +16,6 @@ held-out residual vector of a random trial (targets together, so their correlati
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -30,6 +29,7 @@ from analysis.loading import AnalysisError
 from analysis.mixture_fit import _choose_columns, _objective_weights, _scorer
 from analysis.sweep import fit_objective, objective_columns, sweep_objective
 from analysis.trials import complete
+from harness.core.jsonl import json_safe
 from harness.core.metrics import PROPORTION_METRICS
 
 PROPOSAL_NAME = "proposal.json"
@@ -73,17 +73,7 @@ class MixtureProposal:
 
     def to_json(self) -> dict[str, Any]:
         """The fields as JSON values (NaN, e.g. a leave-one-seed-out error without seeds, as null)."""
-        return _json_safe(asdict(self))
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
+        return json_safe(asdict(self))
 
 
 def _objective_spec(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -5,11 +5,14 @@ Readers here skip it and say so (:class:`UnfinishedLineWarning`, naming the file
 *before* the last one is real corruption and an error naming file and line (:class:`JsonlError`). Writers append
 each batch of records (one evaluation's samples) in one ``write`` followed by ``flush`` and ``fsync``, after first
 cutting off any unfinished tail, so a new record is never glued to half of an old one.
+
+:func:`json_safe` makes a value strict JSON (a non-finite float becomes null) for the reports written as JSON.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -122,3 +125,14 @@ def append_jsonl(
         if fsync:
             os.fsync(f.fileno())
     return len(lines)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, ±inf: not JSON) as None, through dicts, lists and tuples."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

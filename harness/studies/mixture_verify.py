@@ -38,6 +38,7 @@ from scipy import stats
 
 from harness.config import Experiment
 from harness.config.load import validate_data
+from harness.core.jsonl import json_safe
 from harness.core.metrics import PROPORTION_METRICS
 from harness.core.stats import CONFIDENCE, seeds_items_interval, t_interval, wilson_interval
 from harness.core.store import atomic_write_text
@@ -337,18 +338,8 @@ def verify(
             "how": how[f"{arm} seed {seed}"],
             "cached_steps": cached_steps(out),  # replayed from the stage cache (stages before the swept one)
         }
-    atomic_write_text(Path(sweep_dir) / VERIFY_NAME, json.dumps(_json_safe(report), indent=2) + "\n")
+    atomic_write_text(Path(sweep_dir) / VERIFY_NAME, json.dumps(json_safe(report), indent=2) + "\n")
     return report
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def _ci(low: Optional[float], high: Optional[float]) -> str:
