@@ -160,9 +160,11 @@ def test_jobs_report_a_failed_run_finish_those_going_and_start_no_more(tmp_path)
             )
     assert "reversed seed 0: failed (RunDirError)" in lines
     assert json.loads((locked / "run.json").read_text())["run_id"] == "still-running"
-    # seed 1 started beside seed 0 and finished; seeds 2 and 3 were never started after the failure
+    # seed 1 started beside seed 0 and finished. No run starts once the failure is seen; but a micro run trains in a
+    # few seconds, so seed 1 can finish (and seed 2 take its place) before seed 0's process has even imported torch
+    # and failed: seed 2 may have started (a race the clean-clone suite hit), seed 3 would need seeds 1 and 2 both
+    # to finish first
     assert (tmp_path / "runs" / "reversed" / "seed1" / "summary.json").is_file()
-    assert not (tmp_path / "runs" / "reversed" / "seed2").exists()
     assert not (tmp_path / "runs" / "reversed" / "seed3").exists()
 
 
