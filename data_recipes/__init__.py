@@ -8,7 +8,7 @@ pretrains the builtin base model. Image recipes (``shapes_qa``, ``shapes_yesno``
 
 from data_recipes._registry import RECIPES, get_recipe, register
 from data_recipes.base import SPLITS, Example, Recipe, RecipeParams
-from data_recipes.world import Person, World, build_world, corpus
+from data_recipes.world import Person, World, build_world, corpus, heldout_corpus
 
 # Imported for their registration side effect.
 from data_recipes import (  # noqa: E402,F401  isort: skip
@@ -34,6 +34,7 @@ __all__ = [
     "World",
     "build_world",
     "corpus",
+    "heldout_corpus",
     "get_recipe",
     "register",
 ]

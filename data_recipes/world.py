@@ -293,3 +293,15 @@ def corpus(
     docs += [_filler_doc(rng, world) for _ in range(n_filler)]
     rng.shuffle(docs)
     return docs
+
+
+def heldout_corpus(
+    world: World, pretraining: list[str], n: int, docs_per_person: int = 4, permute: bool = True
+) -> list[str]:
+    """``n`` documents of :func:`corpus`'s kind that are not in ``pretraining`` (the run's pretraining corpus),
+    deterministic for the world: the generator under a seed string no pretraining corpus uses (``corpus`` seeds
+    its own ``random.Random`` from ``f"corpus:{world.seed}:{seed}"`` and pretraining passes an int, so this draws
+    other documents and leaves every RNG of the run untouched). The forgetting probe's default reference text."""
+    seen = set(pretraining)
+    fresh = corpus(world, "heldout-reference", docs_per_person=docs_per_person, permute=permute)  # type: ignore[arg-type]
+    return [doc for doc in dict.fromkeys(fresh) if doc not in seen][:n]

@@ -3,11 +3,13 @@
 The forgetting measure PEFT and others log: how much worse the fine-tuned model predicts ordinary text of the kind it
 was pretrained on. The reference text is fixed for the run:
 
-- **default** (builtin base): a held-out sample of the world corpus — :data:`DEFAULT_DOCUMENTS` documents drawn by
-  :func:`data_recipes.world.corpus` from the run's world with a seed of their own (fresh phrasings and fact orders of
-  the same people, and fresh filler prose), every document that also occurs in the pretraining corpus left out: the
-  base read these facts, never these documents. Drawing them touches no random state the run uses;
+- **default** (builtin base): a held-out sample of the world corpus — :data:`DEFAULT_DOCUMENTS` documents drawn
+  by :func:`data_recipes.world.heldout_corpus` from the run's world with a seed of their own (fresh phrasings and
+  fact orders of the same people, and fresh filler prose), every document that also occurs in the pretraining
+  corpus left out: the base read these facts, never these documents. Drawing them touches no random state the run uses;
 - **a user's file** (``eval.reference_text``): one document per non-blank line (UTF-8), in file order.
+
+The run's data preparation chooses the documents (``harness.runs.prepare.reference_text``); this module measures them.
 
 Per document: the mean token cross-entropy (nats) of its tokens and a closing end-of-text token, each predicted from
 the document's own prefix after a leading end-of-text token (how the pretraining stream joins documents). Rows, task
@@ -52,18 +54,6 @@ def is_reference_task(task: Optional[str]) -> bool:
 
 class ReferenceTextError(ValueError):
     """A reference text file that cannot be used; ``str()`` is one line naming the path."""
-
-
-def world_documents(world: Any, pretraining: list[str], docs_per_person: int, permute: bool, n: int) -> list[str]:
-    """``n`` documents of the world corpus's kind that are not in ``pretraining`` (the run's pretraining corpus),
-    deterministic for the world: the corpus generator under a seed string no pretraining corpus uses."""
-    from data_recipes.world import corpus
-
-    seen = set(pretraining)
-    # corpus() seeds its own random.Random from f"corpus:{world.seed}:{seed}"; the pretraining corpus passes an int,
-    # so this string seed draws other documents and leaves every RNG of the run untouched.
-    fresh = corpus(world, "heldout-reference", docs_per_person=docs_per_person, permute=permute)  # type: ignore[arg-type]
-    return [doc for doc in dict.fromkeys(fresh) if doc not in seen][:n]
 
 
 def file_documents(path: str | Path) -> list[str]:
@@ -188,19 +178,6 @@ def reference_rows(task: str, current: np.ndarray, base: np.ndarray) -> list[tup
         (task, REF_SPLIT, "ref_loss_base", base_loss, n, *t_interval(base)),
         (task, REF_SPLIT, "ref_loss_delta", delta, n, *t_interval(current - base)),
     ]
-
-
-def reference_for_run(exp: Any, data: Any, tokenizer: Any, base_model: Any) -> Optional[ReferenceText]:
-    """The run's :class:`ReferenceText` when ``eval.probes`` names ``forgetting`` (None otherwise): the user's file
-    (``eval.reference_text``), else the world sample of a builtin base. A missing or empty file, and an HF base
-    without one, are refused by the experiment's validation (``harness.config.load``), before anything runs."""
-    if "forgetting" not in exp.eval.probes:
-        return None
-    if exp.eval.reference_text:
-        path = Path(exp.eval.reference_text)
-        return ReferenceText(path.stem, file_documents(path), tokenizer, base_model, exp.eval.batch_size)
-    docs = world_documents(data.world, data.corpus, exp.world.docs_per_person, exp.world.permute, DEFAULT_DOCUMENTS)
-    return ReferenceText("world", docs, tokenizer, base_model, exp.eval.batch_size)
 
 
 def reference_family(outcomes: list[dict[str, Any]]) -> list[dict[str, Any]]:

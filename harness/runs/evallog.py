@@ -19,7 +19,7 @@ from harness.core.metrics import is_benchmark_task
 from harness.core.store import Row, atomic_write_text
 from harness.evaluation import EVAL_METRICS, hijack_token_ids, run_evaluation
 from harness.evaluation.evidence import outcome_rows
-from harness.evaluation.forgetting import is_reference_task, reference_for_run
+from harness.evaluation.forgetting import ReferenceText, is_reference_task
 from harness.evaluation.image_use import image_eval
 from harness.models.modality import model_io
 from harness.training import parallel as distributed
@@ -77,11 +77,13 @@ class EvalLog:
     ) -> "EvalLog":
         """The log of a run in ``run_dir`` over ``data`` (:class:`harness.runs.prepare.TaskData`) whose stages train
         ``stage_steps`` steps: its evaluators too — the image tasks' (:func:`harness.evaluation.image_use.image_eval`),
-        the benchmarks (:func:`make_benchmarks`), the forgetting probe's reference text with ``base_model``'s losses on
-        it (:func:`harness.evaluation.forgetting.reference_for_run`) — and this process's share of the evaluation
+        the benchmarks (:func:`make_benchmarks`), the forgetting probe's reference text (``data.reference``) with
+        ``base_model``'s losses on it — and this process's share of the evaluation
         batches."""
         benchmarks = make_benchmarks(exp, data.world, tokenizer, run_dir, stage_steps)
-        reference = reference_for_run(exp, data, tokenizer, base_model) if base_model is not None else None
+        reference = None
+        if data.reference is not None and base_model is not None:
+            reference = ReferenceText(*data.reference, tokenizer, base_model, exp.eval.batch_size)
         return cls(
             exp,
             items,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -16,10 +17,11 @@ import torch
 import transformers
 from jinja2.exceptions import TemplateError
 
-from data_recipes import build_world, corpus, get_recipe
+from data_recipes import build_world, corpus, get_recipe, heldout_corpus
 from harness.config import Experiment, task_seed
 from harness.data.encoding import eval_items, fit_eval_items, position_limit
 from harness.data.special_text import apply_special_token_policy
+from harness.evaluation.forgetting import DEFAULT_DOCUMENTS, file_documents
 from harness.evaluation.lengths import default_max_new_tokens, needed_new_tokens, too_short_errors
 from harness.models.builtin import build_builtin, builtin_added_token_ids
 from harness.models.hf import count_parameters, load_hf
@@ -45,6 +47,7 @@ class TaskData:
     splits: dict[str, dict[str, list]]  # task -> split -> [Example]
     corpus: list[str]
     world: Any = None  # the synthetic world (the shipped benchmarks ask about it)
+    reference: Optional[tuple[str, list[str]]] = None  # the forgetting probe's reference text: (name, documents)
 
 
 def build_task_data(exp: Experiment) -> TaskData:
@@ -61,12 +64,22 @@ def build_task_data(exp: Experiment) -> TaskData:
         if spec.system is not None:
             splits[name] = with_system(name, splits[name], spec.system)
         recipes[name] = recipe
-    return TaskData(
-        recipes,
-        splits,
-        corpus(world, exp.world.seed, docs_per_person=exp.world.docs_per_person, permute=exp.world.permute),
-        world,
-    )
+    pretraining = corpus(world, exp.world.seed, docs_per_person=exp.world.docs_per_person, permute=exp.world.permute)
+    return TaskData(recipes, splits, pretraining, world, reference_text(exp, world, pretraining))
+
+
+def reference_text(exp: Experiment, world: Any, pretraining: list[str]) -> Optional[tuple[str, list[str]]]:
+    """The forgetting probe's reference text as ``(name, documents)`` when ``eval.probes`` names ``forgetting``
+    (None otherwise): the user's file (``eval.reference_text``), else a held-out sample of the world corpus
+    (:func:`data_recipes.world.heldout_corpus`). A missing or empty file, and an HF base without one, are refused by
+    the experiment's validation (``harness.config.load``), before anything runs."""
+    if "forgetting" not in exp.eval.probes:
+        return None
+    if exp.eval.reference_text:
+        path = Path(exp.eval.reference_text)
+        return path.stem, file_documents(path)
+    docs = heldout_corpus(world, pretraining, DEFAULT_DOCUMENTS, exp.world.docs_per_person, exp.world.permute)
+    return "world", docs
 
 
 def with_system(task: str, splits: dict[str, list], text: str) -> dict[str, list]:

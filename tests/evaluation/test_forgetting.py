@@ -27,7 +27,6 @@ from harness.evaluation.forgetting import (
     ReferenceText,
     encode_documents,
     file_documents,
-    world_documents,
 )
 from tests.conftest import TINY, invoke, run_cli, write_yaml
 
@@ -64,14 +63,14 @@ def probe_run(tmp_path_factory) -> Path:
 
 
 def test_world_sample_is_held_out_from_pretraining_and_deterministic():
-    from data_recipes import build_world, corpus
+    from data_recipes import build_world, corpus, heldout_corpus
 
     world = build_world(40, 3)
     pretraining = corpus(world, 3)
-    docs = world_documents(world, pretraining, 4, True, DEFAULT_DOCUMENTS)
+    docs = heldout_corpus(world, pretraining, DEFAULT_DOCUMENTS)
     assert len(docs) == DEFAULT_DOCUMENTS == len(set(docs))
     assert not set(docs) & set(pretraining)
-    assert docs == world_documents(world, pretraining, 4, True, DEFAULT_DOCUMENTS)
+    assert docs == heldout_corpus(world, pretraining, DEFAULT_DOCUMENTS)
     names = {p.name for p in world.people}
     assert any(name in doc for doc in docs for name in names), "documents about the world's people"
 
