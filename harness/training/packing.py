@@ -121,9 +121,35 @@ def relative_loss_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a - b).abs() / scale).max())
 
 
-def _grad_rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """Largest norm-wise relative difference of gradients (element-wise would divide by gradients that are ~0)."""
-    return max([float((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-30)) for k in b] or [0.0])
+#: Elements per float64 piece of a gradient comparison (8 MB): a vocabulary-sized gradient is compared in pieces,
+#: never converted whole (at a 151,936 x 896 embedding a float64 copy is 1.1 GiB).
+GRAD_CHUNK = 1 << 20
+
+
+def _grads(watched: list[tuple[str, torch.nn.Parameter]]) -> dict[str, torch.Tensor]:
+    """Copies of the ``watched`` parameters' gradients in their own dtype (compared in float64 by :func:`_grad_rel`,
+    which converts exactly: one copy per parameter is kept, not a float64 one per layout)."""
+    return {name: p.grad.detach().clone() for name, p in watched if p.grad is not None}
+
+
+def _grad_rel(watched: list[tuple[str, torch.nn.Parameter]], base: dict[str, torch.Tensor]) -> float:
+    """Largest norm-wise relative difference (element-wise would divide by gradients that are ~0) of the
+    ``watched`` parameters' gradients now in ``.grad`` from ``base``'s, in float64, :data:`GRAD_CHUNK` elements at a
+    time. A gradient missing now counts as zero."""
+    grads = dict(watched)
+    worst = 0.0
+    for name, reference in base.items():
+        now = grads[name].grad
+        diff_sq = ref_sq = 0.0
+        pieces = reference.detach().reshape(-1).split(GRAD_CHUNK)
+        live = now.detach().reshape(-1).split(GRAD_CHUNK) if now is not None else [None] * len(pieces)
+        for ref_piece, now_piece in zip(pieces, live):
+            ref64 = ref_piece.double()
+            delta = ref64 if now_piece is None else now_piece.double() - ref64
+            diff_sq += float(delta.square().sum())
+            ref_sq += float(ref64.square().sum())
+        worst = max(worst, diff_sq**0.5 / max(ref_sq**0.5, 1e-30))
+    return worst
 
 
 def _relaid(batch: Batch) -> tuple[Batch, list[int]]:
@@ -175,10 +201,9 @@ def _rotated_first(batch: Batch) -> tuple[Batch, list[int]]:
     return pack_like(batch, changed, batch.tasks), others
 
 
-def _outcome(
-    model, batch: Batch, spec: LossSpec, tasks: list[str], precision: str, watched: list[tuple[str, torch.nn.Parameter]]
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-example mean CE (float64, sampler order) and the gradients of the ``watched`` parameters."""
+def _outcome(model, batch: Batch, spec: LossSpec, tasks: list[str], precision: str) -> torch.Tensor:
+    """Per-example mean CE (float64, sampler order) of a forward and backward pass of ``batch``, from cleared
+    gradients; the gradients stay in ``.grad`` for the caller (:func:`_grads`, :func:`_grad_rel`)."""
     device = next(model.parameters()).device
     batch = batch.to(device)
     index = {t: i for i, t in enumerate(tasks)}
@@ -191,9 +216,7 @@ def _outcome(
     counts = torch.zeros(n, dtype=torch.float64, device=device).index_add_(
         0, batch.example_of_token, torch.ones_like(ce, dtype=torch.float64)
     )
-    grads = {name: p.grad.detach().double().clone() for name, p in watched if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return (sums / counts.clamp_min(1)).cpu(), grads
+    return (sums / counts.clamp_min(1)).cpu()
 
 
 def _watched(model) -> list[tuple[str, torch.nn.Parameter]]:
@@ -227,22 +250,26 @@ def check_packing(
     cap = max(rounding_floor(model), roundoff)  # the most a correct kernel's rounding may differ by
     try:
         for pad_batch, pack_batch in list(zip(padded, packed))[:CHECK_BATCHES]:
-            base_losses, base_grads = _outcome(model, pad_batch, spec, tasks, precision, watched)
+            base_losses = _outcome(model, pad_batch, spec, tasks, precision)
+            base_grads = _grads(watched)
             relaid, order = _relaid(pad_batch)
-            losses, grads = _outcome(model, relaid, spec, tasks, precision, watched)
+            losses = _outcome(model, relaid, spec, tasks, precision)
+            relaid_grads = _grad_rel(watched, base_grads)
             restored = torch.empty_like(losses)
             restored[torch.tensor(order)] = losses
-            alone, alone_grads = _outcome(model, _one_per_row(pad_batch, pack_batch), spec, tasks, precision, watched)
+            alone = _outcome(model, _one_per_row(pad_batch, pack_batch), spec, tasks, precision)
+            alone_all = _grad_rel(watched, base_grads)
             # The packed path on rows that cannot leak is noise only up to what a kernel's own rounding can be
             # (``cap``): beyond it, a defect of the packed path that does not depend on an example's place in its
             # row (a kernel that is not causal, a wrong scale) would raise the tolerance to its own size. So the
             # reference adds at most ``cap`` to the noise, and its own difference is held to the tolerance as the
             # packed rows' is.
-            alone_losses, alone_all = compare(alone, base_losses), _grad_rel(alone_grads, base_grads)
+            alone_losses = compare(alone, base_losses)
             loss_noise = max(loss_noise, compare(restored, base_losses), min(alone_losses, cap))
-            noise = max(noise, loss_noise, _grad_rel(grads, base_grads), min(alone_all, cap))
-            losses, grads = _outcome(model, pack_batch, spec, tasks, precision, watched)
-            diff = max(diff, compare(losses, base_losses), _grad_rel(grads, base_grads), alone_losses, alone_all)
+            noise = max(noise, loss_noise, relaid_grads, min(alone_all, cap))
+            losses = _outcome(model, pack_batch, spec, tasks, precision)
+            diff = max(diff, compare(losses, base_losses), _grad_rel(watched, base_grads), alone_losses, alone_all)
+            del base_grads
         result = PackingCheck(_model_type(model), diff, noise, rounding_floor(model), None, loss_noise, roundoff)
         if not result.exact:
             # Only the other examples' losses are compared there, which a layout free of leaks leaves as they were
@@ -272,8 +299,8 @@ def _what_leaked(
         rotated, others = _rotated_first(batch)
         if not others:
             continue
-        before, _ = _outcome(model, batch, spec, tasks, precision, [])
-        after, _ = _outcome(model, rotated, spec, tasks, precision, [])
+        before = _outcome(model, batch, spec, tasks, precision)
+        after = _outcome(model, rotated, spec, tasks, precision)
         if compare(after[others], before[others]) > tolerance:
             return "attention"
     return "positions"

@@ -81,10 +81,10 @@ def test_the_one_example_per_row_reference_does_not_leak(tok, groups):  # noqa: 
     model = build_builtin(ModelSpec(builtin="qwen3_5-tiny", config=SMALL["qwen3_5-tiny"]), tok, seed=0).eval()
     padded = collate(groups[0], tok.pad_token_id)
     packed = pack_encoded(groups[0], tok.pad_token_id, *LAYOUTS["varlen"])
-    outcome = [packing._outcome(model, b, LossSpec(), TASKS, "fp32", [])[0] for b in (padded, packed)]
+    outcome = [packing._outcome(model, b, LossSpec(), TASKS, "fp32") for b in (padded, packed)]
     reference = packing._one_per_row(padded, packed)
     assert reference.packed and reference.layout.varlen
-    alone = packing._outcome(model, reference, LossSpec(), TASKS, "fp32", [])[0]
+    alone = packing._outcome(model, reference, LossSpec(), TASKS, "fp32")
     floor = rounding_floor(model)
     assert relative_loss_diff(alone, outcome[0]) < floor
     assert relative_loss_diff(outcome[1], outcome[0]) > 10 * floor  # the leak, in losses alone (gradients show more)
