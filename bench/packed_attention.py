@@ -1,7 +1,8 @@
 """The packed layouts' forward + backward side by side on one step's examples (docs/packing.md, issue 30): padded,
 transformers' block-diagonal mask over rows of k × the longest example, and example-by-example attention
 (:mod:`harness.models.packed_attention`) with blocks cut at several per-block overheads — the measurement behind
-``BLOCK_OVERHEAD_PAIRS``.
+``harness.data.segments.BLOCK_OVERHEAD_PAIRS`` (the blocks are planned when a batch is packed, outside the timed
+steps).
 
 One step of ``--batch`` examples of 15-81 tokens (uniform, the span of ``bench/train_speed.py``'s data), the
 builtin qwen2-tiny shape (hidden 128, 4 layers, 4 heads, 2 key-value heads), fp32, the training forward of the harness
@@ -28,10 +29,10 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from harness.data import segments  # noqa: E402
 from harness.data.batches import collate  # noqa: E402
 from harness.data.encoding import IGNORE_INDEX, Encoded  # noqa: E402
 from harness.data.packing import pack_encoded  # noqa: E402
-from harness.models import packed_attention  # noqa: E402
 from harness.training.forward import supervised_logits  # noqa: E402
 
 VOCAB = 2048
@@ -66,9 +67,7 @@ def model():
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
 
 
-def step(net, batch, overhead=None) -> None:
-    if overhead is not None:
-        packed_attention.BLOCK_OVERHEAD_PAIRS = overhead
+def step(net, batch) -> None:
     logits = supervised_logits(
         net,
         batch.input_ids,
@@ -76,7 +75,7 @@ def step(net, batch, overhead=None) -> None:
         batch.supervised,
         False,
         batch.position_ids,
-        bool(batch.layout and batch.layout.varlen),
+        batch.segments,
     )
     torch.nn.functional.cross_entropy(logits, batch.labels.flatten()[batch.supervised]).backward()
     net.zero_grad(set_to_none=True)
@@ -102,18 +101,20 @@ def main() -> None:
         "masked rows 4x": ([pack_encoded(s, 0, 4) for s in steps], None),
         "masked one row": ([pack_encoded(s, 0, None) for s in steps], None),
     }
-    varlen = [pack_encoded(s, 0, None, True) for s in steps]
+    default = segments.BLOCK_OVERHEAD_PAIRS
     for overhead in (0, 1024, 4096, 16384, 65536, 10**12):
         label = "one block" if overhead == 10**12 else f"overhead {overhead}"
-        layouts[f"varlen, {label}"] = (varlen, overhead)
+        segments.BLOCK_OVERHEAD_PAIRS = overhead  # read when a batch is packed: its blocks are planned then
+        layouts[f"varlen, {label}"] = ([pack_encoded(s, 0, None, True) for s in steps], None)
+    segments.BLOCK_OVERHEAD_PAIRS = default
     times: dict[str, list[float]] = {name: [] for name in layouts}
-    for name, (batches, overhead) in layouts.items():  # warm up
-        step(net, batches[0], overhead)
+    for name, (batches, _) in layouts.items():  # warm up
+        step(net, batches[0])
     for _ in range(args.reps):
-        for name, (batches, overhead) in layouts.items():
+        for name, (batches, _) in layouts.items():
             started = time.perf_counter()
             for batch in batches:
-                step(net, batch, overhead)
+                step(net, batch)
             times[name].append((time.perf_counter() - started) / len(batches) * 1000)
     base = statistics.median(times["padded"])
     print(

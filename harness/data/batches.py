@@ -83,6 +83,8 @@ class Batch:
     position_ids: Any = None
     example_of_token: Any = None  # LongTensor [N]: the example (index into tasks) of each supervised token
     layout: Optional[Layout] = None
+    # A varlen packed batch's attention plan (harness.data.segments.SegmentPlan), planned on the host when packed.
+    segments: Any = None
 
     def __post_init__(self):
         if self.supervised is None:
@@ -134,6 +136,7 @@ class Batch:
             move(self.position_ids),
             move(self.example_of_token),
             self.layout,
+            None if self.segments is None else self.segments.to(device),
         )
 
 

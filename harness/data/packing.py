@@ -28,6 +28,7 @@ import numpy as np
 
 from harness.data.batches import Batch, Layout
 from harness.data.encoding import IGNORE_INDEX
+from harness.data.segments import segment_plan
 
 # Rows this many times the batch's longest example wide (measured on the micro model, docs/packing.md).
 ROW_WIDTH_FACTOR = 4
@@ -89,6 +90,7 @@ def pack(
         at = np.flatnonzero(labels[r, start : start + n] != IGNORE_INDEX) + r * width + start
         supervised.append(at)
         example_of_token.append(np.full(len(at), i, dtype=np.int64))
+    position_ids = torch.from_numpy(positions)
     return Batch(
         torch.from_numpy(ids),
         torch.from_numpy(mask),
@@ -97,9 +99,10 @@ def pack(
         int(sum(lengths)),
         int(ids.size),
         torch.from_numpy(np.concatenate(supervised)),
-        position_ids=torch.from_numpy(positions),
+        position_ids=position_ids,
         example_of_token=torch.from_numpy(np.concatenate(example_of_token)),
         layout=Layout(tuple(spans), pad_id, factor, varlen),
+        segments=segment_plan(position_ids) if varlen else None,
     )
 
 
@@ -137,7 +140,7 @@ def rows_of(batch: Batch, start: int, end: int) -> Batch:
         supervised.append(at + (row - start) * width + offset)
         example_of_token.append(torch.full((len(at),), k, dtype=torch.int64))
         spans.append((row - start, offset, n))
-    mask = batch.attention_mask[start:end]
+    mask, position_ids = batch.attention_mask[start:end], batch.position_ids[start:end]
     return Batch(
         batch.input_ids[start:end],
         mask,
@@ -146,9 +149,10 @@ def rows_of(batch: Batch, start: int, end: int) -> Batch:
         int(mask.sum()),
         int(mask.numel()),
         torch.cat(supervised),
-        position_ids=batch.position_ids[start:end],
+        position_ids=position_ids,
         example_of_token=torch.cat(example_of_token),
         layout=replace(batch.layout, spans=tuple(spans)),
+        segments=segment_plan(position_ids) if batch.layout.varlen else None,
     )
 
 

@@ -11,7 +11,9 @@ with transformers' ``AttentionInterface``: the model's projections, MLPs and hea
 padding at all), and attention gathers each example's queries, keys and values into blocks of examples of
 similar length, runs ``scaled_dot_product_attention`` with ``is_causal=True`` per block, and scatters the outputs
 back — ``Σ blocks n·L²`` scores instead of ``rows × width²``. Padding inside a block sits after each example's
-tokens, so the causal mask alone keeps every real query from it: no mask is built.
+tokens, so the causal mask alone keeps every real query from it: no mask is built. The blocks (a
+:class:`harness.data.segments.SegmentPlan`) are planned on the host once, when the batch is packed, and travel with
+the batch to its device: the forward never reads positions back to plan them.
 
 It is written by hand because no library provides it on a CPU (it is the CPU counterpart of flash-attention's
 ``flash_attn_varlen_func``, T. Dao, "FlashAttention-2", 2023, whose ``cu_seqlens`` convention it follows). Whether
@@ -26,97 +28,24 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
+
+from harness.data.segments import SegmentPlan
 
 NAME = "harness_varlen"
 SEGMENTS_KWARG = "harness_segments"  # the keyword argument that carries the plan through the model to attention
 # Implementations this one may stand in for during a packed forward: both are exact attention (flash-attention is
 # left alone: its varlen kernels already skip the boundaries).
 REPLACES = ("sdpa", "eager")
-# A block more costs about this many query-key pairs of work (kernel launches, gathers, forward and backward):
-# measured with bench/packed_attention.py (qwen2-tiny shape, batch 32 of 15-81 tokens; docs/packing.md, Speed).
-BLOCK_OVERHEAD_PAIRS = 16384
-MAX_BLOCKS = 8
 
 
 class UnsupportedAttention(ValueError):
     """The attention call asks for something this implementation does not do (a sliding window, soft-capping,
     attention weights, a mask): the packed check then tries the masked layout instead."""
-
-
-@dataclass(frozen=True)
-class Block:
-    """Examples of similar length attended together: ``gather`` [n·L] flat token indices (example-major, each
-    example's tokens then its padding, which points at token 0 and is never attended by
-    an example's own queries: causality keeps it after them), ``n`` examples of at most
-    ``length`` tokens."""
-
-    gather: torch.Tensor
-    n: int
-    length: int
-
-
-@dataclass(frozen=True)
-class SegmentPlan:
-    """Blocks covering every token of the packed rows once, and ``source`` [tokens]: where each flat token's output
-    sits in the blocks' outputs laid end to end."""
-
-    blocks: tuple[Block, ...]
-    source: torch.Tensor
-    tokens: int
-
-
-def _blocks_of(lengths: Sequence[int]) -> list[tuple[int, int]]:
-    """Cut lengths sorted longest first into at most :data:`MAX_BLOCKS` runs ``(start, end)`` minimising
-    ``Σ n·L² + BLOCK_OVERHEAD_PAIRS`` per run (dynamic programming over the sorted lengths, each step over every
-    (start, end) pair at once: it runs at every packed forward, and a batch of 256 examples made the plain loops
-    cost 30 ms)."""
-    n = len(lengths)
-    longest = np.asarray(lengths, dtype=np.float64)
-    ends = np.arange(n + 1)
-    # span[i, j]: the run lengths[i:j] (its longest is lengths[i]); inf where it would be empty
-    span = np.where(ends[None, :] > ends[:n, None], (ends[None, :] - ends[:n, None]) * longest[:, None] ** 2, np.inf)
-    best = np.full((MAX_BLOCKS + 1, n + 1), np.inf)  # best[k, j]: the first j lengths in k runs
-    cut = np.zeros((MAX_BLOCKS + 1, n + 1), dtype=np.int64)
-    best[0, 0] = 0.0
-    for k in range(1, MAX_BLOCKS + 1):
-        total = best[k - 1, :n, None] + span  # the k-th run is lengths[i:j]
-        cut[k] = total.argmin(axis=0)  # the first minimum: the shortest earlier runs win ties
-        best[k] = total.min(axis=0) + BLOCK_OVERHEAD_PAIRS
-    k = int(best[1:, n].argmin()) + 1
-    runs, j = [], n
-    while k > 0:
-        runs.append((int(cut[k, j]), j))
-        j, k = int(cut[k, j]), k - 1
-    return runs[::-1]
-
-
-def segment_plan(position_ids: torch.Tensor) -> SegmentPlan:
-    """The plan of packed rows whose positions restart at 0 at every example (a row's padded tail restarts too and
-    is a segment of its own): segments are the runs between restarts, row by row."""
-    flat = position_ids.reshape(-1).cpu()
-    width = position_ids.shape[-1]
-    starts = torch.nonzero((flat == 0) | (torch.arange(flat.numel()) % width == 0)).flatten().tolist()
-    bounds = starts + [flat.numel()]
-    segments = sorted(((bounds[i + 1] - bounds[i], bounds[i]) for i in range(len(starts))), key=lambda s: -s[0])
-    lengths = [length for length, _ in segments]
-    blocks, source = [], torch.empty(flat.numel(), dtype=torch.long)
-    offset = 0
-    for lo, hi in _blocks_of(lengths):
-        length = lengths[lo]
-        gather = torch.zeros(hi - lo, length, dtype=torch.long)
-        for e, (n_tokens, start) in enumerate(segments[lo:hi]):
-            gather[e, :n_tokens] = torch.arange(start, start + n_tokens)
-            source[start : start + n_tokens] = torch.arange(n_tokens) + offset + e * length
-        blocks.append(Block(gather.flatten().to(position_ids.device), hi - lo, length))
-        offset += (hi - lo) * length
-    return SegmentPlan(tuple(blocks), source.to(position_ids.device), flat.numel())
 
 
 def varlen_attention_forward(

@@ -5,11 +5,11 @@ text and image-text models alike (an image batch's pixels come as :meth:`harness
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
-from harness.models.packed_attention import SEGMENTS_KWARG, packed_attention, segment_plan
+from harness.models.packed_attention import SEGMENTS_KWARG, packed_attention
 from harness.training.compiling import forward_of
 
 # Model types whose logits are exactly lm_head(last hidden state); for them the loss projects only supervised
@@ -44,7 +44,7 @@ def supervised_logits(
     selected: torch.Tensor,
     compiled: Union[bool, str] = False,
     position_ids: Optional[torch.Tensor] = None,
-    varlen: bool = False,
+    segments: Any = None,
     extra_inputs: Optional[dict] = None,
 ) -> torch.Tensor:
     """Logits ``[N, V]`` at the ``selected`` flat positions (row × T + t, as
@@ -52,8 +52,9 @@ def supervised_logits(
     forward through ``torch.compile`` (:func:`harness.training.compiling.forward_of`: ``"auto"`` falls back to eager
     if compiling fails, ``True`` raises).
     ``position_ids``: a packed batch's (:mod:`harness.data.packing`); ``attention_mask`` is then not passed.
-    ``varlen``: the packed batch attends example by example (:mod:`harness.models.packed_attention`; its plan is
-    built on the host from ``position_ids``, one device sync per step on a GPU — not measured there yet).
+    ``segments``: a varlen packed batch's plan (:class:`harness.data.segments.SegmentPlan`, planned on the host when
+    the batch was packed and moved with it): the batch attends example by example
+    (:mod:`harness.models.packed_attention`).
     ``extra_inputs``: an image batch's images (:meth:`~harness.data.batches.Batch.extra_inputs`), cast to the
     model's dtype; such a forward runs eager (a compiled vision tower is not measured), and without them an
     image-text model would silently see no images."""
@@ -67,8 +68,8 @@ def supervised_logits(
         inputs.update({k: v.to(dtype) if v.is_floating_point() else v for k, v in extra_inputs.items()})
         compiled = False
     attending = nullcontext()
-    if varlen and position_ids is not None:
-        inputs[SEGMENTS_KWARG] = segment_plan(position_ids)
+    if segments is not None and position_ids is not None:
+        inputs[SEGMENTS_KWARG] = segments
         attending = packed_attention(model)
     with attending:
         if getattr(model.config, "model_type", None) in _HEAD_ONLY_TYPES and model.get_output_embeddings() is not None:
@@ -87,6 +88,6 @@ def batch_logits(model, batch, selected: Optional[torch.Tensor] = None) -> torch
         batch.attention_mask,
         selected,
         position_ids=batch.position_ids,
-        varlen=bool(getattr(batch.layout, "varlen", False)),
+        segments=batch.segments,
         extra_inputs=batch.extra_inputs(),
     )

@@ -77,7 +77,6 @@ def batch_loss(
     the global mean.
     """
     supervised = batch.supervised  # flat positions, found once at collation
-    varlen = bool(getattr(getattr(batch, "layout", None), "varlen", False))
     with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-autocast"):
         logits = parallel.logits_module(model)(
             batch.input_ids,
@@ -85,7 +84,7 @@ def batch_loss(
             supervised,
             compiled,
             batch.position_ids,
-            varlen,
+            batch.segments,
             batch.extra_inputs(),
         )
     losses, ce = token_losses_and_ce(logits, batch.labels.flatten()[supervised], spec)

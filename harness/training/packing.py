@@ -48,6 +48,7 @@ from harness.config import LossSpec
 from harness.data.batches import Batch, Layout, collate
 from harness.data.encoding import IGNORE_INDEX, Encoded
 from harness.data.packing import examples_of, pack_like
+from harness.data.segments import segment_plan
 from harness.training.loop import batch_loss
 
 SAFETY = 4.0
@@ -182,8 +183,9 @@ def _one_per_row(batch: Batch, like: Batch) -> Batch:
         [torch.cat([torch.arange(n, device=device), torch.arange(width - n, device=device)]) for n in lengths]
     )
     spans = tuple((row, 0, n) for row, n in enumerate(lengths))
+    layout = Layout(spans, like.layout.pad_id, like.layout.factor, like.layout.varlen)
     return replace(
-        batch, position_ids=positions, layout=Layout(spans, like.layout.pad_id, like.layout.factor, like.layout.varlen)
+        batch, position_ids=positions, layout=layout, segments=segment_plan(positions) if layout.varlen else None
     )
 
 

@@ -83,16 +83,17 @@ LAYOUTS = {"masked": (2, False), "varlen": (None, True)}
 @pytest.mark.parametrize("layout", [*LAYOUTS, "varlen, a block per length"])
 @pytest.mark.parametrize("name", list(LOSSES))
 def test_packed_loss_and_gradient_equal_the_padded_ones(tok, groups, name, layout, monkeypatch):  # noqa: F811
-    from harness.models import packed_attention
+    from harness.data import segments
 
     model = build_builtin(ModelSpec(builtin="qwen2-tiny", config=SMALL["qwen2-tiny"]), tok, seed=0)
     spec = LOSSES[name]
     outcomes = []
     factor, varlen = LAYOUTS.get(layout, LAYOUTS["varlen"])
-    packed = pack_encoded(groups[1], tok.pad_token_id, factor, varlen)
     if layout == "varlen, a block per length":  # the gather, offsets and scatter of several blocks
-        monkeypatch.setattr(packed_attention, "BLOCK_OVERHEAD_PAIRS", 0)
-        assert len(packed_attention.segment_plan(packed.position_ids).blocks) > 1
+        monkeypatch.setattr(segments, "BLOCK_OVERHEAD_PAIRS", 0)  # read when the batch is packed
+    packed = pack_encoded(groups[1], tok.pad_token_id, factor, varlen)
+    if layout == "varlen, a block per length":
+        assert len(packed.segments.blocks) > 1
     for batch in (collate(groups[1], tok.pad_token_id), packed):
         task_ids = torch.tensor([TASKS.index(t) for t in batch.tasks])
         loss, ce, task_of_token = batch_loss(model, batch, spec, task_ids, TASKS)
@@ -181,17 +182,17 @@ def test_a_forward_with_a_cache_is_caught(tok, groups, monkeypatch):  # noqa: F8
 def test_varlen_attention_that_lets_examples_see_each_other_is_caught(tok, groups, monkeypatch):  # noqa: F811
     """A planted bug in example-by-example attention: the plan treats the whole row as one example (positions
     still restart). The check must name attention, not pass it."""
-    from harness.models import packed_attention
-    from harness.training import forward
+    from harness.data import packing, segments
 
     def one_segment(position_ids):
-        return packed_attention.segment_plan(torch.arange(position_ids.numel()).view_as(position_ids))
+        return segments.segment_plan(torch.arange(position_ids.numel()).view_as(position_ids))
 
     model = build_builtin(ModelSpec(builtin="qwen2-tiny", config=SMALL["qwen2-tiny"]), tok, seed=0)
     padded = [collate(g, tok.pad_token_id) for g in groups]
     packed = [pack_encoded(g, tok.pad_token_id, None, True) for g in groups]
     assert check_packing(model, padded, packed, LossSpec(), TASKS).exact
-    monkeypatch.setattr(forward, "segment_plan", one_segment)
+    monkeypatch.setattr(packing, "segment_plan", one_segment)  # the plan is made when the batch is packed
+    packed = [pack_encoded(g, tok.pad_token_id, None, True) for g in groups]
     result = check_packing(model, padded, packed, LossSpec(), TASKS)
     assert not result.exact and result.leaked == "attention", result
 
@@ -210,12 +211,35 @@ def test_example_by_example_attention_is_not_offered_where_it_cannot_serve(tok):
     assert not can_replace(model)
 
 
+def test_the_plan_is_made_when_packed_and_the_forward_uses_the_batch_s_plan(tok, groups):  # noqa: F811
+    """The attention plan is made on the host when a batch is packed and moves with it: a forward that planned
+    from the positions would read them back from the GPU at every step (a device-to-host sync)."""
+    from dataclasses import replace
+
+    from harness.data.segments import segment_plan
+
+    packed = pack_encoded(groups[0], tok.pad_token_id, None, True)
+    assert packed.segments is not None and packed.segments.tokens == packed.input_ids.numel()
+    assert pack_encoded(groups[0], tok.pad_token_id, 2, False).segments is None  # masked rows attend by the mask
+    moved = packed.to("meta")
+    assert moved.segments.source.device.type == "meta"
+    assert all(block.gather.device.type == "meta" for block in moved.segments.blocks)
+    # the forward reads the batch's plan: given one that makes each row a single example, the losses change
+    model = build_builtin(ModelSpec(builtin="qwen2-tiny", config=SMALL["qwen2-tiny"]), tok, seed=0)
+    whole_rows = segment_plan(torch.arange(packed.input_ids.numel()).view_as(packed.input_ids))
+    task_ids = torch.tensor([TASKS.index(t) for t in packed.tasks])
+    with torch.no_grad():
+        _, own, _ = batch_loss(model, packed, LossSpec(), task_ids, TASKS)
+        _, other, _ = batch_loss(model, replace(packed, segments=whole_rows), LossSpec(), task_ids, TASKS)
+    assert not torch.allclose(own, other)
+
+
 @pytest.mark.parametrize("overhead", [100, 16384])
 def test_segment_plan_covers_every_token_once_in_blocks_of_similar_length(overhead, monkeypatch):
-    from harness.models import packed_attention
-    from harness.models.packed_attention import _blocks_of, segment_plan
+    from harness.data import segments
+    from harness.data.segments import _blocks_of, segment_plan
 
-    monkeypatch.setattr(packed_attention, "BLOCK_OVERHEAD_PAIRS", overhead)
+    monkeypatch.setattr(segments, "BLOCK_OVERHEAD_PAIRS", overhead)
     lengths = [7, 30, 3, 12, 30, 5, 21, 9]
     positions = torch.cat([torch.arange(n) for n in lengths])[None]
     plan = segment_plan(positions)

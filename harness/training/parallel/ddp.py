@@ -65,11 +65,11 @@ class _SupervisedLogits(torch.nn.Module):
         selected,
         compiled: bool = False,
         position_ids=None,
-        varlen: bool = False,
+        segments=None,
         extra_inputs=None,
     ):
         return supervised_logits(
-            unwrap(self.model), input_ids, attention_mask, selected, compiled, position_ids, varlen, extra_inputs
+            unwrap(self.model), input_ids, attention_mask, selected, compiled, position_ids, segments, extra_inputs
         )
 
 

@@ -20,10 +20,10 @@ from harness.training.losses import weighted_mean
 
 
 def _logits(
-    model, input_ids, attention_mask, selected, compiled=False, position_ids=None, varlen=False, extra_inputs=None
+    model, input_ids, attention_mask, selected, compiled=False, position_ids=None, segments=None, extra_inputs=None
 ):
     return supervised_logits(
-        unwrap(model), input_ids, attention_mask, selected, compiled, position_ids, varlen, extra_inputs
+        unwrap(model), input_ids, attention_mask, selected, compiled, position_ids, segments, extra_inputs
     )
 
 
