@@ -1,22 +1,25 @@
-"""The quickstart is a default that learns (issue 14, item 3; the criterion decided in issue 31):
+"""The quickstart is a default that learns (issue 14, item 3; the criterion of issue 31, tightened in issue 41):
 ``experiments/quickstart.yaml`` exactly as shipped, run as a seed group (``--seeds 0,1,2``: the same task data,
-three trainings), ends, at the last evaluation,
+three trainings, each pretraining its own base), ends, at the last evaluation, **in every seed**:
 
-- in **every seed**, with yes/no's *ranking* learned on ``heldout_template`` (trained people, unseen phrasings):
-  ``choice_auc`` — the AUC of P(Yes) / (P(Yes) + P(No)) at the first answer token between true and false
-  statements — significantly above 0.5 (its 95 % score interval wholly above 0.5). Greedy accuracy is that
-  ranking cut at P(Yes) = P(No); the quickstart leans to "No", so greedy sits at chance while the ranking is
-  learned (docs/quickstart.md). Greedy stays reported, not judged;
-- in **every seed**, with reversed 2-digit addition significantly above its baseline on ``heldout`` (held-out
-  number pairs): the Wilson 95 % interval of greedy accuracy wholly above the pool's constant-answer baseline.
-  Greedy >= 0.9 stays the reported aim (printed), not a pass condition;
-- in seed 0 (the claim made before issue 31, unchanged), with ``repeat`` (heldout) and the open knowledge tasks
-  ``short_qa`` and ``assistant_qa`` (heldout_template) significantly above their baselines the same way. The
-  knowledge tasks' ``heldout`` split asks about people never seen in SFT, whose facts the tiny base saw only in
-  pretraining; the quickstart does not claim those.
+- with yes/no's *ranking* learned on ``heldout_template`` (trained people, unseen phrasings): ``choice_auc`` — the
+  AUC of P(Yes) / (P(Yes) + P(No)) at the first answer token between true and false statements — significantly
+  above 0.5 (its 95 % score interval wholly above 0.5). Greedy accuracy is that ranking cut at P(Yes) = P(No),
+  whose threshold swings between evaluations; it is reported, not judged;
+- with reversed 2-digit addition (``heldout``: held-out number pairs), ``repeat`` (heldout) and the open knowledge
+  tasks ``short_qa`` and ``assistant_qa`` (heldout_template) significantly above their baselines: the Wilson 95 %
+  interval of greedy accuracy wholly above the pool's constant-answer baseline (before issue 41 the last three
+  were judged in seed 0 only). Math greedy >= 0.9 stays the reported aim (printed), not a pass condition.
 
-Minutes per seed on 2 CPU cores (docs/quickstart.md); a miss here is a finding about the default, to report, not
-a threshold to loosen."""
+And what the quickstart exists to show, in every seed: the first-token hijack — at some evaluation, an open
+question's (``short_qa``, ``assistant_qa``) most likely first answer token is yes/no in a share whose Wilson lower
+bound is at least 0.1 (heldout_template; before yes/no is trained it is 0) — and at least one seesaw event found by
+the run's paired test (BH over all of the run's tests; the forgetting probe's reference text counts as a task that
+falls, as in the run's own report).
+
+The knowledge tasks' ``heldout`` split asks about people never seen in SFT, whose facts the tiny base saw only in
+pretraining; the quickstart does not claim those. Minutes per seed on 2 CPU cores (docs/quickstart.md); a miss here
+is a finding about the default, to report, not a threshold to loosen."""
 
 from __future__ import annotations
 
@@ -34,9 +37,10 @@ SPLIT = {
     "assistant_qa": "heldout_template",
     "yesno": "heldout_template",
 }
-EVERY_SEED_GREEDY = ("math",)  # judged by greedy against the baseline in every seed
-SEED_0_GREEDY = ("repeat", "short_qa", "assistant_qa")  # judged so in seed 0
+GREEDY_TASKS = ("math", "repeat", "short_qa", "assistant_qa")  # greedy against the baseline, every seed
 CHOICE_TASK = "yesno"  # judged by its ranking (choice_auc) in every seed
+HIJACKED = ("short_qa", "assistant_qa")  # open answers whose first token yes/no can take
+HIJACK_LOW = 0.1  # the Wilson lower bound of the hijacked share at its height
 MATH_AIM = 0.9
 
 
@@ -68,7 +72,7 @@ def test_quickstart_learns_every_task(tmp_path):
     misses = [
         f"seed {seed}: {miss}"
         for seed, summary in summaries.items()
-        for miss in criterion_misses(summary, every_seed_only=seed != 0)
+        for miss in criterion_misses(summary) + shown_misses(summary, out / f"seed-{seed}")
     ]
     assert not misses, "; ".join(misses)
 
@@ -102,12 +106,27 @@ def _choice_miss(summary: dict, task: str = CHOICE_TASK) -> str | None:
     )
 
 
-def criterion_misses(summary: dict, every_seed_only: bool = False) -> list[str]:
-    """One line per miss of the criterion (module docstring) in one replicate's ``summary.json``; with
-    ``every_seed_only`` only the parts judged in every seed (yes/no's ranking, math against its baseline)."""
-    greedy_tasks = EVERY_SEED_GREEDY + (() if every_seed_only else SEED_0_GREEDY)
-    misses = [_greedy_miss(summary, task) for task in greedy_tasks] + [_choice_miss(summary)]
+def criterion_misses(summary: dict) -> list[str]:
+    """One line per miss of the criterion (module docstring) in one replicate's ``summary.json``."""
+    misses = [_greedy_miss(summary, task) for task in GREEDY_TASKS] + [_choice_miss(summary)]
     return [m for m in misses if m is not None]
+
+
+def shown_misses(summary: dict, run_dir) -> list[str]:
+    """What the quickstart must show (module docstring) and one replicate did not: the hijack, a seesaw event."""
+    from harness.core.store import read_metrics
+
+    misses = []
+    frame = read_metrics(run_dir)
+    rows = frame.filter(
+        (frame["metric"] == "ft_hijack") & (frame["split"] == "heldout_template") & frame["task"].is_in(HIJACKED)
+    )
+    lows = rows["ci_low"].drop_nulls().to_list()  # each evaluation's Wilson interval, as the run logged it
+    if not lows or max(lows) < HIJACK_LOW:
+        misses.append(f"no first-token hijack: largest lower bound {max(lows, default=0):.3f} < {HIJACK_LOW}")
+    if not summary.get("seesaw_events"):
+        misses.append("no seesaw event")
+    return misses
 
 
 def reported(summary: dict) -> list[str]:
