@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -240,7 +241,35 @@ def test_quickstart_criterion_judges_yes_no_by_its_ranking_and_math_by_its_basel
         return {"stages": [{"metrics": metrics, "intervals": intervals}], "baselines": baselines}
 
     assert criterion_misses(summary(auc_low=0.58, math_low=0.79)) == []  # math 0.85 < 0.9: still a pass
-    [miss] = criterion_misses(summary(auc_low=0.49, math_low=0.79), every_seed_only=True)
+    [miss] = criterion_misses(summary(auc_low=0.49, math_low=0.79))
     assert miss.startswith("yesno heldout_template: choice_auc 0.650 [0.490")
     [miss] = criterion_misses(summary(auc_low=0.58, math_low=0.01))
     assert miss.startswith("math heldout: greedy 0.850")
+    # short_qa is judged in every seed (issue 41; it was seed 0 only): an interval reaching its baseline is a miss
+    weak = summary(auc_low=0.58, math_low=0.79)
+    weak["stages"][0]["intervals"]["heldout_template"]["short_qa"]["greedy"]["ci_low"] = 0.04
+    [miss] = criterion_misses(weak)
+    assert miss.startswith("short_qa heldout_template: greedy 0.150 [0.040")
+
+
+def test_quickstart_shows_the_hijack_and_a_seesaw_event_or_says_which_is_missing(tmp_path):
+    """The slow quickstart test's second verdict: an open question's first token taken by yes/no (the Wilson lower
+    bound of ft_hijack on heldout_template at least 0.1 at some evaluation) and a seesaw event, per replicate."""
+    from tests.repo.test_quickstart_slow import HIJACK_LOW, shown_misses
+
+    def run(low: float) -> Path:
+        rows = [
+            {"step": step, "task": task, "split": "heldout_template", "metric": "ft_hijack", "ci_low": value}
+            for step, value in ((200, 0.0), (300, low), (600, low / 2))
+            for task in ("short_qa", "assistant_qa")
+        ] + [{"step": 300, "task": "yesno", "split": "heldout_template", "metric": "ft_hijack", "ci_low": 0.9}]
+        out = tmp_path / f"run-{low}"
+        out.mkdir()
+        pl.DataFrame(rows).write_parquet(out / "metrics.parquet")
+        return out
+
+    event = {"seesaw_events": [{"metric": "greedy", "rose": "yesno", "fell": "assistant_qa"}]}
+    assert shown_misses(event, run(HIJACK_LOW + 0.05)) == []
+    [miss] = shown_misses(event, run(HIJACK_LOW - 0.05))  # yes/no's own answers starting with yes/no do not count
+    assert miss.startswith("no first-token hijack")
+    assert shown_misses({"seesaw_events": []}, run(0.3)) == ["no seesaw event"]
