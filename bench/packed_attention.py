@@ -95,23 +95,23 @@ def main() -> None:
     lengths = tuple(int(x) for x in args.lengths.split(","))
     steps = [examples(args.batch, seed, lengths) for seed in range(args.steps)]
     layouts = {
-        "padded": ([collate(s, 0) for s in steps], None),
-        "masked rows 1x": ([pack_encoded(s, 0, 1) for s in steps], None),
-        "masked rows 2x": ([pack_encoded(s, 0, 2) for s in steps], None),
-        "masked rows 4x": ([pack_encoded(s, 0, 4) for s in steps], None),
-        "masked one row": ([pack_encoded(s, 0, None) for s in steps], None),
+        "padded": [collate(s, 0) for s in steps],
+        "masked rows 1x": [pack_encoded(s, 0, 1) for s in steps],
+        "masked rows 2x": [pack_encoded(s, 0, 2) for s in steps],
+        "masked rows 4x": [pack_encoded(s, 0, 4) for s in steps],
+        "masked one row": [pack_encoded(s, 0, None) for s in steps],
     }
     default = segments.BLOCK_OVERHEAD_PAIRS
     for overhead in (0, 1024, 4096, 16384, 65536, 10**12):
         label = "one block" if overhead == 10**12 else f"overhead {overhead}"
         segments.BLOCK_OVERHEAD_PAIRS = overhead  # read when a batch is packed: its blocks are planned then
-        layouts[f"varlen, {label}"] = ([pack_encoded(s, 0, None, True) for s in steps], None)
+        layouts[f"varlen, {label}"] = [pack_encoded(s, 0, None, True) for s in steps]
     segments.BLOCK_OVERHEAD_PAIRS = default
     times: dict[str, list[float]] = {name: [] for name in layouts}
-    for name, (batches, _) in layouts.items():  # warm up
+    for batches in layouts.values():  # warm up
         step(net, batches[0])
     for _ in range(args.reps):
-        for name, (batches, _) in layouts.items():
+        for name, batches in layouts.items():
             started = time.perf_counter()
             for batch in batches:
                 step(net, batch)

@@ -67,6 +67,13 @@ class Layout:
     varlen: bool = False
 
 
+def to_device(t: Any, device: Any) -> Any:
+    """Tensor ``t`` on ``device`` (a ``torch.device``): to a GPU through pinned memory, without blocking the host."""
+    if device.type != "cuda":
+        return t.to(device)
+    return (t.pin_memory() if t.device.type == "cpu" else t).to(device, non_blocking=True)
+
+
 @dataclass
 class Batch:
     input_ids: Any  # LongTensor [B, T]
@@ -121,9 +128,7 @@ class Batch:
             return self
 
         def move(t):
-            if t is None or device.type != "cuda":
-                return t if t is None else t.to(device)
-            return (t.pin_memory() if t.device.type == "cpu" else t).to(device, non_blocking=True)
+            return None if t is None else to_device(t, device)
 
         return Batch(
             move(self.input_ids),

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from harness.data.batches import to_device  # the plan moves as the batch's own tensors do
+
 if TYPE_CHECKING:
     import torch
 
@@ -50,15 +52,8 @@ class SegmentPlan:
         device = torch.device(device)
         if self.source.device == device:
             return self
-
-        def move(t: torch.Tensor) -> torch.Tensor:  # to a GPU through pinned memory, as the batch's tensors go
-            if device.type != "cuda":
-                return t.to(device)
-            return (t.pin_memory() if t.device.type == "cpu" else t).to(device, non_blocking=True)
-
-        return SegmentPlan(
-            tuple(Block(move(b.gather), b.n, b.length) for b in self.blocks), move(self.source), self.tokens
-        )
+        blocks = tuple(Block(to_device(b.gather, device), b.n, b.length) for b in self.blocks)
+        return SegmentPlan(blocks, to_device(self.source, device), self.tokens)
 
 
 def _blocks_of(lengths: Sequence[int]) -> list[tuple[int, int]]:
