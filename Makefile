@@ -37,7 +37,7 @@ quickstart: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n auto --durations=25
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ""

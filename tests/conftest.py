@@ -47,6 +47,75 @@ TINY = {
 }
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Parallel runs (``make test``: ``pytest -n auto``, pytest-xdist). One worker per core at one torch thread each: the
+# suite's time is mostly one-core work (processes that start and import transformers, small models), which a second
+# worker overlaps. ``OMP_NUM_THREADS=k`` asks for k threads per worker and gets cores // k workers, and one worker
+# means the suite runs in this process as before: on two cores ``OMP_NUM_THREADS=1 make test`` (two workers) and
+# ``OMP_NUM_THREADS=2 make test`` (serial) run the suite at both summation orders.
+# Each module goes to one worker whole (its module-scoped fixtures are made once), and modules that read the same
+# session-scoped run go together (that run is made once). The longest go first, so the workers finish together.
+# ---------------------------------------------------------------------------------------------------------------------
+SHARED_RUN_GROUPS = {
+    "micro_one_process": ["runs/test_distributed.py", "runs/test_fsdp.py"],
+    "micro_run": ["cli/test_cli_faults.py", "evaluation/test_evidence_run.py", "runs/test_run.py",
+                  "runs/test_trainable_runs.py"],
+}  # fmt: skip
+_GROUP_OF_MODULE = {f"tests/{m}": group for group, modules in SHARED_RUN_GROUPS.items() for m in modules}
+# The longest work units of the last measured run (about a minute each or more), in the order they should start.
+LONGEST_FIRST = [
+    "micro_one_process",
+    "micro_run",
+    "tests/studies/test_sweep_faults.py",
+    "tests/runs/test_resilience.py",
+    "tests/studies/test_sweep.py",
+    "tests/evaluation/test_benchmarks.py",
+    "tests/data/test_steering.py",
+]
+
+
+def _work_unit(nodeid: str) -> str:
+    module = nodeid.split("::")[0]
+    return _GROUP_OF_MODULE.get(module, module)
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: cores // OMP_NUM_THREADS workers (unset: one thread each); 0 (no workers) when that is one."""
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 1)
+    workers = _cores() // max(threads, 1)
+    return workers if workers > 1 else 0
+
+
+def pytest_configure(config) -> None:
+    """With workers, each runs one torch thread unless OMP_NUM_THREADS says otherwise (set before they start, so
+    their torch and every process they start inherit it)."""
+    if getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's module-by-module scheduling, with the work units above (``_work_unit``) in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedRunScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep the order pytest_collection_modifyitems gives
+    return SharedRunScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The longest work units first (a stable sort: every worker collects the same order, as xdist requires)."""
+    if config.getoption("dist", "no") != "no" or os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(_work_unit(item.nodeid), len(rank)))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory):
     """Every test process uses its own model cache, so tests never see a developer's cache (or each other's)."""

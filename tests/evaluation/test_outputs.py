@@ -14,7 +14,7 @@ from harness.evaluation import run_evaluation
 from harness.evaluation.lengths import default_max_new_tokens, length_margin, needed_new_tokens, stop_token_ids
 from harness.models.tokenizer import ENDOFTEXT, IM_END, IM_START, train_tokenizer
 from harness.runs.prepare import DataError, build_task_data, encode_task_data
-from tests.conftest import run_cli, write_yaml
+from tests.conftest import invoke, write_yaml
 from tests.evaluation.test_evaluation import Bigram, ExactRecipe, item
 
 
@@ -103,12 +103,12 @@ def test_a_budget_that_cuts_math_answers_is_a_data_error_naming_the_task(tiny):
 
 def test_validate_reports_a_cutting_budget_and_each_pool_s_detectable_change(tiny, tmp_path):
     tiny["eval"]["max_new_tokens"] = 4
-    cut = run_cli("validate", str(write_yaml(tmp_path / "cut.yaml", tiny)))
-    assert cut.returncode == 2 and "eval.max_new_tokens=4 cuts task 'math'" in cut.stderr
+    cut = invoke("validate", str(write_yaml(tmp_path / "cut.yaml", tiny)))  # in process: validation only
+    assert cut.exit_code == 2 and "eval.max_new_tokens=4 cuts task 'math'" in cut.stderr
     tiny["eval"]["max_new_tokens"] = None
     tiny["tasks"]["math"]["eval"] = 100
-    ok = run_cli("validate", str(write_yaml(tmp_path / "ok.yaml", tiny)))
-    assert ok.returncode == 0, ok.stderr
+    ok = invoke("validate", str(write_yaml(tmp_path / "ok.yaml", tiny)))
+    assert ok.exit_code == 0, ok.output
     assert "max_new_tokens" in ok.stdout and "(auto)" in ok.stdout
     assert re.search(r"^  math +heldout +n=100 +±0\.\d\d$", ok.stdout, re.M), ok.stdout
     assert re.search(r"^  repeat +heldout +n=4 +none$", ok.stdout, re.M), ok.stdout  # 4 items detect nothing

@@ -268,8 +268,8 @@ def test_too_long_examples_are_dropped_and_counted_or_rejected(tiny, tmp_path):
 
 def test_a_pool_emptied_by_max_length_is_an_error_naming_the_task(tiny, tmp_path):
     tiny["train"]["max_length"] = 8
-    result = run_cli("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--out", str(tmp_path / "run"))
-    assert result.returncode == 2
+    result = invoke("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--out", str(tmp_path / "run"))  # refused
+    assert result.exit_code == 2
     assert "task 'repeat'" in result.stderr and "pool is empty" in result.stderr
 
 
@@ -289,7 +289,7 @@ def test_bad_dataset_files_name_the_task_and_file(tiny, tmp_path, content, expec
         "mine": {"recipe": "jsonl", "train": 10, "eval": 2, "params": {"path": str(data), "prompt": "q", "answer": "a"}}
     }
     tiny["stages"] = [{"name": "a", "steps": 2, "mixture": {"mine": 1.0}}]
-    result = run_cli("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--out", str(tmp_path / "run"))
-    assert result.returncode == 2, result.stderr[-2000:]
+    result = invoke("run", str(write_yaml(tmp_path / "x.yaml", tiny)), "--out", str(tmp_path / "run"))  # refused
+    assert result.exit_code == 2, result.output[-2000:]
     assert "tasks.mine" in result.stderr and "data.jsonl" in result.stderr and expected in result.stderr
     assert "Traceback" not in result.stderr
