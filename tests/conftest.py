@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.cli_process import harness_process, needs_fresh_interpreter
+
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = ROOT / "tests" / "data" / "micro.yaml"
 
@@ -161,13 +163,18 @@ def write_yaml(path: Path, data: dict) -> Path:
 
 
 def run_cli(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python -m harness ARGS`` in a subprocess (the real exit code and output)."""
+    """``python -m harness ARGS`` in a process of its own (the real exit code and output): forked from one that has
+    imported torch and transformers once (:mod:`tests.cli_process`), or a fresh interpreter where ``env`` changes
+    what only start-up reads."""
+    full_env = {**os.environ, **(env or {})}
+    if not needs_fresh_interpreter(full_env):
+        return harness_process(list(args), cwd, full_env, timeout)
     return subprocess.run(
         [sys.executable, "-m", "harness", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
-        env={**os.environ, **(env or {})},
+        env=full_env,
         timeout=timeout,
     )
 

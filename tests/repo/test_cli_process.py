@@ -1,0 +1,42 @@
+"""The tests' ``run_cli`` (tests/cli_process.py): a process forked from the preloaded forkserver answers as a fresh
+``python -m harness`` does, and a call whose environment may change what is read at import gets a fresh one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.cli_process import harness_process, needs_fresh_interpreter
+from tests.conftest import ROOT, TINY, write_yaml
+
+
+def _fresh(args, cwd, env):
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_a_forked_process_answers_as_a_fresh_interpreter(tmp_path):
+    bad = dict(TINY, train={**TINY["train"], "optim": {"lr": "fast"}})
+    ok, refused = write_yaml(tmp_path / "ok.yaml", TINY), write_yaml(tmp_path / "bad.yaml", bad)
+    env = {**os.environ, "HARNESS_CACHE": str(tmp_path / "cache")}
+    codes = []
+    for args in (["validate", str(ok)], ["validate", str(refused)], ["run", "missing.yaml"], ["no-such-command"]):
+        forked, fresh = harness_process(args, tmp_path, env, timeout=300), _fresh(args, tmp_path, env)
+        assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+        codes.append(forked.returncode)
+    assert codes == [0, 2, 2, 2]  # valid; a bad value; a missing file; a usage error
+
+
+def test_the_working_directory_and_environment_are_the_calls_own(tmp_path):
+    write_yaml(tmp_path / "here.yaml", TINY)  # a relative path resolves against the call's cwd
+    result = harness_process(["validate", "here.yaml"], tmp_path, {**os.environ}, timeout=300)
+    assert result.returncode == 0, result.stderr
+
+
+def test_only_variables_read_at_run_time_may_differ_from_the_forkservers():
+    base = dict(os.environ)
+    assert not needs_fresh_interpreter({**base, "HARNESS_CACHE": "/elsewhere", "OMP_NUM_THREADS": "1"})
+    assert needs_fresh_interpreter({**base, "CXX": "/nonexistent/cc"})  # Inductor reads it at import
+    assert needs_fresh_interpreter({**base, "PYTHONPATH": str(ROOT / "nowhere")})  # sys.path is made at start-up
