@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.cli_process import harness_process, needs_fresh_interpreter
+from tests.cli_process import harness_process, needs_fresh_interpreter, start_with, stop_forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = ROOT / "tests" / "data" / "micro.yaml"
@@ -85,10 +85,14 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config) -> int:
-    """``-n auto``: cores // OMP_NUM_THREADS workers (unset: one thread each); 0 (no workers) when that is one."""
-    threads = int(os.environ.get("OMP_NUM_THREADS") or 1)
-    workers = _cores() // max(threads, 1)
+    """``-n auto``: cores // OMP_NUM_THREADS workers (unset or not a number: one thread each), or
+    PYTEST_XDIST_AUTO_NUM_WORKERS; 0 (no workers) when that is one."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").isdigit():
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    workers = _cores() // max(int(threads) if threads.isdigit() else 1, 1)
     return workers if workers > 1 else 0
 
 
@@ -99,8 +103,12 @@ def pytest_configure(config) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's module-by-module scheduling, with the work units above (``_work_unit``) in collection order."""
+    """xdist's module-by-module scheduling, with the work units above (``_work_unit``) in collection order; only
+    for ``-n`` without a ``--dist`` of the caller's choosing."""
+    if config.getoption("dist") != "load":
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class SharedRunScheduling(LoadScopeScheduling):
@@ -125,7 +133,9 @@ def _isolated_cache(tmp_path_factory):
     old = os.environ.get("HARNESS_CACHE")
     os.environ["HARNESS_CACHE"] = str(cache)
     os.environ["WANDB_SILENT"] = "true"
+    start_with(os.environ)  # the environment run_cli's forkserver starts with, whichever test calls it first
     yield cache
+    stop_forkserver()
     if old is None:
         os.environ.pop("HARNESS_CACHE", None)
     else:

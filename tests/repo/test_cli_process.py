@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+from tests import cli_process
 from tests.cli_process import harness_process, needs_fresh_interpreter
 from tests.conftest import ROOT, TINY, write_yaml
 
@@ -36,7 +37,9 @@ def test_the_working_directory_and_environment_are_the_calls_own(tmp_path):
 
 
 def test_only_variables_read_at_run_time_may_differ_from_the_forkservers():
-    base = dict(os.environ)
-    assert not needs_fresh_interpreter({**base, "HARNESS_CACHE": "/elsewhere", "OMP_NUM_THREADS": "1"})
+    base = dict(cli_process._server_env or os.environ)  # what the forkserver starts (or started) with
+    assert not needs_fresh_interpreter({**base, "HARNESS_CACHE": "/elsewhere", "WANDB_MODE": "disabled"})
     assert needs_fresh_interpreter({**base, "CXX": "/nonexistent/cc"})  # Inductor reads it at import
+    threads = "2" if base.get("OMP_NUM_THREADS") == "1" else "1"
+    assert needs_fresh_interpreter({**base, "OMP_NUM_THREADS": threads})  # OpenMP reads it when torch loads
     assert needs_fresh_interpreter({**base, "PYTHONPATH": str(ROOT / "nowhere")})  # sys.path is made at start-up
