@@ -24,9 +24,10 @@ STEPS = 2  # per stage: a resume point at every step (checkpoint_every 2 counts 
 # transformers and lm-eval loaded (about 1.5 GiB resident before training), lm-eval's own full [batch, seq, vocab]
 # logits, and the training step's transient parameter-sized buffers (RSS swings by 1-2 GiB within a step at this shape,
 # where the parameters take 0.62 GiB: the optimiser's foreach temporaries and the guard's and health metrics' passes
-# over every parameter; docs/performance.md). At this shape the bound is 2.6 GiB and a run peaked at 3.2x it (8.4 GiB);
-# the factor leaves room for load, and a further weight- or state-sized copy per step would still cross it.
-FACTOR = 4.0
+# over every parameter; docs/performance.md). At this shape the bound is 2.6 GiB: runs peaked at 3.2x it (8.4 GiB) while
+# the packing check kept float64 gradient copies, and at 2.3x (6.1 GiB) since (2026-12-05). Memory does not follow the
+# machine's load, so the factor sits between the two: the old check's copies cross it again.
+FACTOR = 3.0
 
 
 def _bench():
