@@ -30,8 +30,8 @@ import sys
 import tempfile
 import threading
 import traceback
-from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 # What `harness run` imports on its way to training (the heavy part: torch, transformers and the model classes).
@@ -58,25 +58,13 @@ def needs_fresh_interpreter(env: dict) -> bool:
     return bool(changed - RUNTIME_ENV - IGNORED_ENV)
 
 
-@contextmanager
-def _environment(env: dict):
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
 def _forkserver():
     """The forkserver context, its server running with ``_server_env`` (started, or restarted, with it)."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     if _server_env is None:
         start_with(os.environ)
-    with _environment(_server_env):
+    with mock.patch.dict(os.environ, _server_env, clear=True):  # the server inherits this process's environment
         multiprocessing.forkserver.ensure_running()
     return context
 
@@ -143,6 +131,12 @@ def harness_process(args: list[str], cwd: Path, env: dict, timeout: float) -> su
                 process.kill()
                 process.join()
         return subprocess.CompletedProcess(command, process.exitcode, _read(out_path), _read(err_path))
+
+
+def fresh_process(args: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """``python -m harness ARGS`` in a fresh interpreter, ``env`` its whole environment."""
+    command = [sys.executable, "-m", "harness", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def _read(path: str) -> str:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import copy
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from tests.cli_process import harness_process, needs_fresh_interpreter, start_with, stop_forkserver
+from tests.cli_process import fresh_process, harness_process, needs_fresh_interpreter, start_with, stop_forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = ROOT / "tests" / "data" / "micro.yaml"
@@ -120,8 +119,9 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """The longest work units first (a stable sort: every worker collects the same order, as xdist requires)."""
-    if config.getoption("dist", "no") != "no" or os.environ.get("PYTEST_XDIST_WORKER"):
+    """On an xdist worker (only workers collect), the longest work units first: a stable sort, so every worker
+    collects the same order, as xdist requires."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
         rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: rank.get(_work_unit(item.nodeid), len(rank)))
 
@@ -177,16 +177,8 @@ def run_cli(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int 
     imported torch and transformers once (:mod:`tests.cli_process`), or a fresh interpreter where ``env`` changes
     what only start-up reads."""
     full_env = {**os.environ, **(env or {})}
-    if not needs_fresh_interpreter(full_env):
-        return harness_process(list(args), cwd, full_env, timeout)
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-    )
+    start = fresh_process if needs_fresh_interpreter(full_env) else harness_process
+    return start(list(args), cwd, full_env, timeout)
 
 
 # The data-parallel tests (tests/runs/test_distributed.py, tests/runs/test_fsdp.py) compare ranks with one process on

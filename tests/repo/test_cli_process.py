@@ -4,18 +4,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 from tests import cli_process
-from tests.cli_process import harness_process, needs_fresh_interpreter
+from tests.cli_process import fresh_process, harness_process, needs_fresh_interpreter
 from tests.conftest import ROOT, TINY, write_yaml
-
-
-def _fresh(args, cwd, env):
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
 
 
 def test_a_forked_process_answers_as_a_fresh_interpreter(tmp_path):
@@ -24,7 +16,7 @@ def test_a_forked_process_answers_as_a_fresh_interpreter(tmp_path):
     env = {**os.environ, "HARNESS_CACHE": str(tmp_path / "cache")}
     codes = []
     for args in (["validate", str(ok)], ["validate", str(refused)], ["run", "missing.yaml"], ["no-such-command"]):
-        forked, fresh = harness_process(args, tmp_path, env, timeout=300), _fresh(args, tmp_path, env)
+        forked, fresh = harness_process(args, tmp_path, env, timeout=300), fresh_process(args, tmp_path, env, 300)
         assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
         codes.append(forked.returncode)
     assert codes == [0, 2, 2, 2]  # valid; a bad value; a missing file; a usage error
