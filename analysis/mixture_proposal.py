@@ -183,10 +183,7 @@ def propose(
     path, weights, stage, targets, columns, score, name, maximize = _columns(
         trials, objective, config.get("space") or {}
     )
-    data = complete(trials).drop_nulls([f"param/{path}.{w}" for w in weights] + list(columns.values()))
-    W = data.select([f"param/{path}.{w}" for w in weights]).to_numpy().astype(float)
-    W = W / W.sum(axis=1, keepdims=True)
-    Y = data.select(list(columns.values())).to_numpy().astype(float)
+    data, W, Y = _matrices(trials, path, weights, columns)
     seed_col = _seed_column(data)
     seeds = data[seed_col].to_numpy() if seed_col else None
     proportion = [objective["metric"] in PROPORTION_METRICS] * len(targets)
@@ -247,6 +244,64 @@ def propose(
         ),
         notes=notes,
     )
+
+
+def _matrices(trials: pl.DataFrame, path: str, weights: list[str], columns: Mapping[str, str]):
+    """The complete trials with every weight and target, their normalised mixtures ``W`` and targets ``Y``."""
+    data = complete(trials).drop_nulls([f"param/{path}.{w}" for w in weights] + list(columns.values()))
+    W = data.select([f"param/{path}.{w}" for w in weights]).to_numpy().astype(float)
+    W = W / W.sum(axis=1, keepdims=True)
+    return data, W, data.select(list(columns.values())).to_numpy().astype(float)
+
+
+def first_trials(trials: pl.DataFrame, k: int) -> pl.DataFrame:
+    """The sweep's first ``k`` trials in the order the study numbered them, whatever their state: what a sweep
+    stopped after ``k`` trials would have left (its pruned and failed trials spent the budget too)."""
+    return trials.sort("number").head(k) if "number" in trials.columns else trials.head(k)
+
+
+def in_sample_winner(trials: pl.DataFrame, config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The simplex path and the complete trial with the best objective: ``{number, mixture, observed}``."""
+    objective = _objective_spec(config)
+    path, weights, _, _, columns, score, _, maximize = _columns(trials, objective, config.get("space") or {})
+    data, W, Y = _matrices(trials, path, weights, columns)
+    if not len(W):
+        raise AnalysisError("no complete trial has the objective's values")
+    observed = _observed_objective(data, Y, score)
+    win = int(np.argmax(observed) if maximize else np.argmin(observed))
+    number = int(data["number"][win]) if "number" in data.columns else win
+    return path, {"number": number, "mixture": dict(zip(weights, map(float, W[win]))), "observed": float(observed[win])}
+
+
+def budget_choice(trials: pl.DataFrame, config: Mapping[str, Any], k: int, **options: Any) -> dict[str, Any]:
+    """What ``harness mixture`` gives from the sweep's first ``k`` trials: the mixing law's proposal (``basis:
+    law``, supported or not, with the proposal's JSON), or, where ``k`` trials are too few to fit any law, the winner
+    among them (``basis: winner``) — the mixture a researcher with that budget would train."""
+    head = first_trials(trials, k)
+    try:
+        p = propose(head, config, **options)
+    except AnalysisError as e:
+        path, winner = in_sample_winner(head, config)
+        return {
+            "k": k,
+            "basis": "winner",
+            "why": str(e),
+            "path": path,
+            "mixture": winner["mixture"],
+            "n_complete": len(complete(head)),
+            "winner": winner,
+            "proposal": None,
+        }
+    return {
+        "k": k,
+        "basis": "law",
+        "why": f"{p.chosen}, {'supported' if p.supported else 'NOT SUPPORTED'}",
+        "path": p.path,
+        "mixture": p.mixture,
+        "n_complete": p.n_trials,
+        "winner": p.winner,
+        "proposal": p.to_json(),
+    }
 
 
 def _choose_form(W, Y, proportion, score, seeds, forms):

@@ -34,6 +34,13 @@ def mixture(
         help="Train the proposal and the in-sample winner on K fresh seeds (SWEEP_DIR/verify/) and compare them on "
         "the same held-out items; write SWEEP_DIR/verify.json.",
     ),
+    budget: Optional[list[int]] = typer.Option(
+        None,
+        "--budget",
+        help="With --verify: the budget curve, repeatable (--budget 4 --budget 8): the mixture proposed from the "
+        "sweep's first k trials, trained on the same fresh seeds and compared with the full sweep's winner; write "
+        "SWEEP_DIR/budget.json.",
+    ),
     jobs: int = typer.Option(1, "--jobs", min=1, help="With --verify: runs at once on this machine (processes)."),
     launcher: Optional[str] = LauncherOption,
     slurm: Optional[list[str]] = SlurmOption,
@@ -49,12 +56,21 @@ def mixture(
     if not is_sweep_dir(sweep_dir):
         raise_usage(f"harness mixture: {sweep_dir}: not a sweep directory (no trials.parquet)")
     choice = _verify_choice(sweep_dir, verify, jobs, launcher, slurm, detach)
+    if budget and verify is None:
+        raise_usage("harness mixture: --budget trains each budget's mixture: it needs --verify K")
+    trials = load_sweep(sweep_dir)
+    too_many = [k for k in budget or [] if not 1 <= k < len(trials)]
+    if too_many:
+        raise_usage(
+            f"harness mixture: --budget {too_many[0]}: give k from 1 to {len(trials) - 1} (the sweep has "
+            f"{len(trials)} trials; all of them is the full sweep's row)"
+        )
     unknown = [f for f in form or [] if f not in FORMS]
     if unknown:
         raise_usage(f"harness mixture: --form {', '.join(unknown)}: use {', '.join(FORMS)}")
     try:
         proposal = propose(
-            load_sweep(sweep_dir),
+            trials,
             read_sweep_config(sweep_dir),
             forms=form or FORMS,
             bootstrap=bootstrap,
@@ -68,7 +84,8 @@ def mixture(
     atomic_write_text(out, json.dumps(proposal.to_json(), indent=2) + "\n")
     typer.echo(f"proposal → {out}")
     if verify is not None:
-        _verify(sweep_dir, proposal.to_json(), verify, jobs, choice, detach)
+        options = {"forms": form or FORMS, "bootstrap": bootstrap, "seed": seed}
+        _verify(sweep_dir, proposal.to_json(), verify, jobs, choice, detach, sorted(set(budget or [])), options)
 
 
 def _verify_choice(sweep_dir: Path, verify, jobs: int, launcher, slurm, detach: bool):
@@ -96,21 +113,44 @@ def _verify_choice(sweep_dir: Path, verify, jobs: int, launcher, slurm, detach: 
     return choice
 
 
-def _verify(sweep_dir: Path, proposal: dict, k: int, jobs: int, choice, detach: bool) -> None:
-    """Train both arms on ``k`` fresh seeds, print the comparison, write ``verify.json``."""
+def _budget_rows(sweep_dir: Path, budget: list[int], options: dict) -> list[dict]:
+    """What ``harness mixture`` gives from the first k trials, for each k of ``--budget`` (printed as it goes)."""
+    from analysis.loading import load_sweep, read_sweep_config
+    from analysis.mixture_proposal import budget_choice
+
+    trials, config = load_sweep(sweep_dir), read_sweep_config(sweep_dir)
+    rows = [budget_choice(trials, config, k, **options) for k in budget]
+    for row in rows:
+        typer.echo(
+            f"first {row['k']} trials: {row['basis']} ({row['why']}) → "
+            + ", ".join(f"{t} {w:.3f}" for t, w in row["mixture"].items())
+        )
+    return rows
+
+
+def _verify(
+    sweep_dir: Path, proposal: dict, k: int, jobs: int, choice, detach: bool, budget: list[int], options: dict
+) -> None:
+    """Train both arms on ``k`` fresh seeds, print the comparison, write ``verify.json``; with ``budget``, train
+    each budget's mixture on the same seeds too and write ``budget.json``."""
     from analysis.loading import load_sweep
     from harness.config import ConfigError
     from harness.studies.launch import JobsFailed, make_launcher
+    from harness.studies.mixture_budget import BUDGET_NAME, format_budget, verify_budget
     from harness.studies.mixture_verify import VERIFY_DIR, VERIFY_NAME, format_verification, verify
     from harness.studies.sweep import load_resolved
 
     sweep = load_resolved(sweep_dir)
+    trials = load_sweep(sweep_dir).to_dicts()
+    rows = _budget_rows(sweep_dir, budget, options) if budget else []
     folder = Path(sweep_dir) / VERIFY_DIR / "slurm"
     runs = make_launcher(
         choice, folder, jobs=jobs, echo=typer.echo, job_name=f"harness-verify-{sweep.name}", detach=detach
     )
     try:
-        report = verify(sweep, Path(sweep_dir), proposal, load_sweep(sweep_dir).to_dicts(), k, runs, typer.echo)
+        # the budget's runs first: they include both arms of the verification, which then reuses them
+        curve = verify_budget(sweep, Path(sweep_dir), proposal, rows, trials, k, runs, typer.echo) if rows else None
+        report = verify(sweep, Path(sweep_dir), proposal, trials, k, runs, typer.echo) if curve or not rows else None
     except (ConfigError, ValueError) as e:
         raise_usage(f"harness mixture --verify: {e}")
     except JobsFailed as e:
@@ -120,3 +160,6 @@ def _verify(sweep_dir: Path, proposal: dict, k: int, jobs: int, choice, detach: 
         return
     typer.echo(format_verification(report))
     typer.echo(f"verification → {Path(sweep_dir) / VERIFY_NAME}")
+    if curve is not None:
+        typer.echo(format_budget(curve))
+        typer.echo(f"budget curve → {Path(sweep_dir) / BUDGET_NAME}")

@@ -224,20 +224,68 @@ def _proportion_interval(table: np.ndarray) -> tuple[float, float, float]:
     return crossed_interval(table)
 
 
-def _floored(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+def _floored(a: np.ndarray, b: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
     """The crossed interval of the paired differences ``a − b``. When no item differs between the arms it would be
     zero-width; for 0/1 outcomes it is then ± the Wilson upper bound of the rate of discordant items (0 of
     seeds × items): the difference cannot exceed the discordance."""
-    mean, low, high = crossed_interval(a - b)
+    mean, low, high = crossed_interval(a - b, confidence)
     if a.shape[0] > 1 and low == high and _is_binary(a) and _is_binary(b):
-        bound = wilson_interval(int(np.sum(a != b)), a.size).high
+        bound = wilson_interval(int(np.sum(a != b)), a.size, confidence).high
         return mean, mean - bound, mean + bound
     return mean, low, high
 
 
-def _seed_interval(values: list[float]) -> tuple[float, float, float]:
-    ci = t_interval(values)
+def _seed_interval(values: list[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    ci = t_interval(values, confidence)
     return ci.estimate, ci.low, ci.high
+
+
+@dataclass
+class ArmScores:
+    """One arm's objective on each seed and, when the objective is itemised, its seeds × items table (weighted
+    outcomes whose row means are the seeds' values) and the items' keys."""
+
+    values: list[float]
+    table: Optional[np.ndarray]
+    keys: Optional[list[tuple[str, int, str]]]
+
+
+def arm_scores(objective: Objective, sweep_dir: Path, arm: str, seeds: list[int], notes: list[str]) -> ArmScores:
+    """Read one arm's runs; raises ValueError when two of its seeds were scored on other items."""
+    values, rows, keys = [], [], None
+    for seed in seeds:
+        out = run_dir(sweep_dir, arm, seed)
+        value = objective.value(_stage_table(out, objective.stage))
+        values.append(value)
+        items = item_columns(out, objective)
+        if items is None:
+            continue
+        if keys is not None and items[0] != keys:
+            raise ValueError(f"{arm} seed {seed} was scored on other items than {arm} seed {seeds[0]}")
+        keys = items[0]
+        if abs(float(items[1].mean()) - value) > 1e-9:
+            notes.append(f"{arm} seed {seed}: its items do not reproduce its {objective.metric} ({value:.6f})")
+        rows.append(items[1])
+    table = np.vstack(rows) if len(rows) == len(seeds) and rows else None
+    return ArmScores(values, table, keys)
+
+
+def itemised(scores: list[ArmScores], notes: list[str]) -> bool:
+    """Whether every arm has its items and all were scored on the same ones (ValueError if not the same)."""
+    if any(s.table is None for s in scores):
+        return False
+    if any(s.keys != scores[0].keys for s in scores):
+        raise ValueError("the arms were scored on other items: their runs cannot be paired item by item")
+    return not notes
+
+
+def paired_difference(
+    a: ArmScores, b: ArmScores, crossed: bool, confidence: float = CONFIDENCE
+) -> tuple[float, float, float]:
+    """``a − b`` with its interval: crossed seeds × items when ``crossed``, else t over the seeds' differences."""
+    if crossed:
+        return _floored(a.table, b.table, confidence)
+    return _seed_interval([x - y for x, y in zip(a.values, b.values)], confidence)
 
 
 def compare(
@@ -247,34 +295,19 @@ def compare(
     docstring); raises ValueError when two runs of one seed were not scored on the same items."""
     objective = sweep.objectives[0]
     notes: list[str] = []
-    values: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    tables: dict[str, list[np.ndarray]] = {arm: [] for arm in ARMS}
-    keys = None
-    for seed in seeds:
-        for arm in ARMS:
-            out = run_dir(sweep_dir, arm, seed)
-            value = objective.value(_stage_table(out, objective.stage))
-            values[arm].append(value)
-            items = item_columns(out, objective)
-            if items is None:
-                continue
-            if keys is not None and items[0] != keys:
-                raise ValueError(f"{arm} seed {seed} was scored on other items than {ARMS[0]} seed {seeds[0]}")
-            keys = items[0]
-            if abs(float(items[1].mean()) - value) > 1e-9:
-                notes.append(f"{arm} seed {seed}: its items do not reproduce its {objective.metric} ({value:.6f})")
-            tables[arm].append(items[1])
-    crossed = all(len(tables[arm]) == len(seeds) for arm in ARMS) and not notes
+    scores = {arm: arm_scores(objective, sweep_dir, arm, seeds, notes) for arm in ARMS}
+    crossed = itemised(list(scores.values()), notes)
+    values = {arm: s.values for arm, s in scores.items()}
     sign = 1.0 if objective.direction == "maximize" else -1.0
-    diffs = [a - b for a, b in zip(values["proposal"], values["winner"])]
+    diff = paired_difference(scores["proposal"], scores["winner"], crossed)
     if crossed:
-        diff = _floored(np.vstack(tables["proposal"]), np.vstack(tables["winner"]))
-        fresh = _proportion_interval(np.vstack(tables["winner"]))
+        fresh = _proportion_interval(scores["winner"].table)
         how = "seeds × items"
     else:
-        diff, fresh, how = _seed_interval(diffs), _seed_interval(values["winner"]), "t over seeds"
+        fresh, how = _seed_interval(values["winner"]), "t over seeds"
     if len(seeds) < 2:
         how = "none: one seed"
+    keys = scores["winner"].keys if crossed else None
     observed = float(proposal["winner"]["observed"])
     bounds = sorted(sign * (observed - b) for b in fresh[1:])
     report = {

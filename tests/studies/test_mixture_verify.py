@@ -101,6 +101,50 @@ def test_verify_trains_both_arms_on_fresh_seeds_and_reuses_them(tmp_path):
     assert second["per_seed"] == report["per_seed"]
 
 
+def test_budget_curve_trains_each_budgets_mixture_on_the_verifications_seeds(tmp_path):
+    sweep_dir, _ = _sweep_dir(tmp_path)
+    trials = pl.read_parquet(sweep_dir / "trials.parquet")
+    # trial 1 is the full sweep's winner: the budget of its first 2 trials (too few for a law over 3 weights) then
+    # keeps the same mixture, which must not be trained a second time
+    trials = trials.with_columns(
+        pl.when(pl.col("number") == 1).then(9.0).otherwise(pl.col("objective")).alias("objective")
+    )
+    trials.write_parquet(sweep_dir / "trials.parquet")
+    args = ["mixture", str(sweep_dir), "--bootstrap", "10", "--form", "constant", "--form", "scheffe"]
+    result = invoke(*args, "--verify", "2", "--budget", "6", "--budget", "2")
+    assert result.exit_code == 0, result.output
+    curve = json.loads((sweep_dir / "budget.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    report = json.loads((sweep_dir / VERIFY_NAME).read_text())
+    proposal = json.loads((sweep_dir / "proposal.json").read_text())
+
+    assert curve["seeds"] == report["seeds"] and curve["data_seed"] == report["data_seed"]
+    assert [r["k"] for r in curve["rows"]] == [2, 6, "all"]
+    two, six, full = curve["rows"]
+    assert two["basis"] == "winner" and "too few" in two["why"] and two["arm"] == "winner"
+    assert two["in_sample_winner"]["number"] == 1
+    assert two["difference"]["estimate"] == 0.0  # the same runs
+    assert six["basis"] == "law" and six["arm"] == "budget-6" and six["n_complete"] == 6
+    assert six["in_sample_winner"]["number"] in range(6)
+    assert full["arm"] == "proposal" and full["mixture"] == pytest.approx(proposal["mixture"])
+    # the verification reused the budget's runs of its two arms; the budget's own arm has the same seeds
+    assert all(run["how"] == "reused" for arm in report["arms"].values() for run in arm["runs"].values())
+    assert set(curve["runs"]) == {"proposal", "winner", "budget-6"}
+    for seed in report["seeds"]:
+        resolved = (sweep_dir / "verify" / "budget-6" / f"seed-{seed}" / "config.resolved.yaml").read_text()
+        assert f"seed: {seed}" in resolved and f"data_seed: {report['data_seed']}" in resolved
+    for row in curve["rows"]:
+        d, a = row["difference"], row["adjusted"]
+        assert row["mean"] - curve["winner"]["mean"] == pytest.approx(d["estimate"])
+        assert a["low"] < d["low"] <= d["estimate"] <= d["high"] < a["high"]  # Bonferroni over 3 rows: wider
+        assert row["worse"] == (a["high"] < 0)  # maximised: worse only when the whole adjusted interval is below 0
+    assert "Bonferroni over the 3 rows" in curve["family"] and "budget curve" in result.output
+
+    for bad in (["--budget", "3"], ["--verify", "2", "--budget", "10"]):
+        refused = invoke("mixture", str(sweep_dir), *bad)
+        assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
+        assert "--budget" in refused.output
+
+
 def test_verify_refuses_bad_k_and_slurm_without_submitit(tmp_path, monkeypatch):
     sweep_dir, _ = _sweep_dir(tmp_path)
     result = invoke("mixture", str(sweep_dir), "--verify", "0")
