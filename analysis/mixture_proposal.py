@@ -276,22 +276,18 @@ def in_sample_winner(trials: pl.DataFrame, config: Mapping[str, Any]) -> tuple[s
 def budget_choice(trials: pl.DataFrame, config: Mapping[str, Any], k: int, **options: Any) -> dict[str, Any]:
     """What ``harness mixture`` gives from the sweep's first ``k`` trials: the mixing law's proposal (``basis:
     law``, supported or not, with the proposal's JSON), or, where ``k`` trials are too few to fit any law, the winner
-    among them (``basis: winner``) — the mixture a researcher with that budget would train."""
+    among them (``basis: winner``) — the mixture a researcher with that budget would train; ``basis: none`` (no
+    mixture) when none of the first ``k`` trials completed."""
     head = first_trials(trials, k)
     try:
         p = propose(head, config, **options)
     except AnalysisError as e:
-        path, winner = in_sample_winner(head, config)
-        return {
-            "k": k,
-            "basis": "winner",
-            "why": str(e),
-            "path": path,
-            "mixture": winner["mixture"],
-            "n_complete": len(complete(head)),
-            "winner": winner,
-            "proposal": None,
-        }
+        row = {"k": k, "why": str(e), "n_complete": len(complete(head)), "proposal": None}
+        try:
+            path, winner = in_sample_winner(head, config)
+        except AnalysisError as none:  # every one of the first k trials was pruned or failed: nothing to train
+            return {**row, "basis": "none", "why": str(none), "path": None, "mixture": None, "winner": None}
+        return {**row, "basis": "winner", "path": path, "mixture": winner["mixture"], "winner": winner}
     return {
         "k": k,
         "basis": "law",

@@ -121,10 +121,8 @@ def _budget_rows(sweep_dir: Path, budget: list[int], options: dict) -> list[dict
     trials, config = load_sweep(sweep_dir), read_sweep_config(sweep_dir)
     rows = [budget_choice(trials, config, k, **options) for k in budget]
     for row in rows:
-        typer.echo(
-            f"first {row['k']} trials: {row['basis']} ({row['why']}) → "
-            + ", ".join(f"{t} {w:.3f}" for t, w in row["mixture"].items())
-        )
+        mixture = ", ".join(f"{t} {w:.3f}" for t, w in (row["mixture"] or {}).items()) or "nothing to train"
+        typer.echo(f"first {row['k']} trials: {row['basis']} ({row['why']}) → {mixture}")
     return rows
 
 

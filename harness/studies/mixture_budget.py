@@ -63,8 +63,11 @@ def budget_arms(sweep: Sweep, full: dict[str, Any], rows: list[dict[str, Any]], 
     """The arms to train (the full sweep's proposal and winner first) and each row's arm name: a row whose mixture
     is an earlier arm's uses that arm."""
     chosen = arms(sweep, full, trials)
-    names = []
+    names: list[Optional[str]] = []
     for row in rows:
+        if row["mixture"] is None:  # no trial of the budget completed: nothing to train
+            names.append(None)
+            continue
         candidate = arms(sweep, {"path": row["path"], "mixture": row["mixture"], "winner": full["winner"]}, trials)[0]
         same = next((a for a in chosen if _same_mixture(a, candidate)), None)
         if same is None:
@@ -108,7 +111,8 @@ def verify_budget(
     notes: list[str] = []
     scores = {arm.name: arm_scores(objective, sweep_dir, arm.name, seeds, notes) for arm in chosen}
     crossed = itemised(list(scores.values()), notes)
-    adjusted = 1.0 - (1.0 - CONFIDENCE) / len(rows)
+    compared = sum(name is not None for name in names)
+    adjusted = 1.0 - (1.0 - CONFIDENCE) / compared
     report_rows = [
         _compared(row, name, scores, crossed, adjusted, objective.direction == "maximize")
         for row, name in zip(rows, names)
@@ -120,7 +124,7 @@ def verify_budget(
         "seeds": seeds,
         "data_seed": data_seed,
         "interval": ("seeds × items" if crossed else "t over seeds") if len(seeds) > 1 else "none: one seed",
-        "family": f"Bonferroni over the {len(rows)} rows (budgets and all) against the full sweep's winner, "
+        "family": f"Bonferroni over the {compared} rows compared (budgets and all) against the full sweep's winner, "
         f"level {adjusted:.4f}",
         "winner": {
             "trial": full["winner"]["number"],
@@ -140,16 +144,34 @@ def verify_budget(
 
 
 def _compared(
-    row: dict[str, Any], name: str, scores: dict[str, ArmScores], crossed: bool, adjusted: float, maximize: bool
+    row: dict[str, Any],
+    name: Optional[str],
+    scores: dict[str, ArmScores],
+    crossed: bool,
+    adjusted: float,
+    maximize: bool,
 ) -> dict[str, Any]:
     """One budget's row: what was trained, its fresh-seed values and its difference from the full sweep's winner
     at 95 % and at the family's adjusted level; *worse* when the whole adjusted interval is on the worse side."""
+    kept = {key: row[key] for key in ("k", "basis", "why", "n_complete", "mixture")} | {
+        "in_sample_winner": row["winner"]
+    }
+    if name is None:
+        nothing = {"estimate": None, "low": None, "high": None}
+        return {
+            **kept,
+            "arm": None,
+            "values": [],
+            "mean": None,
+            "difference": nothing,
+            "adjusted": nothing,
+            "worse": None,
+        }
     diff = paired_difference(scores[name], scores["winner"], crossed)
     wide = paired_difference(scores[name], scores["winner"], crossed, adjusted)
     worse = wide[2] < 0 if maximize else wide[1] > 0
     return {
-        **{key: row[key] for key in ("k", "basis", "why", "n_complete", "mixture")},
-        "in_sample_winner": row["winner"],
+        **kept,
         "arm": name,
         "values": scores[name].values,
         "mean": float(np.mean(scores[name].values)),
@@ -159,8 +181,8 @@ def _compared(
     }
 
 
-def _ci(low: float, high: float) -> str:
-    if not (math.isfinite(low) and math.isfinite(high)):
+def _ci(low: Optional[float], high: Optional[float]) -> str:
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return "[no interval]"
     return f"[{low:+.4f}, {high:+.4f}]"
 
@@ -176,6 +198,9 @@ def format_budget(report: dict[str, Any]) -> str:
     ]
     for r in report["rows"]:
         d, a = r["difference"], r["adjusted"]
+        if r["arm"] is None:
+            lines.append(f"{r['k']!s:>4} nothing: {r['why']}")
+            continue
         what = f"{r['basis']} ({r['why']})" if r["basis"] == "law" else f"winner of {r['n_complete']} complete"
         verdict = {True: "  worse", False: "", None: ""}[r["worse"]]
         lines.append(

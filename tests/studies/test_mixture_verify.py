@@ -137,12 +137,27 @@ def test_budget_curve_trains_each_budgets_mixture_on_the_verifications_seeds(tmp
         assert row["mean"] - curve["winner"]["mean"] == pytest.approx(d["estimate"])
         assert a["low"] < d["low"] <= d["estimate"] <= d["high"] < a["high"]  # Bonferroni over 3 rows: wider
         assert row["worse"] == (a["high"] < 0)  # maximised: worse only when the whole adjusted interval is below 0
-    assert "Bonferroni over the 3 rows" in curve["family"] and "budget curve" in result.output
+    assert "Bonferroni over the 3 rows compared" in curve["family"] and "budget curve" in result.output
 
     for bad in (["--budget", "3"], ["--verify", "2", "--budget", "10"]):
         refused = invoke("mixture", str(sweep_dir), *bad)
         assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
         assert "--budget" in refused.output
+
+
+def test_a_budget_counts_pruned_trials_and_may_leave_nothing_to_train(tmp_path):
+    from analysis.loading import read_sweep_config
+    from analysis.mixture_proposal import budget_choice
+
+    sweep_dir, _ = _sweep_dir(tmp_path)
+    trials = pl.read_parquet(sweep_dir / "trials.parquet")
+    trials = trials.with_columns(pl.when(pl.col("number") < 2).then(pl.lit("PRUNED")).otherwise("state").alias("state"))
+    config = read_sweep_config(sweep_dir)
+    nothing = budget_choice(trials, config, 2)  # the first two trials were both pruned
+    assert nothing["basis"] == "none" and nothing["mixture"] is None and nothing["n_complete"] == 0
+    one = budget_choice(trials, config, 3)  # one complete trial: too few for a law, so it is the mixture to train
+    assert one["basis"] == "winner" and one["winner"]["number"] == 2 and one["n_complete"] == 1
+    assert one["mixture"] == pytest.approx({t: trials[f"param/{PATH}.{t}"][2] for t in TASKS})
 
 
 def test_verify_refuses_bad_k_and_slurm_without_submitit(tmp_path, monkeypatch):
