@@ -196,7 +196,7 @@ def propose(
 
     proposal = search_hull(W, value, maximize, seed)
     observed = _observed_objective(data, Y, score)
-    win = int(np.argmax(observed) if maximize else np.argmin(observed))
+    win = _best(observed, maximize)
     boot = _bootstrap(chosen.form, W, Y, proportion, np.vstack([proposal, W[win]]), bootstrap, seed)
     residuals = chosen.residuals[np.random.default_rng(seed + 1).integers(0, n, bootstrap)]
     boot_obj, boot_win = score(boot[:, 0]), score(boot[:, 1])
@@ -231,12 +231,7 @@ def propose(
         interval=_interval(score(boot[:, 0] + residuals)),
         gain_over_winner=sign * float(value(proposal[None, :])[0] - value(W[win][None, :])[0]),
         gain_interval=_interval(sign * (boot_obj - boot_win)),
-        winner={
-            "number": int(data["number"][win]) if "number" in data.columns else win,
-            "mixture": {w: float(W[win, i]) for i, w in enumerate(weights)},
-            "observed": float(observed[win]),
-            "predicted": float(value(W[win][None, :])[0]),
-        },
+        winner=_winner(data, W, weights, observed, win) | {"predicted": float(value(W[win][None, :])[0])},
         bootstrap=bootstrap,
         supported=supported,
         support=(
@@ -260,44 +255,68 @@ def first_trials(trials: pl.DataFrame, k: int) -> pl.DataFrame:
     return trials.sort("number").head(k) if "number" in trials.columns else trials.head(k)
 
 
-def in_sample_winner(trials: pl.DataFrame, config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The simplex path and the complete trial with the best objective: ``{number, mixture, observed}``."""
+def _best(observed: np.ndarray, maximize: bool) -> int:
+    return int(np.argmax(observed) if maximize else np.argmin(observed))
+
+
+def in_sample_winner(trials: pl.DataFrame, config: Mapping[str, Any]) -> tuple[str, dict[str, Any], int]:
+    """The simplex path, the complete trial with the best objective (``{number, mixture, observed}``) and how many
+    complete trials it was chosen from."""
     objective = _objective_spec(config)
     path, weights, _, _, columns, score, _, maximize = _columns(trials, objective, config.get("space") or {})
     data, W, Y = _matrices(trials, path, weights, columns)
     if not len(W):
         raise AnalysisError("no complete trial has the objective's values")
     observed = _observed_objective(data, Y, score)
-    win = int(np.argmax(observed) if maximize else np.argmin(observed))
-    number = int(data["number"][win]) if "number" in data.columns else win
-    return path, {"number": number, "mixture": dict(zip(weights, map(float, W[win]))), "observed": float(observed[win])}
+    win = _best(observed, maximize)
+    return path, _winner(data, W, weights, observed, win), len(W)
+
+
+def _winner(data: pl.DataFrame, W: np.ndarray, weights: list[str], observed: np.ndarray, win: int) -> dict[str, Any]:
+    """The winning trial as the reports give it: its number, mixture and observed objective."""
+    return {
+        "number": int(data["number"][win]) if "number" in data.columns else win,
+        "mixture": {w: float(W[win, i]) for i, w in enumerate(weights)},
+        "observed": float(observed[win]),
+    }
+
+
+def budget_row(proposal: Mapping[str, Any], k: Any) -> dict[str, Any]:
+    """A budget curve's row for a law's proposal (``proposal.json``'s content) fitted on ``k`` trials."""
+    return {
+        "k": k,
+        "basis": "law",
+        "why": f"{proposal['chosen']}, {'supported' if proposal['supported'] else 'NOT SUPPORTED'}",
+        "path": proposal["path"],
+        "mixture": proposal["mixture"],
+        "n_complete": proposal["n_trials"],
+        "winner": proposal["winner"],
+    }
 
 
 def budget_choice(trials: pl.DataFrame, config: Mapping[str, Any], k: int, **options: Any) -> dict[str, Any]:
     """What ``harness mixture`` gives from the sweep's first ``k`` trials: the mixing law's proposal (``basis:
-    law``, supported or not, with the proposal's JSON), or, where ``k`` trials are too few to fit any law, the winner
-    among them (``basis: winner``) — the mixture a researcher with that budget would train; ``basis: none`` (no
-    mixture) when none of the first ``k`` trials completed."""
+    law``, supported or not), or, where ``k`` trials are too few to fit a law (or every fit fails on them), the
+    winner among them (``basis: winner``) — the mixture a researcher with that budget would train; ``basis: none``
+    (no mixture) when none of the first ``k`` trials completed."""
     head = first_trials(trials, k)
     try:
-        p = propose(head, config, **options)
-    except AnalysisError as e:
-        row = {"k": k, "why": str(e), "n_complete": len(complete(head)), "proposal": None}
-        try:
-            path, winner = in_sample_winner(head, config)
-        except AnalysisError as none:  # every one of the first k trials was pruned or failed: nothing to train
-            return {**row, "basis": "none", "why": str(none), "path": None, "mixture": None, "winner": None}
-        return {**row, "basis": "winner", "path": path, "mixture": winner["mixture"], "winner": winner}
-    return {
-        "k": k,
-        "basis": "law",
-        "why": f"{p.chosen}, {'supported' if p.supported else 'NOT SUPPORTED'}",
-        "path": p.path,
-        "mixture": p.mixture,
-        "n_complete": p.n_trials,
-        "winner": p.winner,
-        "proposal": p.to_json(),
-    }
+        return budget_row(propose(head, config, **options).to_json(), k)
+    except (AnalysisError, ValueError, np.linalg.LinAlgError) as e:
+        row = {"k": k, "why": str(e)}
+    try:
+        path, winner, n = in_sample_winner(head, config)
+    except AnalysisError as none:  # every one of the first k trials was pruned or failed: nothing to train
+        return {
+            **row,
+            "basis": "none",
+            "why": str(none),
+            "path": None,
+            "mixture": None,
+            "winner": None,
+            "n_complete": 0,
+        }
+    return {**row, "basis": "winner", "path": path, "mixture": winner["mixture"], "winner": winner, "n_complete": n}
 
 
 def _choose_form(W, Y, proportion, score, seeds, forms):

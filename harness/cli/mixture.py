@@ -50,7 +50,7 @@ def mixture(
     optimises the sweep's objective inside the explored mixtures; write SWEEP_DIR/proposal.json."""
     from analysis.loading import AnalysisError, is_sweep_dir, load_sweep, read_sweep_config
     from analysis.mixing_laws import FORMS
-    from analysis.mixture_proposal import PROPOSAL_NAME, format_proposal, propose
+    from analysis.mixture_proposal import PROPOSAL_NAME, budget_choice, budget_row, format_proposal, propose
     from harness.core.store import atomic_write_text
 
     if not is_sweep_dir(sweep_dir):
@@ -58,34 +58,34 @@ def mixture(
     choice = _verify_choice(sweep_dir, verify, jobs, launcher, slurm, detach)
     if budget and verify is None:
         raise_usage("harness mixture: --budget trains each budget's mixture: it needs --verify K")
-    trials = load_sweep(sweep_dir)
+    trials, config = load_sweep(sweep_dir), read_sweep_config(sweep_dir)
     too_many = [k for k in budget or [] if not 1 <= k < len(trials)]
     if too_many:
         raise_usage(
-            f"harness mixture: --budget {too_many[0]}: give k from 1 to {len(trials) - 1} (the sweep has "
-            f"{len(trials)} trials; all of them is the full sweep's row)"
+            f"harness mixture: --budget {too_many[0]}: a budget is fewer trials than the sweep's {len(trials)} (all "
+            "of them is the full sweep's row)"
         )
     unknown = [f for f in form or [] if f not in FORMS]
     if unknown:
         raise_usage(f"harness mixture: --form {', '.join(unknown)}: use {', '.join(FORMS)}")
+    options = {"forms": form or FORMS, "bootstrap": bootstrap, "seed": seed}
     try:
-        proposal = propose(
-            trials,
-            read_sweep_config(sweep_dir),
-            forms=form or FORMS,
-            bootstrap=bootstrap,
-            seed=seed,
-            sweep_dir=str(sweep_dir),
-        )
+        proposal = propose(trials, config, **options, sweep_dir=str(sweep_dir))
     except AnalysisError as e:
         raise_usage(f"harness mixture: {e}")
     typer.echo(format_proposal(proposal))
     out = Path(sweep_dir) / PROPOSAL_NAME
     atomic_write_text(out, json.dumps(proposal.to_json(), indent=2) + "\n")
     typer.echo(f"proposal → {out}")
-    if verify is not None:
-        options = {"forms": form or FORMS, "bootstrap": bootstrap, "seed": seed}
-        _verify(sweep_dir, proposal.to_json(), verify, jobs, choice, detach, sorted(set(budget or [])), options)
+    if verify is None:
+        return
+    rows = [budget_choice(trials, config, k, **options) for k in sorted(set(budget or []))]
+    for row in rows:
+        mixture = ", ".join(f"{t} {w:.3f}" for t, w in (row["mixture"] or {}).items()) or "nothing to train"
+        typer.echo(f"first {row['k']} trials: {row['basis']} ({row['why']}) → {mixture}")
+    if rows:
+        rows.append(budget_row(proposal.to_json(), "all"))
+    _verify(sweep_dir, proposal.to_json(), trials.to_dicts(), verify, jobs, choice, detach, rows)
 
 
 def _verify_choice(sweep_dir: Path, verify, jobs: int, launcher, slurm, detach: bool):
@@ -113,25 +113,11 @@ def _verify_choice(sweep_dir: Path, verify, jobs: int, launcher, slurm, detach: 
     return choice
 
 
-def _budget_rows(sweep_dir: Path, budget: list[int], options: dict) -> list[dict]:
-    """What ``harness mixture`` gives from the first k trials, for each k of ``--budget`` (printed as it goes)."""
-    from analysis.loading import load_sweep, read_sweep_config
-    from analysis.mixture_proposal import budget_choice
-
-    trials, config = load_sweep(sweep_dir), read_sweep_config(sweep_dir)
-    rows = [budget_choice(trials, config, k, **options) for k in budget]
-    for row in rows:
-        mixture = ", ".join(f"{t} {w:.3f}" for t, w in (row["mixture"] or {}).items()) or "nothing to train"
-        typer.echo(f"first {row['k']} trials: {row['basis']} ({row['why']}) → {mixture}")
-    return rows
-
-
 def _verify(
-    sweep_dir: Path, proposal: dict, k: int, jobs: int, choice, detach: bool, budget: list[int], options: dict
+    sweep_dir: Path, proposal: dict, trials: list[dict], k: int, jobs: int, choice, detach: bool, rows: list[dict]
 ) -> None:
-    """Train both arms on ``k`` fresh seeds, print the comparison, write ``verify.json``; with ``budget``, train
-    each budget's mixture on the same seeds too and write ``budget.json``."""
-    from analysis.loading import load_sweep
+    """Train both arms on ``k`` fresh seeds, print the comparison, write ``verify.json``; with budget ``rows``,
+    train each row's mixture on the same seeds too and write ``budget.json``."""
     from harness.config import ConfigError
     from harness.studies.launch import JobsFailed, make_launcher
     from harness.studies.mixture_budget import BUDGET_NAME, format_budget, verify_budget
@@ -139,25 +125,29 @@ def _verify(
     from harness.studies.sweep import load_resolved
 
     sweep = load_resolved(sweep_dir)
-    trials = load_sweep(sweep_dir).to_dicts()
-    rows = _budget_rows(sweep_dir, budget, options) if budget else []
     folder = Path(sweep_dir) / VERIFY_DIR / "slurm"
     runs = make_launcher(
         choice, folder, jobs=jobs, echo=typer.echo, job_name=f"harness-verify-{sweep.name}", detach=detach
     )
+    written = "verify.json" + (" and budget.json" if rows else "")
     try:
-        # the budget's runs first: they include both arms of the verification, which then reuses them
-        curve = verify_budget(sweep, Path(sweep_dir), proposal, rows, trials, k, runs, typer.echo) if rows else None
-        report = verify(sweep, Path(sweep_dir), proposal, trials, k, runs, typer.echo) if curve or not rows else None
+        report = verify(sweep, Path(sweep_dir), proposal, trials, k, runs, typer.echo)
+        if report is not None:
+            typer.echo(format_verification(report))
+            typer.echo(f"verification → {Path(sweep_dir) / VERIFY_NAME}")
+        # the budget's arms after the verification's two (reused here): verify.json is written even if one fails
+        curve = (
+            verify_budget(sweep, Path(sweep_dir), proposal, rows, trials, k, runs, typer.echo)
+            if report and rows
+            else None
+        )
     except (ConfigError, ValueError) as e:
         raise_usage(f"harness mixture --verify: {e}")
     except JobsFailed as e:
         raise_usage(f"harness mixture --verify: {e}", 1)
-    if report is None:
-        typer.echo("the jobs run on: this command again follows them, then writes verify.json")
+    if report is None or (rows and curve is None):
+        typer.echo(f"the jobs run on: this command again follows them, then writes {written}")
         return
-    typer.echo(format_verification(report))
-    typer.echo(f"verification → {Path(sweep_dir) / VERIFY_NAME}")
     if curve is not None:
         typer.echo(format_budget(curve))
         typer.echo(f"budget curve → {Path(sweep_dir) / BUDGET_NAME}")

@@ -5,12 +5,15 @@ budget_choice`) is trained on the same K fresh seeds as the full sweep's proposa
 (:mod:`harness.studies.mixture_verify`: the same seeds, the same fresh data seed, the same items) and compared with
 the full sweep's winner, paired by seed (and by item where the objective is itemised).
 
-The family of comparisons is the budgets' rows, the full sweep's proposal ("all") included: each difference is
-given with its 95 % interval and with the interval Bonferroni-adjusted over that family (level 1 − 0.05/m), and a
-row is called *worse* only when its adjusted interval lies wholly on the worse side of 0. With few seeds the
-adjusted intervals are wide: "not significantly worse" then says little, and the report prints the widths.
+Each budget's arm keeps the other swept values (a learning rate, a stage length) of its own first-``k`` winner, as a
+researcher who stopped there would. The family of comparisons is the distinct arms compared with the full sweep's
+winner (the budgets' and the full sweep's proposal, "all"; a budget whose arm *is* the winner compares nothing):
+each difference is given with its 95 % interval and with the two-sided interval Bonferroni-adjusted over that
+family (level 1 − 0.05/m); a row is called *worse* only when that interval lies wholly on the worse side of 0 — a
+one-sided test at 0.025/m, conservative. With few seeds the adjusted intervals are wide: "not significantly worse"
+then says little, and the table prints the widths.
 
-Runs go to ``SWEEP_DIR/verify/budget-<k>/seed-<s>/``; an arm whose mixture is another arm's (a budget's winner that
+Runs go to ``SWEEP_DIR/verify/budget-<k>/seed-<s>/``; an arm whose values are another arm's (a budget's winner that
 is the full sweep's winner) is not trained twice. ``budget.json`` in the sweep directory holds the report (written
 atomically); :func:`format_budget` is the table the command prints.
 """
@@ -18,7 +21,6 @@ atomically); :func:`format_budget` is the table the command prints.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -34,19 +36,23 @@ from harness.studies.mixture_verify import (
     arm_experiment,
     arm_scores,
     arms,
+    format_ci,
     fresh_seeds,
     itemised,
+    own_seed_notes,
     paired_difference,
     run_arms,
     run_dir,
 )
 from harness.studies.sweep.space import Sweep
+from harness.studies.sweep.worker import cached_steps
 
 BUDGET_NAME = "budget.json"
 MIXTURE_TOLERANCE = 1e-9  # two arms with the same weights up to float rounding are one arm
 
 
-def _same_mixture(a: Arm, b: Arm) -> bool:
+def _same_values(a: Arm, b: Arm) -> bool:
+    """The same swept values, mixtures equal up to float rounding."""
     if a.values.keys() != b.values.keys():
         return False
     for key, value in a.values.items():
@@ -60,16 +66,18 @@ def _same_mixture(a: Arm, b: Arm) -> bool:
 
 
 def budget_arms(sweep: Sweep, full: dict[str, Any], rows: list[dict[str, Any]], trials: list[dict[str, Any]]):
-    """The arms to train (the full sweep's proposal and winner first) and each row's arm name: a row whose mixture
-    is an earlier arm's uses that arm."""
+    """The arms to train (the full sweep's proposal and winner first) and each row's arm name (None: nothing to
+    train). A row's arm keeps the other swept values (a learning rate, a stage length) of *its own* in-sample winner,
+    what a researcher who stopped after ``k`` trials would have; a row whose arm is an earlier one's uses it."""
     chosen = arms(sweep, full, trials)
     names: list[Optional[str]] = []
     for row in rows:
         if row["mixture"] is None:  # no trial of the budget completed: nothing to train
             names.append(None)
             continue
-        candidate = arms(sweep, {"path": row["path"], "mixture": row["mixture"], "winner": full["winner"]}, trials)[0]
-        same = next((a for a in chosen if _same_mixture(a, candidate)), None)
+        own = {"path": row["path"], "mixture": row["mixture"], "winner": row["winner"]}
+        candidate = arms(sweep, own, trials)[0]
+        same = next((a for a in chosen if _same_values(a, candidate)), None)
         if same is None:
             same = Arm(f"budget-{row['k']}", candidate.values)
             chosen.append(same)
@@ -87,36 +95,23 @@ def verify_budget(
     launcher: Optional[Launcher] = None,
     echo: Callable[[str], None] = print,
 ) -> Optional[dict[str, Any]]:
-    """Train every budget's mixture on the verification's ``k`` fresh seeds (reusing finished runs), compare each
-    with the full sweep's winner and write ``budget.json``; None when the launcher left the runs going."""
+    """Train every row's mixture on the verification's ``k`` fresh seeds (reusing finished runs: the verification's
+    two arms are trained first), compare each with the full sweep's winner and write ``budget.json``; None when the
+    launcher left the runs going."""
     seeds, data_seed = fresh_seeds(sweep, trials, k)
-    support = "supported" if full.get("supported") else "NOT SUPPORTED"
-    rows = rows + [
-        {
-            "k": "all",
-            "basis": "law",
-            "why": f"{full.get('chosen')}, {support}",
-            "mixture": full["mixture"],
-            "path": full["path"],
-            "n_complete": full.get("n_trials"),
-            "winner": full["winner"],
-        }
-    ]
     chosen, names = budget_arms(sweep, full, rows, trials)
     plan = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for s in seeds for arm in chosen]
     done, how = run_arms(sweep, sweep_dir, plan, launcher, echo)
     if not done:
         return None
     objective = sweep.objectives[0]
-    notes: list[str] = []
+    notes: list[str] = own_seed_notes(sweep)
     scores = {arm.name: arm_scores(objective, sweep_dir, arm.name, seeds, notes) for arm in chosen}
     crossed = itemised(list(scores.values()), notes)
-    compared = sum(name is not None for name in names)
-    adjusted = 1.0 - (1.0 - CONFIDENCE) / compared
-    report_rows = [
-        _compared(row, name, scores, crossed, adjusted, objective.direction == "maximize")
-        for row, name in zip(rows, names)
-    ]
+    # the family: the distinct comparisons made (a row whose arm is the winner itself compares nothing)
+    family = sorted({name for name in names if name not in (None, "winner")})
+    adjusted = 1.0 - (1.0 - CONFIDENCE) / max(len(family), 1)
+    maximize = objective.direction == "maximize"
     report = {
         "sweep_dir": str(sweep_dir),
         "objective": objective.describe(),
@@ -124,17 +119,25 @@ def verify_budget(
         "seeds": seeds,
         "data_seed": data_seed,
         "interval": ("seeds × items" if crossed else "t over seeds") if len(seeds) > 1 else "none: one seed",
-        "family": f"Bonferroni over the {compared} rows compared (budgets and all) against the full sweep's winner, "
-        f"level {adjusted:.4f}",
+        "family": f"Bonferroni over the {len(family)} arms compared with the full sweep's winner "
+        f"({', '.join(family)}): two-sided level {adjusted:.4f}; 'worse' is read from it (one-sided {1 - adjusted:.4f}"
+        f"/2, conservative)",
         "winner": {
             "trial": full["winner"]["number"],
             "values": scores["winner"].values,
             "mean": float(np.mean(scores["winner"].values)),
             "in_sample": full["winner"]["observed"],
         },
-        "rows": report_rows,
+        "rows": [_compared(row, name, scores, crossed, adjusted, maximize) for row, name in zip(rows, names)],
         "runs": {
-            name: {str(s): {"run_dir": str(run_dir(sweep_dir, name, s)), "how": how[f"{name} seed {s}"]} for s in seeds}
+            name: {
+                str(s): {
+                    "run_dir": str(run_dir(sweep_dir, name, s)),
+                    "how": how[f"{name} seed {s}"],
+                    "cached_steps": cached_steps(run_dir(sweep_dir, name, s)),
+                }
+                for s in seeds
+            }
             for name in scores
         },
         "notes": notes,
@@ -181,12 +184,6 @@ def _compared(
     }
 
 
-def _ci(low: Optional[float], high: Optional[float]) -> str:
-    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
-        return "[no interval]"
-    return f"[{low:+.4f}, {high:+.4f}]"
-
-
 def format_budget(report: dict[str, Any]) -> str:
     """The budget curve as a table: per budget, what was trained, its fresh-seed mean and its difference from the
     full sweep's winner with the 95 % and the family-adjusted intervals."""
@@ -203,10 +200,8 @@ def format_budget(report: dict[str, Any]) -> str:
             continue
         what = f"{r['basis']} ({r['why']})" if r["basis"] == "law" else f"winner of {r['n_complete']} complete"
         verdict = {True: "  worse", False: "", None: ""}[r["worse"]]
-        lines.append(
-            f"{r['k']!s:>4} {what[:34]:<34} {r['mean']:>10.4f} {d['estimate']:>+9.4f}  {_ci(d['low'], d['high'])} "
-            f"{_ci(a['low'], a['high'])}{verdict}"
-        )
+        ci, wide = format_ci(d["low"], d["high"]), format_ci(a["low"], a["high"])
+        lines.append(f"{r['k']!s:>4} {what[:34]:<34} {r['mean']:>10.4f} {d['estimate']:>+9.4f}  {ci} {wide}{verdict}")
     lines.append(f"intervals: {report['interval']}; {report['family']}")
     lines += [f"note: {n}" for n in report.get("notes", [])]
     return "\n".join(lines)

@@ -272,11 +272,10 @@ def arm_scores(objective: Objective, sweep_dir: Path, arm: str, seeds: list[int]
 
 def itemised(scores: list[ArmScores], notes: list[str]) -> bool:
     """Whether every arm has its items and all were scored on the same ones (ValueError if not the same)."""
-    if any(s.table is None for s in scores):
-        return False
-    if any(s.keys != scores[0].keys for s in scores):
+    keyed = [s.keys for s in scores if s.keys is not None]
+    if any(keys != keyed[0] for keys in keyed):
         raise ValueError("the arms were scored on other items: their runs cannot be paired item by item")
-    return not notes
+    return not notes and all(s.table is not None for s in scores)
 
 
 def paired_difference(
@@ -307,7 +306,7 @@ def compare(
         fresh, how = _seed_interval(values["winner"]), "t over seeds"
     if len(seeds) < 2:
         how = "none: one seed"
-    keys = scores["winner"].keys if crossed else None
+    keys = next((s.keys for s in scores.values() if s.keys is not None), None)  # the same in every arm (itemised)
     observed = float(proposal["winner"]["observed"])
     bounds = sorted(sign * (observed - b) for b in fresh[1:])
     report = {
@@ -334,6 +333,12 @@ def compare(
     return report, notes
 
 
+def own_seed_notes(sweep: Sweep) -> list[str]:
+    """A note when some tasks keep their own ``seed:``: their data is the sweep's, not a fresh draw."""
+    own = sorted(t for t, spec in sweep.base.tasks.items() if getattr(spec, "seed", None) is not None)
+    return [f"tasks {', '.join(own)} keep their own seed: their data is the sweep's, not fresh"] if own else []
+
+
 def verify(
     sweep: Sweep,
     sweep_dir: Path,
@@ -352,9 +357,7 @@ def verify(
     if not done:
         return None
     report, notes = compare(sweep, sweep_dir, seeds, proposal)
-    own = sorted(t for t, spec in sweep.base.tasks.items() if getattr(spec, "seed", None) is not None)
-    if own:
-        notes.append(f"tasks {', '.join(own)} keep their own seed: their data is the sweep's, not fresh")
+    notes += own_seed_notes(sweep)
     report = {
         "sweep_dir": str(sweep_dir),
         "seeds": seeds,
@@ -375,7 +378,8 @@ def verify(
     return report
 
 
-def _ci(low: Optional[float], high: Optional[float]) -> str:
+def format_ci(low: Optional[float], high: Optional[float]) -> str:
+    """``[low, high]`` with signs, or ``[no interval]`` where a bound is missing or not finite."""
     if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return "[no interval]"
     return f"[{low:+.4f}, {high:+.4f}]"
@@ -395,9 +399,9 @@ def format_verification(report: dict[str, Any]) -> str:
     d, o, w = report["difference"], report["optimism"], report["in_sample"]
     lines += [
         f"{'mean':>8} {report['proposal']['mean']:>10.4f} {report['winner']['mean']:>10.4f} {d['estimate']:>+11.4f} "
-        f"{_ci(d['low'], d['high'])}  (95 %, {report['interval']}; n = {report['n_seeds']} seeds)",
+        f"{format_ci(d['low'], d['high'])}  (95 %, {report['interval']}; n = {report['n_seeds']} seeds)",
         f"winner (trial {w['trial']}) in-sample {w['observed']:.4f}, on fresh seeds {report['winner']['mean']:.4f}: "
-        f"optimism {o['estimate']:+.4f} {_ci(o['low'], o['high'])} (positive: the sweep flattered it)",
+        f"optimism {o['estimate']:+.4f} {format_ci(o['low'], o['high'])} (positive: the sweep flattered it)",
     ]
     lines += [f"note: {n}" for n in report.get("notes", [])]
     return "\n".join(lines)

@@ -126,20 +126,23 @@ def test_budget_curve_trains_each_budgets_mixture_on_the_verifications_seeds(tmp
     assert six["basis"] == "law" and six["arm"] == "budget-6" and six["n_complete"] == 6
     assert six["in_sample_winner"]["number"] in range(6)
     assert full["arm"] == "proposal" and full["mixture"] == pytest.approx(proposal["mixture"])
-    # the verification reused the budget's runs of its two arms; the budget's own arm has the same seeds
-    assert all(run["how"] == "reused" for arm in report["arms"].values() for run in arm["runs"].values())
+    # the verification trained its two arms; the budget reused them and trained its own arm on the same seeds
+    assert all(run["how"] == "trained" for arm in report["arms"].values() for run in arm["runs"].values())
     assert set(curve["runs"]) == {"proposal", "winner", "budget-6"}
+    assert {run["how"] for arm in ("proposal", "winner") for run in curve["runs"][arm].values()} == {"reused"}
+    assert {run["how"] for run in curve["runs"]["budget-6"].values()} == {"trained"}
     for seed in report["seeds"]:
         resolved = (sweep_dir / "verify" / "budget-6" / f"seed-{seed}" / "config.resolved.yaml").read_text()
         assert f"seed: {seed}" in resolved and f"data_seed: {report['data_seed']}" in resolved
     for row in curve["rows"]:
         d, a = row["difference"], row["adjusted"]
         assert row["mean"] - curve["winner"]["mean"] == pytest.approx(d["estimate"])
-        assert a["low"] < d["low"] <= d["estimate"] <= d["high"] < a["high"]  # Bonferroni over 3 rows: wider
+        assert a["low"] < d["low"] <= d["estimate"] <= d["high"] < a["high"]  # Bonferroni over 2 arms: wider
         assert row["worse"] == (a["high"] < 0)  # maximised: worse only when the whole adjusted interval is below 0
-    assert "Bonferroni over the 3 rows compared" in curve["family"] and "budget curve" in result.output
+    # the family: the two arms compared with the winner (budget-6 and the full proposal; k=2 *is* the winner)
+    assert "Bonferroni over the 2 arms" in curve["family"] and "budget curve" in result.output
 
-    for bad in (["--budget", "3"], ["--verify", "2", "--budget", "10"]):
+    for bad in (["--budget", "3"], ["--verify", "2", "--budget", "10"], ["--verify", "2", "--budget", "0"]):
         refused = invoke("mixture", str(sweep_dir), *bad)
         assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
         assert "--budget" in refused.output
@@ -158,6 +161,24 @@ def test_a_budget_counts_pruned_trials_and_may_leave_nothing_to_train(tmp_path):
     one = budget_choice(trials, config, 3)  # one complete trial: too few for a law, so it is the mixture to train
     assert one["basis"] == "winner" and one["winner"]["number"] == 2 and one["n_complete"] == 1
     assert one["mixture"] == pytest.approx({t: trials[f"param/{PATH}.{t}"][2] for t in TASKS})
+
+
+def test_a_budget_row_is_worse_only_when_its_adjusted_interval_is_on_the_worse_side():
+    from harness.studies.mixture_budget import _compared
+    from harness.studies.mixture_verify import ArmScores
+
+    row = {"k": 4, "basis": "law", "why": "scheffe", "n_complete": 4, "mixture": {}, "winner": None}
+    winner = ArmScores([0.50, 0.52, 0.51], None, None)
+    lower = ArmScores([0.30, 0.33, 0.31], None, None)  # 0.2 below the winner on every seed, little spread
+    scores = {"winner": winner, "budget-4": lower}
+    worse_max = _compared(row, "budget-4", scores, False, 1 - 0.05 / 3, maximize=True)
+    assert worse_max["worse"] is True and worse_max["adjusted"]["high"] < 0
+    # minimised (a loss): the same numbers are a gain, never worse
+    assert _compared(row, "budget-4", scores, False, 1 - 0.05 / 3, maximize=False)["worse"] is False
+    noisy = ArmScores([0.20, 0.70, 0.45], None, None)  # the same mean shift hidden in seed noise
+    assert _compared(row, "budget-4", {**scores, "budget-4": noisy}, False, 0.99, maximize=True)["worse"] is False
+    nothing = _compared({**row, "mixture": None}, None, scores, False, 0.99, maximize=True)
+    assert nothing["worse"] is None and nothing["values"] == [] and nothing["difference"]["estimate"] is None
 
 
 def test_verify_refuses_bad_k_and_slurm_without_submitit(tmp_path, monkeypatch):
