@@ -372,3 +372,14 @@ def test_fraction_and_named_stage_paths_apply_to_the_experiment(tmp_path):
     from harness.config import validate_data
 
     assert validate_data(raw).resolved_stages()[1].steps == 7  # (8 + 20) / batch 4
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments" / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_sweep_file_loads_and_names_tasks_of_its_base(path):
+    sweep = load_sweep(path)
+    tasks = set(sweep.base.tasks)
+    for objective in sweep.objectives:
+        assert set(objective.tasks) <= tasks, (path.name, objective.tasks)
+    for param in sweep.params:
+        if param.kind == "simplex":
+            assert set(param.spec.simplex) <= tasks, (path.name, param.spec.simplex)
