@@ -194,9 +194,10 @@ def propose(
     def value(M: np.ndarray) -> np.ndarray:
         return score(fitted.predict(M))
 
-    proposal = search_hull(W, value, maximize, seed)
     observed = _observed_objective(data, Y, score)
     win = _best(observed, maximize)
+    # under the constant form every mixture is predicted alike: the proposal is the observed winner's (keep it)
+    proposal = W[win] if chosen.form == "constant" else search_hull(W, value, maximize, seed)
     boot = _bootstrap(chosen.form, W, Y, proportion, np.vstack([proposal, W[win]]), bootstrap, seed)
     residuals = chosen.residuals[np.random.default_rng(seed + 1).integers(0, n, bootstrap)]
     boot_obj, boot_win = score(boot[:, 0]), score(boot[:, 1])
@@ -283,10 +284,13 @@ def _winner(data: pl.DataFrame, W: np.ndarray, weights: list[str], observed: np.
 
 def budget_row(proposal: Mapping[str, Any], k: Any) -> dict[str, Any]:
     """A budget curve's row for a law's proposal (``proposal.json``'s content) fitted on ``k`` trials."""
+    constant = proposal["chosen"] == "constant"  # no form beat the mean: the proposal is the winner's mixture
     return {
         "k": k,
-        "basis": "law",
-        "why": f"{proposal['chosen']}, {'supported' if proposal['supported'] else 'NOT SUPPORTED'}",
+        "basis": "winner" if constant else "law",
+        "why": "no form beats the trials' mean"
+        if constant
+        else f"{proposal['chosen']}, {'supported' if proposal['supported'] else 'NOT SUPPORTED'}",
         "path": proposal["path"],
         "mixture": proposal["mixture"],
         "n_complete": proposal["n_trials"],
@@ -351,7 +355,9 @@ def _notes(chosen, gain, data, path, weights, usable, forms) -> list[str]:
     parameters."""
     notes = []
     if chosen.form == "constant":
-        notes.append("no form predicts held-out trials better than their mean: the proposal is not supported")
+        notes.append(
+            "no form predicts held-out trials better than their mean: the proposal is the winner's mixture (keep it)"
+        )
     elif gain is not None and not gain.low > 0:
         notes.append(
             f"{chosen.form} does not predict held-out trials better than their mean (squared-error gain "

@@ -43,26 +43,12 @@ from harness.studies.mixture_verify import (
     paired_difference,
     run_arms,
     run_dir,
+    same_values,
 )
 from harness.studies.sweep.space import Sweep
 from harness.studies.sweep.worker import cached_steps
 
 BUDGET_NAME = "budget.json"
-MIXTURE_TOLERANCE = 1e-9  # two arms with the same weights up to float rounding are one arm
-
-
-def _same_values(a: Arm, b: Arm) -> bool:
-    """The same swept values, mixtures equal up to float rounding."""
-    if a.values.keys() != b.values.keys():
-        return False
-    for key, value in a.values.items():
-        other = b.values[key]
-        if isinstance(value, dict):
-            if value.keys() != other.keys() or any(abs(value[t] - other[t]) > MIXTURE_TOLERANCE for t in value):
-                return False
-        elif value != other:
-            return False
-    return True
 
 
 def budget_arms(sweep: Sweep, full: dict[str, Any], rows: list[dict[str, Any]], trials: list[dict[str, Any]]):
@@ -70,6 +56,7 @@ def budget_arms(sweep: Sweep, full: dict[str, Any], rows: list[dict[str, Any]], 
     train). A row's arm keeps the other swept values (a learning rate, a stage length) of *its own* in-sample winner,
     what a researcher who stopped after ``k`` trials would have; a row whose arm is an earlier one's uses it."""
     chosen = arms(sweep, full, trials)
+    chosen = chosen[1:] if same_values(*chosen) else chosen  # the full proposal is the winner: one arm
     names: list[Optional[str]] = []
     for row in rows:
         if row["mixture"] is None:  # no trial of the budget completed: nothing to train
@@ -77,7 +64,7 @@ def budget_arms(sweep: Sweep, full: dict[str, Any], rows: list[dict[str, Any]], 
             continue
         own = {"path": row["path"], "mixture": row["mixture"], "winner": row["winner"]}
         candidate = arms(sweep, own, trials)[0]
-        same = next((a for a in chosen if _same_values(a, candidate)), None)
+        same = next((a for a in chosen if same_values(a, candidate)), None)
         if same is None:
             same = Arm(f"budget-{row['k']}", candidate.values)
             chosen.append(same)

@@ -102,6 +102,23 @@ def arms(sweep: Sweep, proposal: dict[str, Any], trials: list[dict[str, Any]]) -
     return [Arm("proposal", {**winner, proposal["path"]: mixture}), Arm("winner", winner)]
 
 
+MIXTURE_TOLERANCE = 1e-9  # two arms with the same weights up to float rounding are one arm
+
+
+def same_values(a: Arm, b: Arm) -> bool:
+    """The same swept values, mixtures equal up to float rounding."""
+    if a.values.keys() != b.values.keys():
+        return False
+    for key, value in a.values.items():
+        other = b.values[key]
+        if isinstance(value, dict):
+            if value.keys() != other.keys() or any(abs(value[t] - other[t]) > MIXTURE_TOLERANCE for t in value):
+                return False
+        elif value != other:
+            return False
+    return True
+
+
 def arm_experiment(sweep: Sweep, arm: Arm, seed: int, data_seed: int) -> Experiment:
     """The sweep's base with the arm's values, on model seed ``seed`` and task-data seed ``data_seed``."""
     raw = sweep.experiment_raw(arm.values)
@@ -288,17 +305,19 @@ def paired_difference(
 
 
 def compare(
-    sweep: Sweep, sweep_dir: Path, seeds: list[int], proposal: dict[str, Any]
+    sweep: Sweep, sweep_dir: Path, seeds: list[int], proposal: dict[str, Any], same: bool = False
 ) -> tuple[dict[str, Any], list[str]]:
     """The arms' objective per seed, their paired difference and the winner's optimism, with intervals (module
-    docstring); raises ValueError when two runs of one seed were not scored on the same items."""
+    docstring); raises ValueError when two runs of one seed were not scored on the same items. ``same``: the
+    proposal is the winner's mixture, read from the winner's runs (difference 0 by construction)."""
     objective = sweep.objectives[0]
     notes: list[str] = []
-    scores = {arm: arm_scores(objective, sweep_dir, arm, seeds, notes) for arm in ARMS}
+    scores = {arm: arm_scores(objective, sweep_dir, arm, seeds, notes) for arm in ARMS[same:]}
+    scores = {"proposal": scores["winner"], **scores} if same else scores
     crossed = itemised(list(scores.values()), notes)
     values = {arm: s.values for arm, s in scores.items()}
     sign = 1.0 if objective.direction == "maximize" else -1.0
-    diff = paired_difference(scores["proposal"], scores["winner"], crossed)
+    diff = (0.0, 0.0, 0.0) if same else paired_difference(scores["proposal"], scores["winner"], crossed)
     if crossed:
         fresh = _proportion_interval(scores["winner"].table)
         how = "seeds × items"
@@ -352,12 +371,17 @@ def verify(
     returns its content, or None when the launcher left the runs going (detached)."""
     seeds, data_seed = fresh_seeds(sweep, trials, k)
     chosen = arms(sweep, proposal, trials)
-    plan = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for s in seeds for arm in chosen]
+    same = same_values(*chosen)  # no law beat the mean: the proposal is the winner's mixture, trained once
+    plan = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for s in seeds for arm in chosen[same:]]
     done, how = run_arms(sweep, sweep_dir, plan, launcher, echo)
     if not done:
         return None
-    report, notes = compare(sweep, sweep_dir, seeds, proposal)
+    report, notes = compare(sweep, sweep_dir, seeds, proposal, same)
     notes += own_seed_notes(sweep)
+    if same:
+        notes.append("the proposal is the winner's mixture: the winner's runs stand for both arms (difference 0)")
+        plan += [("proposal", s, None) for s in seeds]
+        how |= {f"proposal seed {s}": how[f"winner seed {s}"] for s in seeds}
     report = {
         "sweep_dir": str(sweep_dir),
         "seeds": seeds,
@@ -368,7 +392,7 @@ def verify(
         "notes": notes,
     }
     for arm, seed, _ in plan:
-        out = run_dir(sweep_dir, arm, seed)
+        out = run_dir(sweep_dir, "winner" if same else arm, seed)
         report["arms"][arm]["runs"][str(seed)] = {
             "run_dir": str(out),
             "how": how[f"{arm} seed {seed}"],

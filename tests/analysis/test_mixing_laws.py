@@ -168,6 +168,17 @@ def test_proposal_inside_the_hull_beats_the_best_trial_under_the_truth():
     assert p.interval[0] <= p.mean_interval[0] and p.mean_interval[1] <= p.interval[1]  # adds a trial's noise
 
 
+def test_when_no_form_beats_the_mean_the_proposal_is_the_winners_mixture():
+    # pure noise, few trials: the constant (the trials' mean) has the smallest held-out error
+    rng = np.random.default_rng(3)
+    W, Y = rng.dirichlet(np.ones(3), size=10), rng.normal(size=(10, 3))
+    p = propose(sweep_frame(W, Y), sweep_config(), forms=("constant", "scheffe2"), bootstrap=10, seed=0)
+    assert p.chosen == "constant" and not p.supported
+    # a constant predicts every mixture alike: the hull search would return whichever it met first
+    assert p.mixture == pytest.approx(p.winner["mixture"]) and p.gain_over_winner == 0.0
+    assert any("winner's mixture" in n for n in p.notes)
+
+
 def test_search_hull_stays_in_the_hull_when_the_optimum_is_outside():
     rng = np.random.default_rng(0)
     W = rng.dirichlet(np.full(3, 5.0), size=12)  # trials near the centre only

@@ -110,7 +110,7 @@ def test_budget_curve_trains_each_budgets_mixture_on_the_verifications_seeds(tmp
         pl.when(pl.col("number") == 1).then(9.0).otherwise(pl.col("objective")).alias("objective")
     )
     trials.write_parquet(sweep_dir / "trials.parquet")
-    args = ["mixture", str(sweep_dir), "--bootstrap", "10", "--form", "constant", "--form", "scheffe"]
+    args = ["mixture", str(sweep_dir), "--bootstrap", "10", "--form", "constant", "--form", "gp"]  # gp: chosen at 6
     result = invoke(*args, "--verify", "2", "--budget", "6", "--budget", "2")
     assert result.exit_code == 0, result.output
     curve = json.loads((sweep_dir / "budget.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
@@ -146,6 +146,25 @@ def test_budget_curve_trains_each_budgets_mixture_on_the_verifications_seeds(tmp
         refused = invoke("mixture", str(sweep_dir), *bad)
         assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
         assert "--budget" in refused.output
+
+
+def test_a_proposal_that_is_the_winners_mixture_is_trained_once(tmp_path):
+    sweep_dir, _ = _sweep_dir(tmp_path)
+    trials = pl.read_parquet(sweep_dir / "trials.parquet")
+    noise = np.random.default_rng(5).normal(0.5, 0.1, size=(len(trials), 2))  # no law: the mean wins
+    columns = [c for c in trials.columns if c.startswith("metric/")]
+    trials = trials.with_columns([pl.Series(c, noise[:, j]) for j, c in enumerate(columns)])
+    trials.with_columns(pl.Series("objective", noise.mean(axis=1))).write_parquet(sweep_dir / "trials.parquet")
+    result = invoke(
+        "mixture", str(sweep_dir), "--bootstrap", "10", "--form", "constant", "--form", "scheffe", "--verify", "1"
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads((sweep_dir / VERIFY_NAME).read_text())
+    assert json.loads((sweep_dir / "proposal.json").read_text())["chosen"] == "constant"
+    assert not (sweep_dir / "verify" / "proposal").exists()  # nothing trained twice
+    runs = {arm: report["arms"][arm]["runs"] for arm in ("proposal", "winner")}
+    assert runs["proposal"] == runs["winner"] and report["difference"]["estimate"] == 0.0
+    assert any("stand for both arms" in n for n in report["notes"])
 
 
 def test_a_budget_counts_pruned_trials_and_may_leave_nothing_to_train(tmp_path):
