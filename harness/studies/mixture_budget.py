@@ -87,7 +87,7 @@ def verify_budget(
     launcher left the runs going."""
     seeds, data_seed = fresh_seeds(sweep, trials, k)
     chosen, names = budget_arms(sweep, full, rows, trials)
-    plan = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for s in seeds for arm in chosen]
+    plan = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for arm in chosen for s in seeds]
     done, how = run_arms(sweep, sweep_dir, plan, launcher, echo)
     if not done:
         return None

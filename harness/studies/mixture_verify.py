@@ -11,8 +11,9 @@ then compared on the same held-out items by the sweep's own objective.
 - The proposal arm keeps the winner's other swept parameters (a learning rate, a stage length) and replaces only the
   mixture the proposal is about, so the comparison is of mixtures alone.
 - Runs go to ``<SWEEP_DIR>/verify/<proposal|winner>/seed-<s>/`` through a launcher (:mod:`harness.studies.launch`),
-  seed-major in this process so that each seed's second arm replays the stages before the swept one from the stage
-  cache; a finished run of the same experiment is reused, not retrained.
+  arm by arm (every seed of the first arm, then the next): a seed's later arms replay the stages before the swept one
+  from the stage cache, and runs started together (``--jobs``) are of different seeds, so no two of them train the
+  same shared stages at once; a finished run of the same experiment is reused, not retrained.
 - The report: the objective of each arm per seed (from each run's ``summary.json``, as the sweep scored its trials),
   the paired difference proposal − winner per seed and overall, and the winner's optimism (its in-sample value minus
   its fresh-seed mean, signed so that positive means the sweep flattered it). Intervals are 95 %: across seeds ×
@@ -372,7 +373,7 @@ def verify(
     seeds, data_seed = fresh_seeds(sweep, trials, k)
     chosen = arms(sweep, proposal, trials)
     same = same_values(*chosen)  # no law beat the mean: the proposal is the winner's mixture, trained once
-    plan = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for s in seeds for arm in chosen[same:]]
+    plan = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for arm in chosen[same:] for s in seeds]
     done, how = run_arms(sweep, sweep_dir, plan, launcher, echo)
     if not done:
         return None
