@@ -107,8 +107,8 @@ def verify_budget(
         "data_seed": data_seed,
         "interval": ("seeds × items" if crossed else "t over seeds") if len(seeds) > 1 else "none: one seed",
         "family": f"Bonferroni over the {len(family)} arms compared with the full sweep's winner "
-        f"({', '.join(family)}): two-sided level {adjusted:.4f}; 'worse' is read from it (one-sided {1 - adjusted:.4f}"
-        f"/2, conservative)",
+        f"({', '.join(family)}): two-sided level {adjusted:.4f}; 'worse' is read from it (one-sided at "
+        f"{(1 - adjusted) / 2:.4f}, conservative)",
         "winner": {
             "trial": full["winner"]["number"],
             "values": scores["winner"].values,
@@ -157,8 +157,11 @@ def _compared(
             "adjusted": nothing,
             "worse": None,
         }
-    diff = paired_difference(scores[name], scores["winner"], crossed)
-    wide = paired_difference(scores[name], scores["winner"], crossed, adjusted)
+    if name == "winner":  # the budget kept the full sweep's winner: the same runs, 0 by construction
+        diff = wide = (0.0, 0.0, 0.0)
+    else:
+        diff = paired_difference(scores[name], scores["winner"], crossed)
+        wide = paired_difference(scores[name], scores["winner"], crossed, adjusted)
     worse = wide[2] < 0 if maximize else wide[1] > 0
     return {
         **kept,
@@ -178,7 +181,7 @@ def format_budget(report: dict[str, Any]) -> str:
     lines = [
         f"budget curve on fresh seeds {', '.join(map(str, report['seeds']))}: {report['objective']}",
         f"full sweep's winner (trial {w['trial']}): in-sample {w['in_sample']:.4f}, fresh seeds {w['mean']:.4f}",
-        f"{'k':>4} {'trained':<34} {'fresh mean':>10} {'− winner':>9}  95 % interval       adjusted",
+        f"{'k':>4} {'trained':<40} {'fresh mean':>10} {'− winner':>9}  95 % interval       adjusted",
     ]
     for r in report["rows"]:
         d, a = r["difference"], r["adjusted"]
@@ -186,9 +189,10 @@ def format_budget(report: dict[str, Any]) -> str:
             lines.append(f"{r['k']!s:>4} nothing: {r['why']}")
             continue
         what = f"{r['basis']} ({r['why']})" if r["basis"] == "law" else f"winner of {r['n_complete']} complete"
+        what += " = the winner" if r["arm"] == "winner" else ""
         verdict = {True: "  worse", False: "", None: ""}[r["worse"]]
         ci, wide = format_ci(d["low"], d["high"]), format_ci(a["low"], a["high"])
-        lines.append(f"{r['k']!s:>4} {what[:34]:<34} {r['mean']:>10.4f} {d['estimate']:>+9.4f}  {ci} {wide}{verdict}")
+        lines.append(f"{r['k']!s:>4} {what:<40} {r['mean']:>10.4f} {d['estimate']:>+9.4f}  {ci} {wide}{verdict}")
     lines.append(f"intervals: {report['interval']}; {report['family']}")
     lines += [f"note: {n}" for n in report.get("notes", [])]
     return "\n".join(lines)

@@ -137,7 +137,8 @@ def test_budget_curve_trains_each_budgets_mixture_on_the_verifications_seeds(tmp
     for seed in report["seeds"]:
         resolved = (sweep_dir / "verify" / "budget-6" / f"seed-{seed}" / "config.resolved.yaml").read_text()
         assert f"seed: {seed}" in resolved and f"data_seed: {report['data_seed']}" in resolved
-    for row in curve["rows"]:
+    assert two["difference"] == {"estimate": 0.0, "low": 0.0, "high": 0.0} and two["worse"] is False
+    for row in (six, full):
         d, a = row["difference"], row["adjusted"]
         assert row["mean"] - curve["winner"]["mean"] == pytest.approx(d["estimate"])
         assert a["low"] < d["low"] <= d["estimate"] <= d["high"] < a["high"]  # Bonferroni over 2 arms: wider
