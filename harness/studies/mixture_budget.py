@@ -82,9 +82,9 @@ def verify_budget(
     launcher: Optional[Launcher] = None,
     echo: Callable[[str], None] = print,
 ) -> Optional[dict[str, Any]]:
-    """Train every row's mixture on the verification's ``k`` fresh seeds (reusing finished runs: the verification's
-    two arms are trained first), compare each with the full sweep's winner and write ``budget.json``; None when the
-    launcher left the runs going."""
+    """Train every row's mixture on the verification's ``k`` fresh seeds (finished runs reused: the verification,
+    run first, trained the winner and the proposal), compare each with the full sweep's winner and write
+    ``budget.json``; None when the launcher left the runs going."""
     seeds, data_seed = fresh_seeds(sweep, trials, k)
     chosen, names = budget_arms(sweep, full, rows, trials)
     plan = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for arm in chosen for s in seeds]

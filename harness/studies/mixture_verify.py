@@ -11,9 +11,10 @@ then compared on the same held-out items by the sweep's own objective.
 - The proposal arm keeps the winner's other swept parameters (a learning rate, a stage length) and replaces only the
   mixture the proposal is about, so the comparison is of mixtures alone.
 - Runs go to ``<SWEEP_DIR>/verify/<proposal|winner>/seed-<s>/`` through a launcher (:mod:`harness.studies.launch`),
-  arm by arm (every seed of the first arm, then the next): a seed's later arms replay the stages before the swept one
-  from the stage cache, and runs started together (``--jobs``) are of different seeds, so no two of them train the
-  same shared stages at once; a finished run of the same experiment is reused, not retrained.
+  arm by arm (every seed of one arm, then the next, as :func:`~harness.studies.repro.jobs.run_planned` orders runs
+  that go side by side): a seed's later arms replay the stages before the swept one from the stage cache, and with
+  ``--jobs`` at most K the runs started together are of different seeds; a finished run of the same experiment is
+  reused, not retrained.
 - The report: the objective of each arm per seed (from each run's ``summary.json``, as the sweep scored its trials),
   the paired difference proposal − winner per seed and overall, and the winner's optimism (its in-sample value minus
   its fresh-seed mean, signed so that positive means the sweep flattered it). Intervals are 95 %: across seeds ×
@@ -313,7 +314,8 @@ def compare(
     proposal is the winner's mixture, read from the winner's runs (difference 0 by construction)."""
     objective = sweep.objectives[0]
     notes: list[str] = []
-    scores = {arm: arm_scores(objective, sweep_dir, arm, seeds, notes) for arm in ARMS[same:]}
+    read = ["winner"] if same else list(ARMS)
+    scores = {arm: arm_scores(objective, sweep_dir, arm, seeds, notes) for arm in read}
     scores = {"proposal": scores["winner"], **scores} if same else scores
     crossed = itemised(list(scores.values()), notes)
     values = {arm: s.values for arm, s in scores.items()}
@@ -368,12 +370,15 @@ def verify(
     launcher: Optional[Launcher] = None,
     echo: Callable[[str], None] = print,
 ) -> Optional[dict[str, Any]]:
-    """Train both arms on ``k`` fresh seeds (reusing finished runs), compare them and write ``verify.json``;
-    returns its content, or None when the launcher left the runs going (detached)."""
+    """Train both arms on ``k`` fresh seeds (one arm when the proposal is the winner's mixture; finished runs
+    reused), compare them and write ``verify.json``; returns its content, or None when the launcher left the runs
+    going (detached)."""
     seeds, data_seed = fresh_seeds(sweep, trials, k)
     chosen = arms(sweep, proposal, trials)
-    same = same_values(*chosen)  # no law beat the mean: the proposal is the winner's mixture, trained once
-    plan = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for arm in chosen[same:] for s in seeds]
+    # the proposal is the winner's mixture (no law beat the mean, or the law's optimum is the winner's trial): one arm
+    same = same_values(*chosen)
+    trained = [arm for arm in chosen if not (same and arm.name == "proposal")]
+    plan = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for arm in trained for s in seeds]
     done, how = run_arms(sweep, sweep_dir, plan, launcher, echo)
     if not done:
         return None

@@ -80,7 +80,7 @@ def test_verify_trains_both_arms_on_fresh_seeds_and_reuses_them(tmp_path):
             assert f"seed: {seed}" in resolved and f"data_seed: {report['data_seed']}" in resolved
     # arm by arm: the winner's first stage, identical to the proposal's of the same seed, comes from the stage cache
     assert all(run["cached_steps"] > 0 for run in runs["winner"].values())
-    # and runs started together (--jobs) are of different seeds: every proposal seed is planned before the winner's
+    # planned arm by arm (as run_planned orders runs that go side by side): every proposal seed before the winner's
     planned = [line.split()[0] for line in result.output.splitlines() if ": to run" in line]
     assert planned == ["proposal"] * 2 + ["winner"] * 2, planned
     assert report["arms"]["proposal"]["values"][PATH] == pytest.approx(proposal["mixture"])
