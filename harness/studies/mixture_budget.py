@@ -36,17 +36,18 @@ from harness.studies.mixture_verify import (
     arm_experiment,
     arm_scores,
     arms,
+    distinct_arms,
     format_ci,
     fresh_seeds,
+    interval_kind,
     itemised,
     own_seed_notes,
     paired_difference,
     run_arms,
-    run_dir,
+    run_records,
     same_values,
 )
 from harness.studies.sweep.space import Sweep
-from harness.studies.sweep.worker import cached_steps
 
 BUDGET_NAME = "budget.json"
 
@@ -55,8 +56,7 @@ def budget_arms(sweep: Sweep, full: dict[str, Any], rows: list[dict[str, Any]], 
     """The arms to train (the full sweep's proposal and winner first) and each row's arm name (None: nothing to
     train). A row's arm keeps the other swept values (a learning rate, a stage length) of *its own* in-sample winner,
     what a researcher who stopped after ``k`` trials would have; a row whose arm is an earlier one's uses it."""
-    chosen = arms(sweep, full, trials)
-    chosen = chosen[1:] if same_values(*chosen) else chosen  # the full proposal is the winner: one arm
+    chosen = distinct_arms(arms(sweep, full, trials))
     names: list[Optional[str]] = []
     for row in rows:
         if row["mixture"] is None:  # no trial of the budget completed: nothing to train
@@ -105,7 +105,7 @@ def verify_budget(
         "direction": objective.direction,
         "seeds": seeds,
         "data_seed": data_seed,
-        "interval": ("seeds × items" if crossed else "t over seeds") if len(seeds) > 1 else "none: one seed",
+        "interval": interval_kind(crossed, len(seeds)),
         "family": f"Bonferroni over the {len(family)} arms compared with the full sweep's winner "
         f"({', '.join(family)}): two-sided level {adjusted:.4f}; 'worse' is read from it (one-sided at "
         f"{(1 - adjusted) / 2:.4f}, conservative)",
@@ -116,17 +116,7 @@ def verify_budget(
             "in_sample": full["winner"]["observed"],
         },
         "rows": [_compared(row, name, scores, crossed, adjusted, maximize) for row, name in zip(rows, names)],
-        "runs": {
-            name: {
-                str(s): {
-                    "run_dir": str(run_dir(sweep_dir, name, s)),
-                    "how": how[f"{name} seed {s}"],
-                    "cached_steps": cached_steps(run_dir(sweep_dir, name, s)),
-                }
-                for s in seeds
-            }
-            for name in scores
-        },
+        "runs": {name: run_records(sweep_dir, name, seeds, how) for name in scores},
         "notes": notes,
     }
     atomic_write_text(Path(sweep_dir) / BUDGET_NAME, json.dumps(json_safe(report), indent=2) + "\n")

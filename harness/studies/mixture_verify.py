@@ -121,6 +121,30 @@ def same_values(a: Arm, b: Arm) -> bool:
     return True
 
 
+def distinct_arms(chosen: list[Arm]) -> list[Arm]:
+    """The proposal and the winner, or the winner alone when the proposal is its mixture (no law beat the mean, or
+    the law's optimum is the winner's trial): one experiment is trained once."""
+    proposal, winner = chosen
+    return [winner] if same_values(proposal, winner) else chosen
+
+
+def run_records(sweep_dir: Path, arm: str, seeds: list[int], how: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Where each seed's run of ``arm`` is, whether it was trained or reused, and how many of its steps were
+    replayed from the stage cache (the stages before the swept one)."""
+    records = {}
+    for seed in seeds:
+        out = run_dir(sweep_dir, arm, seed)
+        records[str(seed)] = {"run_dir": str(out), "how": how[f"{arm} seed {seed}"], "cached_steps": cached_steps(out)}
+    return records
+
+
+def interval_kind(crossed: bool, n_seeds: int) -> str:
+    """How the report's intervals were made: across seeds × items, Student-t over the seeds, or none."""
+    if n_seeds < 2:
+        return "none: one seed"
+    return "seeds × items" if crossed else "t over seeds"
+
+
 def arm_experiment(sweep: Sweep, arm: Arm, seed: int, data_seed: int) -> Experiment:
     """The sweep's base with the arm's values, on model seed ``seed`` and task-data seed ``data_seed``."""
     raw = sweep.experiment_raw(arm.values)
@@ -321,20 +345,14 @@ def compare(
     values = {arm: s.values for arm, s in scores.items()}
     sign = 1.0 if objective.direction == "maximize" else -1.0
     diff = (0.0, 0.0, 0.0) if same else paired_difference(scores["proposal"], scores["winner"], crossed)
-    if crossed:
-        fresh = _proportion_interval(scores["winner"].table)
-        how = "seeds × items"
-    else:
-        fresh, how = _seed_interval(values["winner"]), "t over seeds"
-    if len(seeds) < 2:
-        how = "none: one seed"
+    fresh = _proportion_interval(scores["winner"].table) if crossed else _seed_interval(values["winner"])
     keys = next((s.keys for s in scores.values() if s.keys is not None), None)  # the same in every arm (itemised)
     observed = float(proposal["winner"]["observed"])
     bounds = sorted(sign * (observed - b) for b in fresh[1:])
     report = {
         "objective": objective.describe(),
         "direction": objective.direction,
-        "interval": how,
+        "interval": interval_kind(crossed, len(seeds)),
         "n_seeds": len(seeds),
         "n_items": len(keys) if keys else None,
         "same_items": keys is not None,
@@ -375,9 +393,8 @@ def verify(
     going (detached)."""
     seeds, data_seed = fresh_seeds(sweep, trials, k)
     chosen = arms(sweep, proposal, trials)
-    # the proposal is the winner's mixture (no law beat the mean, or the law's optimum is the winner's trial): one arm
-    same = same_values(*chosen)
-    trained = [arm for arm in chosen if not (same and arm.name == "proposal")]
+    trained = distinct_arms(chosen)
+    same = len(trained) < len(chosen)
     plan = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for arm in trained for s in seeds]
     done, how = run_arms(sweep, sweep_dir, plan, launcher, echo)
     if not done:
@@ -386,24 +403,18 @@ def verify(
     notes += own_seed_notes(sweep)
     if same:
         notes.append("the proposal is the winner's mixture: the winner's runs stand for both arms (difference 0)")
-        plan += [("proposal", s, None) for s in seeds]
-        how |= {f"proposal seed {s}": how[f"winner seed {s}"] for s in seeds}
     report = {
         "sweep_dir": str(sweep_dir),
         "seeds": seeds,
         "data_seed": data_seed,
         "seed_rule": f"max(seeds the sweep used) + {FRESH_OFFSET} + i; data seed max + {FRESH_OFFSET} for all",
-        "arms": {arm.name: {"values": arm.values, "runs": {}} for arm in chosen},
+        "arms": {
+            arm.name: {"values": arm.values, "runs": run_records(sweep_dir, "winner" if same else arm.name, seeds, how)}
+            for arm in chosen
+        },
         **report,
         "notes": notes,
     }
-    for arm, seed, _ in plan:
-        out = run_dir(sweep_dir, "winner" if same else arm, seed)
-        report["arms"][arm]["runs"][str(seed)] = {
-            "run_dir": str(out),
-            "how": how[f"{arm} seed {seed}"],
-            "cached_steps": cached_steps(out),  # replayed from the stage cache (stages before the swept one)
-        }
     atomic_write_text(Path(sweep_dir) / VERIFY_NAME, json.dumps(json_safe(report), indent=2) + "\n")
     return report
 
