@@ -41,6 +41,13 @@ def mixture(
         "sweep's first k trials, trained on the same fresh seeds and compared with the full sweep's winner; write "
         "SWEEP_DIR/budget.json.",
     ),
+    steer: Optional[list[str]] = typer.Option(
+        None,
+        "--steer",
+        help="With --verify: train an adaptive method instead of a fixed mixture (one run per seed, from the uniform "
+        "start; groupdro steers by the sweep's objective on a steering split), repeatable, and compare it with the "
+        "winner on the same seeds; write SWEEP_DIR/steer.json.",
+    ),
     jobs: int = typer.Option(1, "--jobs", min=1, help="With --verify: runs at once on this machine (processes)."),
     launcher: Optional[str] = LauncherOption,
     slurm: Optional[list[str]] = SlurmOption,
@@ -58,6 +65,7 @@ def mixture(
     choice = _verify_choice(sweep_dir, verify, jobs, launcher, slurm, detach)
     if budget and verify is None:
         raise_usage("harness mixture: --budget trains each budget's mixture: it needs --verify K")
+    _check_steer(steer, verify)
     trials, config = load_sweep(sweep_dir), read_sweep_config(sweep_dir)
     too_many = [k for k in budget or [] if not 1 <= k < len(trials)]
     if too_many:
@@ -85,7 +93,23 @@ def mixture(
         typer.echo(f"first {row['k']} trials: {row['basis']} ({row['why']}) → {mixture}")
     if rows:
         rows.append(budget_row(proposal.to_json(), "all"))
-    _verify(sweep_dir, proposal.to_json(), trials.to_dicts(), verify, jobs, choice, detach, rows)
+    _verify(sweep_dir, proposal.to_json(), trials.to_dicts(), verify, jobs, choice, detach, rows, steer or [])
+
+
+def _check_steer(steer: Optional[list[str]], verify: Optional[int]) -> None:
+    """One line, exit 2, for --steer without --verify or with a method that is not a controller."""
+    if not steer:
+        return
+    if verify is None:
+        raise_usage("harness mixture: --steer trains each method on the fresh seeds: it needs --verify K")
+    from harness.core.registry import MIXTURE_CONTROLLERS, suggest
+
+    known = MIXTURE_CONTROLLERS.names()
+    for method in steer:
+        if method not in MIXTURE_CONTROLLERS:
+            raise_usage(
+                f"harness mixture: --steer {method}: unknown method{suggest(method, known)}; known: {', '.join(known)}"
+            )
 
 
 def _verify_choice(sweep_dir: Path, verify, jobs: int, launcher, slurm, detach: bool):
@@ -114,13 +138,23 @@ def _verify_choice(sweep_dir: Path, verify, jobs: int, launcher, slurm, detach: 
 
 
 def _verify(
-    sweep_dir: Path, proposal: dict, trials: list[dict], k: int, jobs: int, choice, detach: bool, rows: list[dict]
+    sweep_dir: Path,
+    proposal: dict,
+    trials: list[dict],
+    k: int,
+    jobs: int,
+    choice,
+    detach: bool,
+    rows: list[dict],
+    steer: list[str],
 ) -> None:
     """Train both arms on ``k`` fresh seeds, print the comparison, write ``verify.json``; with budget ``rows``,
-    train each row's mixture on the same seeds too and write ``budget.json``."""
+    train each row's mixture on the same seeds too and write ``budget.json``; with ``steer`` methods, each steered
+    arm, and write ``steer.json``."""
     from harness.config import ConfigError
     from harness.studies.launch import JobsFailed, make_launcher
     from harness.studies.mixture_budget import BUDGET_NAME, format_budget, verify_budget
+    from harness.studies.mixture_steer import STEER_NAME, format_steering, verify_steering
     from harness.studies.mixture_verify import VERIFY_DIR, VERIFY_NAME, format_verification, verify
     from harness.studies.sweep import load_resolved
 
@@ -129,7 +163,7 @@ def _verify(
     runs = make_launcher(
         choice, folder, jobs=jobs, echo=typer.echo, job_name=f"harness-verify-{sweep.name}", detach=detach
     )
-    written = "verify.json" + (" and budget.json" if rows else "")
+    written = ", ".join(["verify.json"] + (["budget.json"] if rows else []) + (["steer.json"] if steer else []))
     try:
         report = verify(sweep, Path(sweep_dir), proposal, trials, k, runs, typer.echo)
         if report is not None:
@@ -141,13 +175,21 @@ def _verify(
             if report and rows
             else None
         )
+        steered = (
+            verify_steering(sweep, Path(sweep_dir), proposal, steer, trials, k, runs, typer.echo)
+            if report and steer
+            else None
+        )
     except (ConfigError, ValueError) as e:
         raise_usage(f"harness mixture --verify: {e}")
     except JobsFailed as e:
         raise_usage(f"harness mixture --verify: {e}", 1)
-    if report is None or (rows and curve is None):
+    if report is None or (rows and curve is None) or (steer and steered is None):
         typer.echo(f"the jobs run on: this command again follows them, then writes {written}")
         return
     if curve is not None:
         typer.echo(format_budget(curve))
         typer.echo(f"budget curve → {Path(sweep_dir) / BUDGET_NAME}")
+    if steered is not None:
+        typer.echo(format_steering(steered))
+        typer.echo(f"steering → {Path(sweep_dir) / STEER_NAME}")

@@ -10,12 +10,31 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from pydantic import ValidationError
 
 from harness.config.errors import yaml_errors
 from harness.core.registry import MIXTURE_CONTROLLERS, suggest
+
+STEERING_SPLITS = ("heldout_template", "heldout")  # what a steering split imitates (it never holds their items)
+STEERING_METRICS = ("greedy", "tf_exact", "tf_first")
+STEERING_EVERY = 50  # the signal steering_error's default update interval: a measurement costs an evaluation
+
+
+@dataclass(frozen=True)
+class SteeringSplit:
+    """The items a ``steering_error`` signal is measured on: ``items`` per steered task, drawn like the task's
+    ``split`` (another draw of its recipe) but never one of the examples of any pool the run trains on or reports
+    (:mod:`harness.runs.steering_split`); ``metric``: the proportion measured on them (greedy exact match, or a
+    teacher-forced one)."""
+
+    split: str = "heldout_template"
+    metric: str = "greedy"
+    items: int = 32
+
+    def to_yaml(self) -> dict[str, Any]:
+        return {"split": self.split, "metric": self.metric, "items": self.items}
 
 
 @dataclass(frozen=True)
@@ -25,8 +44,10 @@ class AdaptiveSpec:
     ``start``: ``{}`` for natural (pool sizes) over every task of ``tasks``, else the explicit start weights;
     ``every``: steps between updates; ``floor``: each task's sampling probability is at least this (the controller's
     output is mixed with the uniform distribution: p ← (1 − K·floor)·p + floor); ``signal``: what the controller
-    reads (``train_loss``: the per-task training cross-entropy of the steps since the last update); ``params``: the
-    method's own settings, defaults filled (odm: ``alpha``; doremi: ``eta``, ``smoothing``, ``reference``)."""
+    reads (``train_loss``: the per-task training cross-entropy of the steps since the last update;
+    ``steering_error``: one minus a metric on the stage's steering split, measured at each update); ``params``: the
+    method's own settings, defaults filled (odm: ``alpha``; doremi: ``eta``, ``smoothing``, ``reference``);
+    ``steering``: the steering split, for the signal ``steering_error`` only."""
 
     method: str
     tasks: tuple[str, ...]
@@ -35,6 +56,7 @@ class AdaptiveSpec:
     floor: float
     signal: str
     params: tuple[tuple[str, Any], ...]
+    steering: Optional[SteeringSplit] = None
 
     def param(self, name: str) -> Any:
         return dict(self.params)[name]
@@ -47,6 +69,7 @@ class AdaptiveSpec:
             "every": self.every,
             "floor": self.floor,
             "signal": self.signal,
+            **({"steering": self.steering.to_yaml()} if self.steering else {}),
             **{k: _yaml_value(v) for k, v in self.params},
         }
 
@@ -166,7 +189,7 @@ def parse_mixture(raw: Any, path: str, tasks: list[str], errors: list[tuple[str,
     return Mixture("weights", parsed, {})
 
 
-_SHARED_KEYS = ("method", "tasks", "start", "every", "floor", "signal")
+_SHARED_KEYS = ("method", "tasks", "start", "every", "floor", "signal", "steering")
 
 
 def parse_adaptive(raw: dict, path: str, tasks: list[str], errors: list[tuple[str, str]]) -> Mixture | None:
@@ -199,7 +222,11 @@ def parse_adaptive(raw: dict, path: str, tasks: list[str], errors: list[tuple[st
         )
     chosen = _adaptive_tasks(spec, where, tasks, errors)
     start = _adaptive_start(spec.get("start", "natural"), f"{where}.start", chosen, errors)
-    every = spec.get("every", 1)
+    signal = spec.get("signal", controller.signals[0])
+    if signal not in controller.signals:
+        errors.append((f"{where}.signal", f"method {method} reads {' | '.join(controller.signals)}, got {signal!r}"))
+    steering = _steering_split(spec, signal, f"{where}.steering", errors)
+    every = spec.get("every", STEERING_EVERY if signal == "steering_error" else 1)
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         errors.append((f"{where}.every", f"every must be a whole number of steps >= 1, got {every!r}"))
     floor = spec.get("floor", 0.01)
@@ -207,9 +234,6 @@ def parse_adaptive(raw: dict, path: str, tasks: list[str], errors: list[tuple[st
         errors.append(
             (f"{where}.floor", f"floor must be a number in [0, 1/K) for K = {len(chosen)} tasks, got {floor!r}")
         )
-    signal = spec.get("signal", controller.signals[0])
-    if signal not in controller.signals:
-        errors.append((f"{where}.signal", f"method {method} reads {' | '.join(controller.signals)}, got {signal!r}"))
     own = {key: spec[key] for key in defaults if key in spec}
     try:
         controller.Params.model_validate(own, context={"tasks": chosen})
@@ -221,8 +245,33 @@ def parse_adaptive(raw: dict, path: str, tasks: list[str], errors: list[tuple[st
         params.append((key, tuple(sorted(value.items())) if isinstance(value, dict) else value))
     if len(errors) > n_before:
         return None
-    adaptive = AdaptiveSpec(method, tuple(chosen), tuple(start.items()), every, float(floor), signal, tuple(params))
+    adaptive = AdaptiveSpec(
+        method, tuple(chosen), tuple(start.items()), every, float(floor), signal, tuple(params), steering
+    )
     return Mixture("adaptive", {t: 1.0 for t in chosen}, {}, adaptive=adaptive)
+
+
+def _steering_split(spec: dict, signal: str, where: str, errors: list[tuple[str, str]]) -> Optional[SteeringSplit]:
+    """The steering split of a ``steering_error`` signal (defaults filled); None for any other signal."""
+    raw = spec.get("steering", {})
+    if signal != "steering_error":
+        if "steering" in spec:
+            errors.append((where, f"a steering split is read by the signal steering_error only, not {signal!r}"))
+        return None
+    if not isinstance(raw, dict):
+        errors.append((where, f"steering must be {{split, metric, items}}, got {raw!r}"))
+        return None
+    default = SteeringSplit()
+    for key in sorted(set(raw) - {"split", "metric", "items"}):
+        errors.append((f"{where}.{key}", f"unknown key {key!r}{suggest(str(key), ['split', 'metric', 'items'])}"))
+    split, metric, items = (raw.get(k, getattr(default, k)) for k in ("split", "metric", "items"))
+    if split not in STEERING_SPLITS:
+        errors.append((f"{where}.split", f"split must be one of {', '.join(STEERING_SPLITS)}, got {split!r}"))
+    if metric not in STEERING_METRICS:
+        errors.append((f"{where}.metric", f"metric must be one of {', '.join(STEERING_METRICS)}, got {metric!r}"))
+    if isinstance(items, bool) or not isinstance(items, int) or items < 8:
+        errors.append((f"{where}.items", f"items must be a whole number >= 8 per task, got {items!r}"))
+    return SteeringSplit(split, metric, items)
 
 
 def _adaptive_tasks(spec: dict, where: str, tasks: list[str], errors: list[tuple[str, str]]) -> list[str]:

@@ -38,6 +38,7 @@ from harness.runs.prepare import (
 from harness.runs.rundir import claim_run_dir, clear_run_outputs, unique_run_name
 from harness.runs.stage_cache import StageCache
 from harness.runs.stage_plan import StagePlan, plan_stage
+from harness.runs.steering_split import SteeringSplits
 from harness.runs.tracking import Tracker
 from harness.training import parallel as distributed
 from harness.training.adapters import (
@@ -137,6 +138,7 @@ def _run_claimed(
     too_long = encoded.too_long_counts()
     stages = exp.resolved_stages()
     plans = [plan_stage(exp, s, i, encoded.train, tokenizer.pad_token_id) for i, s in enumerate(stages)]
+    steering = SteeringSplits(exp, data, stages, tokenizer)  # adaptive stages steered by a held-out signal
 
     # -- where to start, decided once: after the stages the stage cache holds, or where a resume point left off
     cache = StageCache.for_run(exp, stages, data, base.info, model, run_dir, run_id, console)
@@ -165,7 +167,7 @@ def _run_claimed(
     flagged = [t["id"] for t in base.undertrained or []]
     model, init = starting_model(model, start, stages, run_dir, base.added, flagged)
     run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, base.added, tracker, evals, init)
-    run.baselines, run.undertrained, run.too_long = baselines, base.undertrained, too_long
+    run.baselines, run.undertrained, run.too_long, run.steering = baselines, base.undertrained, too_long, steering
     step = _train_stages(run, model, start, cache, summary_stages, on_progress)
     summary = _close_run(run, step, summary_stages, base.info, started, start.resumed_from)
     return finish_run(exp, run_dir, summary, console)
@@ -238,6 +240,7 @@ def _run_stage(
                 save_checkpoint=save_resume_point_at,
                 progress=after_progress(on_progress, advance),
                 kill_at=distributed.kill_step(exp.debug.kill_rank),
+                measure_steering=run.steering.measure(index, stage, model, distributed.current()),
             ),
             resume=loop_state,
         )
@@ -371,6 +374,7 @@ class _Run:
     baselines: dict[str, Any] = field(default_factory=dict)  # summary.json's "baselines"
     undertrained: Optional[list[dict]] = None  # the base model's flagged special tokens (summary.json); None: unchecked
     too_long: dict[str, int] = field(default_factory=dict)  # eval items dropped as too long, per "task/split"
+    steering: Any = None  # harness.runs.steering_split.SteeringSplits: the signal steering_error's items
 
     @property
     def undertrained_ids(self) -> list[int]:

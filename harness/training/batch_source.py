@@ -4,6 +4,8 @@ step's batch from the weights of its controller's last update (:class:`harness.t
 
 Both hand the loop this rank's slice of each global batch (``parallel.shard``) and the global batch's largest task
 share (``train/batch_task_share_max`` is about the batch the mixture sampler drew, not one rank's slice of it).
+An adaptive stage whose signal is ``steering_error`` measures it on the model through the loop's
+``measure_steering`` (the runs layer's evaluation of the steering split) at each update.
 """
 
 from __future__ import annotations
@@ -62,11 +64,10 @@ class SteeredBatches:
     """An adaptive stage's stream (:class:`harness.data.steering.stream.AdaptiveStream`), fed the per-task training
     losses by :class:`~harness.training.steering.Steering`; each step's batch is drawn when the step begins."""
 
-    def __init__(self, stream, tasks: list[str], stage: str, parallel, mixture, steer, device: torch.device):
+    def __init__(self, stream, steering: Steering, mixture):
         if mixture is not None:  # a resumed stage: the stream continues where its resume point left it
             stream.load(mixture)
-        self.stream = stream
-        self.steering = Steering(stream, tasks, stage, parallel, device, steer)
+        self.stream, self.steering = stream, steering
 
     def __len__(self) -> int:
         return len(self.stream)
@@ -97,11 +98,21 @@ class SteeredBatches:
         return self.stream.state(), self.steering.state()
 
 
-def batch_source(
-    batches, tasks: list[str], stage: str, parallel, state, device: torch.device
-) -> StaticBatches | SteeredBatches:
-    """The source of a stage's batches: ``batches`` is a list (a static stage) or an adaptive stream; ``state`` is the
-    :class:`harness.training.loop.LoopState` the stage starts from; ``device``: the training device."""
+def batch_source(batches, loop, parallel, state, model) -> StaticBatches | SteeredBatches:
+    """The source of a stage's batches: ``batches`` is a list (a static stage) or an adaptive stream; ``loop``: the
+    stage's :class:`harness.training.loop.StageLoop`; ``state``: the :class:`harness.training.loop.LoopState` it
+    starts from; ``model``: the model being trained (on its training device)."""
     if isinstance(batches, list):
         return StaticBatches(batches, parallel)
-    return SteeredBatches(batches, tasks, stage, parallel, state.mixture, state.steer, device)
+    measure = None
+    if batches.spec.signal == "steering_error":
+        if loop.measure_steering is None:
+            raise ValueError(f"stage {loop.stage!r}: the signal steering_error needs a steering split to measure")
+
+        def measure() -> dict[str, tuple[float, int, float, float]]:
+            parallel.sync(model)  # FSDP: the measured weights are the trained replica's
+            return loop.measure_steering()
+
+    device = next(model.parameters()).device
+    steering = Steering(batches, loop.tasks, loop.stage, parallel, device, state.steer, measure)
+    return SteeredBatches(batches, steering, state.mixture)

@@ -159,6 +159,7 @@ class StageLoop:
     save_checkpoint: Callable[[int, LoopState], None]
     progress: Callable[[int], None]
     kill_at: Optional[int]  # debug.kill_rank: the global step at which this process SIGKILLs itself
+    measure_steering: Optional[Callable[[], dict[str, tuple[float, int, float, float]]]]  # steering_error's signal
 
     def __init__(
         self,
@@ -175,6 +176,7 @@ class StageLoop:
         save_checkpoint: Optional[Callable[[int, LoopState], None]] = None,
         progress: Optional[Callable[[int], None]] = None,
         kill_at: Optional[int] = None,
+        measure_steering: Optional[Callable[[], dict[str, tuple[float, int, float, float]]]] = None,
         **train_settings: Any,
     ):
         unknown = sorted(set(train_settings) - set(TrainSpec.model_fields))
@@ -191,6 +193,9 @@ class StageLoop:
         self.save_checkpoint = save_checkpoint if save_checkpoint is not None else _no_resume_point
         self.progress = progress if progress is not None else _no_progress
         self.kill_at = kill_at
+        # the signal steering_error's measurement on the stage's steering split, in the runs layer (which may read
+        # the evaluators): {task: (error, n, ci_low, ci_high)}; every rank calls it together
+        self.measure_steering = measure_steering
 
 
 def _no_resume_point(step: int, state: LoopState) -> None:
@@ -336,7 +341,7 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState], c
     parallel = distributed.loop_hooks(train.parallel)  # SingleProcess in one process
     state = resume or LoopState()
     device = next(model.parameters()).device
-    source = batch_source(batches, loop.tasks, loop.stage, parallel, state, device)
+    source = batch_source(batches, loop, parallel, state, model)
     if started_rows := source.start_rows(state.batch_index, loop.start_step):  # an adaptive stage's start weights
         loop.log(started_rows, loop.start_step)
     # What the optimiser trains: ``model`` itself, or under FSDP a sharded replica whose weights are synced back

@@ -1,7 +1,8 @@
 """The loop's side of an adaptive mixture: per-task training-loss sums since the controller's last update (made on
 the training device, a resumed stage's too: no per-step host copy), all-reduced over data-parallel ranks at each
-update so every rank feeds its stream the same numbers, and the weight trajectory as ``mixture_weight`` rows (split
-``train``, one per task).
+update so every rank feeds its stream the same numbers — or, for the signal ``steering_error``, each task's error on
+the steering split measured at the update —, and the weight trajectory as ``mixture_weight`` rows (split ``train``,
+one per task).
 
 The stream itself (:class:`harness.data.steering.stream.AdaptiveStream`) draws the global batch; each rank trains
 its slice of it (``parallel.shard``), exactly as with a precomputed static stream.
@@ -10,7 +11,7 @@ its slice of it (``parallel.shard``), exactly as with a precomputed static strea
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -22,7 +23,9 @@ from harness.data.batches import task_share_max
 class Steering:
     """Feeds ``stream`` (an AdaptiveStream) every ``stream.spec.every`` steps of the stage; ``state`` continues the
     partial sums of a resumed stage (this rank's own); ``parallel``: the loop's hooks
-    (:func:`harness.training.parallel.loop_hooks`); ``device``: the training device, where the sums live."""
+    (:func:`harness.training.parallel.loop_hooks`); ``device``: the training device, where the sums live;
+    ``measure``: the signal ``steering_error``'s measurement (``{task: (error, n, low, high)}``), which then replaces
+    the training losses and is logged as ``steering_error`` rows (split ``train``) with its item count and interval."""
 
     def __init__(
         self,
@@ -32,8 +35,9 @@ class Steering:
         parallel,
         device: torch.device,
         state: Optional[dict[str, Any]] = None,
+        measure: Optional[Callable[[], dict[str, tuple[float, int, float, float]]]] = None,
     ):
-        self.stream, self.stage, self.parallel = stream, stage, parallel
+        self.stream, self.stage, self.parallel, self.measure = stream, stage, parallel, measure
         self.global_share: Optional[float] = None  # the last global batch's largest task share (next_batch)
         self.columns = [loop_tasks.index(t) for t in stream.tasks]  # the stream's tasks among the loop's
         zeros = [0.0] * len(loop_tasks)
@@ -59,13 +63,22 @@ class Steering:
         return the new weights' rows; otherwise nothing."""
         if (batch_index + 1) % self.stream.spec.every:
             return []
-        sums = self.parallel.all_reduce_sum(torch.stack([self.loss_sum, self.token_count]))
-        loss_sum, count = sums.cpu().numpy()[:, self.columns]
-        losses = np.where(count > 0, loss_sum / np.maximum(count, 1.0), math.nan)
-        self.stream.observe(losses)
+        measured: list[Row] = []
+        if self.measure is not None:  # steering_error: every rank measures the same model on the steering split
+            errors = self.measure()
+            signal = np.array([errors[t][0] for t in self.stream.tasks])
+            measured = [
+                Row(self.stage, step, t, "train", "steering_error", errors[t][0], None, *errors[t][1:])
+                for t in self.stream.tasks
+            ]
+        else:
+            sums = self.parallel.all_reduce_sum(torch.stack([self.loss_sum, self.token_count]))
+            loss_sum, count = sums.cpu().numpy()[:, self.columns]
+            signal = np.where(count > 0, loss_sum / np.maximum(count, 1.0), math.nan)
+        self.stream.observe(signal)
         self.loss_sum.zero_()
         self.token_count.zero_()
-        return self.weight_rows(step)
+        return measured + self.weight_rows(step)
 
     def weight_rows(self, step: int) -> list[Row]:
         """The weights the next draws use, one ``mixture_weight`` row per task."""

@@ -1,7 +1,8 @@
 """What every adaptive-mixture controller shares: its interface, the floor, and its state as JSON.
 
 A controller is a small deterministic state machine over numpy arrays (no RNG, no torch): given the per-task
-training loss of the steps since its last update (``nan`` for a task no step drew), how many examples of each
+training loss of the steps since its last update (``nan`` for a task no step drew) — or, for the signal
+``steering_error``, each task's error on the stage's steering split measured now —, how many examples of each
 task those steps drew and the distribution they were drawn from, it moves its sampling distribution. The stream
 (:mod:`harness.data.steering.stream`) samples from ``floored(controller.probs(), floor)``; every data-parallel rank
 holds the same controller and feeds it the same all-reduced numbers, so all ranks draw the same global batch.
@@ -28,7 +29,8 @@ def floored(probs: np.ndarray, floor: float) -> np.ndarray:
 
 
 class Controller(Plugin):
-    """The interface: ``probs()``, ``update(losses, examples, sampled)``, ``state()`` / ``load(state)``.
+    """The interface: ``begin(updates)``, ``probs()``, ``update(losses, examples, sampled)``, ``state()`` /
+    ``load(state)``.
 
     ``sampled``: the distribution the stream drew those examples from — ``floored(probs(), floor)``, not
     ``probs()``; ``None`` (a caller without a floor): ``probs()`` itself. A controller that weights by the chance of a
@@ -51,6 +53,10 @@ class Controller(Plugin):
         self.start = np.asarray(start, dtype=np.float64) / np.sum(start)
         self.params = params
         self.reference = None if reference is None else np.asarray(reference, dtype=np.float64)
+
+    def begin(self, updates: int) -> None:
+        """Told once, before the stage's first draw, how many updates the stage will make (a fixed-horizon step size
+        needs it); most controllers ignore it."""
 
     def probs(self) -> np.ndarray:
         raise NotImplementedError

@@ -22,8 +22,9 @@ from harness.data.stream import Cycler
 
 class AdaptiveStream:
     """``len(stream)`` steps; ``next_batch()`` draws the next one; ``observe(losses)`` feeds the controller the
-    per-task mean training loss of the steps since its last update (``nan`` where none); ``state()`` / ``load()``
-    for resume points. ``composition`` is the effective composition of what has been drawn so far (live)."""
+    per-task mean training loss of the steps since its last update (``nan`` where none), or its signal's values;
+    ``state()`` / ``load()`` for resume points. ``composition`` is the effective composition of what has been drawn
+    so far (live)."""
 
     def __init__(
         self,
@@ -43,6 +44,7 @@ class AdaptiveStream:
         self.controller = MIXTURE_CONTROLLERS.get(spec.method)(
             np.array([start[t] for t in self.tasks]), dict(spec.params), ref
         )
+        self.controller.begin(steps // spec.every)  # the updates the stage will make (Steering.after_step's rule)
         self.cursors = {t: Cycler(len(pools[t]), rng) for t in self.tasks}
         self.position = 0  # batches drawn
         self.pending = np.zeros(len(self.tasks))  # examples per task drawn since the last update

@@ -1,0 +1,152 @@
+"""Steering judged as a sweep's pick is judged: ``harness mixture SWEEP_DIR --verify K --steer groupdro``. Each
+adaptive method named trains *one* arm — the sweep's winner's other swept values, its swept mixture replaced by the
+method over the same tasks from the uniform start (what a researcher knows without a sweep) — on the verification's
+K fresh seeds and fresh data seed (:mod:`harness.studies.mixture_verify`), and is compared with the full sweep's
+winner on the same seeds and items: the paired difference with its interval (seeds × items where the objective is
+itemised), Bonferroni-adjusted over the methods named, and its cost (one run against the sweep's trials).
+
+A method that reads the signal ``steering_error`` (``groupdro``) steers by the sweep's own objective — its metric on
+a steering split imitating the objective's split, disjoint from every pool the run reports
+(:mod:`harness.runs.steering_split`); the others read the training loss. Runs go to
+``SWEEP_DIR/verify/steer-<method>/seed-<s>/``; the report to ``steer.json`` (atomic); :func:`format_steering` is the
+table the command prints.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from harness.core.jsonl import json_safe
+from harness.core.registry import MIXTURE_CONTROLLERS
+from harness.core.stats import CONFIDENCE
+from harness.core.store import atomic_write_text
+from harness.studies.launch import Launcher
+from harness.studies.mixture_verify import (
+    Arm,
+    arm_experiment,
+    arm_scores,
+    arms,
+    format_ci,
+    fresh_seeds,
+    interval_kind,
+    itemised,
+    own_seed_notes,
+    paired_difference,
+    run_arms,
+    run_records,
+)
+from harness.studies.sweep.space import Sweep
+
+STEER_NAME = "steer.json"
+
+
+def steering_mixture(method: str, tasks: list[str], objective) -> dict[str, Any]:
+    """The adaptive mixture of a steered arm: ``method`` over ``tasks`` from the uniform start; a method that can
+    read ``steering_error`` reads it, measured with the objective's metric on a split imitating the objective's."""
+    spec: dict[str, Any] = {"method": method, "tasks": list(tasks), "start": {t: 1.0 / len(tasks) for t in tasks}}
+    if "steering_error" in MIXTURE_CONTROLLERS.get(method).signals:
+        spec.update(signal="steering_error", steering={"split": objective.split, "metric": objective.metric})
+    return {"adaptive": spec}
+
+
+def steered_arms(sweep: Sweep, full: dict[str, Any], trials: list[dict[str, Any]], methods: list[str]) -> list[Arm]:
+    """One arm per method: the winner's swept values with its swept mixture (the proposal's path) steered."""
+    winner = arms(sweep, full, trials)[1]
+    path, objective = full["path"], sweep.objectives[0]
+    tasks = list(winner.values[path])
+    return [Arm(f"steer-{m}", {**winner.values, path: steering_mixture(m, tasks, objective)}) for m in methods]
+
+
+def verify_steering(
+    sweep: Sweep,
+    sweep_dir: Path,
+    full: dict[str, Any],
+    methods: list[str],
+    trials: list[dict[str, Any]],
+    k: int,
+    launcher: Optional[Launcher] = None,
+    echo: Callable[[str], None] = print,
+) -> Optional[dict[str, Any]]:
+    """Train each method's arm on the verification's ``k`` fresh seeds (finished runs reused; the winner's runs are
+    the verification's), compare each with the winner and write ``steer.json``; None when the runs were left going."""
+    seeds, data_seed = fresh_seeds(sweep, trials, k)
+    chosen = steered_arms(sweep, full, trials, methods)
+    winner = arms(sweep, full, trials)[1]
+    plan = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for arm in [winner, *chosen] for s in seeds]
+    done, how = run_arms(sweep, sweep_dir, plan, launcher, echo)
+    if not done:
+        return None
+    objective = sweep.objectives[0]
+    notes: list[str] = own_seed_notes(sweep)
+    scores = {arm.name: arm_scores(objective, sweep_dir, arm.name, seeds, notes) for arm in [winner, *chosen]}
+    crossed = itemised(list(scores.values()), notes)
+    adjusted = 1.0 - (1.0 - CONFIDENCE) / len(chosen)
+    sign = 1.0 if objective.direction == "maximize" else -1.0
+    rows = []
+    for arm in chosen:
+        diff = paired_difference(scores[arm.name], scores["winner"], crossed)
+        wide = paired_difference(scores[arm.name], scores["winner"], crossed, adjusted)
+        rows.append(
+            {
+                "arm": arm.name,
+                "mixture": arm.values[full["path"]],
+                "values": scores[arm.name].values,
+                "mean": float(np.mean(scores[arm.name].values)),
+                "difference": {"estimate": diff[0], "low": diff[1], "high": diff[2]},
+                "adjusted": {"low": wide[1], "high": wide[2]},
+                "verdict": _verdict(sign * wide[1], sign * wide[2], len(seeds)),
+            }
+        )
+    report = {
+        "sweep_dir": str(sweep_dir),
+        "objective": objective.describe(),
+        "direction": objective.direction,
+        "seeds": seeds,
+        "data_seed": data_seed,
+        "interval": interval_kind(crossed, len(seeds)),
+        "family": f"Bonferroni over the {len(chosen)} steered arms compared with the sweep's winner: two-sided level "
+        f"{adjusted:.4f}",
+        "cost": f"each steered arm is one run; the sweep was {len(trials)} trials",
+        "winner": {
+            "trial": full["winner"]["number"],
+            "values": scores["winner"].values,
+            "mean": float(np.mean(scores["winner"].values)),
+            "in_sample": full["winner"]["observed"],
+        },
+        "rows": rows,
+        "runs": {name: run_records(sweep_dir, name, seeds, how) for name in scores},
+        "notes": notes,
+    }
+    atomic_write_text(Path(sweep_dir) / STEER_NAME, json.dumps(json_safe(report), indent=2) + "\n")
+    return report
+
+
+def _verdict(low: float, high: float, n_seeds: int) -> Optional[str]:
+    """From the adjusted interval of (steered − winner), signed so that positive is better: better, worse or
+    not distinguished; None with one seed (no interval)."""
+    if n_seeds < 2:
+        return None
+    lo, hi = sorted((low, high))
+    return "better" if lo > 0 else "worse" if hi < 0 else "not distinguished"
+
+
+def format_steering(report: dict[str, Any]) -> str:
+    """The steered arms against the sweep's winner on the fresh seeds."""
+    w = report["winner"]
+    lines = [
+        f"steering on fresh seeds {', '.join(map(str, report['seeds']))}: {report['objective']}",
+        f"sweep's winner (trial {w['trial']}): in-sample {w['in_sample']:.4f}, fresh seeds {w['mean']:.4f}",
+        f"{'arm':<20} {'fresh mean':>10} {'− winner':>9}  95 % interval       adjusted",
+    ]
+    for r in report["rows"]:
+        d, a = r["difference"], r["adjusted"]
+        ci, wide = format_ci(d["low"], d["high"]), format_ci(a["low"], a["high"])
+        verdict = f"  {r['verdict']}" if r["verdict"] else ""
+        lines.append(f"{r['arm']:<20} {r['mean']:>10.4f} {d['estimate']:>+9.4f}  {ci} {wide}{verdict}")
+    lines.append(f"intervals: {report['interval']}; {report['family']}; {report['cost']}")
+    lines += [f"note: {n}" for n in report.get("notes", [])]
+    return "\n".join(lines)
