@@ -79,6 +79,7 @@ SHAPING_RUN_MODULES = (
     "evallog",
     "ranks",
     "stage_cache",
+    "steering_split",
 )
 # The other modules of harness/runs, each with why it cannot change a stored number (a new module must be placed in
 # one list or the other: tests/runs/test_stage_cache_key.py)

@@ -61,11 +61,21 @@ def _sweep_dir(tmp_path: Path, n: int = 10) -> tuple[Path, object]:
     return sweep_dir, sweep
 
 
-def test_verify_trains_both_arms_on_fresh_seeds_and_reuses_them(tmp_path):
-    sweep_dir, sweep = _sweep_dir(tmp_path)
-    args = ["mixture", str(sweep_dir), "--bootstrap", "10", "--form", "constant", "--form", "scheffe2"]
-    result = invoke(*args, "--verify", "2")
+VERIFY_ARGS = ["--bootstrap", "10", "--form", "constant", "--form", "scheffe2"]
+
+
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory):
+    """A synthetic sweep verified on 2 fresh seeds (its runs trained once, for the tests that read or reuse them)."""
+    sweep_dir, sweep = _sweep_dir(tmp_path_factory.mktemp("verified"))
+    result = invoke("mixture", str(sweep_dir), *VERIFY_ARGS, "--verify", "2")
     assert result.exit_code == 0, result.output
+    return sweep_dir, sweep, result
+
+
+def test_verify_trains_both_arms_on_fresh_seeds_and_reuses_them(verified):
+    sweep_dir, sweep, result = verified
+    args = ["mixture", str(sweep_dir), *VERIFY_ARGS]
     report = json.loads((sweep_dir / VERIFY_NAME).read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
     proposal = json.loads((sweep_dir / "proposal.json").read_text())
 
@@ -276,3 +286,35 @@ def test_a_seed_groups_replicate_seeds_count_as_used():
     spec["seeds"] = [0, 1005]  # run --seeds: replicates the sweep's base may have been run with
     used = used_seeds(SimpleNamespace(base=validate_data(spec, "tiny")), [])
     assert 1005 in used  # else fresh seeds max(used) + 1000 + i could reuse it
+
+
+def test_steering_is_trained_on_the_verifications_seeds_and_compared_with_the_winner(verified):
+    """--steer groupdro: one arm, the winner's mixture replaced by groupdro over the same tasks from the uniform
+    start, steering by the objective's metric on a split imitating the objective's; trained on the verification's
+    seeds (the winner's runs reused) and compared with the winner, paired, in steer.json."""
+    sweep_dir = verified[0]
+    args = ["mixture", str(sweep_dir), *VERIFY_ARGS, "--verify", "2"]
+    result = invoke(*args, "--steer", "groupdro")
+    assert result.exit_code == 0, result.output
+    report = json.loads((sweep_dir / "steer.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    (row,) = report["rows"]
+    assert (
+        row["arm"] == "steer-groupdro" and report["seeds"] == json.loads((sweep_dir / VERIFY_NAME).read_text())["seeds"]
+    )
+    adaptive = row["mixture"]["adaptive"]
+    assert adaptive["start"] == {t: pytest.approx(1 / 3) for t in TASKS} and adaptive["signal"] == "steering_error"
+    assert adaptive["steering"] == {"split": "heldout", "metric": "tf_first"}  # the objective's
+    assert {run["how"] for run in report["runs"]["winner"].values()} == {"reused"}
+    assert {run["how"] for run in report["runs"]["steer-groupdro"].values()} == {"trained"}
+    resolved = sweep_dir / "verify" / "steer-groupdro" / f"seed-{report['seeds'][0]}" / "config.resolved.yaml"
+    assert "method: groupdro" in resolved.read_text()
+    d = row["difference"]
+    assert d["estimate"] == pytest.approx(row["mean"] - report["winner"]["mean"]) and d["low"] <= d["high"]
+    assert "Bonferroni over the 1 steered arms" in report["family"] and "steer-groupdro" in result.output
+
+    for bad, words in (
+        (["--steer", "groupdro"], "needs --verify"),
+        ([*args[2:], "--steer", "grupdro"], "did you mean"),
+    ):
+        refused = invoke("mixture", str(sweep_dir), *bad)
+        assert refused.exit_code == 2 and words in refused.output, refused.output
