@@ -37,7 +37,7 @@ from harness.studies.repro.plan import load_repro, parse_seeds, run_repro
 
 SPLIT = "heldout_template"
 TASKS = ("assistant_qa", "yesno")
-ADAPTIVE = ("odm", "doremi", "odm_all", "doremi_all")
+ADAPTIVE = ("odm", "doremi", "groupdro", "odm_all", "doremi_all")
 
 
 def _label(task: str) -> str:
