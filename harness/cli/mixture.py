@@ -154,7 +154,7 @@ def _verify(
     from harness.config import ConfigError
     from harness.studies.launch import JobsFailed, make_launcher
     from harness.studies.mixture_budget import BUDGET_NAME, format_budget, verify_budget
-    from harness.studies.mixture_steer import STEER_NAME, format_steering, verify_steering
+    from harness.studies.mixture_steer import STEER_NAME, format_steering, steering_plan, verify_steering
     from harness.studies.mixture_verify import VERIFY_DIR, VERIFY_NAME, format_verification, verify
     from harness.studies.sweep import load_resolved
 
@@ -165,6 +165,8 @@ def _verify(
     )
     written = ", ".join(["verify.json"] + (["budget.json"] if rows else []) + (["steer.json"] if steer else []))
     try:
+        if steer:  # refused now, not after the verification has trained
+            steering_plan(sweep, proposal, trials, steer, k)
         report = verify(sweep, Path(sweep_dir), proposal, trials, k, runs, typer.echo)
         if report is not None:
             typer.echo(format_verification(report))

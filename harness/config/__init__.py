@@ -19,7 +19,7 @@ from harness.config.load import (
     semantic_errors,
     validate_data,
 )
-from harness.config.mixture import AdaptiveSpec, Mixture, SteeringSplit, parse_mixture
+from harness.config.mixture import AdaptiveSpec, Mixture, SteeringSplit, parse_mixture, update_interval
 from harness.config.paths import PathError, format_path, parse_path, resolve_path, set_path
 from harness.config.run_specs import DataSpec, DebugSpec, InjectSpec, TrackingSpec, WandbSpec, computing_debug
 from harness.config.schema import (
@@ -54,6 +54,7 @@ __all__ = [
     "LossSpec",
     "AdaptiveSpec",
     "SteeringSplit",
+    "update_interval",
     "Mixture",
     "ModelSpec",
     "NonFiniteSpec",

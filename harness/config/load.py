@@ -145,6 +145,14 @@ def _stage_errors(exp: Experiment) -> Errors:
         elif stage.steps is None:
             errors.append((f"{path}.steps", "required field is missing"))
         if mixture.kind == "adaptive":
+            every = mixture.adaptive.every
+            if isinstance(every, int) and stage.steps is not None and every > stage.steps:
+                errors.append(
+                    (
+                        f"{path}.mixture.adaptive.every",
+                        f"every {every} > the stage's {stage.steps} steps: the controller would never update",
+                    )
+                )
             own = stage.model_dump(exclude_unset=True).get("length_grouping")
             if (own or exp.train.length_grouping) > 1:
                 errors.append(

@@ -19,7 +19,7 @@ from harness.core.registry import MIXTURE_CONTROLLERS, suggest
 
 STEERING_SPLITS = ("heldout_template", "heldout")  # what a steering split imitates (it never holds their items)
 STEERING_METRICS = ("greedy", "tf_exact", "tf_first")
-STEERING_EVERY = 50  # the signal steering_error's default update interval: a measurement costs an evaluation
+STEERING_UPDATES = 14  # every: auto (steering_error's default) → ⌊steps/14⌉ steps: a measurement costs an evaluation
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,9 @@ class AdaptiveSpec:
     """A resolved adaptive mixture: the controller (``method``) and the settings every controller shares.
 
     ``start``: ``{}`` for natural (pool sizes) over every task of ``tasks``, else the explicit start weights;
-    ``every``: steps between updates; ``floor``: each task's sampling probability is at least this (the controller's
-    output is mixed with the uniform distribution: p ← (1 − K·floor)·p + floor); ``signal``: what the controller
+    ``every``: steps between updates, or ``auto`` — ⌊steps / 14⌉, at least 1 (:func:`update_interval`); ``floor``:
+    each task's sampling probability is at least this (the controller's output is mixed with the uniform
+    distribution: p ← (1 − K·floor)·p + floor); ``signal``: what the controller
     reads (``train_loss``: the per-task training cross-entropy of the steps since the last update;
     ``steering_error``: one minus a metric on the stage's steering split, measured at each update); ``params``: the
     method's own settings, defaults filled (odm: ``alpha``; doremi: ``eta``, ``smoothing``, ``reference``);
@@ -52,7 +53,7 @@ class AdaptiveSpec:
     method: str
     tasks: tuple[str, ...]
     start: tuple[tuple[str, float], ...]  # empty: natural
-    every: int
+    every: int | str
     floor: float
     signal: str
     params: tuple[tuple[str, Any], ...]
@@ -72,6 +73,12 @@ class AdaptiveSpec:
             **({"steering": self.steering.to_yaml()} if self.steering else {}),
             **{k: _yaml_value(v) for k, v in self.params},
         }
+
+
+def update_interval(spec: AdaptiveSpec, steps: int) -> int:
+    """The steps between a stage's controller updates: ``every``, or for ``auto`` ⌊steps / STEERING_UPDATES⌉ (at
+    least 1), so that a measured signal costs about STEERING_UPDATES evaluations whatever the stage's length."""
+    return spec.every if isinstance(spec.every, int) else max(1, round(steps / STEERING_UPDATES))
 
 
 def _yaml_value(value: Any) -> Any:
@@ -226,9 +233,9 @@ def parse_adaptive(raw: dict, path: str, tasks: list[str], errors: list[tuple[st
     if signal not in controller.signals:
         errors.append((f"{where}.signal", f"method {method} reads {' | '.join(controller.signals)}, got {signal!r}"))
     steering = _steering_split(spec, signal, f"{where}.steering", errors)
-    every = spec.get("every", STEERING_EVERY if signal == "steering_error" else 1)
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        errors.append((f"{where}.every", f"every must be a whole number of steps >= 1, got {every!r}"))
+    every = spec.get("every", "auto" if signal == "steering_error" else 1)
+    if every != "auto" and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        errors.append((f"{where}.every", f"every must be auto or a whole number of steps >= 1, got {every!r}"))
     floor = spec.get("floor", 0.01)
     if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor * max(1, len(chosen)) < 1:
         errors.append(
@@ -236,7 +243,7 @@ def parse_adaptive(raw: dict, path: str, tasks: list[str], errors: list[tuple[st
         )
     own = {key: spec[key] for key in defaults if key in spec}
     try:
-        controller.Params.model_validate(own, context={"tasks": chosen})
+        controller.Params.model_validate(own, context={"tasks": chosen, "signal": signal})
     except ValidationError as e:
         errors += [(f"{where}.{p}" if p else where, m) for p, m in yaml_errors(e, controller.Params)]
     params = []

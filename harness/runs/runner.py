@@ -138,7 +138,7 @@ def _run_claimed(
     too_long = encoded.too_long_counts()
     stages = exp.resolved_stages()
     plans = [plan_stage(exp, s, i, encoded.train, tokenizer.pad_token_id) for i, s in enumerate(stages)]
-    steering = SteeringSplits(exp, data, stages, tokenizer)  # adaptive stages steered by a held-out signal
+    steering = SteeringSplits(exp, data, stages, tokenizer, base.max_positions)  # stages steered by a held-out score
 
     # -- where to start, decided once: after the stages the stage cache holds, or where a resume point left off
     cache = StageCache.for_run(exp, stages, data, base.info, model, run_dir, run_id, console)
@@ -407,10 +407,10 @@ def _begin_stage(run: _Run, model, index: int, step: int):
 
 
 def _mixture_said(mixture) -> str:
-    """``weights``, ``natural``, … or ``adaptive (odm, every 1 steps; shares so far)``."""
+    """``weights``, ``natural``, … or ``adaptive (odm, every: 1; shares so far)``."""
     if mixture.kind != "adaptive":
         return mixture.kind
-    return f"adaptive ({mixture.adaptive.method}, every {mixture.adaptive.every} steps; shares so far)"
+    return f"adaptive ({mixture.adaptive.method}, every: {mixture.adaptive.every}; shares so far)"
 
 
 def _resume_saver(run: _Run, model, index: int) -> Callable[[int, LoopState], None]:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from harness.config.mixture import STEERING_METRICS, STEERING_SPLITS
 from harness.core.jsonl import json_safe
 from harness.core.registry import MIXTURE_CONTROLLERS
 from harness.core.stats import CONFIDENCE
@@ -61,6 +62,38 @@ def steered_arms(sweep: Sweep, full: dict[str, Any], trials: list[dict[str, Any]
     return [Arm(f"steer-{m}", {**winner.values, path: steering_mixture(m, tasks, objective)}) for m in methods]
 
 
+def steering_plan(sweep: Sweep, full: dict[str, Any], trials: list[dict[str, Any]], methods: list[str], k: int):
+    """``(arms, notes)``, checked before anything trains: each method once; ValueError (one line) where a method that
+    reads ``steering_error`` cannot measure the objective (its metric or split, or a minimised objective); notes
+    where the objective is not what the method optimises (a mean, or tasks beside the steered ones)."""
+    methods = list(dict.fromkeys(methods))
+    objective = sweep.objectives[0]
+    readers = [m for m in methods if "steering_error" in MIXTURE_CONTROLLERS.get(m).signals]
+    notes = []
+    if readers:
+        what = f"--steer {readers[0]}: the objective {objective.describe()}"
+        if objective.metric not in STEERING_METRICS or objective.split not in STEERING_SPLITS:
+            raise ValueError(
+                f"{what} cannot be measured on a steering split (metric {' | '.join(STEERING_METRICS)}, split "
+                f"{' | '.join(STEERING_SPLITS)})"
+            )
+        if objective.direction != "maximize":
+            raise ValueError(f"{what} is minimised: a steering error is one minus a score to maximise")
+        if objective.reduce != "min":
+            notes.append(
+                f"{', '.join(readers)}: raises the worst task, as a min objective asks; "
+                f"this objective is a {objective.reduce}"
+            )
+    chosen = steered_arms(sweep, full, trials, methods)
+    steered = list(chosen[0].values[full["path"]]["adaptive"]["tasks"]) if chosen else []
+    if set(steered) != set(objective.tasks):
+        notes.append(f"the steered tasks are {', '.join(steered)}; the objective scores {', '.join(objective.tasks)}")
+    seeds, data_seed = fresh_seeds(sweep, trials, k)
+    for arm in chosen:  # every arm's experiment validates now, before the verification trains anything
+        arm_experiment(sweep, arm, seeds[0], data_seed)
+    return chosen, notes
+
+
 def verify_steering(
     sweep: Sweep,
     sweep_dir: Path,
@@ -74,14 +107,14 @@ def verify_steering(
     """Train each method's arm on the verification's ``k`` fresh seeds (finished runs reused; the winner's runs are
     the verification's), compare each with the winner and write ``steer.json``; None when the runs were left going."""
     seeds, data_seed = fresh_seeds(sweep, trials, k)
-    chosen = steered_arms(sweep, full, trials, methods)
+    chosen, notes = steering_plan(sweep, full, trials, methods, k)
     winner = arms(sweep, full, trials)[1]
     plan = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for arm in [winner, *chosen] for s in seeds]
     done, how = run_arms(sweep, sweep_dir, plan, launcher, echo)
     if not done:
         return None
     objective = sweep.objectives[0]
-    notes: list[str] = own_seed_notes(sweep)
+    notes += own_seed_notes(sweep)
     scores = {arm.name: arm_scores(objective, sweep_dir, arm.name, seeds, notes) for arm in [winner, *chosen]}
     crossed = itemised(list(scores.values()), notes)
     adjusted = 1.0 - (1.0 - CONFIDENCE) / len(chosen)

@@ -21,8 +21,8 @@ from harness.data.batches import task_share_max
 
 
 class Steering:
-    """Feeds ``stream`` (an AdaptiveStream) every ``stream.spec.every`` steps of the stage; ``state`` continues the
-    partial sums of a resumed stage (this rank's own); ``parallel``: the loop's hooks
+    """Feeds ``stream`` (an AdaptiveStream) after the batches it names (``stream.updates_after``); ``state``
+    continues the partial sums of a resumed stage (this rank's own); ``parallel``: the loop's hooks
     (:func:`harness.training.parallel.loop_hooks`); ``device``: the training device, where the sums live;
     ``measure``: the signal ``steering_error``'s measurement (``{task: (error, n, low, high)}``), which then replaces
     the training losses and is logged as ``steering_error`` rows (split ``train``) with its item count and interval."""
@@ -59,9 +59,9 @@ class Steering:
         self.token_count.index_add_(0, task_of_token, torch.ones_like(ce, dtype=torch.float64))
 
     def after_step(self, batch_index: int, step: int) -> list[Row]:
-        """At an update step (every ``every`` batches of the stage): all-reduce the sums, update the controller and
-        return the new weights' rows; otherwise nothing."""
-        if (batch_index + 1) % self.stream.spec.every:
+        """At an update step (``stream.updates_after``): all-reduce the sums (or measure the steering split), update
+        the controller and return the new weights' rows (and the measured errors'); otherwise nothing."""
+        if not self.stream.updates_after(batch_index):
             return []
         measured: list[Row] = []
         if self.measure is not None:  # steering_error: every rank measures the same model on the steering split

@@ -1,6 +1,6 @@
 """Metric-driven steering (docs/steering.md, "Steering by a held-out score"): the groupdro controller as a pure
 function — a null where nothing differs between the tasks (no drift beyond the noise it is fed) and a planted seesaw
-(it finds the minimax mixture) at the shipped regime (two tasks, 14 updates, 32 steering items per task); the config's
+(it finds the minimax mixture) at the shipped regime (two tasks, 13 updates, 32 steering items per task); the config's
 errors by YAML path and its resolved defaults; the steering split (disjoint from every pool, deterministic, its size
 refused by YAML path when a recipe cannot give it); and one tiny run end to end whose logged weights replay from its
 logged steering errors."""
@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from harness.config import load_experiment, parse_mixture
+from harness.config import load_experiment, parse_mixture, update_interval
 from harness.core.store import read_metrics
 from harness.data.steering import GroupDRO, floored
 from harness.data.steering.groupdro import groupdro_step, hedge_rate
@@ -22,7 +22,8 @@ from harness.runs.prepare import DataError, build_task_data
 from harness.runs.steering_split import SteeringSplits, steering_examples
 from tests.conftest import TINY, invoke, write_yaml
 
-UPDATES, ITEMS = 14, 32  # the shipped regime: a 700-step stage, every 50 steps; steering.items 32
+# the shipped regime: a 700-step stage, every: auto = 50 steps, the last batch's update skipped (13 updates); 32 items
+UPDATES, ITEMS = 13, 32
 
 
 def test_the_step_is_hedges_on_the_errors_and_normalised():
@@ -93,21 +94,24 @@ def test_defaults_are_resolved_and_reload():
         "method": "groupdro",
         "tasks": ["a", "b"],
         "start": "natural",
-        "every": 50,
+        "every": "auto",
         "floor": 0.01,
         "signal": "steering_error",
         "steering": {"split": "heldout_template", "metric": "greedy", "items": 32},
         "eta": "hedge",
     }
     assert parse_mixture(m.to_yaml(), "m", ["a", "b"], []) == m
-    loss = parse_mixture({"adaptive": {"method": "groupdro", "signal": "train_loss"}}, "m", ["a", "b"], [])
+    loss = parse_mixture({"adaptive": {"method": "groupdro", "signal": "train_loss", "eta": 0.5}}, "m", ["a", "b"], [])
     assert loss.adaptive.every == 1 and "steering" not in loss.to_yaml()["adaptive"]
+    assert update_interval(m.adaptive, 700) == 50 and update_interval(m.adaptive, 4) == 1
 
 
 @pytest.mark.parametrize(
     "spec, path, words",
     [
         ({"method": "groupdro", "eta": 0}, "m.adaptive.eta", "> 0"),
+        ({"method": "groupdro", "signal": "train_loss"}, "m.adaptive", "give eta a number"),
+        ({"method": "groupdro", "every": "often"}, "m.adaptive.every", "auto or a whole number"),
         ({"method": "groupdro", "signal": "train_loss", "steering": {}}, "m.adaptive.steering", "steering_error only"),
         ({"method": "odm", "signal": "steering_error"}, "m.adaptive.signal", "train_loss"),
         ({"method": "groupdro", "steering": {"split": "train"}}, "m.adaptive.steering.split", "heldout_template"),
@@ -127,7 +131,12 @@ def test_bad_steering_settings_name_their_yaml_path(spec, path, words):
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def _steered_tiny(items: int = 8, metric: str = "greedy", **adaptive) -> dict:
+TASKS = ["repeat", "yesno", "math"]
+
+
+def _steered_tiny(
+    items: int = 8, metric: str = "greedy", split: str = "heldout", tasks: list = TASKS, **adaptive
+) -> dict:
     tiny = copy.deepcopy(TINY)
     tiny["stages"][1] = {
         "name": "b",
@@ -135,9 +144,9 @@ def _steered_tiny(items: int = 8, metric: str = "greedy", **adaptive) -> dict:
         "mixture": {
             "adaptive": {
                 "method": "groupdro",
-                "tasks": ["repeat", "yesno", "math"],
+                "tasks": list(tasks),
                 "every": 2,
-                "steering": {"split": "heldout", "items": items, "metric": metric},
+                "steering": {"split": split, "items": items, "metric": metric},
                 **adaptive,
             }
         },
@@ -150,16 +159,21 @@ def _prompt(example) -> str:
     return repr(example.messages[:-1])
 
 
-def test_the_steering_split_is_disjoint_from_every_pool_and_deterministic(tmp_path):
-    exp = load_experiment(write_yaml(tmp_path / "s.yaml", _steered_tiny()))
+@pytest.mark.parametrize("imitated, tasks", [("heldout", TASKS), ("heldout_template", ["repeat", "yesno"])])
+def test_the_steering_split_is_disjoint_from_every_pool_and_deterministic(imitated, tasks, tmp_path):
+    """No steering prompt is in any pool; a heldout_template steering item is an item the run trains on (in an unseen
+    phrasing), a heldout one is not — also for math, whose train split changes with how many eval items are drawn."""
+    exp = load_experiment(write_yaml(tmp_path / "s.yaml", _steered_tiny(split=imitated, tasks=tasks)))
     data = build_task_data(exp)
     stage = exp.resolved_stages()[1]
     split = steering_examples(exp, data, stage, 1)
-    assert set(split) == {"repeat", "yesno", "math"}
+    assert set(split) == set(tasks)
     for task, examples in split.items():
         taken = {_prompt(ex) for pool in data.splits[task].values() for ex in pool}
         assert len(examples) == 8 and len({_prompt(ex) for ex in examples}) == 8
         assert not {_prompt(ex) for ex in examples} & taken
+        trained = {ex.meta["item"] for ex in data.splits[task]["train"]}
+        assert all((ex.meta["item"] in trained) == (imitated == "heldout_template") for ex in examples), task
     again = steering_examples(exp, build_task_data(exp), stage, 1)
     assert {t: [_prompt(e) for e in ex] for t, ex in again.items()} == {
         t: [_prompt(e) for e in ex] for t, ex in split.items()
@@ -170,6 +184,11 @@ def test_a_steering_split_a_recipe_cannot_give_is_refused_by_yaml_path(tmp_path)
     exp = load_experiment(write_yaml(tmp_path / "s.yaml", _steered_tiny(items=5000)))
     with pytest.raises(DataError, match=r"stages\[1\]\.mixture\.adaptive\.steering\.items: task 'repeat'"):
         SteeringSplits(exp, build_task_data(exp), exp.resolved_stages(), tokenizer=None)
+    # math's train split changes with how many eval items are drawn: a larger draw's heldout_template items are
+    # another train split's, and none is an item this run trains on
+    exp = load_experiment(write_yaml(tmp_path / "m.yaml", _steered_tiny(split="heldout_template")))
+    with pytest.raises(DataError, match="task 'math' gives only 0 heldout_template items that no pool holds"):
+        steering_examples(exp, build_task_data(exp), exp.resolved_stages()[1], 1)
 
 
 def test_a_steered_run_logs_its_errors_and_its_weights_follow_them(tmp_path, monkeypatch):
@@ -192,7 +211,7 @@ def test_a_steered_run_logs_its_errors_and_its_weights_follow_them(tmp_path, mon
     exp_file = write_yaml(tmp_path / "s.yaml", _steered_tiny(eta=3.0))
     result = invoke("run", str(exp_file), "--out", str(tmp_path / "run"))
     assert result.exit_code == 0, result.output
-    assert len(measured) == 4
+    assert len(measured) == 3  # after batches 2, 4, 6 of 8: the last batch's update would be wasted
     for errors in measured:
         assert set(errors) == set(PLANTED)
         assert all(n == 8 and 0 <= low <= e <= high <= 1 for e, n, low, high in errors.values())
@@ -200,10 +219,10 @@ def test_a_steered_run_logs_its_errors_and_its_weights_follow_them(tmp_path, mon
     frame = read_metrics(tmp_path / "run").filter(pl.col("stage") == "b").sort("step", "task")
     logged = frame.filter(pl.col("metric") == "steering_error")
     weights = frame.filter(pl.col("metric") == "mixture_weight")
-    assert logged["step"].unique().to_list() == [6, 8, 10, 12]
+    assert logged["step"].unique().to_list() == [6, 8, 10]
     tasks = sorted(PLANTED)  # the frame's order; groupdro's step and the floor act task by task
     log_q = np.log(np.full(3, 1 / 3))  # start natural: three pools of 40
-    for step in [6, 8, 10, 12]:
+    for step in [6, 8, 10]:
         errors = logged.filter(pl.col("step") == step)
         assert errors["task"].to_list() == tasks and errors["value"].to_list() == [PLANTED[t] for t in tasks]
         log_q = groupdro_step(log_q, errors["value"].to_numpy(), 3.0)
@@ -235,5 +254,11 @@ def test_two_ranks_measure_the_steering_split_together(tmp_path):
             .select("step", "task", "metric", "value", "n")
             .sort("step", "task", "metric")
         )
-    assert runs["one"].height == 4 * 3 + 5 * 3  # 4 updates; the start's weights too
+    assert runs["one"].height == 3 * 3 + 4 * 3  # 3 updates; the start's weights too
     assert runs["one"].equals(runs["two"])
+
+
+def test_an_interval_longer_than_the_stage_is_refused_by_yaml_path(tmp_path):
+    file = write_yaml(tmp_path / "s.yaml", _steered_tiny(every=9))
+    result = invoke("validate", str(file))
+    assert result.exit_code == 2 and "stages[1].mixture.adaptive.every: every 9 > the stage's 8 steps" in result.output

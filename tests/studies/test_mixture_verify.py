@@ -11,6 +11,7 @@ and what is verified here is the training of the two arms, not the sweep's numbe
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 
 from harness.config.yaml_io import dump_yaml
 from harness.core.stats import wilson_interval
+from harness.studies.mixture_steer import steering_plan
 from harness.studies.mixture_verify import VERIFY_NAME, crossed_interval, used_seeds
 from harness.studies.sweep import BASE_EXPERIMENT_NAME, RESOLVED_NAME, load_sweep
 from tests.conftest import TINY, invoke, write_yaml
@@ -292,7 +294,7 @@ def test_steering_is_trained_on_the_verifications_seeds_and_compared_with_the_wi
     """--steer groupdro: one arm, the winner's mixture replaced by groupdro over the same tasks from the uniform
     start, steering by the objective's metric on a split imitating the objective's; trained on the verification's
     seeds (the winner's runs reused) and compared with the winner, paired, in steer.json."""
-    sweep_dir = verified[0]
+    sweep_dir, sweep, _ = verified
     args = ["mixture", str(sweep_dir), *VERIFY_ARGS, "--verify", "2"]
     result = invoke(*args, "--steer", "groupdro")
     assert result.exit_code == 0, result.output
@@ -306,12 +308,25 @@ def test_steering_is_trained_on_the_verifications_seeds_and_compared_with_the_wi
     assert adaptive["steering"] == {"split": "heldout", "metric": "tf_first"}  # the objective's
     assert {run["how"] for run in report["runs"]["winner"].values()} == {"reused"}
     assert {run["how"] for run in report["runs"]["steer-groupdro"].values()} == {"trained"}
-    resolved = sweep_dir / "verify" / "steer-groupdro" / f"seed-{report['seeds'][0]}" / "config.resolved.yaml"
-    assert "method: groupdro" in resolved.read_text()
+    steered = sweep_dir / "verify" / "steer-groupdro" / f"seed-{report['seeds'][0]}"
+    assert "method: groupdro" in (steered / "config.resolved.yaml").read_text()
+    measured = pl.read_parquet(steered / "metrics.parquet").filter(pl.col("metric") == "steering_error")
+    assert sorted(measured["task"].to_list()) == sorted(TASKS)  # it steered (every: auto → one update of two steps)
+    # what groupdro optimises is said next to what the objective is
+    assert any("as a min objective asks; this objective is a mean" in n for n in report["notes"])
     d = row["difference"]
     assert d["estimate"] == pytest.approx(row["mean"] - report["winner"]["mean"]) and d["low"] <= d["high"]
     assert "Bonferroni over the 1 steered arms" in report["family"] and "steer-groupdro" in result.output
 
+    # refused before anything trains: an objective a steering split cannot measure, or a minimised one
+    proposal = json.loads((sweep_dir / "proposal.json").read_text())
+    trials = pl.read_parquet(sweep_dir / "trials.parquet").to_dicts()
+    objective = sweep.objectives[0]
+    for change, words in (({"metric": "mode_ok"}, "cannot be measured"), ({"direction": "minimize"}, "minimised")):
+        sweep.objectives[0] = dataclasses.replace(objective, **change)
+        with pytest.raises(ValueError, match=words):
+            steering_plan(sweep, proposal, trials, ["groupdro"], 2)
+    sweep.objectives[0] = objective
     for bad, words in (
         (["--steer", "groupdro"], "needs --verify"),
         ([*args[2:], "--steer", "grupdro"], "did you mean"),

@@ -13,10 +13,11 @@ Written by hand: no library implements it over a sampling mixture. Three choices
    measured failure of ODM and DoReMi), so the default signal is ``steering_error``: measured on items disjoint
    from every pool the run trains on or reports (:mod:`harness.runs.steering_split`). ``train_loss`` is accepted
    (Group DRO as the paper states it, over the tasks drawn since the last update).
-3. The step size. The paper tunes η (0.01 with an update every step). Here a stage makes T = ⌊steps / every⌋
-   updates and the errors lie in [0, 1], so the default ``eta: hedge`` is Hedge's fixed-horizon rate
+3. The step size. The paper tunes η (0.01 with an update every step). Here a stage makes T updates (about 14 under
+   ``every: auto``) and the errors lie in [0, 1], so the default ``eta: hedge`` is Hedge's fixed-horizon rate
    η = sqrt(8·ln K / T) (Freund & Schapire 1997; Cesa-Bianchi & Lugosi 2006, Thm 2.2), the rate with the best
-   worst-case regret for losses in [0, 1] — chosen from that bound, not tuned on any run.
+   worst-case regret for losses in [0, 1] — chosen from that bound, not tuned on any run. Under ``train_loss``
+   (unbounded) the bound does not hold and ``eta`` must be given.
 
 Against a ``reduce: min`` objective the update is the online play of the minimax game max_q min_i: a task whose
 steering error is the highest gains weight until it is no longer the worst. Against a mean objective it is the
@@ -30,7 +31,7 @@ import math
 from typing import Any, Optional
 
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from harness.core.plugins import PluginParams
 from harness.core.registry import MIXTURE_CONTROLLERS
@@ -58,6 +59,14 @@ class GroupDROParams(PluginParams):
     @classmethod
     def _eta(cls, value: Any) -> Any:
         return value if value == "hedge" else require_positive(value, "eta (the step size, or hedge)")
+
+    @model_validator(mode="after")
+    def _hedge_needs_errors(self, info: ValidationInfo) -> "GroupDROParams":
+        if self.eta == "hedge" and (info.context or {}).get("signal") == "train_loss":
+            raise ValueError(
+                "eta: hedge is the rate for errors in [0, 1]; a training loss is unbounded: give eta a number"
+            )
+        return self
 
 
 @MIXTURE_CONTROLLERS.plugin("groupdro")

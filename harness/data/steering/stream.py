@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from harness.config import AdaptiveSpec
+from harness.config import AdaptiveSpec, update_interval
 from harness.core.registry import MIXTURE_CONTROLLERS
 from harness.data.steering.controller import floored
 from harness.data.stream import Cycler
@@ -44,7 +44,8 @@ class AdaptiveStream:
         self.controller = MIXTURE_CONTROLLERS.get(spec.method)(
             np.array([start[t] for t in self.tasks]), dict(spec.params), ref
         )
-        self.controller.begin(steps // spec.every)  # the updates the stage will make (Steering.after_step's rule)
+        self.every = update_interval(spec, steps)
+        self.controller.begin(sum(self.updates_after(i) for i in range(steps)))  # the updates the stage will make
         self.cursors = {t: Cycler(len(pools[t]), rng) for t in self.tasks}
         self.position = 0  # batches drawn
         self.pending = np.zeros(len(self.tasks))  # examples per task drawn since the last update
@@ -55,6 +56,14 @@ class AdaptiveStream:
 
     def __len__(self) -> int:
         return self.steps
+
+    def updates_after(self, batch_index: int) -> bool:
+        """Whether the controller updates after batch ``batch_index`` of the stage: after every ``every`` batches,
+        except that a measured signal (``steering_error``) skips the stage's last batch, whose weights no batch would
+        draw from (a wasted evaluation)."""
+        if self.spec.signal == "steering_error" and batch_index + 1 == self.steps:
+            return False
+        return (batch_index + 1) % self.every == 0
 
     def weights(self) -> np.ndarray:
         """The sampling distribution of the next draw (the controller's, floored)."""
