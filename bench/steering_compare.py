@@ -15,7 +15,7 @@ reaches the sweep's best balanced score within its interval at the cost of one t
 adaptive − best-fixed (leave-one-seed-out) across seeds with its t-interval.
 
     python bench/steering_compare.py --micro                      # minutes: checks the pipeline, numbers meaningless
-    python bench/steering_compare.py --seeds 0,1,2 --jobs 2       # the real comparison (12 arms × 3 seeds)
+    python bench/steering_compare.py --seeds 0,1,2 --jobs 2       # the real comparison (13 arms × 3 seeds)
 
 Finished runs under ``--out`` are reused (``harness repro``'s rule), so an interrupted comparison continues, and a
 second call only recomputes the tables.

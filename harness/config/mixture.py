@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from harness.config.errors import yaml_errors
 from harness.core.registry import MIXTURE_CONTROLLERS, suggest
 
-STEERING_SPLITS = ("heldout_template", "heldout")  # what a steering split imitates (it never holds their items)
+STEERING_SPLITS = ("heldout_template", "heldout")  # what a steering split imitates (never with one of their examples)
 STEERING_METRICS = ("greedy", "tf_exact", "tf_first")
 STEERING_UPDATES = 14  # every: auto (steering_error's default) → ⌊steps/14⌉ steps: a measurement costs an evaluation
 
