@@ -1,14 +1,17 @@
 """Steering judged as a sweep's pick is judged: ``harness mixture SWEEP_DIR --verify K --steer groupdro``. Each
 adaptive method named trains *one* arm — the sweep's winner's other swept values, its swept mixture replaced by the
 method over the same tasks from the uniform start (what a researcher knows without a sweep) — on the verification's
-K fresh seeds and fresh data seed (:mod:`harness.studies.mixture_verify`), and is compared with the full sweep's
-winner on the same seeds and items: the paired difference with its interval (seeds × items where the objective is
-itemised), Bonferroni-adjusted over the methods named, and its cost (one run against the sweep's trials).
+K fresh seeds and fresh data seed (:mod:`harness.studies.mixture_verify`), and is compared on the same seeds and
+items with the full sweep's winner (what steering must match) and with its own start held fixed (the uniform mixture,
+trained on the same seeds: what steering adds): each paired difference with its interval (seeds × items where the
+objective is itemised), Bonferroni-adjusted over those two comparisons per method, and the cost (one run against the
+sweep's trials).
 
 A method that reads the signal ``steering_error`` (``groupdro``) steers by the sweep's own objective — its metric on
 a steering split imitating the objective's split, disjoint from every pool the run reports
 (:mod:`harness.runs.steering_split`); the others read the training loss. Runs go to
-``SWEEP_DIR/verify/steer-<method>/seed-<s>/``; the report to ``steer.json`` (atomic); :func:`format_steering` is the
+``SWEEP_DIR/verify/steer-<method>/seed-<s>/`` (the fixed start's to ``verify/start-uniform/``); the report to
+``steer.json`` (atomic); :func:`format_steering` is the
 table the command prints.
 """
 
@@ -43,6 +46,7 @@ from harness.studies.mixture_verify import (
 from harness.studies.sweep.space import Sweep
 
 STEER_NAME = "steer.json"
+START_ARM = "start-uniform"
 
 
 def steering_mixture(method: str, tasks: list[str], objective) -> dict[str, Any]:
@@ -60,6 +64,13 @@ def steered_arms(sweep: Sweep, full: dict[str, Any], trials: list[dict[str, Any]
     path, objective = full["path"], sweep.objectives[0]
     tasks = list(winner.values[path])
     return [Arm(f"steer-{m}", {**winner.values, path: steering_mixture(m, tasks, objective)}) for m in methods]
+
+
+def start_arm(sweep: Sweep, full: dict[str, Any], trials: list[dict[str, Any]]) -> Arm:
+    """The steered arms' start held fixed (the uniform mixture, the winner's other values): what steering adds."""
+    winner = arms(sweep, full, trials)[1]
+    tasks = list(winner.values[full["path"]])
+    return Arm(START_ARM, {**winner.values, full["path"]: {t: 1.0 / len(tasks) for t in tasks}})
 
 
 def steering_plan(sweep: Sweep, full: dict[str, Any], trials: list[dict[str, Any]], methods: list[str], k: int):
@@ -108,32 +119,36 @@ def verify_steering(
     the verification's), compare each with the winner and write ``steer.json``; None when the runs were left going."""
     seeds, data_seed = fresh_seeds(sweep, trials, k)
     chosen, notes = steering_plan(sweep, full, trials, methods, k)
-    winner = arms(sweep, full, trials)[1]
-    plan = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for arm in [winner, *chosen] for s in seeds]
+    trained = [arms(sweep, full, trials)[1], *chosen, start_arm(sweep, full, trials)]
+    plan = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for arm in trained for s in seeds]
     done, how = run_arms(sweep, sweep_dir, plan, launcher, echo)
     if not done:
         return None
     objective = sweep.objectives[0]
     notes += own_seed_notes(sweep)
-    scores = {arm.name: arm_scores(objective, sweep_dir, arm.name, seeds, notes) for arm in [winner, *chosen]}
+    scores = {arm.name: arm_scores(objective, sweep_dir, arm.name, seeds, notes) for arm in trained}
     crossed = itemised(list(scores.values()), notes)
-    adjusted = 1.0 - (1.0 - CONFIDENCE) / len(chosen)
+    adjusted = 1.0 - (1.0 - CONFIDENCE) / (2 * len(chosen))  # each method against the winner and its own start
     sign = 1.0 if objective.direction == "maximize" else -1.0
     rows = []
     for arm in chosen:
-        diff = paired_difference(scores[arm.name], scores["winner"], crossed)
-        wide = paired_difference(scores[arm.name], scores["winner"], crossed, adjusted)
-        rows.append(
-            {
-                "arm": arm.name,
-                "mixture": arm.values[full["path"]],
-                "values": scores[arm.name].values,
-                "mean": float(np.mean(scores[arm.name].values)),
-                "difference": {"estimate": diff[0], "low": diff[1], "high": diff[2]},
+        row = {
+            "arm": arm.name,
+            "mixture": arm.values[full["path"]],
+            "values": scores[arm.name].values,
+            "mean": float(np.mean(scores[arm.name].values)),
+        }
+        for key, other in (("winner", "winner"), ("start", START_ARM)):
+            diff = paired_difference(scores[arm.name], scores[other], crossed)
+            wide = paired_difference(scores[arm.name], scores[other], crossed, adjusted)
+            row[f"vs_{key}"] = {
+                "estimate": diff[0],
+                "low": diff[1],
+                "high": diff[2],
                 "adjusted": {"low": wide[1], "high": wide[2]},
                 "verdict": _verdict(sign * wide[1], sign * wide[2], len(seeds)),
             }
-        )
+        rows.append(row)
     report = {
         "sweep_dir": str(sweep_dir),
         "objective": objective.describe(),
@@ -141,8 +156,8 @@ def verify_steering(
         "seeds": seeds,
         "data_seed": data_seed,
         "interval": interval_kind(crossed, len(seeds)),
-        "family": f"Bonferroni over the {len(chosen)} steered arms compared with the sweep's winner: two-sided level "
-        f"{adjusted:.4f}",
+        "family": f"Bonferroni over {2 * len(chosen)} comparisons (each steered arm with the sweep's winner and with "
+        f"its start held fixed): two-sided level {adjusted:.4f}",
         "cost": f"each steered arm is one run; the sweep was {len(trials)} trials",
         "winner": {
             "trial": full["winner"]["number"],
@@ -150,6 +165,7 @@ def verify_steering(
             "mean": float(np.mean(scores["winner"].values)),
             "in_sample": full["winner"]["observed"],
         },
+        "start": {"values": scores[START_ARM].values, "mean": float(np.mean(scores[START_ARM].values))},
         "rows": rows,
         "runs": {name: run_records(sweep_dir, name, seeds, how) for name in scores},
         "notes": notes,
@@ -168,18 +184,21 @@ def _verdict(low: float, high: float, n_seeds: int) -> Optional[str]:
 
 
 def format_steering(report: dict[str, Any]) -> str:
-    """The steered arms against the sweep's winner on the fresh seeds."""
-    w = report["winner"]
+    """The steered arms against the sweep's winner and against their start held fixed, on the fresh seeds."""
+    w, start = report["winner"], report["start"]
     lines = [
         f"steering on fresh seeds {', '.join(map(str, report['seeds']))}: {report['objective']}",
-        f"sweep's winner (trial {w['trial']}): in-sample {w['in_sample']:.4f}, fresh seeds {w['mean']:.4f}",
-        f"{'arm':<20} {'fresh mean':>10} {'− winner':>9}  95 % interval       adjusted",
+        f"sweep's winner (trial {w['trial']}): in-sample {w['in_sample']:.4f}, fresh seeds {w['mean']:.4f}; "
+        f"the uniform start held fixed: fresh seeds {start['mean']:.4f}",
+        f"{'arm':<20} {'fresh mean':>10} {'against':<8} {'diff':>8}  95 % interval       adjusted",
     ]
     for r in report["rows"]:
-        d, a = r["difference"], r["adjusted"]
-        ci, wide = format_ci(d["low"], d["high"]), format_ci(a["low"], a["high"])
-        verdict = f"  {r['verdict']}" if r["verdict"] else ""
-        lines.append(f"{r['arm']:<20} {r['mean']:>10.4f} {d['estimate']:>+9.4f}  {ci} {wide}{verdict}")
+        for i, key in enumerate(("winner", "start")):
+            d = r[f"vs_{key}"]
+            ci, wide = format_ci(d["low"], d["high"]), format_ci(d["adjusted"]["low"], d["adjusted"]["high"])
+            verdict = f"  {d['verdict']}" if d["verdict"] else ""
+            head = f"{r['arm']:<20} {r['mean']:>10.4f}" if i == 0 else " " * 31
+            lines.append(f"{head} {key:<8} {d['estimate']:>+8.4f}  {ci} {wide}{verdict}")
     lines.append(f"intervals: {report['interval']}; {report['family']}; {report['cost']}")
     lines += [f"note: {n}" for n in report.get("notes", [])]
     return "\n".join(lines)

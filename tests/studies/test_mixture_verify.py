@@ -293,7 +293,7 @@ def test_a_seed_groups_replicate_seeds_count_as_used():
 def test_steering_is_trained_on_the_verifications_seeds_and_compared_with_the_winner(verified):
     """--steer groupdro: one arm, the winner's mixture replaced by groupdro over the same tasks from the uniform
     start, steering by the objective's metric on a split imitating the objective's; trained on the verification's
-    seeds (the winner's runs reused) and compared with the winner, paired, in steer.json."""
+    seeds (the winner's runs reused) with its start held fixed, and compared with both, paired, in steer.json."""
     sweep_dir, sweep, _ = verified
     args = ["mixture", str(sweep_dir), *VERIFY_ARGS, "--verify", "2"]
     result = invoke(*args, "--steer", "groupdro")
@@ -314,9 +314,15 @@ def test_steering_is_trained_on_the_verifications_seeds_and_compared_with_the_wi
     assert sorted(measured["task"].to_list()) == sorted(TASKS)  # it steered (every: auto → one update of two steps)
     # what groupdro optimises is said next to what the objective is
     assert any("as a min objective asks; this objective is a mean" in n for n in report["notes"])
-    d = row["difference"]
-    assert d["estimate"] == pytest.approx(row["mean"] - report["winner"]["mean"]) and d["low"] <= d["high"]
-    assert "Bonferroni over the 1 steered arms" in report["family"] and "steer-groupdro" in result.output
+    # against the winner and against its own start held fixed (the uniform mixture, trained on the same seeds)
+    assert {run["how"] for run in report["runs"]["start-uniform"].values()} == {"trained"}
+    start = sweep_dir / "verify" / "start-uniform" / f"seed-{report['seeds'][0]}" / "config.resolved.yaml"
+    assert "adaptive" not in start.read_text()
+    for key, mean in (("vs_winner", report["winner"]["mean"]), ("vs_start", report["start"]["mean"])):
+        d = row[key]
+        assert d["estimate"] == pytest.approx(row["mean"] - mean) and d["low"] <= d["high"]
+        assert d["adjusted"]["low"] <= d["low"] and d["high"] <= d["adjusted"]["high"]  # Bonferroni over 2: wider
+    assert "Bonferroni over 2 comparisons" in report["family"] and "steer-groupdro" in result.output
 
     # refused before anything trains: an objective a steering split cannot measure, or a minimised one
     proposal = json.loads((sweep_dir / "proposal.json").read_text())
