@@ -137,10 +137,13 @@ def test_global_mean_reduces_on_the_losses_device(meta_hooks):
 
 
 class StubStream:
-    """What :class:`Steering` reads of an adaptive stream: its tasks, its update period, the losses it observes."""
+    """What :class:`Steering` reads of an adaptive stream: its tasks, when it updates, the losses it observes."""
 
     tasks = ["b", "a"]
     spec = SimpleNamespace(every=1)
+
+    def updates_after(self, batch_index: int) -> bool:
+        return True  # every: 1
 
     def __init__(self):
         self.observed: list[list[float]] = []
