@@ -312,7 +312,8 @@ _MIXTURE_SCHEMA = {
                     "type": "object",
                     "required": ["method"],
                     "description": (
-                        "Weights a controller moves as the stage trains: method odm | doremi, … (docs/steering.md)."
+                        "Weights a controller moves as the stage trains: method odm | doremi | groupdro, … "
+                        "(docs/steering.md)."
                     ),
                 }
             },
