@@ -165,8 +165,7 @@ def _verify(
     )
     written = ", ".join(["verify.json"] + (["budget.json"] if rows else []) + (["steer.json"] if steer else []))
     try:
-        if steer:  # refused now, not after the verification has trained
-            steering_plan(sweep, proposal, trials, steer, k)
+        plan = steering_plan(sweep, proposal, trials, steer, k) if steer else None  # refused now, before training
         report = verify(sweep, Path(sweep_dir), proposal, trials, k, runs, typer.echo)
         if report is not None:
             typer.echo(format_verification(report))
@@ -178,7 +177,7 @@ def _verify(
             else None
         )
         steered = (
-            verify_steering(sweep, Path(sweep_dir), proposal, steer, trials, k, runs, typer.echo)
+            verify_steering(sweep, Path(sweep_dir), proposal, plan, trials, runs, typer.echo)
             if report and steer
             else None
         )

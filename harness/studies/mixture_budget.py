@@ -46,6 +46,7 @@ from harness.studies.mixture_verify import (
     run_arms,
     run_records,
     same_values,
+    winner_summary,
 )
 from harness.studies.sweep.space import Sweep
 
@@ -109,12 +110,7 @@ def verify_budget(
         "family": f"Bonferroni over the {len(family)} arms compared with the full sweep's winner "
         f"({', '.join(family)}): two-sided level {adjusted:.4f}; 'worse' is read from it (one-sided at "
         f"{(1 - adjusted) / 2:.4f}, conservative)",
-        "winner": {
-            "trial": full["winner"]["number"],
-            "values": scores["winner"].values,
-            "mean": float(np.mean(scores["winner"].values)),
-            "in_sample": full["winner"]["observed"],
-        },
+        "winner": winner_summary(full, scores["winner"]),
         "rows": [_compared(row, name, scores, crossed, adjusted, maximize) for row, name in zip(rows, names)],
         "runs": {name: run_records(sweep_dir, name, seeds, how) for name in scores},
         "notes": notes,

@@ -18,6 +18,7 @@ table the command prints.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -42,6 +43,7 @@ from harness.studies.mixture_verify import (
     paired_difference,
     run_arms,
     run_records,
+    winner_summary,
 )
 from harness.studies.sweep.space import Sweep
 
@@ -58,25 +60,38 @@ def steering_mixture(method: str, tasks: list[str], objective) -> dict[str, Any]
     return {"adaptive": spec}
 
 
-def steered_arms(sweep: Sweep, full: dict[str, Any], trials: list[dict[str, Any]], methods: list[str]) -> list[Arm]:
-    """One arm per method: the winner's swept values with its swept mixture (the proposal's path) steered."""
-    winner = arms(sweep, full, trials)[1]
-    path, objective = full["path"], sweep.objectives[0]
+def steered_arms(winner: Arm, path: str, methods: list[str], objective) -> list[Arm]:
+    """One arm per method: the winner's swept values with its swept mixture (at ``path``) steered."""
     tasks = list(winner.values[path])
     return [Arm(f"steer-{m}", {**winner.values, path: steering_mixture(m, tasks, objective)}) for m in methods]
 
 
-def start_arm(sweep: Sweep, full: dict[str, Any], trials: list[dict[str, Any]]) -> Arm:
+def start_arm(winner: Arm, path: str) -> Arm:
     """The steered arms' start held fixed (the uniform mixture, the winner's other values): what steering adds."""
-    winner = arms(sweep, full, trials)[1]
-    tasks = list(winner.values[full["path"]])
-    return Arm(START_ARM, {**winner.values, full["path"]: {t: 1.0 / len(tasks) for t in tasks}})
+    tasks = list(winner.values[path])
+    return Arm(START_ARM, {**winner.values, path: {t: 1.0 / len(tasks) for t in tasks}})
 
 
-def steering_plan(sweep: Sweep, full: dict[str, Any], trials: list[dict[str, Any]], methods: list[str], k: int):
-    """``(arms, notes)``, checked before anything trains: each method once; ValueError (one line) where a method that
-    reads ``steering_error`` cannot measure the objective (its metric or split, or a minimised objective); notes
-    where the objective is not what the method optimises (a mean, or tasks beside the steered ones)."""
+@dataclass
+class SteeringPlan:
+    """What ``--steer`` trains: the steered arms, with the winner and the fixed start beside them, each arm's
+    experiment on each fresh seed (``runs``: ``(arm, seed, Experiment)``, built — so validated — before anything
+    trains), and the notes on what the methods optimise."""
+
+    steered: list[Arm]
+    runs: list[tuple[str, int, Any]]
+    seeds: list[int]
+    data_seed: int
+    notes: list[str]
+
+
+def steering_plan(
+    sweep: Sweep, full: dict[str, Any], trials: list[dict[str, Any]], methods: list[str], k: int
+) -> SteeringPlan:
+    """The plan of ``--steer``, checked before anything trains: each method once; ValueError (one line) where a
+    method that reads ``steering_error`` cannot measure the objective (its metric or split, or a minimised
+    objective), or an arm's experiment does not validate; notes where the objective is not what the method
+    optimises (a mean, or tasks beside the steered ones)."""
     methods = list(dict.fromkeys(methods))
     objective = sweep.objectives[0]
     readers = [m for m in methods if "steering_error" in MIXTURE_CONTROLLERS.get(m).signals]
@@ -95,38 +110,36 @@ def steering_plan(sweep: Sweep, full: dict[str, Any], trials: list[dict[str, Any
                 f"{', '.join(readers)}: raises the worst task, as a min objective asks; "
                 f"this objective is a {objective.reduce}"
             )
-    chosen = steered_arms(sweep, full, trials, methods)
-    steered = list(chosen[0].values[full["path"]]["adaptive"]["tasks"]) if chosen else []
+    winner, path = arms(sweep, full, trials)[1], full["path"]
+    steered = list(winner.values[path])
     if set(steered) != set(objective.tasks):
         notes.append(f"the steered tasks are {', '.join(steered)}; the objective scores {', '.join(objective.tasks)}")
+    chosen = steered_arms(winner, path, methods, objective)
     seeds, data_seed = fresh_seeds(sweep, trials, k)
-    for arm in chosen:  # every arm's experiment validates now, before the verification trains anything
-        arm_experiment(sweep, arm, seeds[0], data_seed)
-    return chosen, notes
+    trained = [winner, *chosen, start_arm(winner, path)]
+    runs = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for arm in trained for s in seeds]
+    return SteeringPlan(chosen, runs, seeds, data_seed, notes)
 
 
 def verify_steering(
     sweep: Sweep,
     sweep_dir: Path,
     full: dict[str, Any],
-    methods: list[str],
+    plan: SteeringPlan,
     trials: list[dict[str, Any]],
-    k: int,
     launcher: Optional[Launcher] = None,
     echo: Callable[[str], None] = print,
 ) -> Optional[dict[str, Any]]:
-    """Train each method's arm on the verification's ``k`` fresh seeds (finished runs reused; the winner's runs are
-    the verification's), compare each with the winner and write ``steer.json``; None when the runs were left going."""
-    seeds, data_seed = fresh_seeds(sweep, trials, k)
-    chosen, notes = steering_plan(sweep, full, trials, methods, k)
-    trained = [arms(sweep, full, trials)[1], *chosen, start_arm(sweep, full, trials)]
-    plan = [(arm.name, s, arm_experiment(sweep, arm, s, data_seed)) for arm in trained for s in seeds]
-    done, how = run_arms(sweep, sweep_dir, plan, launcher, echo)
+    """Train ``plan``'s runs (finished runs reused; the winner's runs are the verification's), compare each steered
+    arm with the winner and with its fixed start and write ``steer.json``; None when the runs were left going."""
+    chosen, seeds, notes = plan.steered, plan.seeds, list(plan.notes)
+    done, how = run_arms(sweep, sweep_dir, plan.runs, launcher, echo)
     if not done:
         return None
     objective = sweep.objectives[0]
     notes += own_seed_notes(sweep)
-    scores = {arm.name: arm_scores(objective, sweep_dir, arm.name, seeds, notes) for arm in trained}
+    names = list(dict.fromkeys(name for name, _, _ in plan.runs))  # the winner, the steered arms, the start
+    scores = {name: arm_scores(objective, sweep_dir, name, seeds, notes) for name in names}
     crossed = itemised(list(scores.values()), notes)
     adjusted = 1.0 - (1.0 - CONFIDENCE) / (2 * len(chosen))  # each method against the winner and its own start
     sign = 1.0 if objective.direction == "maximize" else -1.0
@@ -154,17 +167,12 @@ def verify_steering(
         "objective": objective.describe(),
         "direction": objective.direction,
         "seeds": seeds,
-        "data_seed": data_seed,
+        "data_seed": plan.data_seed,
         "interval": interval_kind(crossed, len(seeds)),
         "family": f"Bonferroni over {2 * len(chosen)} comparisons (each steered arm with the sweep's winner and with "
         f"its start held fixed): two-sided level {adjusted:.4f}",
         "cost": f"each steered arm is one run; the sweep was {len(trials)} trials",
-        "winner": {
-            "trial": full["winner"]["number"],
-            "values": scores["winner"].values,
-            "mean": float(np.mean(scores["winner"].values)),
-            "in_sample": full["winner"]["observed"],
-        },
+        "winner": winner_summary(full, scores["winner"]),
         "start": {"values": scores[START_ARM].values, "mean": float(np.mean(scores[START_ARM].values))},
         "rows": rows,
         "runs": {name: run_records(sweep_dir, name, seeds, how) for name in scores},

@@ -313,6 +313,17 @@ def arm_scores(objective: Objective, sweep_dir: Path, arm: str, seeds: list[int]
     return ArmScores(values, table, keys)
 
 
+def winner_summary(full: dict[str, Any], scores: ArmScores) -> dict[str, Any]:
+    """The sweep's winner as the budget curve and the steering report show it: its trial, in-sample value and fresh
+    values with their mean."""
+    return {
+        "trial": full["winner"]["number"],
+        "values": scores.values,
+        "mean": float(np.mean(scores.values)),
+        "in_sample": full["winner"]["observed"],
+    }
+
+
 def itemised(scores: list[ArmScores], notes: list[str]) -> bool:
     """Whether every arm has its items and all were scored on the same ones (ValueError if not the same)."""
     keyed = [s.keys for s in scores if s.keys is not None]
