@@ -41,6 +41,24 @@ def _pick_examples(exp: Experiment, splits: dict[str, dict[str, list]], n: int, 
     return picked
 
 
+def _epoch_batches(encoded, batch_size: int, max_steps: int, rng, pad_id: int, images: bool, drop_images) -> list:
+    """``max_steps`` batches of ``batch_size``, epoch after epoch, each epoch in a fresh order of ``rng``."""
+    batches: list = []
+    while len(batches) < max_steps:
+        order = rng.permutation(len(encoded))
+        for i in range(0, len(order) - batch_size + 1, batch_size):
+            chosen = [encoded[j] for j in order[i : i + batch_size]]
+            batches.append(collate_mixed(chosen, pad_id, drop_images) if images else collate(chosen, pad_id))
+    return batches[:max_steps]
+
+
+def _pooled_tf_exact(result, items) -> float:
+    """The share of items whose every answer token is the argmax, pooled over tasks (each weighed by its items)."""
+    values = [v for _, _, m, v in result.metrics if m == "tf_exact"]
+    counts = [sum(1 for it in items if it.task == t) for t, _, m, _ in result.metrics if m == "tf_exact"]
+    return float(np.average(values, weights=counts))
+
+
 def overfit_check(
     exp: Experiment,
     n: int = 128,
@@ -80,30 +98,20 @@ def overfit_check(
         if image_encoded is not None:  # scored with the images, as trained
             score["tf_exact"] = teacher_forced_exact(model, encoded, tokenizer.pad_token_id, drop_images)
         else:
-            result = run_evaluation(model, tokenizer, items, recipes, spec)
-            values = [v for _, _, m, v in result.metrics if m == "tf_exact"]
-            counts = [sum(1 for it in items if it.task == t) for t, _, m, _ in result.metrics if m == "tf_exact"]
-            score["tf_exact"] = float(np.average(values, weights=counts))
+            score["tf_exact"] = _pooled_tf_exact(run_evaluation(model, tokenizer, items, recipes, spec), items)
         score["steps"] = step
         if console is not None:
             console.info(f"  overfit step {step}: tf_exact {score['tf_exact']:.3f}")
         if score["tf_exact"] >= threshold:
             raise Reached
 
-    batches = []
-    while len(batches) < max_steps:
-        order = rng.permutation(len(encoded))
-        batches += [
-            collate_mixed([encoded[j] for j in order[i : i + batch_size]], tokenizer.pad_token_id, drop_images)
-            if image_encoded is not None
-            else collate([encoded[j] for j in order[i : i + batch_size]], tokenizer.pad_token_id)
-            for i in range(0, len(order) - batch_size + 1, batch_size)
-        ]
+    images = image_encoded is not None
+    batches = _epoch_batches(encoded, batch_size, max_steps, rng, tokenizer.pad_token_id, images, drop_images)
     torch.manual_seed(exp.seed)
     try:
         train_stage(
             model,
-            batches[:max_steps],
+            batches,
             StageLoop(
                 stage="overfit",
                 start_step=0,
