@@ -29,7 +29,6 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from harness.config import task_seed
 from harness.core.stats import wilson_interval
 from harness.data.encoding import IGNORE_INDEX
 from harness.data.images import ImageEncoded, collate_mixed, encode_image_examples, left_padded_prompts
@@ -273,22 +272,36 @@ def image_tasks(data) -> list[str]:
     return [name for name, recipe in data.recipes.items() if getattr(recipe, "has_images", False)]
 
 
+@dataclass(frozen=True)
+class ImageEvalPlan:
+    """The run's slice the image tasks' evaluation needs (made by the runs layer from the experiment): the decoding
+    settings and, per image task, its data seed and how many of its training items the ``train`` split scores."""
+
+    splits: tuple[str, ...]
+    seed: int
+    batch_size: int
+    max_new_tokens: Optional[int]
+    drop_images: bool
+    task_seeds: dict[str, int]
+    train_items: dict[str, int]
+
+
 class ImageEval:
     """The image tasks' evaluation: :func:`~harness.evaluation.image_use.image_use` per task and eval split."""
 
-    def __init__(self, exp, data, processor):
-        self.processor, self.recipes, self.drop_images = processor, data.recipes, exp.debug.drop_images
+    def __init__(self, plan: ImageEvalPlan, data, processor):
+        self.processor, self.recipes, self.drop_images = processor, data.recipes, plan.drop_images
         # null max_new_tokens (auto): image answers are a word or two; 12 lets an overlong one be seen ending
-        self.seed, self.batch_size = exp.seed, exp.eval.batch_size
-        self.max_new_tokens = exp.eval.max_new_tokens or IMAGE_MAX_NEW_TOKENS
+        self.seed, self.batch_size = plan.seed, plan.batch_size
+        self.max_new_tokens = plan.max_new_tokens or IMAGE_MAX_NEW_TOKENS
         self.examples: dict[tuple[str, str], list] = {}
         for name in image_tasks(data):
             splits = data.splits[name]
-            for split in exp.eval.splits:
+            for split in plan.splits:
                 if split == "train":  # the same fixed subsample as the text tasks' train split
                     pool = splits["train"]
-                    rng = np.random.default_rng(task_seed(exp, name))
-                    chosen = sorted(rng.choice(len(pool), size=min(exp.tasks[name].eval, len(pool)), replace=False))
+                    rng = np.random.default_rng(plan.task_seeds[name])
+                    chosen = sorted(rng.choice(len(pool), size=min(plan.train_items[name], len(pool)), replace=False))
                     self.examples[(name, split)] = [pool[i] for i in chosen]
                 elif splits[split]:
                     self.examples[(name, split)] = splits[split]
@@ -331,11 +344,11 @@ class ImageEval:
         return rows, samples
 
 
-def image_eval(exp, data, io) -> Optional[ImageEval]:
+def image_eval(plan: ImageEvalPlan, data, io) -> Optional[ImageEval]:
     """The run's :class:`ImageEval` through ``io``'s processor (:func:`harness.models.modality.model_io`; a text
     model's run has refused image tasks when it encoded them), or ``None`` when no task has images."""
     if not image_tasks(data):
         return None
     if io.processor is None:  # a run refuses it earlier (tasks.<name>: ... text-only); other callers learn it here
         raise ValueError("image tasks need an image-text model (model.builtin: llava-tiny or an image-text model.hf)")
-    return ImageEval(exp, data, io.processor)
+    return ImageEval(plan, data, io.processor)

@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from harness.config import Experiment
+from harness.config import Experiment, task_seed
 from harness.core.jsonl import append_jsonl, read_jsonl
 from harness.core.metrics import is_benchmark_task
 from harness.core.store import Row, atomic_write_text
 from harness.evaluation import EVAL_METRICS, hijack_token_ids, run_evaluation
 from harness.evaluation.evidence import outcome_rows
 from harness.evaluation.forgetting import ReferenceText, is_reference_task
-from harness.evaluation.image_use import image_eval
+from harness.evaluation.image_use import ImageEvalPlan, image_eval
 from harness.models.modality import model_io
 from harness.training import parallel as distributed
 
@@ -94,7 +94,7 @@ class EvalLog:
             on_evaluation,
             resume_filter=resume_filter,
             run_id=run_id,
-            image_eval=image_eval(exp, data, model_io(tokenizer)),
+            image_eval=image_eval(image_eval_plan(exp), data, model_io(tokenizer)),
             shard=distributed.current(),
             benchmarks=benchmarks,
             reference=reference,
@@ -268,3 +268,16 @@ def make_benchmarks(exp: Experiment, world: Any, tokenizer: Any, run_dir: Path, 
     if unknown:
         raise ConfigError(exp.name, [(f"eval.benchmarks[{i}].task", m) for i, m in unknown])
     return benchmarks
+
+
+def image_eval_plan(exp: Experiment) -> ImageEvalPlan:
+    """What the image tasks' evaluation takes of the experiment (evaluation takes no whole experiment)."""
+    return ImageEvalPlan(
+        splits=tuple(exp.eval.splits),
+        seed=exp.seed,
+        batch_size=exp.eval.batch_size,
+        max_new_tokens=exp.eval.max_new_tokens,
+        drop_images=exp.debug.drop_images,
+        task_seeds={name: task_seed(exp, name) for name in exp.tasks},
+        train_items={name: spec.eval for name, spec in exp.tasks.items()},
+    )
