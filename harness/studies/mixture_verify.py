@@ -327,9 +327,8 @@ def winner_summary(full: dict[str, Any], scores: ArmScores) -> dict[str, Any]:
 
 
 def itemised(scores: list[ArmScores]) -> bool:
-    """Whether every arm has its items table and all were scored on the same ones (ValueError if not the same).
-    Decided by the scores alone: the verification, the budget curve and the steering report, each with its own
-    informational notes, make the same comparison with the same interval."""
+    """Whether every arm has its items table and all were scored on the same ones (ValueError if not the same);
+    from the scores alone, so verify, --budget and --steer, whatever their notes, give one comparison one interval."""
     keyed = [s.keys for s in scores if s.keys is not None]
     if any(keys != keyed[0] for keys in keyed):
         raise ValueError("the arms were scored on other items: their runs cannot be paired item by item")
