@@ -159,9 +159,8 @@ def seesaw_events(
     runs: RunsLike, delta: Optional[float] = None, metrics: Sequence[str] = EVENT_METRICS
 ) -> pl.DataFrame:
     """Seesaw events of every run in the frame — between consecutive evaluations one task rose by ≥ δ while another
-    fell by ≥ δ. By default every family the run tested (:mod:`harness.core.seesaw_families`: task–task on greedy
-    and ft_hijack, and under the paired rule task–benchmark and task–reference text, whose ``metric`` names the
-    family): the events the run's console and ``summary.json`` list.
+    fell by ≥ δ. By default of every family the run tested (:mod:`harness.core.seesaw_families`; ``metric`` names
+    it): the events its console and ``summary.json`` list.
 
     A run that stored its own events (``eval.seesaw_test``; a ``seesaw_tests`` row says which rule) gives those —
     under the default paired rule, only changes significant on the items, with their BH-adjusted ``p_value`` —
