@@ -278,9 +278,9 @@ def _seesaw_header(summary: dict[str, Any]) -> str:
     (:mod:`harness.core.seesaw_families`)."""
     events = summary.get("seesaw_events", [])
     head = f"seesaw events: {describe_counts(events)}" if events else "no seesaw events"
-    rule = _rule(summary)
-    scope = families_scope((summary.get("seesaw") or {}).get("test", "none"))
-    return f"{head} ({scope}{'; ' + rule if rule else ''})"
+    if not summary.get("seesaw"):  # nothing was tested (harness eval: one evaluation)
+        return head
+    return f"{head} ({families_scope(summary['seesaw']['test'])}; {_rule(summary)})"
 
 
 def _rule(summary: dict[str, Any]) -> str:
