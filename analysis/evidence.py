@@ -18,7 +18,7 @@ from typing import Any, Optional
 import polars as pl
 
 from harness.core.metrics import BASELINE_PREFIX, SEESAW_TESTS_METRIC
-from harness.core.seesaw import SEESAW_METRICS
+from harness.core.seesaw_families import EVENT_METRICS
 from harness.core.stats import above_rate_p, benjamini_hochberg
 
 BASELINE_SCHEMA = {
@@ -95,7 +95,7 @@ def stored_seesaw_events(run: pl.DataFrame, metrics: list[str], delta: Optional[
     decided it with another ``delta`` than the one asked for, or when ``metrics`` names one the run did not test
     (the caller then recomputes)."""
     marker = run.filter(pl.col("metric") == SEESAW_TESTS_METRIC)
-    if marker.is_empty() or not set(metrics) <= set(SEESAW_METRICS):  # the run tested only SEESAW_METRICS
+    if marker.is_empty() or not set(metrics) <= set(EVENT_METRICS):  # the families a run tests (seesaw_families)
         return None
     rule: dict[str, Any] = json.loads(marker["text"][-1] or "{}")
     if delta is not None and abs(float(rule.get("delta", delta)) - delta) > 1e-12:

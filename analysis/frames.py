@@ -15,6 +15,7 @@ import polars as pl
 
 from analysis.evidence import EVENT_SCHEMA, above_baseline, baselines, stored_seesaw_events
 from analysis.loading import AnalysisError, PathLike, as_frame, load_run, load_samples, read_config
+from harness.core.seesaw_families import EVENT_METRICS
 from harness.core.store import LOWER_IS_BETTER as STORE_LOWER_IS_BETTER
 
 # Metrics where a smaller value is better (everything else: larger is better): the store's, and two trial columns.
@@ -155,17 +156,18 @@ def stage_table(runs: RunsLike, metric: str = "greedy", split: str = "heldout") 
 
 
 def seesaw_events(
-    runs: RunsLike, delta: Optional[float] = None, metrics: Sequence[str] = ("greedy", "ft_hijack")
+    runs: RunsLike, delta: Optional[float] = None, metrics: Sequence[str] = EVENT_METRICS
 ) -> pl.DataFrame:
     """Seesaw events of every run in the frame — between consecutive evaluations one task rose by ≥ δ while another
-    fell by ≥ δ.
+    fell by ≥ δ. By default of every family the run tested (:mod:`harness.core.seesaw_families`; ``metric`` names
+    it): the events its console and ``summary.json`` list.
 
     A run that stored its own events (``eval.seesaw_test``; a ``seesaw_tests`` row says which rule) gives those —
     under the default paired rule, only changes significant on the items, with their BH-adjusted ``p_value`` —
     when ``delta`` is None or the run's own and ``metrics`` are among those the run tested. Otherwise (older runs,
     another δ, other metrics such as ``mode_ok``) the events are recomputed with the *untested* threshold rule
-    (:func:`harness.core.seesaw.seesaw_events`; ``test = "none"``, no p-value): the store keeps values, not
-    the per-item outcomes a test needs (those are in ``samples.jsonl``).
+    (:func:`harness.core.seesaw.seesaw_events`; ``test = "none"``, no p-value; task–task only): the store keeps
+    values, not the per-item outcomes a test needs (those are in ``samples.jsonl``).
 
     ``delta`` defaults to the run's ``eval.seesaw_delta`` when the frame came from :func:`load_runs` with config
     columns (else 0.15). Columns: ``run_id, metric, split, step_from, step_to, stage_from, stage_to, rose, rose_by,

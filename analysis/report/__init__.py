@@ -1,7 +1,8 @@
 """``harness report``: one self-contained HTML page (PNGs embedded, and written next to it) for a run or a sweep.
 
 - :mod:`analysis.report.page`: the page (sections, embedded figures, CSS) and the HTML table helpers;
-- :mod:`analysis.report.run`: the run report (:func:`run_report`);
+- :mod:`analysis.report.run`: the run report (:func:`run_report`), reading :mod:`analysis.report.run_data` and
+  writing its findings with :mod:`analysis.report.run_findings`;
 - :mod:`analysis.report.sweep`: the sweep report (:func:`sweep_report`);
 - :mod:`analysis.report.group`: the report of a seed group (:func:`group_report`).
 """

@@ -102,7 +102,9 @@ def group_report(group_dir: PathLike, out: Optional[PathLike] = None, *, metric:
     page.section("Seesaw events across seeds", "events")
     page.p(
         "Matched on split, rising task, falling task and stage transition; recurs_in counts the replicates "
-        "whose run detected it (with the run's own rule: eval.seesaw_test).",
+        "whose run detected it (with the run's own rule: eval.seesaw_test). Every family the runs tested, as their "
+        "consoles list them: task–task (metrics greedy, ft_hijack), task–benchmark (bench_vs_greedy) and "
+        "task–reference text (ref_vs_greedy).",
         "note",
     )
     page.raw(table(recurring_events(group_dir).drop("k")))

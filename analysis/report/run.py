@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 from typing import Optional
@@ -16,70 +15,16 @@ import polars as pl
 
 from analysis import frames as F
 from analysis import plots as P
-from analysis.loading import AnalysisError, PathLike, load_run, load_samples, read_config, read_summary
+from analysis.loading import PathLike
 from analysis.report.choice import choice_and_benchmark_curves
-from analysis.report.evidence import baseline_findings, baseline_section, data_notes, interval_note, stage_end_intervals
+from analysis.report.evidence import baseline_section, data_notes, interval_note, stage_end_intervals
 from analysis.report.page import Page, facts_table, fmt, fmt_rank, table
+from analysis.report.run_data import RunData, load_run_data
+from analysis.report.run_findings import events_test, findings, seesaw_rule
+from harness.core.seesaw_families import families_scope, family_label
 
 # The stage-end tables shown folded under the main metric's (each when the run logged it).
 OTHER_STAGE_METRICS = ("mode_ok", "tf_first", "ft_hijack", "ft_rank_median")
-
-
-@dataclass
-class RunData:
-    """One run as every section of its report reads it, loaded once."""
-
-    run_dir: Path
-    frame: pl.DataFrame
-    config: dict
-    summary: dict
-    metric: str
-    delta: float
-    splits: list[str]
-    primary: str  # the split findings and folded tables read: heldout when evaluated
-    tasks: list[str]
-    colors: dict[str, str]
-    events: pl.DataFrame
-    mode_events: pl.DataFrame
-    expected: set[str]  # tasks whose gold answers start with a hijack word
-    bounds: pl.DataFrame
-    name: str
-    run_id: str
-
-
-def load_run_data(run_dir: Path, metric: str, delta: Optional[float]) -> RunData:
-    """Read the run's store, config and summary; ``delta`` defaults to the config's ``eval.seesaw_delta``."""
-    frame = load_run(run_dir)
-    if frame.is_empty():
-        raise AnalysisError(f"{run_dir}: the store is empty (the run has not evaluated yet)")
-    config = read_config(run_dir)
-    summary = read_summary(run_dir)
-    delta = float(delta if delta is not None else (config.get("eval") or {}).get("seesaw_delta", 0.15))
-    evals = F.eval_rows(frame)
-    splits = list(
-        dict.fromkeys(s for s in (config.get("eval") or {}).get("splits", []) if s in evals["split"].unique().to_list())
-    ) or sorted(evals["split"].unique().to_list())
-    tasks = sorted(evals["task"].unique().to_list())
-    # The in-run definition reads greedy and ft_hijack; the same definition on mode_ok shows a seesaw in the answers'
-    # *form* (yes/no vs open answers) that exact match at 0 would hide.
-    return RunData(
-        run_dir=run_dir,
-        frame=frame,
-        config=config,
-        summary=summary,
-        metric=metric,
-        delta=delta,
-        splits=splits,
-        primary="heldout" if "heldout" in splits else splits[0],
-        tasks=tasks,
-        colors=P.task_colors(tasks),
-        events=F.seesaw_events(frame, delta),
-        mode_events=F.seesaw_events(frame, delta, metrics=["mode_ok"]),
-        expected=F.hijack_tasks(run_dir),
-        bounds=F.stage_bounds(frame),
-        name=config.get("name") or summary.get("experiment") or run_dir.name,
-        run_id=frame["run_id"][0],
-    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -168,216 +113,6 @@ def _stage_rows(config: dict, summary: dict, bounds: pl.DataFrame, frame: pl.Dat
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Findings: what a reader should look at first, in sentences (every number read from the data)
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _findings(run: RunData) -> list[str]:
-    try:
-        st = F.stage_table(run.frame, run.metric, run.primary)
-    except AnalysisError:
-        return [f"no {escape(run.metric)} rows yet"]
-    tasks = [c for c in st.columns if c not in ("run_id", "stage", "step")]
-    last = st.row(-1, named=True)
-    return [
-        *_end_and_largest_fall(run, st, tasks, last),
-        *baseline_findings(run.frame, run.metric, run.primary, P.SPLIT_TITLES.get(run.primary, run.primary)),
-        *_lost_peaks(run),
-        *_seesaw_findings(run),
-        *_hijack_findings(run),
-        *_sample_findings(run),
-        *_memorisation_findings(run, tasks, last),
-    ]
-
-
-def _end_and_largest_fall(run: RunData, st: pl.DataFrame, tasks: list[str], last: dict) -> list[str]:
-    """Every task's value at the end, and the largest fall between consecutive stage ends."""
-    ranked = sorted(((last[t], t) for t in tasks if last[t] is not None), reverse=True)
-    out = [
-        f"At the end (step {last['step']}, stage <b>{escape(last['stage'])}</b>), {escape(run.metric)} on "
-        f"{escape(P.SPLIT_TITLES.get(run.primary, run.primary))}: "
-        + ", ".join(f"{escape(t)} <b>{fmt(v)}</b>" for v, t in ranked)
-        + "."
-    ]
-    drops = []
-    for a, b in zip(st.iter_rows(named=True), list(st.iter_rows(named=True))[1:]):
-        for t in tasks:
-            if a[t] is not None and b[t] is not None and a[t] - b[t] > 1e-9:
-                drops.append((a[t] - b[t], t, a["stage"], b["stage"], a[t], b[t]))
-    if drops:
-        d, t, s1, s2, v1, v2 = max(drops)
-        out.append(
-            f"Largest stage-to-stage fall: <b>{escape(t)}</b> {fmt(v1)} → {fmt(v2)} from the end of "
-            f"{escape(s1)} to the end of {escape(s2)}."
-        )
-    return out
-
-
-def _lost_peaks(run: RunData) -> list[str]:
-    """Tasks whose metric (and answer form, mode_ok) peaked at least δ above where they ended."""
-    out = []
-    for m in dict.fromkeys([run.metric, "mode_ok"]):
-        rows = F.eval_rows(run.frame, [m], run.primary)
-        if rows.is_empty():
-            continue
-        final = rows.filter(pl.col("step") == rows["step"].max()).unique("task", keep="last")
-        end = dict(zip(final["task"].to_list(), final["value"].to_list()))
-        # Peaks after training started (the base model's babble is often "in form": not a thing learned).
-        peaks = (
-            rows.filter(pl.col("step") > rows["step"].min())
-            .group_by("task")
-            .agg(pl.col("value").max().alias("peak"), pl.col("step").sort_by("value").last().alias("at"))
-        )
-        lost = [
-            (r["peak"] - end[r["task"]], r["task"], r["peak"], r["at"])
-            for r in peaks.iter_rows(named=True)
-            if end.get(r["task"]) is not None and r["peak"] - end[r["task"]] >= run.delta - 1e-9
-        ]
-        for gap, t, peak, at in sorted(lost, reverse=True)[:3]:
-            what = "learned, then lost" if m == run.metric else "answered in the right form, then lost it"
-            out.append(
-                f"<b>{escape(t)}</b> {escape(m)} peaked at {fmt(peak)} (step {at}) and ended at {fmt(end[t])}: {what}."
-            )
-    return out
-
-
-def _seesaw_rule(run: RunData) -> str:
-    """How the run's events were decided, in words (its summary's ``seesaw``; older runs: the untested rule)."""
-    rule = run.summary.get("seesaw") or {}
-    if rule.get("test") == "paired":
-        return (
-            f"paired test: both changes significant on the fixed items — exact McNemar, Benjamini–Hochberg over "
-            f"the run's {rule.get('tests')} tests at α = {rule.get('alpha'):g}"
-        )
-    return "untested threshold rule: movements, not findings"
-
-
-def _seesaw_findings(run: RunData) -> list[str]:
-    """The in-run seesaw events (or their absence), then the same definition on mode_ok when it fired."""
-    events, mode_events, delta = run.events, run.mode_events, run.delta
-    if events.is_empty():
-        out = [
-            f"No seesaw events at δ = {delta:g} (no evaluation where one task rose by δ while another fell "
-            f"by δ; {escape(_seesaw_rule(run))})."
-        ]
-    else:
-        parts = []
-        for (m, sp, a, b), block in events.group_by("metric", "split", "step_from", "step_to", maintain_order=True):
-            rose = ", ".join(dict.fromkeys(block["rose"].to_list()))
-            fell = ", ".join(dict.fromkeys(block["fell"].to_list()))
-            p = block["p_value"].drop_nulls()
-            parts.append(
-                f"{escape(m)} on {escape(sp)}, step {a} → {b}: ↑ {escape(rose)} ↓ {escape(fell)}"
-                + (f" (p ≤ {p.max():.2g})" if p.len() else "")
-            )
-        shown = "; ".join(parts[:4]) + (f"; and {len(parts) - 4} more" if len(parts) > 4 else "")
-        out = [
-            f"<b>{events.height} seesaw event{'s' if events.height > 1 else ''}</b> at δ = {delta:g} "
-            f"({escape(_seesaw_rule(run))}): {shown}."
-        ]
-    if not mode_events.is_empty():
-        parts = [
-            f"step {r['step_from']} → {r['step_to']} on {escape(r['split'])}: ↑ {escape(r['rose'])} "
-            f"+{r['rose_by']:.2f} ↓ {escape(r['fell'])} −{r['fell_by']:.2f}"
-            for r in mode_events.iter_rows(named=True)
-        ][:4]
-        out.append(
-            f"The seesaw in answer <b>form</b> (mode_ok, outside the in-run definition; untested rule): "
-            f"{mode_events.height} event{'s' if mode_events.height > 1 else ''} — "
-            + "; ".join(parts)
-            + ("; …" if mode_events.height > 4 else "")
-            + "."
-        )
-    return out
-
-
-def _hijack_findings(run: RunData) -> list[str]:
-    """The first-token hijack at the end, of tasks whose answers do not start with a hijack word."""
-    try:
-        tl = F.hijack_timeline(run.frame)
-    except AnalysisError:
-        return []
-    out = []
-    if not tl.is_empty():
-        end = tl.filter(pl.col("step") == tl["step"].max())
-        for (sp,), block in end.group_by("split", maintain_order=True):
-            hit = [
-                r
-                for r in block.sort("ft_hijack", descending=True, nulls_last=True).iter_rows(named=True)
-                if r["task"] not in run.expected and r["ft_hijack"] is not None and r["ft_hijack"] >= 0.5
-            ]
-            if hit:
-                out.append(
-                    f"<b>First-token hijack</b> at the end on {escape(P.SPLIT_TITLES.get(sp, sp))} (share of "
-                    "prompts whose most likely first token is a hijack word): "
-                    + "; ".join(
-                        f"{escape(r['task'])} <b>{r['ft_hijack']:.0%}</b> (most common top-1 "
-                        f"{escape(repr(r['top1']))}; the gold first token ranks "
-                        f"{fmt_rank(r['ft_rank_median'])})"
-                        for r in hit
-                    )
-                    + "."
-                )
-    return out
-
-
-def _sample_findings(run: RunData) -> list[str]:
-    """From the final evaluation's samples: how far one item moves a score, and tasks that answer with nothing
-    (the model ends its turn at once)."""
-    try:
-        samples = load_samples(run.run_dir)
-    except Exception:  # noqa: BLE001 - a report still renders without samples
-        samples = pl.DataFrame()
-    if samples.is_empty() or "pred" not in samples.columns:
-        return []
-    out = []
-    final = samples.filter(pl.col("step") == samples["step"].max(), pl.col("split") == run.primary)
-    final = final.filter(pl.col("stage") == final["stage"][-1]) if final.height else final
-    sizes = final.group_by("task").len().sort("task")
-    if sizes.height:
-        n_min, n_max = sizes["len"].min(), sizes["len"].max()
-        size = f"{n_min}" if n_min == n_max else f"{n_min}–{n_max}"
-        out.append(
-            f"<span class='note'>Evaluation sets: {size} items per task on {escape(run.primary)}, so one "
-            f"item moves a score by {1 / n_max:.3f}"
-            + (f"–{1 / n_min:.3f}" if n_min != n_max else "")
-            + f" (δ = {run.delta:g}).</span>"
-        )
-    empty = (
-        final.group_by("task")
-        .agg((pl.col("pred").fill_null("").str.strip_chars() == "").mean().alias("e"))
-        .filter(pl.col("e") >= 0.25)
-        .sort("e", descending=True)
-    )
-    if not empty.is_empty():
-        out.append(
-            "<b>Empty answers</b> at the end (the model ends its turn at once): "
-            + ", ".join(f"{escape(r['task'])} {r['e']:.0%}" for r in empty.iter_rows(named=True))
-            + "."
-        )
-    return out
-
-
-def _memorisation_findings(run: RunData, tasks: list[str], last: dict) -> list[str]:
-    """Tasks far better on their training items than held out (when the train split was evaluated)."""
-    if "train" not in run.splits or run.primary == "train":
-        return []
-    out = []
-    try:
-        tr = F.stage_table(run.frame, run.metric, "train").row(-1, named=True)
-        gaps = [(tr[t] - last[t], t) for t in tasks if tr.get(t) is not None and last[t] is not None]
-        for gap, t in sorted(gaps, reverse=True)[:3]:
-            if gap >= 0.25:
-                out.append(
-                    f"<b>{escape(t)}</b>: {fmt(tr[t])} on training items vs {fmt(last[t])} held out — "
-                    "memorised rather than learned."
-                )
-    except AnalysisError:
-        pass
-    return out
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # Sections
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -385,7 +120,7 @@ def _memorisation_findings(run: RunData, tasks: list[str], last: dict) -> list[s
 def _summary_sections(page: Page, run: RunData) -> None:
     """Findings, the curriculum and the stage-end tables."""
     page.section("Findings", "findings")
-    page.findings(_findings(run))
+    page.findings(findings(run))
     if not run.summary:
         page.p("The run has not finished (no summary.json): this report shows what the store holds so far.", "note")
     for note in data_notes(run.summary):
@@ -437,7 +172,8 @@ def _curve_sections(page: Page, run: RunData) -> None:
         lambda: P.plot_curves(frame, metric, splits, run.events, tasks, colors),
         f"curves_{metric}.png",
         f"Per-task {escape(metric)} at every evaluation across the curriculum; grey bands are stages. "
-        f"▲/▼: a seesaw event (one task rose by ≥ {delta:g} while another fell by ≥ {delta:g}).",
+        f"▲/▼: a task–task seesaw event (one task rose by ≥ {delta:g} while another fell by ≥ {delta:g}); "
+        "the events against benchmarks and the reference text are listed under Seesaw events.",
     )
     if not frame.filter(pl.col("metric") == "mixture_weight").is_empty():  # an adaptive stage steered the mixture
         page.figure(
@@ -486,10 +222,14 @@ def _event_and_failure_sections(page: Page, run: RunData, failures: int) -> None
     page.section("Seesaw events", "events")
     page.p(
         f"Between consecutive evaluations, one task rose by at least δ = {run.delta:g} while another fell by at "
-        f"least δ (the in-run definition, {escape(_seesaw_rule(run))}; metrics greedy and ft_hijack — for "
-        "ft_hijack a rise is bad). p_value: the larger of the two changes' adjusted p-values."
+        f"least δ (the in-run definition, {escape(seesaw_rule(run))}; "
+        f"{escape(families_scope(events_test(run)))} — task–task on greedy and ft_hijack, for ft_hijack a rise is "
+        "bad; against a benchmark or the forgetting probe's reference text, the task's greedy score against the "
+        "benchmark's accuracy or the text's per-document log-likelihood). The events the run's console and "
+        "summary.json list. p_value: the larger of the two changes' adjusted p-values."
     )
-    page.raw(table(run.events.drop("run_id")))
+    families = pl.Series("family", [family_label(m) for m in run.events["metric"].to_list()], dtype=pl.Utf8)
+    page.raw(table(run.events.drop("run_id").insert_column(0, families)))
     if not run.mode_events.is_empty():
         page.h3("The untested threshold rule on mode_ok (the answer's form; not part of the in-run events)")
         page.raw(table(run.mode_events.drop("run_id")))

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from harness.core.metrics import BASELINE_PREFIX, BENCH_TASK_PREFIX, SEESAW_TESTS_METRIC, is_benchmark_task
 from harness.core.seesaw import SEESAW_METRICS, change_tests, paired_seesaw_events, seesaw_events
+from harness.core.seesaw_families import BENCH_FAMILY  # the event family (metric and split) of benchmark_family
 from harness.core.store import Row
 from harness.evaluation.baselines import Baseline, strongest_baselines, task_baselines
 from harness.evaluation.forgetting import REF_FAMILY, REF_TASK_PREFIX, paired_t_pvalues, reference_family
@@ -66,10 +67,6 @@ def run_seesaw(
     # report the task-vs-task ones at their finer spans
     own = {BENCH_FAMILY: BENCH_TASK_PREFIX, REF_FAMILY: REF_TASK_PREFIX}
     return [e for e in events if e["metric"] not in own or own[e["metric"]] in e["rose"] + e["fell"]], len(tests)
-
-
-#: The seesaw family in which benchmarks meet the tasks (event metric and split; see :func:`benchmark_family`)
-BENCH_FAMILY = "bench_vs_greedy"
 
 
 def benchmark_family(outcomes: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -37,6 +37,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from harness.core.seesaw_families import REF_FAMILY  # the event family (metric and split) of reference_family
+
 REF_TASK_PREFIX = "ref:"
 REF_SPLIT = "ref"
 #: The per-document outcome the seesaw reads: minus the document's mean token cross-entropy (nats), higher is better.
@@ -44,8 +46,6 @@ REF_OUTCOME = "ref_loglik"
 REFERENCE_METRICS = ("ref_loss", "ref_ppl", "ref_loss_base", "ref_loss_delta")
 #: Documents of the default (world) reference text: enough for a paired interval, one small forward pass each.
 DEFAULT_DOCUMENTS = 64
-#: The seesaw family in which the reference text meets the tasks (event metric and split; :func:`reference_family`)
-REF_FAMILY = "ref_vs_greedy"
 
 
 def is_reference_task(task: Optional[str]) -> bool:

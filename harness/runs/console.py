@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from harness.core.metrics import BENCH_TASK_PREFIX, is_benchmark_task
+from harness.core.seesaw_families import describe_counts, families_scope
 from harness.evaluation.evidence import format_score
 from harness.evaluation.forgetting import REF_SPLIT
 
@@ -222,10 +223,10 @@ class Console:
         if events:
             from harness.core.seesaw import format_events
 
-            self.rich.print(f"[bold]seesaw events[/] ({len(events)}{_rule(summary)}):", soft_wrap=True)
+            self.rich.print(f"[bold]{_seesaw_header(summary)}[/]:", soft_wrap=True)
             self.rich.print(format_events(events), markup=False, soft_wrap=True)
         else:
-            self.rich.print(f"no seesaw events{_rule(summary)}", markup=False, soft_wrap=True)
+            self.rich.print(_seesaw_header(summary), markup=False, soft_wrap=True)
         timing = summary["timing"]
         self.rich.print(
             f"done in {timing['total_s']:.1f}s (evaluation {100 * timing['eval_share']:.0f}%) → {summary['run_dir']}",
@@ -271,11 +272,22 @@ class Console:
         wide.print(table)
 
 
+def _seesaw_header(summary: dict[str, Any]) -> str:
+    """``seesaw events: 6 task–reference text (families: task–task, and …; 66 paired tests, BH α=0.05)`` — the
+    events per family and the families the run's rule covers, as the report's findings say them
+    (:mod:`harness.core.seesaw_families`)."""
+    events = summary.get("seesaw_events", [])
+    head = f"seesaw events: {describe_counts(events)}" if events else "no seesaw events"
+    if not summary.get("seesaw"):  # nothing was tested (harness eval: one evaluation)
+        return head
+    return f"{head} ({families_scope(summary['seesaw']['test'])}; {_rule(summary)})"
+
+
 def _rule(summary: dict[str, Any]) -> str:
-    """``, paired tests: 66, BH α=0.05`` / ``, untested rule`` — how the run's seesaw events were decided."""
+    """``66 paired tests, BH α=0.05`` / ``untested threshold rule`` — how the run's seesaw events were decided."""
     rule = summary.get("seesaw")
     if not rule:
         return ""
     if rule["test"] == "none":
-        return ", untested threshold rule"
-    return f", {rule['tests']} paired tests, BH α={rule['alpha']:g}"
+        return "untested threshold rule"
+    return f"{rule['tests']} paired tests, BH α={rule['alpha']:g}"

@@ -95,7 +95,7 @@ def verify_budget(
     objective = sweep.objectives[0]
     notes: list[str] = own_seed_notes(sweep)
     scores = {arm.name: arm_scores(objective, sweep_dir, arm.name, seeds, notes) for arm in chosen}
-    crossed = itemised(list(scores.values()), notes)
+    crossed = itemised(list(scores.values()))
     # the family: the distinct comparisons made (a row whose arm is the winner itself compares nothing)
     family = sorted({name for name in names if name not in (None, "winner")})
     adjusted = 1.0 - (1.0 - CONFIDENCE) / max(len(family), 1)

@@ -140,7 +140,7 @@ def verify_steering(
     notes += own_seed_notes(sweep)
     names = list(dict.fromkeys(name for name, _, _ in plan.runs))  # the winner, the steered arms, the start
     scores = {name: arm_scores(objective, sweep_dir, name, seeds, notes) for name in names}
-    crossed = itemised(list(scores.values()), notes)
+    crossed = itemised(list(scores.values()))
     adjusted = 1.0 - (1.0 - CONFIDENCE) / (2 * len(chosen))  # each method against the winner and its own start
     sign = 1.0 if objective.direction == "maximize" else -1.0
     rows = []

@@ -294,8 +294,9 @@ class ArmScores:
 
 
 def arm_scores(objective: Objective, sweep_dir: Path, arm: str, seeds: list[int], notes: list[str]) -> ArmScores:
-    """Read one arm's runs; raises ValueError when two of its seeds were scored on other items."""
-    values, rows, keys = [], [], None
+    """Read one arm's runs; raises ValueError when two of its seeds were scored on other items. A seed whose items
+    do not reproduce its value leaves the arm without a table (noted): its items are not the objective's."""
+    values, rows, keys, faithful = [], [], None, True
     for seed in seeds:
         out = run_dir(sweep_dir, arm, seed)
         value = objective.value(_stage_table(out, objective.stage))
@@ -308,8 +309,9 @@ def arm_scores(objective: Objective, sweep_dir: Path, arm: str, seeds: list[int]
         keys = items[0]
         if abs(float(items[1].mean()) - value) > 1e-9:
             notes.append(f"{arm} seed {seed}: its items do not reproduce its {objective.metric} ({value:.6f})")
+            faithful = False
         rows.append(items[1])
-    table = np.vstack(rows) if len(rows) == len(seeds) and rows else None
+    table = np.vstack(rows) if faithful and len(rows) == len(seeds) and rows else None
     return ArmScores(values, table, keys)
 
 
@@ -324,12 +326,13 @@ def winner_summary(full: dict[str, Any], scores: ArmScores) -> dict[str, Any]:
     }
 
 
-def itemised(scores: list[ArmScores], notes: list[str]) -> bool:
-    """Whether every arm has its items and all were scored on the same ones (ValueError if not the same)."""
+def itemised(scores: list[ArmScores]) -> bool:
+    """Whether every arm has its items table and all were scored on the same ones (ValueError if not the same);
+    from the scores alone, so verify, --budget and --steer, whatever their notes, give one comparison one interval."""
     keyed = [s.keys for s in scores if s.keys is not None]
     if any(keys != keyed[0] for keys in keyed):
         raise ValueError("the arms were scored on other items: their runs cannot be paired item by item")
-    return not notes and all(s.table is not None for s in scores)
+    return all(s.table is not None for s in scores)
 
 
 def paired_difference(
@@ -352,7 +355,7 @@ def compare(
     read = ["winner"] if same else list(ARMS)
     scores = {arm: arm_scores(objective, sweep_dir, arm, seeds, notes) for arm in read}
     scores = {"proposal": scores["winner"], **scores} if same else scores
-    crossed = itemised(list(scores.values()), notes)
+    crossed = itemised(list(scores.values()))
     values = {arm: s.values for arm, s in scores.items()}
     sign = 1.0 if objective.direction == "maximize" else -1.0
     diff = (0.0, 0.0, 0.0) if same else paired_difference(scores["proposal"], scores["winner"], crossed)

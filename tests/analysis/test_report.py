@@ -102,6 +102,45 @@ def test_report_of_a_run_in_progress_and_errors(tiny_run, tmp_path):
     assert result.exit_code == 2 and "neither a run directory" in result.output
 
 
+def test_the_report_counts_every_family_of_the_runs_events_as_the_console_does(tiny_run, tmp_path):
+    """A run whose events include one of the task against the forgetting probe's reference text (stored as the run
+    stores it: in summary.json and as a ``seesaw`` row): the report's findings count it and name its family, as the
+    console's line does, and its events table is the run's list."""
+    from analysis.report.run_data import load_run_data
+    from analysis.report.run_findings import findings
+    from harness.core.seesaw_families import REF_FAMILY, describe_counts
+    from harness.runs.console import _seesaw_header
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("checkpoints", "wandb"))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["seesaw"]["test"] == "paired"
+    event = {"metric": REF_FAMILY, "split": REF_FAMILY, "step_from": 4, "step_to": 8, "stage_from": "b",
+             "stage_to": "b", "rose": "yesno/heldout", "rose_by": 0.5, "fell": "ref:world", "fell_by": 0.3,
+             "p_value": 0.001, "test": "permutation"}  # fmt: skip
+    summary["seesaw_events"].append(event)
+    (run / "summary.json").write_text(json.dumps(summary))
+    frame = pl.read_parquet(run / "metrics.parquet")
+    marker = frame.filter(pl.col("metric") == "seesaw_tests")
+    stored = marker.with_columns(
+        pl.lit("seesaw").alias("metric"),
+        pl.lit(event["rose"]).alias("task"),
+        pl.lit(event["split"]).alias("split"),
+        pl.lit(event["rose_by"]).alias("value"),
+        pl.lit(json.dumps(event)).alias("text"),
+    )
+    pl.concat([frame, stored.select(frame.columns)]).write_parquet(run / "metrics.parquet")
+
+    report = load_run_data(run, "greedy", None)
+    found = " ".join(findings(report))
+    n, counts = len(summary["seesaw_events"]), describe_counts(summary["seesaw_events"])
+    assert "No seesaw events" not in found
+    assert f"{n} seesaw event{'s' if n > 1 else ''}</b> at δ" in found and counts in found
+    assert "task–reference text, step 4 → 8: ↑ yesno/heldout ↓ ref:world" in found
+    assert counts in _seesaw_header(summary) and "task–reference text" in counts  # the console says the same
+    assert report.events.drop("run_id").to_dicts() == summary["seesaw_events"]  # one list: the run's own
+
+
 def test_compare_cli(tiny_run, tmp_path):
     other = tmp_path / "other"
     shutil.copytree(tiny_run, other, ignore=shutil.ignore_patterns("checkpoints", "wandb"))

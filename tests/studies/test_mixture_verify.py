@@ -31,8 +31,10 @@ TASKS = ["repeat", "yesno", "math"]
 PATH = "stages.b.mixture"
 
 
-def _sweep_dir(tmp_path: Path, n: int = 10) -> tuple[Path, object]:
+def _sweep_dir(tmp_path: Path, n: int = 10, own_seed: bool = False) -> tuple[Path, object]:
     exp = copy.deepcopy(TINY)
+    if own_seed:  # a task that keeps its own data seed: the reports say so in a note
+        exp["tasks"]["repeat"]["seed"] = 11
     exp["eval"]["every"] = 2
     for stage in exp["stages"]:
         stage["steps"] = 2
@@ -214,6 +216,54 @@ def test_a_budget_row_is_worse_only_when_its_adjusted_interval_is_on_the_worse_s
     assert _compared(row, "budget-4", {**scores, "budget-4": noisy}, False, 0.99, maximize=True)["worse"] is False
     nothing = _compared({**row, "mixture": None}, None, scores, False, 0.99, maximize=True)
     assert nothing["worse"] is None and nothing["values"] == [] and nothing["difference"]["estimate"] is None
+
+
+def _finished_runs(sweep_dir: Path, plan, items: int = 4) -> dict[str, str]:
+    """Finished runs as the runner leaves them, for what the reports read: each (arm, seed)'s ``summary.json``
+    (stage b's held-out tf_first per task) and the 0/1 outcomes of the same items in ``samples.jsonl``."""
+    rng = np.random.default_rng(7)
+    for arm, seed, _ in plan:
+        out = sweep_dir / "verify" / arm / f"seed-{seed}"
+        out.mkdir(parents=True, exist_ok=True)
+        records, metrics = [], {}
+        for task in ("yesno", "math"):
+            outcomes = (rng.random(items) < 0.6).astype(int)
+            metrics[task] = {"tf_first": float(outcomes.mean())}
+            where = {"stage": "b", "step": 4, "task": task, "split": "heldout", "gold": "x"}
+            records += [
+                {**where, "index": i, "prompt": f"{task} {i}", "outcomes": {"tf_first": int(o)}}
+                for i, o in enumerate(outcomes)
+            ]
+        (out / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (out / "summary.json").write_text(json.dumps({"stages": [{"name": "b", "metrics": {"heldout": metrics}}]}))
+    return {f"{arm} seed {seed}": "reused" for arm, seed, _ in plan}
+
+
+def test_budget_steer_and_verify_give_one_comparison_the_same_interval(tmp_path, monkeypatch):
+    """The verification, the budget curve and the steering report read the same runs: the full proposal against
+    the winner is one comparison, with one interval, whatever notes each report carries (a task that keeps its
+    own seed, a steering method that raises the worst task of a mean objective)."""
+    from harness.studies import mixture_budget, mixture_steer, mixture_verify
+
+    sweep_dir, sweep = _sweep_dir(tmp_path, own_seed=True)
+    trials = pl.read_parquet(sweep_dir / "trials.parquet").to_dicts()
+    winner = {"number": 0, "observed": trials[0]["objective"], "mixture": None}
+    proposal = {"path": PATH, "mixture": {"repeat": 0.2, "yesno": 0.5, "math": 0.3}, "winner": winner}
+    for module in (mixture_verify, mixture_budget, mixture_steer):  # the runs are there: nothing to train
+        monkeypatch.setattr(module, "run_arms", lambda _s, d, plan, *_a, **_k: (True, _finished_runs(d, plan)))
+
+    checked = mixture_verify.verify(sweep, sweep_dir, proposal, trials, 3)
+    row = {"k": "all", "basis": "law", "why": "scheffe", "n_complete": len(trials), **proposal}
+    curve = mixture_budget.verify_budget(sweep, sweep_dir, proposal, [row], trials, 3)
+    plan = mixture_steer.steering_plan(sweep, proposal, trials, ["groupdro"], 3)
+    steered = mixture_steer.verify_steering(sweep, sweep_dir, proposal, plan, trials)
+
+    assert any("keep their own seed" in n for n in checked["notes"] + curve["notes"])
+    assert checked["interval"] == curve["interval"] == steered["interval"] == "seeds × items"
+    (full,) = curve["rows"]
+    assert full["arm"] == "proposal"
+    assert full["difference"] == pytest.approx(checked["difference"])
+    assert curve["winner"]["values"] == [r["winner"] for r in checked["per_seed"]]
 
 
 def test_the_worse_verdict_holds_its_level_on_a_null_and_finds_a_planted_drop_at_three_seeds():
