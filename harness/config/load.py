@@ -288,7 +288,10 @@ def resolve_plugin_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
 
 def validate_data(data: dict[str, Any], source: str = "<experiment>") -> Experiment:
     """Validate a raw mapping; raises :class:`ConfigError` with every error found. Its ``plugins:`` are imported
-    between the schema pass and the names (relative ``.py`` paths: against the current directory)."""
+    between the schema pass and the names (relative ``.py`` paths: against the current directory, and kept absolute
+    in the experiment, so a job that receives it imports the same files wherever it starts)."""
+    if isinstance(data, dict):
+        data = resolve_plugin_paths(data, Path.cwd())
     try:
         exp = Experiment.model_validate(data)
     except ValidationError as e:
@@ -307,10 +310,17 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
         raw = apply_overrides(raw, overrides)
     except ValueError as e:
         raise ConfigError(str(path), [("", str(e))]) from None
-    base_dir = Path(path).resolve().parent
+    return validate_data(resolve_file_paths(raw, Path(path).resolve().parent, str(path)), str(path))
+
+
+def resolve_file_paths(raw: dict[str, Any], base_dir: Path, source: str) -> dict[str, Any]:
+    """``raw`` with every path an experiment file names relative to itself made absolute against ``base_dir`` (its
+    directory): the ``plugins:`` files (imported on the way, since a plug-in recipe resolves its own data paths) and
+    the data paths (:func:`resolve_data_paths`). The one rule for an experiment file, a sweep's base experiment and
+    a reproduction's arm alike. Raises :class:`PluginImportError`."""
     raw = resolve_plugin_paths(raw, base_dir)
-    import_experiment_plugins(raw.get("plugins", []), str(path))  # before the recipes resolve their data paths
-    return validate_data(resolve_data_paths(raw, base_dir), str(path))
+    import_experiment_plugins(raw.get("plugins", []), source)  # before the recipes resolve their data paths
+    return resolve_data_paths(raw, base_dir)
 
 
 def resolve_data_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:

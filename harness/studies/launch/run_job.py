@@ -8,6 +8,11 @@ same call with ``resume=True``, submitit requeues the job, and the run continues
 partition that requeues what it preempts) starts again with ``SLURM_RESTART_COUNT`` > 0 and resumes the same way.
 Either way a job runs at most ``max_requeues`` + 1 times. The class imports submitit only inside ``checkpoint``,
 which runs in a job, so the local launcher runs the same task without it.
+
+A job is a fresh interpreter (a spawned process, a SLURM job) that receives the experiment already validated, so
+nothing there has imported its ``plugins:``: :func:`import_job_plugins` does, before anything looks a name up. The
+entries are the experiment's as validated: module names, and ``.py`` files made absolute by then
+(:func:`harness.config.validate_data`), so the job needs neither the experiment file nor its directory.
 """
 
 from __future__ import annotations
@@ -29,6 +34,14 @@ def prepare_job_process() -> None:
     if cpus and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = cpus
     os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def import_job_plugins(exp) -> None:
+    """Import the installed entry points and ``exp.plugins`` in this process (once per process; raises
+    :class:`harness.config.PluginImportError` naming the entry that fails)."""
+    from harness.config.load import import_experiment_plugins
+
+    import_experiment_plugins(list(exp.plugins or []), f"experiment {exp.name!r} (its plugins: in a launched job)")
 
 
 class RequeueBudget:
@@ -62,6 +75,7 @@ class RunJob(RequeueBudget):
         prepare_job_process()
         from harness.runs.runner import run_experiment  # torch and transformers: in the process that trains
 
+        import_job_plugins(exp)
         run_dir = Path(run_dir)
         if resume or restart_count() > 0:
             # An earlier attempt of this task: continue its run when it got as far as writing one, else start over

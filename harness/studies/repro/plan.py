@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.config import ConfigError, Experiment
 from harness.config.errors import yaml_errors
-from harness.config.load import apply_overrides, validate_data
+from harness.config.load import apply_overrides, resolve_file_paths, validate_data
 from harness.config.paths import PathError, parse_path, resolve_path, set_path
 from harness.config.yaml_io import load_raw
 from harness.studies.launch import Launcher, LauncherSpec
@@ -161,7 +161,8 @@ def arm_experiment(repro: Repro, arm: str, seed: int, scale: float = 1.0, micro:
         raw = apply_overrides(raw, overrides)
     except ValueError as e:
         raise ConfigError(str(path), [("", str(e))]) from None
-    return validate_data(raw, f"{path} (arm {arm})")
+    source = f"{path} (arm {arm})"
+    return validate_data(resolve_file_paths(raw, path.resolve().parent, source), source)
 
 
 # ---- running and collecting --------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from harness.config import (
     validate_data,
     yaml_errors,
 )
+from harness.config.load import resolve_file_paths
 from harness.core.names import check_safe_name
 from harness.core.registry import EVALUATORS, PROBES, suggest
 from harness.core.store import LOWER_IS_BETTER
@@ -72,7 +73,9 @@ def _read_spec(path: Path, overrides: list[str] | None) -> SweepSpec:
 
 
 def _read_base(path: Path, spec: SweepSpec) -> tuple[dict[str, Any], Experiment]:
-    """The base experiment (read relative to the sweep file) with the sweep's ``overrides``, raw and validated."""
+    """The base experiment (read relative to the sweep file) with the sweep's ``overrides``, raw and validated. Its
+    ``plugins:`` files and data paths are made absolute against the experiment file's directory, as for a plain
+    experiment, so every trial and verification run finds them wherever it starts."""
     source = str(path)
     exp_path = path.parent / spec.experiment
     if not exp_path.is_file():
@@ -86,8 +89,10 @@ def _read_base(path: Path, spec: SweepSpec) -> tuple[dict[str, Any], Experiment]
             errors.append((f"overrides.{key}", str(e)))
     if errors:
         raise ConfigError(source, errors)
+    described = f"{exp_path} (the experiment of {source}, overrides applied)"
     try:
-        base = validate_data(base_raw, f"{exp_path} (the experiment of {source}, overrides applied)")
+        base_raw = resolve_file_paths(base_raw, exp_path.resolve().parent, described)
+        base = validate_data(base_raw, described)
     except ConfigError as e:
         raise ConfigError(e.source, e.errors) from None
     return base_raw, base
