@@ -17,9 +17,10 @@ from analysis.evidence import EVENT_SCHEMA, above_baseline, baselines, stored_se
 from analysis.loading import AnalysisError, PathLike, as_frame, load_run, load_samples, read_config
 from harness.core.store import LOWER_IS_BETTER as STORE_LOWER_IS_BETTER
 
-# Metrics where a smaller value is better (everything else: larger is better): the store's, and two trial columns.
 ALPHA = 0.05  # false-discovery rate of "above its baseline" over one run's tasks (Benjamini–Hochberg)
-LOWER_IS_BETTER = STORE_LOWER_IS_BETTER | {"duration_s", "pruned_step"}
+# Metrics where a smaller value is better (everything else: larger is better, or neither): the store's (a live view of
+# the declared metrics, plug-ins' included) and two trial columns.
+TRIAL_LOWER_IS_BETTER = frozenset({"duration_s", "pruned_step"})
 # Per-task evaluation metrics of the contract, in display order.
 EVAL_METRICS = (
     "greedy",
@@ -43,7 +44,8 @@ RunsLike = Union[pl.DataFrame, pl.LazyFrame, PathLike, Sequence[PathLike]]
 
 def lower_is_better(metric: str) -> bool:
     """Whether smaller is better for ``metric`` (a name, or a column such as ``metric/s/heldout/yesno/loss``)."""
-    return metric.rsplit("/", 1)[-1] in LOWER_IS_BETTER
+    name = metric.rsplit("/", 1)[-1]
+    return name in TRIAL_LOWER_IS_BETTER or name in STORE_LOWER_IS_BETTER
 
 
 def _with_run_id(frame: pl.DataFrame) -> pl.DataFrame:
