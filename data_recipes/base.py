@@ -87,6 +87,13 @@ class Recipe(Plugin, ABC):
     #: True for recipes whose examples carry an ``image`` (see :class:`Example`); their prompts may repeat across
     #: splits, since the held-out novelty is in the image (see ``data_recipes/_shapes.py``).
     has_images: ClassVar[bool] = False
+    #: What makes a held-out item a training item, which the split check refuses (:mod:`data_recipes.split_check`):
+    #: ``"prompt"`` (the same prompt) or ``"prompt_answer"`` (the same prompt and answer: data where one prompt may
+    #: have several answers).
+    heldout_overlap: ClassVar[str] = "prompt"
+    #: Whether the split check builds the recipe a second time to see the same pools for the same seed (False where
+    #: the recipe reads a user's file with a seeded shuffle: a second read would cost a second parse).
+    rebuild_check: ClassVar[bool] = True
 
     def __init__(self, params: RecipeParams | None = None, world: "World | None" = None):
         self.params = params if params is not None else self.Params()
