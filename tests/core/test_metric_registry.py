@@ -144,3 +144,12 @@ def test_a_plugin_lower_is_better_metric_sets_a_sweep_objective_direction(tmp_pa
     assert lower_is_better("metric/a/heldout/math/answer_chars") and not lower_is_better("starts_with_digit")
     sweep["objective"] = {"metric": "starts_with_digit", "split": "heldout"}
     assert [o.direction for o in load_sweep(write_yaml(tmp_path / "sweep.yaml", sweep)).objectives] == ["maximize"]
+
+
+def test_a_group_report_takes_a_metric_with_stored_outcomes_for_a_proportion():
+    from analysis.group import _across
+
+    # the analysis process need not import the plug-in: the runs stored per-item outcomes only for proportions
+    outcomes = {0: {0: 1.0, 1: 0.0, 2: 1.0}, 1: {0: 1.0, 1: 1.0, 2: 1.0}}
+    assert _across("starts_with_digit", {0: 2 / 3, 1: 1.0}, outcomes, 3)[1] == "seeds × items"
+    assert _across("answer_chars", {0: 3.0, 1: 4.0}, {}, 3)[1] == "t over seeds"

@@ -23,8 +23,12 @@ Records (:class:`ItemRecord`) carry every per-item fact the passes produced. A c
 ``@EVALUATORS.plugin("my_metric")`` (a probe: ``@PROBES.plugin``), in the package or in a module of one's own
 (``docs/extending.md``); the registry holds one instance, built from the default ``Params``.
 
-This module imports no torch. It fills :data:`harness.core.registry.EVALUATORS` and ``PROBES``, which
-``harness.config`` reads to validate names (the registries name this module as their provider).
+The built-in components are defined here; a new built-in may also be a module of its own in this package's folder:
+importing the package imports every public module there (:func:`harness.core.registry.import_submodules`,
+:data:`BUILTIN_MODULES`), so it is one new file, with no list to keep.
+
+This package imports no torch. It fills :data:`harness.core.registry.EVALUATORS` and ``PROBES``, which
+``harness.config`` reads to validate names (the registries name this package as their provider).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from typing import Any, ClassVar, Iterator
 
 from harness.core.metrics import METRICS, Metric, continuous, proportion
 from harness.core.plugins import Plugin
-from harness.core.registry import EVALUATORS, PROBES
+from harness.core.registry import EVALUATORS, PROBES, import_submodules
 from harness.evaluation.forgetting import REFERENCE_METRICS
 
 NEED_GREEDY = "greedy"
@@ -362,3 +366,7 @@ class _EvalMetrics(Set):
 
 #: Every metric an evaluation can write (the store tells evaluation rows from training rows by these names).
 EVAL_METRICS: Set[str] = _EvalMetrics()
+
+#: The public modules of this package's folder, imported (in this order) after the built-ins above are defined, so
+#: that they can import :class:`Component` from here; each registers its components.
+BUILTIN_MODULES = import_submodules(__name__)
