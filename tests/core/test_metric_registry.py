@@ -110,6 +110,11 @@ def test_a_plugin_proportion_gets_its_interval_outcomes_and_mcnemar(tmp_path):
     assert (rows["ci_low"] <= rows["value"]).all() and (rows["value"] <= rows["ci_high"]).all()
     chars = store.filter(store["metric"] == "answer_chars")
     assert len(chars) > 0 and chars["n"].is_null().all()  # continuous: no Wilson interval
+    from analysis.loading import load_run
+    from analysis.report.evidence import stage_end_intervals
+
+    shown = stage_end_intervals(load_run(run_dir), "starts_with_digit", "heldout")  # the report's stage table
+    assert set(shown) == {("a", "repeat"), ("a", "math")}
 
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert all(s["outcomes"]["starts_with_digit"] in (0, 1) for s in samples)
