@@ -18,8 +18,7 @@ from analysis.loading import AnalysisError, PathLike, as_frame, load_run, load_s
 from harness.core.store import LOWER_IS_BETTER as STORE_LOWER_IS_BETTER
 
 ALPHA = 0.05  # false-discovery rate of "above its baseline" over one run's tasks (Benjamini–Hochberg)
-# Metrics where a smaller value is better (everything else: larger is better, or neither): the store's (a live view of
-# the declared metrics, plug-ins' included) and two trial columns.
+# Trial columns where smaller is better, beside the store's LOWER_IS_BETTER (a live view of the declared metrics).
 TRIAL_LOWER_IS_BETTER = frozenset({"duration_s", "pruned_step"})
 # Per-task evaluation metrics of the contract, in display order.
 EVAL_METRICS = (
