@@ -84,6 +84,18 @@ def test_every_metric_a_builtin_component_emits_is_declared_and_the_sets_are_der
     assert PROPORTION_METRICS | {"x"} == frozenset(PROPORTION_METRICS) | {"x"}  # set operations give plain sets
 
 
+def test_a_recipes_extra_scores_are_declared_proportions():
+    from data_recipes import Recipe
+
+    class Scored(Recipe):  # a plug-in recipe whose extra_scores give "answer_starts_right" per item
+        extra_metrics = ("answer_starts_right",)
+
+        def build(self, task, n_train, n_eval, seed):  # pragma: no cover - not built here
+            return {}
+
+    assert Scored.extra_metrics and "answer_starts_right" in PROPORTION_METRICS
+
+
 def test_a_metric_declared_twice_differently_is_refused():
     declare_metric("twice", "proportion")
     declare_metric("twice", "proportion")  # alike: fine (two components may emit the same metric)
