@@ -8,8 +8,8 @@ with exact McNemar; a ``continuous`` or ``count`` metric gets none of that. Its 
 or neither) gives sweeps their default objective direction and the analysis its plot and ranking directions. As
 lm-evaluation-harness's ``register_metric(higher_is_better=…, aggregation=…)``, the declaration travels with the
 metric: evaluators and probes list theirs in ``emits`` (:class:`harness.evaluation.Component`), which declares them
-here when the class is defined, so a plug-in's metric counts like a built-in one; anything else declares with
-:func:`declare_metric`. The derived sets :data:`PROPORTION_METRICS` and
+here when the class is defined (recipes name their extra scores, proportions, in ``extra_metrics``), so a plug-in's
+metric counts like a built-in one; anything else declares with :func:`declare_metric`. The derived sets :data:`PROPORTION_METRICS` and
 :data:`harness.core.store.LOWER_IS_BETTER` are live views of :data:`METRICS`, read at each use. An undeclared metric
 is continuous and higher-is-better.
 """
@@ -77,14 +77,6 @@ METRICS = MetricRegistry("metric", provider="harness.evaluation.components")
 def declare_metric(name: str, kind: str = CONTINUOUS, higher_is_better: Optional[bool] = True) -> Metric:
     """Declare a metric that no component's ``emits`` lists (a training-loop row, a plug-in's own)."""
     return METRICS.declare(Metric(name, kind, higher_is_better))
-
-
-def is_proportion(metric: str) -> bool:
-    return METRICS.spec(metric).kind == PROPORTION
-
-
-def lower_is_better(metric: str) -> bool:
-    return METRICS.spec(metric).higher_is_better is False
 
 
 class MetricView(Set):
