@@ -9,9 +9,9 @@ or neither) gives sweeps their default objective direction and the analysis its 
 lm-evaluation-harness's ``register_metric(higher_is_better=…, aggregation=…)``, the declaration travels with the
 metric: evaluators and probes list theirs in ``emits`` (:class:`harness.evaluation.Component`), which declares them
 here when the class is defined (recipes name their extra scores, proportions, in ``extra_metrics``), so a plug-in's
-metric counts like a built-in one; anything else declares with :func:`declare_metric`. The derived sets :data:`PROPORTION_METRICS` and
-:data:`harness.core.store.LOWER_IS_BETTER` are live views of :data:`METRICS`, read at each use. An undeclared metric
-is continuous and higher-is-better.
+metric counts like a built-in one; anything else declares with :func:`declare_metric`. The derived sets
+:data:`PROPORTION_METRICS` and :data:`harness.core.store.LOWER_IS_BETTER` are live views of :data:`METRICS`, read at
+each use. An undeclared metric is continuous and higher-is-better.
 """
 
 from __future__ import annotations
