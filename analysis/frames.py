@@ -18,9 +18,9 @@ from analysis.loading import AnalysisError, PathLike, as_frame, load_run, load_s
 from harness.core.seesaw_families import EVENT_METRICS
 from harness.core.store import LOWER_IS_BETTER as STORE_LOWER_IS_BETTER
 
-# Metrics where a smaller value is better (everything else: larger is better): the store's, and two trial columns.
 ALPHA = 0.05  # false-discovery rate of "above its baseline" over one run's tasks (Benjamini–Hochberg)
-LOWER_IS_BETTER = STORE_LOWER_IS_BETTER | {"duration_s", "pruned_step"}
+# Trial columns where smaller is better, beside the store's LOWER_IS_BETTER (a live view of the declared metrics).
+TRIAL_LOWER_IS_BETTER = frozenset({"duration_s", "pruned_step"})
 # Per-task evaluation metrics of the contract, in display order.
 EVAL_METRICS = (
     "greedy",
@@ -44,7 +44,8 @@ RunsLike = Union[pl.DataFrame, pl.LazyFrame, PathLike, Sequence[PathLike]]
 
 def lower_is_better(metric: str) -> bool:
     """Whether smaller is better for ``metric`` (a name, or a column such as ``metric/s/heldout/yesno/loss``)."""
-    return metric.rsplit("/", 1)[-1] in LOWER_IS_BETTER
+    name = metric.rsplit("/", 1)[-1]
+    return name in TRIAL_LOWER_IS_BETTER or name in STORE_LOWER_IS_BETTER
 
 
 def _with_run_id(frame: pl.DataFrame) -> pl.DataFrame:

@@ -86,13 +86,19 @@ def _final_outcomes(run_dir: Path, metric: str) -> dict[tuple[str, str], dict[in
     return out
 
 
+def _is_proportion(metric: str, outcomes: dict[int, dict[int, float]]) -> bool:
+    """A proportion by its declaration, or by the per-item outcomes the runs stored (a run stores only proportions'):
+    a plug-in's metric counts although this process has not imported the plug-in."""
+    return metric in PROPORTION_METRICS or any(outcomes.values())
+
+
 def _across(
     metric: str, values: dict[int, float], outcomes: dict[int, dict[int, float]], n: int | None
 ) -> tuple[Interval, str]:
     """The across-seed interval of one task × split and how it was made."""
     if len(values) < 2:
         return Interval(next(iter(values.values()), float("nan")), float("nan"), float("nan"), n or 0), "none: one seed"
-    if metric not in PROPORTION_METRICS:
+    if not _is_proportion(metric, outcomes):
         return t_interval(list(values.values())), "t over seeds"
     items = [outcomes.get(seed) for seed in values]
     if all(items) and all(i.keys() == items[0].keys() for i in items):
@@ -127,9 +133,10 @@ def final_scores(group_dir: PathLike, metric: str = "greedy") -> pl.DataFrame:
     rows = []
     for (split, task), values in sorted(per_seed.items()):
         n = counts.get((split, task))
-        across, how = _across(metric, values, outcomes.get((split, task), {}), n)
+        items = outcomes.get((split, task), {})
+        across, how = _across(metric, values, items, n)
         mean = sum(values.values()) / len(values)
-        within = wilson_interval(round(mean * n), n) if n and metric in PROPORTION_METRICS else None
+        within = wilson_interval(round(mean * n), n) if n and _is_proportion(metric, items) else None
         base = tested.get((split, task), {})
         rows.append(
             {

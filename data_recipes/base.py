@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from harness.core.metrics import PROPORTION, declare_metric
 from harness.core.plugins import Plugin, PluginParams
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,6 +88,21 @@ class Recipe(Plugin, ABC):
     #: True for recipes whose examples carry an ``image`` (see :class:`Example`); their prompts may repeat across
     #: splits, since the held-out novelty is in the image (see ``data_recipes/_shapes.py``).
     has_images: ClassVar[bool] = False
+    #: What makes a held-out item a training item, which the split check refuses (:mod:`data_recipes.split_check`):
+    #: ``"prompt"`` (the same prompt) or ``"prompt_answer"`` (the same prompt and answer: data where one prompt may
+    #: have several answers).
+    heldout_overlap: ClassVar[str] = "prompt"
+    #: Whether the split check builds the recipe a second time to see the same pools for the same seed (False where
+    #: the recipe reads a user's file with a seeded shuffle: a second read would cost a second parse).
+    rebuild_check: ClassVar[bool] = True
+    #: The metrics :meth:`extra_scores` may return, declared proportions when the class is defined
+    #: (:data:`harness.core.metrics.METRICS`): each gets ``n``, a Wilson interval and stored outcomes.
+    extra_metrics: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for metric in cls.__dict__.get("extra_metrics", ()):
+            declare_metric(metric, PROPORTION)
 
     def __init__(self, params: RecipeParams | None = None, world: "World | None" = None):
         self.params = params if params is not None else self.Params()
@@ -114,7 +130,8 @@ class Recipe(Plugin, ABC):
 
     def extra_scores(self, prediction: str, gold: str) -> dict[str, bool]:
         """Further per-item scores of a greedy output beside :meth:`is_correct`, by metric name (each becomes a
-        proportion metric of the ``greedy`` evaluator, e.g. math's ``answer_ok``). Default: none."""
+        proportion metric of the ``greedy`` evaluator, e.g. math's ``answer_ok``; list the names in
+        :attr:`extra_metrics`). Default: none."""
         return {}
 
     def answer_classes(self) -> tuple[str, ...]:

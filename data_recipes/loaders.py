@@ -102,6 +102,9 @@ def resolve_data_path(path: str, base_dir: Optional[str]) -> str:
 class DatasetLoader(Recipe):
     """Base of the loaders: subclasses implement :meth:`_load` and :meth:`_source`."""
 
+    heldout_overlap = "prompt_answer"  # one prompt may carry several answers; identical rows never straddle the split
+    rebuild_check = False  # the split check reads the file once: the shuffle is seeded by construction
+
     reads_files: ClassVar[bool] = True  # tells the harness the params name files (resolve paths, hash contents)
     Params: ClassVar[type[LoaderParams]] = LoaderParams
 

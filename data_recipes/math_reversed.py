@@ -68,6 +68,7 @@ def parse_plain(text: str) -> Optional[int]:
 @register("math_reversed")
 class MathReversed(Recipe):
     Params = Params
+    extra_metrics = ("answer_ok",)
 
     def _count(self) -> int:
         top = 10**self.params.digits

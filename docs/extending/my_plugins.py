@@ -8,6 +8,7 @@ import random
 from pydantic import Field
 
 from data_recipes import Example, Recipe, RecipeParams, register
+from harness.core.metrics import continuous
 from harness.core.plugins import PluginParams
 from harness.core.registry import EVALUATORS
 from harness.evaluation.components import NEED_GREEDY, Component
@@ -58,7 +59,7 @@ class AnswerLength(Component):
 
     Params = AnswerLengthParams
     needs = frozenset({NEED_GREEDY})
-    metric_names = ("answer_length",)
+    emits = (continuous("answer_length", higher_is_better=None),)  # a length: neither longer nor shorter is better
 
     def metrics(self, records, recipe, ctx):
         sizes = [len(r.pred or "") if self.params.unit == "chars" else len((r.pred or "").split()) for r in records]

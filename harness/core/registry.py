@@ -12,9 +12,10 @@ its *provider*: the module that fills it, imported by name on the first lookup â
 and of lm-evaluation-harness's task registry. This is the only way a lower layer reaches a higher one, it is
 declared here and nowhere else, and it fills a registry without calling into the provider otherwise.
 
-Entries come from three places: the providers (the package itself); installed distributions' entry points in group
-:data:`ENTRY_POINT_GROUP` (each value a module, imported once per process on the first lookup of any registry,
-:func:`discover_entry_points`); and the modules an experiment names under ``plugins:``
+Entries come from three places: the providers (the package itself; a provider package imports every module of its
+folder, :func:`import_submodules`, so a built-in is registered by being there); installed distributions' entry
+points in group :data:`ENTRY_POINT_GROUP` (each value a module, imported once per process on the first lookup of any
+registry, :func:`discover_entry_points`); and the modules an experiment names under ``plugins:``
 (:mod:`harness.core.plugins`, imported by :mod:`harness.config` before the experiment's names are checked).
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+import pkgutil
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
@@ -54,6 +56,18 @@ def discover_entry_points() -> list[str]:
             raise PluginError(f"plug-in module {point.value!r} ({origin}): {one_line(e)}") from e
         _discovered.append(point.value)
     return list(_discovered)
+
+
+def import_submodules(package: str) -> list[str]:
+    """Import every public module of ``package`` (each module or subpackage found in its folder whose name does not
+    start with ``_``), in sorted order, and return their names: how a package of built-in components registers them
+    all without a hand-kept list, as lm-evaluation-harness's ``TaskManager`` scans its task folder â€” a new built-in
+    is one new file. A provider calls it from its ``__init__``."""
+    where = importlib.import_module(package).__path__
+    names = sorted({info.name for info in pkgutil.iter_modules(where) if not info.name.startswith("_")})
+    for name in names:
+        importlib.import_module(f"{package}.{name}")
+    return names
 
 
 def one_line(error: BaseException) -> str:

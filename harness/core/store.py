@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
 import polars as pl
+
+from harness.core.metrics import MetricView
 
 SCHEMA = {
     "run_id": pl.Utf8,
@@ -37,11 +40,10 @@ SCHEMA = {
     "cached_from": pl.Utf8,
 }
 FILENAME = "metrics.parquet"
-# Per-task metrics of the contract where a smaller value is better (every other one: larger is better); sweeps
-# take their default objective direction from it, the analysis its plot and ranking directions.
-LOWER_IS_BETTER = frozenset(
-    {"loss", "eval_loss", "ft_rank_mean", "ft_rank_median", "ft_hijack", "ref_loss", "ref_ppl", "ref_loss_delta"}
-)
+# Metrics where a smaller value is better (every other one: larger is better, or neither), as their components declare
+# them (:mod:`harness.core.metrics`); a live view, read at each use. Sweeps take their default objective direction
+# from it, the analysis its plot and ranking directions.
+LOWER_IS_BETTER: Set[str] = MetricView(lambda m: m.higher_is_better is False)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import transformers
 from jinja2.exceptions import TemplateError
 
 from data_recipes import build_world, corpus, get_recipe, heldout_corpus
+from data_recipes.split_check import check_recipe_splits
 from harness.config import Experiment, task_seed
 from harness.data.encoding import eval_items, fit_eval_items, position_limit
 from harness.data.special_text import apply_special_token_policy
@@ -51,14 +52,23 @@ class TaskData:
 
 
 def build_task_data(exp: Experiment) -> TaskData:
-    """Every task's splits from its recipe (over the shared world when the recipe needs one) and the world corpus."""
+    """Every task's splits from its recipe (over the shared world when the recipe needs one) and the world corpus;
+    each task's splits pass the split check (:mod:`data_recipes.split_check`) or stop as a :class:`DataError`."""
     world = build_world(exp.world.people, exp.world.seed)
     recipes, splits = {}, {}
     for name, spec in exp.tasks.items():
         cls = get_recipe(spec.recipe)
-        recipe = cls(cls.Params.model_validate(spec.params), world if cls.needs_world else None)
+
+        def recipe_of(cls=cls, spec=spec) -> Any:
+            return cls(cls.Params.model_validate(spec.params), world if cls.needs_world else None)
+
+        def built(recipe: Any, name=name, spec=spec) -> dict[str, list]:
+            return recipe.build(name, spec.train, spec.eval, task_seed(exp, name))
+
+        recipe = recipe_of()
         try:
-            splits[name] = recipe.build(name, spec.train, spec.eval, task_seed(exp, name))
+            splits[name] = built(recipe)
+            check_recipe_splits(recipe, splits[name], task_seed(exp, name), rebuild=lambda: built(recipe_of()))
         except (ValueError, OSError) as e:
             raise DataError(f"tasks.{name} (recipe {spec.recipe}): {e}") from None
         if spec.system is not None:

@@ -179,7 +179,7 @@ class EpWords(Recipe):
     def build(self, task, n_train, n_eval, seed):
         make = lambda i: Example.single(task, f"Say w{i}", f"w{i}")
         return {"train": [make(i) for i in range(n_train)], "heldout": [make(-i - 1) for i in range(n_eval)],
-                "heldout_template": [make(i) for i in range(n_eval)]}
+                "heldout_template": [Example.single(task, f"Repeat w{i}", f"w{i}") for i in range(n_eval)]}
 """
 
 

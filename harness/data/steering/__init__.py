@@ -8,12 +8,19 @@ that draws its batches from the current weights.
   split (or its training loss);
 - :mod:`.stream`: :class:`~.stream.AdaptiveStream`, one global batch per step drawn from the current weights.
 
-Importing this package fills :data:`harness.core.registry.MIXTURE_CONTROLLERS` (it is that registry's provider).
+Importing this package fills :data:`harness.core.registry.MIXTURE_CONTROLLERS` (it is that registry's provider): it
+imports every public module of its folder (:func:`harness.core.registry.import_submodules`), so a new built-in
+controller is one new file.
 """
 
+from harness.core.registry import import_submodules
 from harness.data.steering.controller import Controller, floored
-from harness.data.steering.doremi import DoReMi  # registers "doremi"
-from harness.data.steering.groupdro import GroupDRO  # registers "groupdro"
-from harness.data.steering.odm import OnlineDataMixing  # registers "odm"
+from harness.data.steering.doremi import DoReMi
+from harness.data.steering.groupdro import GroupDRO
+from harness.data.steering.odm import OnlineDataMixing
 
-__all__ = ["Controller", "DoReMi", "GroupDRO", "OnlineDataMixing", "floored"]
+#: The package's public modules, every one imported (in this order) for its registration side effect; the names above
+#: are re-exported, not a list of what registers.
+BUILTIN_MODULES = import_submodules(__name__)
+
+__all__ = ["BUILTIN_MODULES", "Controller", "DoReMi", "GroupDRO", "OnlineDataMixing", "floored"]

@@ -11,16 +11,24 @@ A component is a small object with three things (the plugin boundary):
 - ``metrics(records, recipe, ctx)``: ``{metric: value}`` for the records of one task × split;
 - ``tables(records, recipe, ctx)``: optional ``{table: [(token_string, count), ...]}`` for the same group;
 - ``item_values(records, recipe, ctx)``: optional ``{metric: [value per record]}`` — the per-item outcomes behind
-  a metric (0/1 for the proportions in :data:`PROPORTION_METRICS`), which the paired seesaw test
-  (:func:`harness.core.seesaw.paired_seesaw_events`) and the Wilson intervals need.
+  a metric (0/1 for a proportion), which the paired seesaw test
+  (:func:`harness.core.seesaw.paired_seesaw_events`) and the Wilson intervals need;
+- ``emits``: the metrics it may write, each declared with its kind and direction
+  (:func:`harness.core.metrics.proportion`, ``continuous``, ``count``). Defining the class declares them in
+  :data:`harness.core.metrics.METRICS`, which is what makes a metric a proportion (``n``, Wilson interval, stored
+  outcomes, McNemar) or lower-is-better everywhere; ``metric_names`` is derived from it.
 
 Records (:class:`ItemRecord`) carry every per-item fact the passes produced. A component is a plug-in
 (:mod:`harness.core.plugins`): to add an evaluator, subclass :class:`Component` and register it with
 ``@EVALUATORS.plugin("my_metric")`` (a probe: ``@PROBES.plugin``), in the package or in a module of one's own
 (``docs/extending.md``); the registry holds one instance, built from the default ``Params``.
 
-This module imports no torch. It fills :data:`harness.core.registry.EVALUATORS` and ``PROBES``, which
-``harness.config`` reads to validate names (the registries name this module as their provider).
+The built-in components are defined here; a new built-in may also be a module of its own in this package's folder:
+importing the package imports every public module there (:func:`harness.core.registry.import_submodules`,
+:data:`BUILTIN_MODULES`), so it is one new file, with no list to keep.
+
+This package imports no torch. It fills :data:`harness.core.registry.EVALUATORS` and ``PROBES``, which
+``harness.config`` reads to validate names (the registries name this package as their provider).
 """
 
 from __future__ import annotations
@@ -32,9 +40,9 @@ from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator
 
-from harness.core.metrics import CHOICE_METRICS
+from harness.core.metrics import METRICS, Metric, continuous, proportion
 from harness.core.plugins import Plugin
-from harness.core.registry import EVALUATORS, PROBES
+from harness.core.registry import EVALUATORS, PROBES, import_submodules
 from harness.evaluation.forgetting import REFERENCE_METRICS
 
 NEED_GREEDY = "greedy"
@@ -126,7 +134,17 @@ class Component(Plugin):
     """Base of evaluators and probes (see the module docstring); ``params``: a validated ``Params``."""
 
     needs: ClassVar[frozenset[str]] = frozenset()
+    #: The metrics it may write, with kind and direction; a class that sets only ``metric_names`` (bare names)
+    #: declares nothing, and its metrics count as continuous and higher-is-better.
+    emits: ClassVar[tuple[Metric, ...]] = ()
     metric_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "emits" in cls.__dict__:  # declared by this class (not inherited): declare them and derive the names
+            for metric in cls.emits:
+                METRICS.declare(metric)
+            cls.metric_names = tuple(metric.name for metric in cls.emits)
 
     def __init__(self, params: Any = None):
         self.params = params if params is not None else self.Params()
@@ -170,7 +188,7 @@ class Greedy(Component):
     ``truncated``, the share of outputs cut off at ``max_new_tokens`` before any stop token."""
 
     needs = frozenset({NEED_GREEDY})
-    metric_names = ("greedy", "answer_ok", "truncated")
+    emits = (proportion("greedy"), proportion("answer_ok"), proportion("truncated", higher_is_better=False))
 
     def metrics(self, records, recipe, ctx):
         return {m: _mean(values) for m, values in self.item_values(records, recipe, ctx).items()}
@@ -188,7 +206,7 @@ class ModeOk(Component):
     """``mode_ok``: share of greedy outputs with the task's answer shape (``recipe.mode_ok(pred)``)."""
 
     needs = frozenset({NEED_GREEDY})
-    metric_names = ("mode_ok",)
+    emits = (proportion("mode_ok"),)
 
     def metrics(self, records, recipe, ctx):
         return {"mode_ok": _mean(self.item_values(records, recipe, ctx)["mode_ok"])}
@@ -204,7 +222,7 @@ class TeacherForced(Component):
     task × split, token-weighted)."""
 
     needs = frozenset({NEED_TEACHER_FORCED})
-    metric_names = ("tf_first", "tf_exact", EVAL_LOSS_METRIC)
+    emits = (proportion("tf_first"), proportion("tf_exact"), continuous(EVAL_LOSS_METRIC, higher_is_better=False))
 
     def metrics(self, records, recipe, ctx):
         n_tokens = sum(len(r.tf_hits or []) for r in records)
@@ -233,7 +251,18 @@ class FirstToken(Component):
     (share of rows whose logits had a NaN or ±inf; those rows get the worst rank)."""
 
     needs = frozenset({NEED_FIRST_LOGITS})
-    metric_names = ("ft_rank_mean", "ft_rank_median", "ft_mrr", "ft_hijack", "ft_top1", "ft_nonfinite", *CHOICE_METRICS)
+    emits = (
+        continuous("ft_rank_mean", higher_is_better=False),
+        continuous("ft_rank_median", higher_is_better=False),
+        continuous("ft_mrr"),
+        proportion("ft_hijack", higher_is_better=False),
+        continuous("ft_top1", higher_is_better=None),  # a share, but of a token picked after looking: no interval
+        proportion("ft_nonfinite", higher_is_better=False),
+        continuous("choice_auc"),  # an interval of its own (intervals())
+        continuous("choice_auc_p", higher_is_better=None),
+        proportion("choice_yes", higher_is_better=None),  # the lean towards the first class
+        proportion("choice_acc"),
+    )
 
     def metrics(self, records, recipe, ctx):
         ranks = [r.gold_first_rank for r in records if r.gold_first_rank is not None]
@@ -293,7 +322,8 @@ class Forgetting(Component):
     work and the rows are :mod:`harness.evaluation.forgetting`'s, called once per evaluation by the run's
     evaluation log; here it only contributes its metric names (nothing per task × split)."""
 
-    metric_names = REFERENCE_METRICS
+    # the base model's loss is a reference point, neither better nor worse
+    emits = tuple(continuous(m, higher_is_better=None if m == "ref_loss_base" else False) for m in REFERENCE_METRICS)
 
     def metrics(self, records, recipe, ctx):
         return {}
@@ -336,3 +366,7 @@ class _EvalMetrics(Set):
 
 #: Every metric an evaluation can write (the store tells evaluation rows from training rows by these names).
 EVAL_METRICS: Set[str] = _EvalMetrics()
+
+#: The public modules of this package's folder, imported (in this order) after the built-ins above are defined, so
+#: that they can import :class:`Component` from here; each registers its components.
+BUILTIN_MODULES = import_submodules(__name__)
