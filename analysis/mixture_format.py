@@ -23,6 +23,7 @@ def format_proposal(p: MixtureProposal) -> str:
             f"sweep {p.sweep_dir}: {p.n_trials} complete trials{seeds}; objective {p.objective} of "
             f"{p.metric}/{p.split} at the end of {p.stage} ({direction}); weights of {p.path}"
         )
+    label = "" if p.source == "table" else "trial "  # a table's row labels read "row 12"
     rows = "LOTO" if p.n_trials <= LEAVE_ONE_OUT_ROWS else f"{CV_FOLDS}-fold"
     lines = [
         head,
@@ -50,7 +51,7 @@ def format_proposal(p: MixtureProposal) -> str:
         f"{'':<10} {'objective':>10}  95% interval           mixture",
         f"{'proposal':<10} {p.predicted:>10.4f}  [{p.interval[0]:.4f}, {p.interval[1]:.4f}] (predicted; "
         f"mean [{p.mean_interval[0]:.4f}, {p.mean_interval[1]:.4f}])  {_mix(p.mixture)}",
-        f"{'winner':<10} {p.winner['observed']:>10.4f}  (trial {p.winner['number']}, observed in-sample; "
+        f"{'winner':<10} {p.winner['observed']:>10.4f}  ({label}{p.winner['number']}, observed in-sample; "
         f"predicted {p.winner['predicted']:.4f})  {_mix(p.winner['mixture'])}",
         f"predicted gain of the proposal over the winner's mixture: {p.gain_over_winner:+.4f} "
         f"[{p.gain_interval[0]:+.4f}, {p.gain_interval[1]:+.4f}] (bootstrap over trials, {p.bootstrap} resamples)",
