@@ -4,16 +4,14 @@ one."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from analysis.mixture_data import CV_FOLDS, LEAVE_ONE_OUT_ROWS
 
-if TYPE_CHECKING:
-    from analysis.mixture_proposal import MixtureProposal
 
-
-def format_proposal(p: MixtureProposal) -> str:
-    """The report ``harness mixture`` prints: the CV table, the chosen form, the proposal beside the winner."""
+def format_proposal(p: Any) -> str:
+    """The report ``harness mixture`` prints for ``p``, a :class:`~analysis.mixture_proposal.MixtureProposal` (not
+    imported here: that module imports this one): the CV table, the chosen form, the proposal beside the winner."""
     direction = "maximise" if p.maximize else "minimise"
     seeds = f", {p.seeds} seeds" if p.seeds else ""
     if p.source == "table":

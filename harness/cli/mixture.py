@@ -17,54 +17,67 @@ import typer
 
 from harness.cli.launching import DetachOption, LauncherOption, SlurmOption, choose_launcher, raise_usage
 
+# The options of --table and of the held-out test (module level, as LauncherOption: the signature stays short).
+TableOption = typer.Option(
+    None,
+    "--table",
+    help="Fit a table of results instead of a sweep: a .csv or .parquet file, one row per run, a column per "
+    "mixture weight (--weights) and per outcome (--objective), optionally a seed column (docs/sweeps.md).",
+)
+WeightsOption = typer.Option(
+    None, "--weights", help="With --table: the weight columns, comma-separated names or patterns (w_*)."
+)
+ObjectiveOption = typer.Option(
+    None,
+    "--objective",
+    help="With --table: the outcome column to optimise, or mean|min|max(COLUMN, …) of several (names or "
+    "patterns); each named column is a target the law is fitted to.",
+)
+DirectionOption = typer.Option(None, "--direction", help="With --table: maximize or minimize.")
+SeedColumnOption = typer.Option(
+    None, "--seed-column", help="With --table: the runs' seed column (default: a column named seed, if any)."
+)
+ProportionOption = typer.Option(
+    False, "--proportion", help="With --table: the outcomes are rates in [0, 1] (the log-linear law fits logits)."
+)
+ToleranceOption = typer.Option(
+    1e-3, "--tolerance", min=0.0, help="With --table: how far from 1 a row's weights may sum."
+)
+HoldoutOption = typer.Option(
+    None,
+    "--holdout",
+    help="Mixtures not fitted on, to test the law on: another sweep directory of the same space (or, with "
+    "--table, another table of the same columns). Reports each target's Spearman rho and RMSE there.",
+)
+HoldoutColumnOption = typer.Option(
+    None, "--holdout-column", help="With --table: a 1/0 column marking the rows held out of the fit."
+)
+PredictOption = typer.Option(
+    None,
+    "--predict",
+    help="A .csv/.parquet of mixtures (a column per weight): write the chosen law's prediction and 95 % "
+    "intervals for each, to <proposal's folder>/<file stem>.predicted.csv.",
+)
+OutOption = typer.Option(
+    None, "--out", help="Where proposal.json goes (default: SWEEP_DIR/proposal.json, or <table>.proposal.json)."
+)
+
 
 def mixture(
     sweep_dir: Optional[Path] = typer.Argument(
         None, help="A sweep directory (trials.parquet, sweep.resolved.yaml); or give --table."
     ),
-    table: Optional[Path] = typer.Option(
-        None,
-        "--table",
-        help="Fit a table of results instead of a sweep: a .csv or .parquet file, one row per run, a column per "
-        "mixture weight (--weights) and per outcome (--objective), optionally a seed column (docs/sweeps.md).",
-    ),
-    weights: Optional[str] = typer.Option(
-        None, "--weights", help="With --table: the weight columns, comma-separated names or patterns (w_*)."
-    ),
-    objective: Optional[str] = typer.Option(
-        None,
-        "--objective",
-        help="With --table: the outcome column to optimise, or mean|min|max(COLUMN, …) of several (names or "
-        "patterns); each named column is a target the law is fitted to.",
-    ),
-    direction: Optional[str] = typer.Option(None, "--direction", help="With --table: maximize or minimize."),
-    seed_column: Optional[str] = typer.Option(
-        None, "--seed-column", help="With --table: the runs' seed column (default: a column named seed, if any)."
-    ),
-    proportion: bool = typer.Option(
-        False, "--proportion", help="With --table: the outcomes are rates in [0, 1] (the log-linear law fits logits)."
-    ),
-    tolerance: float = typer.Option(
-        1e-3, "--tolerance", min=0.0, help="With --table: how far from 1 a row's weights may sum."
-    ),
-    holdout: Optional[Path] = typer.Option(
-        None,
-        "--holdout",
-        help="Mixtures not fitted on, to test the law on: another sweep directory of the same space (or, with "
-        "--table, another table of the same columns). Reports each target's Spearman rho and RMSE there.",
-    ),
-    holdout_column: Optional[str] = typer.Option(
-        None, "--holdout-column", help="With --table: a 1/0 column marking the rows held out of the fit."
-    ),
-    predict: Optional[Path] = typer.Option(
-        None,
-        "--predict",
-        help="A .csv/.parquet of mixtures (a column per weight): write the chosen law's prediction and 95 % "
-        "intervals for each, to <proposal's folder>/<file stem>.predicted.csv.",
-    ),
-    out: Optional[Path] = typer.Option(
-        None, "--out", help="Where proposal.json goes (default: SWEEP_DIR/proposal.json, or <table>.proposal.json)."
-    ),
+    table: Optional[Path] = TableOption,
+    weights: Optional[str] = WeightsOption,
+    objective: Optional[str] = ObjectiveOption,
+    direction: Optional[str] = DirectionOption,
+    seed_column: Optional[str] = SeedColumnOption,
+    proportion: bool = ProportionOption,
+    tolerance: float = ToleranceOption,
+    holdout: Optional[Path] = HoldoutOption,
+    holdout_column: Optional[str] = HoldoutColumnOption,
+    predict: Optional[Path] = PredictOption,
+    out: Optional[Path] = OutOption,
     bootstrap: int = typer.Option(
         200, "--bootstrap", min=10, help="Resamples of the trials for the intervals (each refits the chosen form)."
     ),

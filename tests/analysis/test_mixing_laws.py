@@ -285,6 +285,12 @@ def test_held_out_sweep_tests_the_law_and_gates_support(tmp_path):
     saved = json.loads((sweep / PROPOSAL_NAME).read_text())
     assert saved["supported"] and saved["holdout"]["objective"]["rho_low"] > 0
     assert set(saved["holdout"]["targets"]) == set(TASKS) and len(saved["holdout"]["rows"]) == 16
+    # --predict on a sweep: the weight columns are the simplex's tasks
+    pl.DataFrame(dict(zip(TASKS, [[1 / 3, 0.6], [1 / 3, 0.4], [1 / 3, 0.0]]))).write_csv(tmp_path / "ask.csv")
+    result = CliRunner().invoke(_app(), [*args, "--form", "scheffe2", "--predict", str(tmp_path / "ask.csv")])
+    assert result.exit_code == 0, result.output
+    predicted = pl.read_csv(sweep / "ask.predicted.csv")
+    assert predicted.height == 2 and (predicted["low"] < predicted["high"]).all()
     # the same fit, tested on outcomes shuffled across the held-out mixtures: no longer supported
     shuffled = Yh[np.random.default_rng(0).permutation(16)]
     write_sweep_dir(tmp_path / "held", sweep_frame(Wh, shuffled), sweep_config())
