@@ -324,7 +324,8 @@ def _choose_form(data: LawData, folds: np.ndarray, forms: Sequence[str]):
     usable = laws.usable_forms(n_train, k, forms)
     if not [f for f in usable if f != "constant"]:
         smallest = min(laws.n_params(f, k) for f in forms if f != "constant")
-        held = "seed" if data.seeds is not None else "fold" if n > len(np.unique(folds)) else "trial"
+        row = "row" if data.kind == "table" else "trial"
+        held = "seed" if data.seeds is not None else "fold" if n > len(np.unique(folds)) else row
         what = "rows" if data.kind == "table" else "complete trials"
         raise AnalysisError(
             f"{n} {what} are too few to fit a mixing law over {k} weights with one {held} held out (the "
