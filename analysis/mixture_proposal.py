@@ -174,8 +174,8 @@ def propose_data(
     W, Y, score, maximize = data.W, data.Y, data.score, data.maximize
     if holdout is not None:
         check_holdout(data, holdout)
-    folds, cv_name = cv_folds(len(data), data.seeds, seed)
-    rows, chosen, usable = _choose_form(data, folds, forms)
+    folds, cv_name = cv_folds(len(data), data.seeds, seed)  # what the choice and the support check read
+    rows, chosen, usable = _choose_form(data, cv_folds(len(data), None, seed)[0], folds, forms)
     fitted = laws.fit_law(chosen.form, W, Y, data.proportion)
     n = len(W)
 
@@ -314,13 +314,15 @@ def _winner(data: LawData, win: int) -> dict[str, Any]:
     }
 
 
-def _choose_form(data: LawData, folds: np.ndarray, forms: Sequence[str]):
-    """Cross-validate the forms one fold can fit and choose one: ``(rows, chosen, usable forms)``; an
-    :class:`AnalysisError` when no form but the constant can be fitted."""
+def _choose_form(data: LawData, row_folds: np.ndarray, folds: np.ndarray, forms: Sequence[str]):
+    """Cross-validate the forms one fold can fit — at the row level (``row_folds``: a row each, or random folds
+    of a large table) and, with seeds, by seed — and choose one by the error over ``folds`` (the seeds, where
+    there are some): ``(rows, chosen, usable forms)``; an :class:`AnalysisError` when no form but the constant
+    can be fitted."""
     n, k = data.W.shape
     if not [f for f in forms if f != "constant"]:
         raise AnalysisError("no form to fit besides the constant (the reference a form must beat)")
-    n_train = n - int(np.max(np.unique(folds, return_counts=True)[1]))
+    n_train = n - max(int(np.max(np.unique(f, return_counts=True)[1])) for f in (row_folds, folds))
     usable = laws.usable_forms(n_train, k, forms)
     if not [f for f in usable if f != "constant"]:
         smallest = min(laws.n_params(f, k) for f in forms if f != "constant")
@@ -331,7 +333,7 @@ def _choose_form(data: LawData, folds: np.ndarray, forms: Sequence[str]):
             f"{n} {what} are too few to fit a mixing law over {k} weights with one {held} held out (the "
             f"smallest form needs more than {smallest} in each fold)"
         )
-    rows = laws.cross_validate(usable, data.W, data.Y, data.proportion, data.score, data.seeds, folds)
+    rows = laws.cross_validate(usable, data.W, data.Y, data.proportion, data.score, data.seeds, row_folds)
     return rows, laws.choose(rows, data.seeds is not None and len(np.unique(data.seeds)) >= 2), usable
 
 

@@ -208,6 +208,8 @@ def test_leave_one_seed_out_with_seeds_and_proportions_through_the_logit():
     p = propose(sweep_frame(W, P, "greedy", seeds, reduce=np.min), sweep_config("greedy", "min"), bootstrap=20)
     assert p.cv_by == "leave-one-seed-out" and p.seeds == 3 and p.maximize is True
     assert all(np.isfinite(r["loso_objective"]) for r in p.cv)
+    # the row-level error stays leave-one-trial-out beside the leave-one-seed-out one (not the seeds twice)
+    assert all(r["loto_objective"] != pytest.approx(r["loso_objective"]) for r in p.cv)
     assert p.support["folds"] == 3
     assert any("seed" in note for note in p.notes)  # the seed is a varied parameter the fit does not model
     assert p.winner["observed"] == pytest.approx(P.min(axis=1).max())
