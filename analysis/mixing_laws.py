@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import numpy as np
-from scipy import optimize, special
+from scipy import linalg, optimize, special
 
 from analysis.mixture_fit import _design
 from harness.core.stats import Interval, t_interval
@@ -37,6 +37,8 @@ from harness.core.stats import Interval, t_interval
 FORMS = ("constant", "scheffe", "scheffe2", "loglinear", "gp")
 LOGIT_CLIP = 0.01  # a 0 or 1 would be an infinite logit; 1 % keeps a near-0/1 trial from dominating the fit
 _MAX_EXPONENT = 50.0  # exp() of more overflows; a fit that goes there is wrong anyway
+_GP_HYPER_ROWS = 128  # the rows a Gaussian process's hyperparameters are fitted on, at most
+_SIGN_TRIAL_EVALS = 20  # the short budget each sign of the log-linear law gets before the better one is refined
 
 
 def n_params(form: str, k: int) -> int:
@@ -87,35 +89,50 @@ def _loglinear_jacobian(x: np.ndarray, W: np.ndarray, sign: float) -> np.ndarray
     return np.column_stack([np.ones(len(W)), e[:, None] * W])
 
 
-def _fit_loglinear_z(W: np.ndarray, z: np.ndarray) -> tuple[float, np.ndarray, float]:
+def _fit_loglinear_z(W: np.ndarray, z: np.ndarray, start: Optional[dict] = None) -> tuple[float, np.ndarray, float]:
     """The least-squares ``(c, t, sign)`` of ``z ≈ c + sign · exp(W t)``, the better of both signs. Each sign
-    starts from the log-linear regression of ``sign · (z − c0)`` with ``c0`` just outside the data's range."""
+    starts from the log-linear regression of ``sign · (z − c0)`` with ``c0`` just outside the data's range and gets
+    a short budget; only the better one is refined to convergence (the wrong sign rarely converges, and running it
+    to the full budget was most of a fit's time). ``start``: a fit's parameters (a bootstrap resample starts from
+    the full data's fit, with its sign)."""
     spread = float(np.ptp(z)) or 1.0
-    best = None
+    budget = 50 * (W.shape[1] + 2)  # a law that has not converged by then is noise: CV will say so
+    if start is not None and start["k"] != 0.0:
+        sign = math.copysign(1.0, start["k"])
+        x0 = np.concatenate([[start["c"]], np.asarray(start["t"]) + math.log(abs(start["k"]))])
+        result = _least_squares_loglinear(W, z, sign, x0, budget)
+        return float(result.x[0]), result.x[1:], sign
+    trial = []
     for sign in (1.0, -1.0):
         c0 = float(z.min() - 0.5 * spread) if sign > 0 else float(z.max() + 0.5 * spread)
         t0, *_ = np.linalg.lstsq(W, np.log(sign * (z - c0)), rcond=None)
-        result = optimize.least_squares(
-            lambda x, s=sign: _loglinear_curve(x, W, s) - z,
-            np.concatenate([[c0], t0]),
-            jac=lambda x, s=sign: _loglinear_jacobian(x, W, s),
-            method="lm",
-            max_nfev=50 * (W.shape[1] + 2),  # a law that has not converged by then is noise: CV will say so
-        )
-        if best is None or result.cost < best[0]:
-            best = (result.cost, result.x, sign)
-    _, x, sign = best
-    return float(x[0]), x[1:], sign
+        trial.append((_least_squares_loglinear(W, z, sign, np.concatenate([[c0], t0]), _SIGN_TRIAL_EVALS), sign))
+    result, sign = min(trial, key=lambda r: r[0].cost)
+    if result.status == 0:  # the short budget ran out: refine the better sign
+        result = _least_squares_loglinear(W, z, sign, result.x, budget)
+    return float(result.x[0]), result.x[1:], sign
 
 
-def _fit_loglinear(W: np.ndarray, y: np.ndarray, proportion: bool) -> tuple[dict, Callable]:
+def _least_squares_loglinear(W: np.ndarray, z: np.ndarray, sign: float, start: np.ndarray, max_nfev: int):
+    return optimize.least_squares(
+        lambda x: _loglinear_curve(x, W, sign) - z,
+        start,
+        jac=lambda x: _loglinear_jacobian(x, W, sign),
+        method="lm",
+        max_nfev=max_nfev,
+    )
+
+
+def _fit_loglinear(
+    W: np.ndarray, y: np.ndarray, proportion: bool, start: Optional[dict] = None
+) -> tuple[dict, Callable]:
     z = _logit(y) if proportion else y
     if float(np.ptp(z)) <= 1e-12:  # nothing varies: the law is its constant
         c = float(z[0])
         return {"c": c, "k": 0.0, "t": [0.0] * W.shape[1], "logit": proportion}, (
             lambda V: np.full(len(V), _sigmoid(c) if proportion else c)
         )
-    c, t, sign = _fit_loglinear_z(W, z)
+    c, t, sign = _fit_loglinear_z(W, z, start)
     # Reported as Ye et al. write it: L = c + k·exp(Σ t_j w_j), t centred (a shift of t is a factor of k on Σw = 1).
     params = {"c": c, "k": float(sign * math.exp(float(t.mean()))), "t": (t - t.mean()).tolist(), "logit": proportion}
     x = np.concatenate([[c], t])
@@ -140,10 +157,10 @@ def _gp_neg_log_likelihood(log_theta: np.ndarray, W: np.ndarray, z: np.ndarray) 
     K_se = signal * np.exp(-0.5 * d2 / length**2)
     K = K_se + (noise + 1e-9) * np.eye(len(W))
     try:
-        L = np.linalg.cholesky(K)
-    except np.linalg.LinAlgError:
+        L = linalg.cholesky(K, lower=True)
+    except linalg.LinAlgError:
         return 1e10, np.zeros(3)
-    K_inv = np.linalg.solve(L.T, np.linalg.solve(L, np.eye(len(W))))
+    K_inv = linalg.cho_solve((L, True), np.eye(len(W)))
     alpha = K_inv @ z
     inner = np.outer(alpha, alpha) - K_inv
     grads = [K_se * d2 / length**2, K_se, noise * np.eye(len(W))]
@@ -155,11 +172,14 @@ def _fit_gp(W: np.ndarray, y: np.ndarray) -> tuple[dict, Callable]:
     mean, scale = float(y.mean()), float(y.std()) or 1.0
     z = (y - mean) / scale
     bounds = [(math.log(0.05), math.log(5.0)), (math.log(1e-3), math.log(10.0)), (math.log(1e-4), math.log(2.0))]
+    # The hyperparameters from at most _GP_HYPER_ROWS rows (a fixed subsample): the likelihood costs n³ per step,
+    # and three numbers are pinned down long before a table's hundreds of rows; the posterior uses every row.
+    sub = np.random.default_rng(len(W)).permutation(len(W))[:_GP_HYPER_ROWS] if len(W) > _GP_HYPER_ROWS else ...
     # One start, from a length scale a fifth of the simplex's diameter: cheap enough to refit in every fold.
     best = optimize.minimize(
         _gp_neg_log_likelihood,
         np.log([0.3, 1.0, 0.2]),
-        args=(W, z),
+        args=(W[sub], z[sub]),
         jac=True,
         method="L-BFGS-B",
         bounds=bounds,
@@ -172,9 +192,12 @@ def _fit_gp(W: np.ndarray, y: np.ndarray) -> tuple[dict, Callable]:
     return params, lambda V: mean + scale * (_gp_kernel(V, W, length, signal) @ alpha)
 
 
-def fit_law(form: str, W: np.ndarray, Y: np.ndarray, proportion: Sequence[bool]) -> FittedLaw:
+def fit_law(
+    form: str, W: np.ndarray, Y: np.ndarray, proportion: Sequence[bool], start: Optional[FittedLaw] = None
+) -> FittedLaw:
     """``form`` fitted to every column of ``Y`` (targets) on the weights ``W``; ``proportion[j]``: target j is a
-    proportion (the log-linear law then fits its logit)."""
+    proportion (the log-linear law then fits its logit). ``start``: a fit of the same form whose parameters the
+    log-linear law starts from (a bootstrap's refits: the same optimum, found in a few steps)."""
     if form not in FORMS:
         raise ValueError(f"unknown form {form!r}: one of {', '.join(FORMS)}")
     W, Y = np.asarray(W, dtype=float), np.asarray(Y, dtype=float)
@@ -187,7 +210,8 @@ def fit_law(form: str, W: np.ndarray, Y: np.ndarray, proportion: Sequence[bool])
         elif form in ("scheffe", "scheffe2"):
             params, predictor = _fit_scheffe(W, y, 1 if form == "scheffe" else 2)
         elif form == "loglinear":
-            params, predictor = _fit_loglinear(W, y, bool(proportion[j]))
+            warm = start.params[j] if start is not None and start.form == form else None
+            params, predictor = _fit_loglinear(W, y, bool(proportion[j]), warm)
         else:
             params, predictor = _fit_gp(W, y)
         fitted.params.append(params)
@@ -249,13 +273,16 @@ def cross_validate(
     proportion: Sequence[bool],
     score: Callable[[np.ndarray], np.ndarray],
     seeds: Optional[np.ndarray] = None,
+    folds: Optional[np.ndarray] = None,
 ) -> list[CVRow]:
-    """A :class:`CVRow` per form; ``score`` reduces targets to the objective (one value per row)."""
+    """A :class:`CVRow` per form; ``score`` reduces targets to the objective (one value per row). ``folds``: the
+    row-level groups (default one per row: leave-one-trial-out; a large table passes random folds)."""
     by_seed = seeds is not None and len(np.unique(seeds)) >= 2
     observed = score(Y)
+    folds = np.arange(len(W)) if folds is None else np.asarray(folds)
     rows = []
     for form in forms:
-        loto = held_out_predictions(form, W, Y, proportion, np.arange(len(W)))
+        loto = held_out_predictions(form, W, Y, proportion, folds)
         row = CVRow(form, _rmse(score(loto), observed), _mean_target_rmse(loto, Y))
         row.residuals = Y - loto
         if by_seed:

@@ -1,12 +1,16 @@
-"""From a sweep's trials to the mixture to train: the mixing-law forms of :mod:`analysis.mixing_laws` fitted to the
-sweep's objective tasks, the form chosen by cross-validated error, and the mixture that optimises the sweep's own
-objective (its direction included) under that form inside the trust region, with the form's predicted value and a
-95 % bootstrap interval — beside the sweep's in-sample winner. ``harness mixture SWEEP_DIR`` prints it and writes
-``proposal.json``.
+"""From a sweep's trials (or any table of results, :mod:`analysis.mixture_table`) to the mixture to train: the
+mixing-law forms of :mod:`analysis.mixing_laws` fitted to the objective's tasks, the form chosen by cross-validated
+error, and the mixture that optimises the objective (its direction included) under that form inside the trust
+region, with the form's predicted value and a 95 % bootstrap interval — beside the in-sample winner, and tested on
+held-out mixtures where there are some (:mod:`analysis.mixture_holdout`). ``harness mixture SWEEP_DIR`` (or
+``--table FILE``) prints it and writes ``proposal.json``.
 
 The trust region is the convex hull of the explored mixtures: a proposal interpolates between trials the form was
 fitted (and cross-validated) on and never extrapolates to a corner no trial came near. (Olmix's KL ball around the
 best trial would also reach outside the explored set on the side the sweep did not sample.)
+
+Both inputs become a :class:`~analysis.mixture_data.LawData` first, and :func:`propose_data` works from it alone:
+the same forms, cross-validation and support check whatever the rows came from.
 
 Intervals are a bootstrap over trials: each resample refits the chosen form and predicts the proposal (and the
 winner's mixture). ``mean_interval`` is the percentile interval of the predicted objective; ``interval``, the
@@ -24,13 +28,13 @@ import polars as pl
 from scipy import optimize
 
 from analysis import mixing_laws as laws
-from analysis.frames import lower_is_better
 from analysis.loading import AnalysisError
-from analysis.mixture_fit import _choose_columns, _objective_weights, _scorer
-from analysis.sweep import fit_objective, objective_columns, sweep_objective
-from analysis.trials import complete
+from analysis.mixture_data import LawData, cv_folds, sweep_law_data
+from analysis.mixture_format import format_proposal
+from analysis.mixture_holdout import check_holdout, held_out_report
 from harness.core.jsonl import json_safe
-from harness.core.metrics import PROPORTION_METRICS
+
+__all__ = ["PROPOSAL_NAME", "MixtureProposal", "budget_choice", "format_proposal", "propose", "propose_data"]
 
 PROPOSAL_NAME = "proposal.json"
 
@@ -38,9 +42,11 @@ PROPOSAL_NAME = "proposal.json"
 @dataclass
 class MixtureProposal:
     """What ``harness mixture`` reports (and ``proposal.json`` holds): the columns fitted, the cross-validated error
-    of each form (``cv``: form, objective and mean target RMSE leave-one-trial-out / leave-one-seed-out), the
-    chosen form and its parameters, the proposal with its predicted targets, objective and intervals, and the
-    sweep's in-sample winner (its observed objective and what the chosen form predicts for its mixture)."""
+    of each form (``cv``: form, objective and mean target RMSE at the row level — leave-one-trial-out, or random
+    folds on a large table — and leave-one-seed-out), the chosen form and its parameters, the proposal with its
+    predicted targets, objective and intervals, the in-sample winner (its observed objective and what the chosen
+    form predicts for its mixture), and, given held-out rows, the law's rank correlation and error on them.
+    ``sweep_dir``: the sweep directory or table file the rows came from (``source``: sweep | table)."""
 
     sweep_dir: str
     path: str
@@ -70,29 +76,13 @@ class MixtureProposal:
     supported: bool
     support: dict[str, float]
     notes: list[str] = field(default_factory=list)
+    source: str = "sweep"
+    holdout: dict[str, Any] = field(default_factory=dict)
+    predictions: Optional[dict[str, np.ndarray]] = field(default=None, repr=False)  # --predict's; not in the JSON
 
     def to_json(self) -> dict[str, Any]:
         """The fields as JSON values (NaN, e.g. a leave-one-seed-out error without seeds, as null)."""
-        return json_safe(asdict(self))
-
-
-def _objective_spec(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The sweep file's single objective, or an :class:`AnalysisError` when it has none or several."""
-    if config.get("objectives"):
-        raise AnalysisError("the sweep has several objectives (a Pareto front): no single mixture optimises them")
-    if not config.get("objective"):
-        raise AnalysisError("no objective in sweep.resolved.yaml: nothing to optimise")
-    return sweep_objective(config)
-
-
-def _seed_column(data: pl.DataFrame) -> Optional[str]:
-    """The varied seed parameter of the trials (``param/seed``, or another ``param/…seed``), if any."""
-    names = [c for c in data.columns if c.startswith("param/") and c.rsplit(".", 1)[-1].endswith("seed")]
-    names.sort(key=lambda c: c != "param/seed")
-    for c in names:
-        if data[c].drop_nulls().n_unique() >= 2 and data[c].null_count() == 0:
-            return c
-    return None
+        return json_safe({k: v for k, v in asdict(self).items() if k != "predictions"})
 
 
 def search_hull(
@@ -128,44 +118,25 @@ def search_hull(
 
 def _bootstrap(
     form: str,
-    W: np.ndarray,
-    Y: np.ndarray,
-    proportion: list[bool],
+    data: LawData,
     points: np.ndarray,
     resamples: int,
     seed: int,
+    start: Optional[laws.FittedLaw] = None,
 ) -> np.ndarray:
-    """Predicted targets at ``points`` of the form refitted on each resample of the trials:
-    ``(resamples, len(points), targets)``."""
+    """Predicted targets at ``points`` of the form refitted on each resample of the rows (from ``start``'s
+    parameters where the form has a starting point): ``(resamples, len(points), targets)``."""
     rng = np.random.default_rng(seed)
-    out = np.empty((resamples, len(points), Y.shape[1]))
+    out = np.empty((resamples, len(points), data.Y.shape[1]))
     for b in range(resamples):
-        idx = rng.integers(0, len(W), len(W))
-        out[b] = laws.fit_law(form, W[idx], Y[idx], proportion).predict(points)
+        idx = rng.integers(0, len(data), len(data))
+        out[b] = laws.fit_law(form, data.W[idx], data.Y[idx], data.proportion, start).predict(points)
     return out
 
 
-def _interval(x: np.ndarray) -> tuple[float, float]:
-    lo, hi = np.percentile(x, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-def _columns(trials: pl.DataFrame, objective: Mapping[str, Any], space: Mapping[str, Any]):
-    """The simplex path and weights, the stage and targets, each target's column, the score and its direction."""
-    try:
-        path, weights, stage, targets, columns = _choose_columns(
-            trials, objective["metric"], objective["split"], objective["stage"], None, None, space
-        )
-    except AnalysisError as e:
-        raise AnalysisError(f"{e} (the sweep's objective reads them)") from e
-    fit_args = fit_objective(objective, targets)
-    target_weights, name = _objective_weights(fit_args["objective"], targets, fit_args.get("over"))
-    used = [t for t, w in zip(targets, target_weights) if w > 0]  # fit only the tasks the objective reads
-    target_weights = np.array([w for w in target_weights if w > 0])
-    score = _scorer(fit_args["objective"], target_weights)
-    direction = objective.get("direction")
-    maximize = direction == "maximize" if direction else not lower_is_better(objective["metric"])
-    return path, weights, stage, used, {t: columns[t] for t in used}, score, name, maximize
+def _interval(x: np.ndarray, axis: Optional[int] = None):
+    lo, hi = np.percentile(x, [2.5, 97.5], axis=axis)
+    return (float(lo), float(hi)) if axis is None else (lo, hi)
 
 
 def propose(
@@ -176,110 +147,108 @@ def propose(
     bootstrap: int = 200,
     seed: int = 0,
     sweep_dir: str = "",
+    holdout: Optional[pl.DataFrame] = None,
 ) -> MixtureProposal:
     """Fit, cross-validate and choose a form over the sweep's complete trials, and propose the mixture that
-    optimises the sweep's objective (``config``: ``sweep.resolved.yaml``) inside the explored convex hull."""
-    objective = _objective_spec(config)
-    path, weights, stage, targets, columns, score, name, maximize = _columns(
-        trials, objective, config.get("space") or {}
-    )
-    data, W, Y = _matrices(trials, path, weights, columns)
-    seed_col = _seed_column(data)
-    seeds = data[seed_col].to_numpy() if seed_col else None
-    proportion = [objective["metric"] in PROPORTION_METRICS] * len(targets)
-    rows, chosen, usable = _choose_form(W, Y, proportion, score, seeds, forms)
-    fitted = laws.fit_law(chosen.form, W, Y, proportion)
-    n, by_seed = len(W), seeds is not None
+    optimises the sweep's objective (``config``: ``sweep.resolved.yaml``) inside the explored convex hull.
+    ``holdout``: trials not fitted on (another sweep of the same space) that the chosen law is tested on."""
+    data = sweep_law_data(trials, config, sweep_dir)
+    held = sweep_law_data(holdout, config, "holdout") if holdout is not None else None
+    return propose_data(data, forms=forms, bootstrap=bootstrap, seed=seed, holdout=held)
+
+
+def propose_data(
+    data: LawData,
+    *,
+    forms: Sequence[str] = laws.FORMS,
+    bootstrap: int = 200,
+    seed: int = 0,
+    holdout: Optional[LawData] = None,
+    predict_at: Optional[np.ndarray] = None,
+) -> MixtureProposal:
+    """The proposal from rows of any origin: cross-validate ``forms``, choose one, search the explored hull for
+    the mixture that optimises ``data``'s objective, bootstrap its intervals. ``holdout``: rows not fitted on (the
+    same weights and targets), on which the chosen law's rank correlation and error are measured; a proposal is
+    then supported only where its held-out ρ is significantly positive too. ``predict_at``: further mixtures
+    whose predictions and intervals go in ``predictions``."""
+    W, Y, score, maximize = data.W, data.Y, data.score, data.maximize
+    if holdout is not None:
+        check_holdout(data, holdout)
+    folds, cv_name = cv_folds(len(data), data.seeds, seed)  # what the choice and the support check read
+    rows, chosen, usable = _choose_form(data, cv_folds(len(data), None, seed)[0], folds, forms)
+    fitted = laws.fit_law(chosen.form, W, Y, data.proportion)
+    n = len(W)
 
     def value(M: np.ndarray) -> np.ndarray:
         return score(fitted.predict(M))
 
-    observed = _observed_objective(data, Y, score)
-    win = _best(observed, maximize)
+    win = _best(data.observed, maximize)
     # under the constant form every mixture is predicted alike: the proposal is the observed winner's (keep it)
     proposal = W[win] if chosen.form == "constant" else search_hull(W, value, maximize, seed)
-    boot = _bootstrap(chosen.form, W, Y, proportion, np.vstack([proposal, W[win]]), bootstrap, seed)
+    extra = np.empty((0, W.shape[1])) if predict_at is None else np.asarray(predict_at, dtype=float)
+    boot = _bootstrap(chosen.form, data, np.vstack([proposal, W[win], extra]), bootstrap, seed, fitted)
     residuals = chosen.residuals[np.random.default_rng(seed + 1).integers(0, n, bootstrap)]
     boot_obj, boot_win = score(boot[:, 0]), score(boot[:, 1])
     predicted_targets = fitted.predict(proposal[None, :])[0]
     sign = 1.0 if maximize else -1.0
-    groups = seeds if by_seed else np.arange(n)
     constant = next(r for r in rows if r.form == "constant") if "constant" in usable else None
-    gain = laws.improvement(chosen, constant, Y, score, groups) if constant and chosen is not constant else None
-    supported = gain is not None and gain.low > 0
-    notes = _notes(chosen, gain, data, path, weights, usable, forms)
+    gain = laws.improvement(chosen, constant, Y, score, folds) if constant and chosen is not constant else None
+    held = held_out_report(fitted, holdout, score, seed=seed) if holdout is not None else {}
+    supported = gain is not None and gain.low > 0 and (not held or held["objective"]["rho_low"] > 0)
     return MixtureProposal(
-        sweep_dir=str(sweep_dir),
-        path=path,
-        weights=weights,
-        targets=targets,
-        metric=objective["metric"],
-        split=objective["split"],
-        stage=stage,
-        objective=name,
+        sweep_dir=data.source,
+        path=data.path,
+        weights=data.weights,
+        targets=data.targets,
+        metric=data.metric,
+        split=data.split,
+        stage=data.stage,
+        objective=data.objective,
         maximize=maximize,
         n_trials=n,
-        seeds=int(len(np.unique(seeds))) if seeds is not None else None,
+        seeds=int(len(np.unique(data.seeds))) if data.seeds is not None else None,
         cv=[{k: v for k, v in asdict(r).items() if k != "residuals"} | {"chosen": r.form == chosen.form} for r in rows],
         chosen=chosen.form,
-        cv_by="leave-one-seed-out" if by_seed else "leave-one-trial-out",
+        cv_by=cv_name,
         params=fitted.params,
         trust_region="convex hull of the explored mixtures",
-        mixture={w: float(proposal[i]) for i, w in enumerate(weights)},
-        predicted_targets={t: float(predicted_targets[j]) for j, t in enumerate(targets)},
+        mixture={w: float(proposal[i]) for i, w in enumerate(data.weights)},
+        predicted_targets={t: float(predicted_targets[j]) for j, t in enumerate(data.targets)},
         predicted=float(value(proposal[None, :])[0]),
         mean_interval=_interval(boot_obj),
         interval=_interval(score(boot[:, 0] + residuals)),
         gain_over_winner=sign * float(value(proposal[None, :])[0] - value(W[win][None, :])[0]),
         gain_interval=_interval(sign * (boot_obj - boot_win)),
-        winner=_winner(data, W, weights, observed, win) | {"predicted": float(value(W[win][None, :])[0])},
+        winner=_winner(data, win) | {"predicted": float(value(W[win][None, :])[0])},
         bootstrap=bootstrap,
         supported=supported,
         support=(
             {"gain": gain.estimate, "low": gain.low, "high": gain.high, "folds": gain.n} if gain is not None else {}
         ),
-        notes=notes,
+        notes=_notes(chosen, gain, held, data, usable, forms),
+        source=data.kind,
+        holdout=held,
+        predictions=_predictions(fitted, extra, boot[:, 2:], residuals, score) if predict_at is not None else None,
     )
 
 
-def _matrices(trials: pl.DataFrame, path: str, weights: list[str], columns: Mapping[str, str]):
-    """The complete trials with every weight and target, their normalised mixtures ``W`` and targets ``Y``."""
-    data = complete(trials).drop_nulls([f"param/{path}.{w}" for w in weights] + list(columns.values()))
-    W = data.select([f"param/{path}.{w}" for w in weights]).to_numpy().astype(float)
-    W = W / W.sum(axis=1, keepdims=True)
-    return data, W, data.select(list(columns.values())).to_numpy().astype(float)
+def _predictions(fitted, points: np.ndarray, boot: np.ndarray, residuals: np.ndarray, score) -> dict[str, np.ndarray]:
+    """The chosen law at ``points``: each target and the objective, with the bootstrap's percentile interval of
+    the prediction (``mean_low`` / ``mean_high``) and the prediction interval of one run there (each resample's
+    prediction plus a random row's held-out residuals: ``low`` / ``high``)."""
+    targets = fitted.predict(points) if len(points) else np.empty((0, boot.shape[-1]))
+    noisy = boot + residuals[:, None, :]
+    out = {"targets": targets, "objective": score(targets)}
+    out["mean_low"], out["mean_high"] = _interval(np.stack([score(b) for b in boot]), axis=0)
+    out["low"], out["high"] = _interval(np.stack([score(b) for b in noisy]), axis=0)
+    out["targets_low"], out["targets_high"] = _interval(noisy, axis=0)
+    return out
 
 
 def first_trials(trials: pl.DataFrame, k: int) -> pl.DataFrame:
     """The sweep's first ``k`` trials in the order the study numbered them, whatever their state: what a sweep
     stopped after ``k`` trials would have left (its pruned and failed trials spent the budget too)."""
     return trials.sort("number").head(k) if "number" in trials.columns else trials.head(k)
-
-
-def _best(observed: np.ndarray, maximize: bool) -> int:
-    return int(np.argmax(observed) if maximize else np.argmin(observed))
-
-
-def in_sample_winner(trials: pl.DataFrame, config: Mapping[str, Any]) -> tuple[str, dict[str, Any], int]:
-    """The simplex path, the complete trial with the best objective (``{number, mixture, observed}``) and how many
-    complete trials it was chosen from."""
-    objective = _objective_spec(config)
-    path, weights, _, _, columns, score, _, maximize = _columns(trials, objective, config.get("space") or {})
-    data, W, Y = _matrices(trials, path, weights, columns)
-    if not len(W):
-        raise AnalysisError("no complete trial has the objective's values")
-    observed = _observed_objective(data, Y, score)
-    win = _best(observed, maximize)
-    return path, _winner(data, W, weights, observed, win), len(W)
-
-
-def _winner(data: pl.DataFrame, W: np.ndarray, weights: list[str], observed: np.ndarray, win: int) -> dict[str, Any]:
-    """The winning trial as the reports give it: its number, mixture and observed objective."""
-    return {
-        "number": int(data["number"][win]) if "number" in data.columns else win,
-        "mixture": {w: float(W[win, i]) for i, w in enumerate(weights)},
-        "observed": float(observed[win]),
-    }
 
 
 def budget_row(proposal: Mapping[str, Any], k: Any) -> dict[str, Any]:
@@ -323,36 +292,54 @@ def budget_choice(trials: pl.DataFrame, config: Mapping[str, Any], k: int, **opt
     return {**row, "basis": "winner", "path": path, "mixture": winner["mixture"], "winner": winner, "n_complete": n}
 
 
-def _choose_form(W, Y, proportion, score, seeds, forms):
-    """Cross-validate the forms one fold can fit and choose one: ``(rows, chosen, usable forms)``; an
-    :class:`AnalysisError` when no form but the constant can be fitted."""
-    n, k = W.shape
+def _best(observed: np.ndarray, maximize: bool) -> int:
+    return int(np.argmax(observed) if maximize else np.argmin(observed))
+
+
+def in_sample_winner(trials: pl.DataFrame, config: Mapping[str, Any]) -> tuple[str, dict[str, Any], int]:
+    """The simplex path, the complete trial with the best objective (``{number, mixture, observed}``) and how many
+    complete trials it was chosen from."""
+    data = sweep_law_data(trials, config)
+    if not len(data):
+        raise AnalysisError("no complete trial has the objective's values")
+    return data.path, _winner(data, _best(data.observed, data.maximize)), len(data)
+
+
+def _winner(data: LawData, win: int) -> dict[str, Any]:
+    """The winning row as the reports give it: its number (trial number, or table row), mixture and objective."""
+    return {
+        "number": data.labels[win],
+        "mixture": {w: float(data.W[win, i]) for i, w in enumerate(data.weights)},
+        "observed": float(data.observed[win]),
+    }
+
+
+def _choose_form(data: LawData, row_folds: np.ndarray, folds: np.ndarray, forms: Sequence[str]):
+    """Cross-validate the forms one fold can fit — at the row level (``row_folds``: a row each, or random folds
+    of a large table) and, with seeds, by seed — and choose one by the error over ``folds`` (the seeds, where
+    there are some): ``(rows, chosen, usable forms)``; an :class:`AnalysisError` when no form but the constant
+    can be fitted."""
+    n, k = data.W.shape
     if not [f for f in forms if f != "constant"]:
         raise AnalysisError("no form to fit besides the constant (the reference a form must beat)")
-    n_train = n - (int(np.max(np.unique(seeds, return_counts=True)[1])) if seeds is not None else 1)
+    n_train = n - max(int(np.max(np.unique(f, return_counts=True)[1])) for f in (row_folds, folds))
     usable = laws.usable_forms(n_train, k, forms)
     if not [f for f in usable if f != "constant"]:
         smallest = min(laws.n_params(f, k) for f in forms if f != "constant")
+        row = "row" if data.kind == "table" else "trial"
+        held = "seed" if data.seeds is not None else "fold" if n > len(np.unique(folds)) else row
+        what = "rows" if data.kind == "table" else "complete trials"
         raise AnalysisError(
-            f"{n} complete trials are too few to fit a mixing law over {k} weights with one "
-            f"{'seed' if seeds is not None else 'trial'} held out (the smallest form needs more than {smallest} "
-            "in each fold)"
+            f"{n} {what} are too few to fit a mixing law over {k} weights with one {held} held out (the "
+            f"smallest form needs more than {smallest} in each fold)"
         )
-    rows = laws.cross_validate(usable, W, Y, proportion, score, seeds)
-    return rows, laws.choose(rows, seeds is not None), usable
+    rows = laws.cross_validate(usable, data.W, data.Y, data.proportion, data.score, data.seeds, row_folds)
+    return rows, laws.choose(rows, data.seeds is not None and len(np.unique(data.seeds)) >= 2), usable
 
 
-def _observed_objective(data: pl.DataFrame, Y: np.ndarray, score: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """Each trial's objective as the sweep recorded it (its ``objective`` column), else reduced from its targets."""
-    cols = objective_columns(data)
-    if cols == ["objective"] and data["objective"].null_count() == 0:
-        return data["objective"].to_numpy().astype(float)
-    return score(Y)
-
-
-def _notes(chosen, gain, data, path, weights, usable, forms) -> list[str]:
-    """Caveats in words: the form not better than the mean, forms left out for too few trials, other varied
-    parameters."""
+def _notes(chosen, gain, held, data: LawData, usable, forms) -> list[str]:
+    """Caveats in words: the form not better than the mean (in CV or on held-out rows), forms left out for too
+    few trials, other varied parameters."""
     notes = []
     if chosen.form == "constant":
         notes.append(
@@ -364,58 +351,15 @@ def _notes(chosen, gain, data, path, weights, usable, forms) -> list[str]:
             f"{gain.estimate:.3g} [{gain.low:.3g}, {gain.high:.3g}] over {gain.n} folds): the proposal is a "
             "guess, keep the winner"
         )
+    if held and not held["objective"]["rho_low"] > 0:
+        o = held["objective"]
+        notes.append(
+            f"on the {held['n']} held-out mixtures the law's ranking of the objective is not significantly positive "
+            f"(Spearman ρ {o['rho']:.2f} [{o['rho_low']:.2f}, {o['rho_high']:.2f}]): keep the winner"
+        )
     skipped = [f for f in forms if f not in usable]
     if skipped:
         notes.append(f"too few trials for {', '.join(skipped)} (with one fold held out)")
-    varied = [
-        c[len("param/") :]
-        for c in data.columns
-        if c.startswith("param/") and not any(c == f"param/{path}.{w}" for w in weights) and data[c].n_unique() > 1
-    ]
-    if varied:
-        notes.append(f"also varied, not in the fit (their effect is in the residual): {', '.join(varied)}")
+    if data.varied:
+        notes.append(f"also varied, not in the fit (their effect is in the residual): {', '.join(data.varied)}")
     return notes
-
-
-def format_proposal(p: MixtureProposal) -> str:
-    """The report ``harness mixture`` prints: the CV table, the chosen form, the proposal beside the winner."""
-    direction = "maximise" if p.maximize else "minimise"
-    seeds = f", {p.seeds} seeds" if p.seeds else ""
-    lines = [
-        f"sweep {p.sweep_dir}: {p.n_trials} complete trials{seeds}; objective {p.objective} of {p.metric}/{p.split} "
-        f"at the end of {p.stage} ({direction}); weights of {p.path}",
-        "",
-        f"{'form':<10} {'LOTO obj RMSE':>14} {'LOTO task RMSE':>15} {'LOSO obj RMSE':>14} {'LOSO task RMSE':>15}",
-    ]
-    for r in p.cv:
-        mark = "  <- chosen" if r["chosen"] else ""
-        lines.append(
-            f"{r['form']:<10} {r['loto_objective']:>14.4f} {r['loto_targets']:>15.4f} "
-            f"{r['loso_objective']:>14.4f} {r['loso_targets']:>15.4f}{mark}"
-        )
-    lines += [
-        "",
-        f"chosen: {p.chosen} (smallest {p.cv_by} error of the objective)"
-        + (
-            f"; better than the trials' mean by {p.support['gain']:.3g} [{p.support['low']:.3g}, "
-            f"{p.support['high']:.3g}] in squared error over {p.support['folds']} folds"
-            if p.support
-            else ""
-        )
-        + ("" if p.supported else " — NOT SUPPORTED"),
-        f"trust region: {p.trust_region}",
-        "",
-        f"{'':<10} {'objective':>10}  95% interval           mixture",
-        f"{'proposal':<10} {p.predicted:>10.4f}  [{p.interval[0]:.4f}, {p.interval[1]:.4f}] (predicted; "
-        f"mean [{p.mean_interval[0]:.4f}, {p.mean_interval[1]:.4f}])  {_mix(p.mixture)}",
-        f"{'winner':<10} {p.winner['observed']:>10.4f}  (trial {p.winner['number']}, observed in-sample; "
-        f"predicted {p.winner['predicted']:.4f})  {_mix(p.winner['mixture'])}",
-        f"predicted gain of the proposal over the winner's mixture: {p.gain_over_winner:+.4f} "
-        f"[{p.gain_interval[0]:+.4f}, {p.gain_interval[1]:+.4f}] (bootstrap over trials, {p.bootstrap} resamples)",
-    ]
-    lines += [f"note: {n}" for n in p.notes]
-    return "\n".join(lines)
-
-
-def _mix(m: Mapping[str, float]) -> str:
-    return ", ".join(f"{t} {w:.3f}" for t, w in m.items())

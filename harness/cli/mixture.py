@@ -1,8 +1,10 @@
 """The ``harness mixture SWEEP_DIR`` command, a plain function :mod:`harness.cli.app` registers: the mixing-law fits
 of a finished sweep with their cross-validated errors, the chosen form, and the mixture it proposes inside the
 explored convex hull with its predicted value and bootstrap interval, next to the sweep's in-sample winner
-(:mod:`analysis.mixture_proposal`); ``proposal.json`` is written in the sweep directory. ``--verify K`` then trains
-the proposal and the winner on K fresh seeds, here or through a launcher, and writes ``verify.json``
+(:mod:`analysis.mixture_proposal`); ``proposal.json`` is written in the sweep directory. ``--table FILE`` does the
+same from any table of results (:mod:`analysis.mixture_table`), ``--holdout`` tests the law on mixtures it was not
+fitted on, ``--predict FILE`` writes its prediction for given mixtures. ``--verify K`` then trains the proposal and
+the winner on K fresh seeds, here or through a launcher, and writes ``verify.json``
 (:mod:`harness.studies.mixture_verify`). Nothing heavy is imported before the command runs."""
 
 from __future__ import annotations
@@ -15,9 +17,67 @@ import typer
 
 from harness.cli.launching import DetachOption, LauncherOption, SlurmOption, choose_launcher, raise_usage
 
+# The options of --table and of the held-out test (module level, as LauncherOption: the signature stays short).
+TableOption = typer.Option(
+    None,
+    "--table",
+    help="Fit a table of results instead of a sweep: a .csv or .parquet file, one row per run, a column per "
+    "mixture weight (--weights) and per outcome (--objective), optionally a seed column (docs/sweeps.md).",
+)
+WeightsOption = typer.Option(
+    None, "--weights", help="With --table: the weight columns, comma-separated names or patterns (w_*)."
+)
+ObjectiveOption = typer.Option(
+    None,
+    "--objective",
+    help="With --table: the outcome column to optimise, or mean|min|max(COLUMN, …) of several (names or "
+    "patterns); each named column is a target the law is fitted to.",
+)
+DirectionOption = typer.Option(None, "--direction", help="With --table: maximize or minimize.")
+SeedColumnOption = typer.Option(
+    None, "--seed-column", help="With --table: the runs' seed column (default: a column named seed, if any)."
+)
+ProportionOption = typer.Option(
+    False, "--proportion", help="With --table: the outcomes are rates in [0, 1] (the log-linear law fits logits)."
+)
+ToleranceOption = typer.Option(
+    1e-3, "--tolerance", min=0.0, help="With --table: how far from 1 a row's weights may sum."
+)
+HoldoutOption = typer.Option(
+    None,
+    "--holdout",
+    help="Mixtures not fitted on, to test the law on: another sweep directory of the same space (or, with "
+    "--table, another table of the same columns). Reports each target's Spearman rho and RMSE there.",
+)
+HoldoutColumnOption = typer.Option(
+    None, "--holdout-column", help="With --table: a 1/0 column marking the rows held out of the fit."
+)
+PredictOption = typer.Option(
+    None,
+    "--predict",
+    help="A .csv/.parquet of mixtures (a column per weight): write the chosen law's prediction and 95 % "
+    "intervals for each, to <proposal's folder>/<file stem>.predicted.csv.",
+)
+OutOption = typer.Option(
+    None, "--out", help="Where proposal.json goes (default: SWEEP_DIR/proposal.json, or <table>.proposal.json)."
+)
+
 
 def mixture(
-    sweep_dir: Path = typer.Argument(..., help="A sweep directory (trials.parquet, sweep.resolved.yaml)."),
+    sweep_dir: Optional[Path] = typer.Argument(
+        None, help="A sweep directory (trials.parquet, sweep.resolved.yaml); or give --table."
+    ),
+    table: Optional[Path] = TableOption,
+    weights: Optional[str] = WeightsOption,
+    objective: Optional[str] = ObjectiveOption,
+    direction: Optional[str] = DirectionOption,
+    seed_column: Optional[str] = SeedColumnOption,
+    proportion: bool = ProportionOption,
+    tolerance: float = ToleranceOption,
+    holdout: Optional[Path] = HoldoutOption,
+    holdout_column: Optional[str] = HoldoutColumnOption,
+    predict: Optional[Path] = PredictOption,
+    out: Optional[Path] = OutOption,
     bootstrap: int = typer.Option(
         200, "--bootstrap", min=10, help="Resamples of the trials for the intervals (each refits the chosen form)."
     ),
@@ -53,15 +113,42 @@ def mixture(
     slurm: Optional[list[str]] = SlurmOption,
     detach: bool = DetachOption,
 ):
-    """Fit mixing laws to a sweep's trials, choose one by cross-validated error and propose the mixture that
-    optimises the sweep's objective inside the explored mixtures; write SWEEP_DIR/proposal.json."""
-    from analysis.loading import AnalysisError, is_sweep_dir, load_sweep, read_sweep_config
+    """Fit mixing laws to a sweep's trials (or a table of results), choose one by cross-validated error and propose
+    the mixture that optimises the objective inside the explored mixtures; write proposal.json."""
     from analysis.mixing_laws import FORMS
-    from analysis.mixture_proposal import PROPOSAL_NAME, budget_choice, budget_row, format_proposal, propose
-    from harness.core.store import atomic_write_text
+
+    unknown = [f for f in form or [] if f not in FORMS]
+    if unknown:
+        raise_usage(f"harness mixture: --form {', '.join(unknown)}: use {', '.join(FORMS)}")
+    options = {"forms": form or FORMS, "bootstrap": bootstrap, "seed": seed}
+    if table is not None:
+        if sweep_dir is not None:
+            raise_usage("harness mixture: give a sweep directory or --table FILE, not both")
+        if verify is not None or budget or steer:
+            raise_usage("harness mixture: --verify, --budget and --steer train a sweep's experiment: not with --table")
+        table_args = {"weights": weights, "objective": objective, "direction": direction, "seed_column": seed_column}
+        table_args |= {"proportion": proportion, "tolerance": tolerance, "holdout_column": holdout_column}
+        _from_table(table, table_args, holdout, predict, out, options)
+        return
+    given = [f for f, v in (("--weights", weights), ("--objective", objective), ("--direction", direction)) if v]
+    given += [f for f, v in (("--seed-column", seed_column), ("--holdout-column", holdout_column)) if v]
+    if given or proportion:
+        raise_usage(f"harness mixture: {', '.join(given) or '--proportion'} describe a --table's columns")
+    if sweep_dir is None:
+        raise_usage("harness mixture: give a sweep directory or --table FILE")
+    _from_sweep(sweep_dir, holdout, predict, out, options, verify, budget, steer, jobs, launcher, slurm, detach)
+
+
+def _from_sweep(sweep_dir, holdout, predict, out, options, verify, budget, steer, jobs, launcher, slurm, detach):
+    """The proposal from a sweep directory, then ``--verify`` / ``--budget`` / ``--steer`` as asked."""
+    from analysis.loading import AnalysisError, is_sweep_dir, load_sweep, read_sweep_config
+    from analysis.mixture_data import sweep_law_data
+    from analysis.mixture_proposal import PROPOSAL_NAME, budget_choice, budget_row
 
     if not is_sweep_dir(sweep_dir):
         raise_usage(f"harness mixture: {sweep_dir}: not a sweep directory (no trials.parquet)")
+    if holdout is not None and not is_sweep_dir(holdout):
+        raise_usage(f"harness mixture: --holdout {holdout}: not a sweep directory (no trials.parquet)")
     choice = _verify_choice(sweep_dir, verify, jobs, launcher, slurm, detach)
     if budget and verify is None:
         raise_usage("harness mixture: --budget trains each budget's mixture: it needs --verify K")
@@ -73,18 +160,12 @@ def mixture(
             f"harness mixture: --budget {too_many[0]}: a budget is fewer trials than the sweep's {len(trials)} (all "
             "of them is the full sweep's row)"
         )
-    unknown = [f for f in form or [] if f not in FORMS]
-    if unknown:
-        raise_usage(f"harness mixture: --form {', '.join(unknown)}: use {', '.join(FORMS)}")
-    options = {"forms": form or FORMS, "bootstrap": bootstrap, "seed": seed}
     try:
-        proposal = propose(trials, config, **options, sweep_dir=str(sweep_dir))
+        data = sweep_law_data(trials, config, str(sweep_dir))
+        held = sweep_law_data(load_sweep(holdout), config, str(holdout)) if holdout is not None else None
     except AnalysisError as e:
         raise_usage(f"harness mixture: {e}")
-    typer.echo(format_proposal(proposal))
-    out = Path(sweep_dir) / PROPOSAL_NAME
-    atomic_write_text(out, json.dumps(proposal.to_json(), indent=2) + "\n")
-    typer.echo(f"proposal → {out}")
+    proposal = _propose(data, held, predict, out or Path(sweep_dir) / PROPOSAL_NAME, options)
     if verify is None:
         return
     rows = [budget_choice(trials, config, k, **options) for k in sorted(set(budget or []))]
@@ -94,6 +175,50 @@ def mixture(
     if rows:
         rows.append(budget_row(proposal.to_json(), "all"))
     _verify(sweep_dir, proposal.to_json(), trials.to_dicts(), verify, jobs, choice, detach, rows, steer or [])
+
+
+def _from_table(table: Path, table_args: dict, holdout, predict, out, options) -> None:
+    """The proposal from a table of results (and its held-out rows or table)."""
+    from analysis.loading import AnalysisError
+    from analysis.mixture_table import table_law_data
+
+    missing = [f"--{k}" for k in ("weights", "objective", "direction") if not table_args[k]]
+    if missing:
+        raise_usage(f"harness mixture --table: give {', '.join(missing)} (the table's columns and objective)")
+    if holdout is not None and table_args["holdout_column"]:
+        raise_usage("harness mixture: --holdout FILE or --holdout-column COLUMN, not both")
+    table_args = {**table_args, "weights": table_args["weights"].split(",")}
+    try:
+        data, held = table_law_data(table, **table_args)
+        if holdout is not None:
+            held, _ = table_law_data(holdout, **{**table_args, "holdout_column": None})
+    except AnalysisError as e:
+        raise_usage(f"harness mixture: {e}")
+    _propose(data, held, predict, out or table.with_suffix(".proposal.json"), options)
+
+
+def _propose(data, held, predict: Optional[Path], out: Path, options: dict):
+    """Fit, choose and propose (the same for a sweep and a table), print it, write ``out`` and the predictions."""
+    from analysis.loading import AnalysisError
+    from analysis.mixture_proposal import format_proposal, propose_data
+    from analysis.mixture_table import predictions_frame, read_mixtures
+    from harness.core.store import atomic_write_text
+
+    try:
+        mixtures = read_mixtures(predict, data.weights) if predict is not None else None
+        at = mixtures.select(data.weights).to_numpy() if mixtures is not None else None
+        proposal = propose_data(data, **options, holdout=held, predict_at=at)
+    except AnalysisError as e:
+        raise_usage(f"harness mixture: {data.source}: {e}" if data.kind == "table" else f"harness mixture: {e}")
+    typer.echo(format_proposal(proposal))
+    atomic_write_text(out, json.dumps(proposal.to_json(), indent=2) + "\n")
+    typer.echo(f"proposal → {out}")
+    if mixtures is not None:
+        path = out.parent / f"{predict.stem}.predicted.csv"
+        frame = predictions_frame(mixtures, data.targets, proposal.predictions)
+        atomic_write_text(path, frame.write_csv())
+        typer.echo(f"predictions for {frame.height} mixtures (95 % intervals: bootstrap over rows) → {path}")
+    return proposal
 
 
 def _check_steer(steer: Optional[list[str]], verify: Optional[int]) -> None:

@@ -208,6 +208,8 @@ def test_leave_one_seed_out_with_seeds_and_proportions_through_the_logit():
     p = propose(sweep_frame(W, P, "greedy", seeds, reduce=np.min), sweep_config("greedy", "min"), bootstrap=20)
     assert p.cv_by == "leave-one-seed-out" and p.seeds == 3 and p.maximize is True
     assert all(np.isfinite(r["loso_objective"]) for r in p.cv)
+    # the row-level error stays leave-one-trial-out beside the leave-one-seed-out one (not the seeds twice)
+    assert all(r["loto_objective"] != pytest.approx(r["loso_objective"]) for r in p.cv)
     assert p.support["folds"] == 3
     assert any("seed" in note for note in p.notes)  # the seed is a varied parameter the fit does not model
     assert p.winner["observed"] == pytest.approx(P.min(axis=1).max())
@@ -268,3 +270,39 @@ def test_cli_writes_proposal_json_and_refuses_bad_input(tmp_path):
     bare = write_sweep_dir(tmp_path / "bare", sweep_frame(W, Y), {"space": sweep_config()["space"]})
     result = runner.invoke(app, ["mixture", str(bare)])
     assert result.exit_code == 2 and "no objective" in result.output
+
+
+def test_held_out_sweep_tests_the_law_and_gates_support(tmp_path):
+    """A second sweep of the same space is the law's test: on mixtures drawn from the same law the objective's
+    held-out Spearman ρ is significantly positive and the proposal stays supported; on held-out outcomes that
+    carry no relation to their mixtures (shuffled), the same fit is no longer called supported."""
+    W, Y = draw(loglinear_truth, 30, 0.02, seed=5)
+    Wh, Yh = draw(loglinear_truth, 16, 0.02, seed=6)
+    sweep = write_sweep_dir(tmp_path / "fit", sweep_frame(W, Y), sweep_config())
+    held = write_sweep_dir(tmp_path / "held", sweep_frame(Wh, Yh), sweep_config())
+    args = ["mixture", str(sweep), "--holdout", str(held), "--bootstrap", "10", "--form", "constant"]
+    result = CliRunner().invoke(_app(), [*args, "--form", "scheffe2"])
+    assert result.exit_code == 0, result.output
+    assert "held-out mixtures (16 rows" in result.output
+    saved = json.loads((sweep / PROPOSAL_NAME).read_text())
+    assert saved["supported"] and saved["holdout"]["objective"]["rho_low"] > 0
+    assert set(saved["holdout"]["targets"]) == set(TASKS) and len(saved["holdout"]["rows"]) == 16
+    # --predict on a sweep: the weight columns are the simplex's tasks
+    pl.DataFrame(dict(zip(TASKS, [[1 / 3, 0.6], [1 / 3, 0.4], [1 / 3, 0.0]]))).write_csv(tmp_path / "ask.csv")
+    result = CliRunner().invoke(_app(), [*args, "--form", "scheffe2", "--predict", str(tmp_path / "ask.csv")])
+    assert result.exit_code == 0, result.output
+    predicted = pl.read_csv(sweep / "ask.predicted.csv")
+    assert predicted.height == 2 and (predicted["low"] < predicted["high"]).all()
+    # the same fit, tested on outcomes shuffled across the held-out mixtures: no longer supported
+    shuffled = Yh[np.random.default_rng(0).permutation(16)]
+    write_sweep_dir(tmp_path / "held", sweep_frame(Wh, shuffled), sweep_config())
+    result = CliRunner().invoke(_app(), [*args, "--form", "scheffe2"])
+    saved = json.loads((sweep / PROPOSAL_NAME).read_text())
+    assert saved["support"]["low"] > 0 and not saved["supported"]  # beats the mean in CV, fails the held-out test
+    assert "NOT SUPPORTED" in result.output and "not significantly positive" in result.output
+
+
+def _app():
+    from harness.cli.app import app
+
+    return app

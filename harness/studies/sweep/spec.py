@@ -1,5 +1,6 @@
 """The sweep file's schema (pydantic; typos are errors): the search space kinds, the objective(s), the optuna study
-settings, and the names of the files a sweep directory holds.
+settings (``sampler: sobol | dirichlet`` are the space-filling designs of :mod:`harness.studies.sweep.design`), and
+the names of the files a sweep directory holds.
 
 A sweep file names a base experiment, an optuna study (storage, sampler, pruner, trial budget), a search
 ``space`` of dotted paths into the experiment, and the objective(s) read from the per-task metrics at the end of
@@ -208,7 +209,11 @@ class StudySpec(Strict):
         "relative to the sweep directory; default: $HARNESS_STORAGE if set, else <sweep dir>/journal.log. "
         "A URL with a password is refused here: put it in HARNESS_STORAGE.",
     )
-    sampler: Literal["tpe", "random", "gp", "nsga2"] = "tpe"
+    sampler: Literal["tpe", "random", "gp", "nsga2", "sobol", "dirichlet"] = Field(
+        "tpe",
+        description="tpe, random, gp, nsga2 (optuna's); sobol or dirichlet: a space-filling design for fitting "
+        "mixing laws, the same point for trial k on every worker (harness.studies.sweep.design).",
+    )
     sampler_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the sampler.")
     pruner: Literal["none", "median", "hyperband"] = "none"
     pruner_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the pruner.")

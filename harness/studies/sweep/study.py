@@ -23,6 +23,7 @@ from harness.config import ConfigError, dump_yaml
 from harness.core.jsonl import trim_unfinished_last_line
 from harness.core.redact import mask_url, mask_urls_in_text
 from harness.core.store import atomic_write_text
+from harness.studies.sweep.design import DESIGNS, design_sampler
 from harness.studies.sweep.space import Sweep, seed_trial_params
 from harness.studies.sweep.spec import BASE_EXPERIMENT_NAME, RESOLVED_NAME
 
@@ -146,6 +147,8 @@ def make_sampler(sweep: Sweep, worker_index: int, launch: int = 0):
         return optuna.samplers.TPESampler(seed=seed, **args)
     if s.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed, **args)
+    if s.sampler in DESIGNS:  # the study seed, not the worker's: trial k's point is the same on every worker
+        return design_sampler(sweep, s.seed, args)
     if s.sampler == "gp":
         if importlib.util.find_spec("scipy") is None:
             raise ImportError("the gp sampler needs scipy: pip install scipy")
