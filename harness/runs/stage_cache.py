@@ -17,11 +17,12 @@ and stage 0's hashes what every stage depends on: the whole resolved experiment 
 :data:`NOT_SHAPING` (each listed with why it cannot change a stage's numbers; a field added to the schema is in the
 key unless it is added there), so the top-level ``train`` section too (evaluation items are fitted with its
 ``max_length``); the base model's key, the content of the task data, the hash of the code that shapes a stage's
-numbers (:func:`harness.runs.code_identity.code_fingerprint`), the harness, torch and transformers versions and the
-device (on a CPU, with its torch thread count; with several data-parallel ranks, their number) (numerics differ
-across them), and what else computes a stage (:func:`harness.runs.code_identity.environment`: peft's and the
-optional kernels' versions, the GPU's model; with benchmarks, lm-eval's version and the content of each
-``include_path``). A run replays cached stages in order and stops at the first miss.
+numbers (:func:`harness.runs.code_identity.code_fingerprint`, with the plug-ins the run uses and the modules they
+import), the harness, torch and transformers versions and the device (on a CPU, with its torch thread count; with
+several data-parallel ranks, their number) (numerics differ across them), and what else computes a stage
+(:func:`harness.runs.code_identity.environment`: peft's and the optional kernels' versions, the CPU kernel path —
+torch's CPU capability, the BLAS's and oneDNN's instruction sets —, the GPU's model; with benchmarks, lm-eval's
+version and the content of each ``include_path``). A run replays cached stages in order and stops at the first miss.
 
 Entries are written into a temporary sibling and renamed into place: a reader sees none or a whole one; when two
 workers finish the same stage at once the second rename fails and that worker discards its copy.
@@ -52,7 +53,7 @@ from harness.config import Experiment, ResolvedStage, computing_debug
 from harness.core.metrics import is_benchmark_task
 from harness.core.store import Row
 from harness.evaluation import EVAL_METRICS
-from harness.runs.code_identity import code_fingerprint, environment
+from harness.runs.code_identity import code_fingerprint, environment, run_plugins
 from harness.runs.pretrain import cache_root, content_hash
 from harness.training import compiling, rng
 from harness.training import parallel as distributed
@@ -63,8 +64,9 @@ from harness.training.compiling import compile_decision
 # 3: rows keep their n and Wilson interval, which entries of 2 dropped; 4: the key covers the whole experiment but
 # NOT_SHAPING, and the code — entries of 3 miss once; evaluations add the choice rows of two-answer tasks, which
 # entries of 3 lack; 5: the key covers peft's, the kernels' and lm-eval's versions, the GPU's model and the content of
-# benchmark include paths, and the code hash leaves out editor leftovers and modules run after training)
-STAGE_CACHE_VERSION = "5"
+# benchmark include paths, and the code hash leaves out editor leftovers and modules run after training; 6: the key
+# covers the CPU kernel path, and the plug-ins the run uses with their own modules, by name and content, not path)
+STAGE_CACHE_VERSION = "6"
 META = "meta.json"
 CHECKPOINT = "checkpoint"
 # Train fields that decide what a run keeps on disk, not what a stage computes: out of a stage's part of the key.
@@ -77,6 +79,8 @@ NOT_SHAPING = {
     "name": "the experiment's label: it names the run directory and the entry's meta, not what is computed",
     "seeds": "the list of replicates `harness run` starts; each replicate's own seed (seed) is in the key",
     "tracking": "where rows go (wandb, console), not what they are",
+    "plugins": "where the plug-ins are (a file's absolute path): the code hash holds the plug-ins the run uses, with "
+    "the modules they import, by name and content (code_identity.run_plugins)",
     **{
         f"train.{k}": "what the run keeps on disk (checkpoints, cache use), not what a stage computes"
         for k in sorted(STAGE_NOT_SHAPING)
@@ -163,8 +167,9 @@ def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str, code: Op
         "transformers": transformers.__version__,
         "device": device,
         "base": base,
-        "code": code if code is not None else code_fingerprint(),
-        # peft's and the optional kernels' versions, the GPU, lm-eval, the user's benchmark tasks and reference text
+        "code": code if code is not None else code_fingerprint(plugins=run_plugins(exp)),
+        # peft's and the optional kernels' versions, the CPU kernel path, the GPU, lm-eval, the user's benchmark tasks
+        # and reference text
         "environment": environment(device, exp.eval.benchmarks, exp.eval.reference_text),
         # on a CPU the intra-op thread count changes the order of float sums: a stage computed with 2 threads
         # is not bit-identical to the same stage computed by a 1-thread sweep worker
