@@ -11,8 +11,8 @@ Which source counts, by layer (``docs/design.md``, "Layers"):
 - the modules of ``harness.runs`` that shape numbers: ``prepare`` (task data, encoding, which eval items fit,
   the stage plan), ``pretrain`` and ``images`` (the base model), ``packing`` (packed or padded batches), ``runner``
   (the stage loop, the evaluation schedule), ``evallog`` (the rows and per-item outcomes an evaluation stores),
-  ``ranks`` (a distributed run's session) and ``stage_cache`` itself (what an entry holds and how a replay restores
-  RNG state);
+  ``ranks`` (a distributed run's session), ``stage_cache`` itself (what an entry holds and how a replay restores
+  RNG state) and ``stage_key`` (what its key holds);
 - every file under ``data_recipes/`` (a recipe makes the task data and scores its answers);
 - the plug-ins the run uses (:func:`run_plugins`: its ``plugins:`` entries and the modules of the components it
   names), each with every module it imports from its own package or directory, named relative to that root and
@@ -89,6 +89,7 @@ SHAPING_RUN_MODULES = (
     "evallog",
     "ranks",
     "stage_cache",
+    "stage_key",
     "steering_split",
 )
 # The other modules of harness/runs, each with why it cannot change a stored number (a new module must be placed in

@@ -1,9 +1,10 @@
 """What the stage-cache key holds of plug-ins and of the CPU kernel path (issues 51, 53): the plug-ins the run uses
 with every module they import from their own package (an edited helper misses, also one imported lazily), keyed by
 name and content (the same plug-in in a copied checkout shares entries; one imported earlier for another experiment
-changes nothing); and the kernel path torch and its BLAS take (an entry made on one path is not replayed on another).
+changes nothing); and the kernel path torch and its BLAS take (an entry made on one path is not replayed on another,
+nor a base model pretrained on one path reused on another).
 
-Keys only, as in test_stage_cache_key.py: nothing here trains."""
+Keys only, as in test_stage_cache_key.py, but for the tiny base pretrained (4 steps) to show its cache's key."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ from harness.core import plugins
 from harness.core.plugin_sources import plugin_source
 from harness.core.registry import PLUGIN_REGISTRIES
 from harness.runs import code_identity
-from harness.runs.stage_cache import stage_keys
+from harness.runs import kernel_path as kernel_path_module
+from harness.runs.prepare import warm_base
+from harness.runs.stage_key import stage_keys
 from tests.conftest import ROOT, TINY
 
 JUDGE = "def judged(answer):\n    return answer.strip()\n"
@@ -101,7 +104,8 @@ def test_a_plugin_imported_earlier_for_another_experiment_leaves_the_key(lab, tm
     other = tmp_path / "other_lab"
     other.mkdir()
     (other / "unrelated.py").write_text(UNRELATED)
-    assert _keys(lab, extra_plugins=(str(other / "unrelated.py"),)) == _keys(lab)
+    alone = _keys(lab)
+    assert _keys(lab, extra_plugins=(str(other / "unrelated.py"),)) == alone
 
 
 def test_the_plugin_files_are_named_relative_to_their_package(lab):
@@ -130,6 +134,17 @@ def test_an_entry_made_on_one_kernel_path_is_not_replayed_on_another(monkeypatch
     assert all(a != b for a, b in zip(before, _tiny_keys()))
     monkeypatch.setattr(code_identity, "kernel_path", lambda: copy.deepcopy(native))
     assert _tiny_keys() == before
+
+
+def test_a_base_pretrained_on_one_kernel_path_is_not_reused_on_another(monkeypatch, tmp_path):
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    exp = Experiment.model_validate(TINY)
+    first = warm_base(exp)
+    assert not first.cache_hit and warm_base(exp).cache_hit
+    native = kernel_path_module.kernel_path()
+    monkeypatch.setattr(kernel_path_module, "kernel_path", lambda: {**native, "torch_cpu": "ANOTHER"})
+    other = warm_base(exp)
+    assert not other.cache_hit and other.cache_dir != first.cache_dir
 
 
 def test_the_helper_script_moves_torch_and_mkl_to_another_path():
