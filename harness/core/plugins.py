@@ -9,9 +9,9 @@ what the kind does: :class:`data_recipes.Recipe`, :class:`harness.evaluation.Com
 
 :func:`import_plugins` imports an experiment's ``plugins:`` entries: a dotted module name (``my_lab.tasks``,
 imported from ``sys.path`` as usual) or the path of a ``.py`` file (relative paths against the experiment file's
-directory), loaded under a module name of its own and imported once per process. The files of every plug-in module
-imported either way (entry points too) are listed by :func:`plugin_files`, so the stage cache's code hash covers
-them (:mod:`harness.runs.code_identity`).
+directory), loaded under a module name of its own and imported once per process. :func:`plugin_module` names the
+module an entry was loaded as, so the stage cache's code hash can cover the plug-ins a run uses and the modules they
+import (:mod:`harness.core.plugin_sources`, :mod:`harness.runs.code_identity`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from harness.core.registry import PLUGIN_REGISTRIES, PluginError, discover_entry_points, one_line, suggest
 
-_imported: dict[str, Path | None] = {}  # plugins: entry (as resolved) -> the module's file
+_imported: dict[str, str] = {}  # plugins: entry (as resolved) -> the name of the module it was loaded as
 
 
 class PluginParams(BaseModel):
@@ -62,13 +62,16 @@ def resolve_entry(entry: str, base_dir: Path) -> str:
     return str((base_dir / entry).resolve()) if is_file_entry(entry) else entry
 
 
+FILE_MODULE_PREFIX = "harness_plugin_"  # the module names plug-in files are loaded under start with it
+
+
 def _module_name(path: Path) -> str:
     """The module name a plug-in file is loaded under: its stem and a hash of its absolute path."""
     stem = "".join(c if c.isalnum() else "_" for c in path.stem)
-    return f"harness_plugin_{stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:10]}"
+    return f"{FILE_MODULE_PREFIX}{stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:10]}"
 
 
-def _import_file(path: Path) -> Path:
+def _import_file(path: Path) -> str:
     if not path.is_file():
         nearby = [p.name for p in path.parent.glob("*.py")] if path.parent.is_dir() else []
         raise PluginError(f"no plug-in file {str(path)!r}{suggest(path.name, nearby)}")
@@ -83,7 +86,7 @@ def _import_file(path: Path) -> Path:
         except BaseException:
             del sys.modules[name]
             raise
-    return path
+    return name
 
 
 def _missing_module_hint(error: ModuleNotFoundError) -> str:
@@ -97,15 +100,14 @@ def _missing_module_hint(error: ModuleNotFoundError) -> str:
     return suggest(prefix + leaf, [prefix + m.name for m in pkgutil.iter_modules(where)])
 
 
-def _import_module(entry: str) -> Path | None:
+def _import_module(entry: str) -> str:
     try:
-        module = importlib.import_module(entry)
+        importlib.import_module(entry)
     except ModuleNotFoundError as e:
         if e.name and (entry == e.name or entry.startswith(e.name + ".")):
             raise PluginError(f"no module named {e.name!r}{_missing_module_hint(e)}") from e
         raise
-    file = getattr(module, "__file__", None)
-    return Path(file).resolve() if file else None
+    return entry
 
 
 def import_plugins(entries: list[str], base_dir: Path | None = None) -> list[tuple[int, str]]:
@@ -127,15 +129,15 @@ def import_plugins(entries: list[str], base_dir: Path | None = None) -> list[tup
     return errors
 
 
-def plugin_files() -> list[Path]:
-    """The source files of every plug-in module imported in this process (``plugins:`` entries and entry points),
-    sorted: what the stage cache's code hash adds to the harness's own code."""
-    files = {f for f in _imported.values() if f is not None}
-    for name in discover_entry_points():
-        file = getattr(sys.modules.get(name), "__file__", None)
-        if file:
-            files.add(Path(file).resolve())
-    return sorted(files)
+def plugin_module(entry: str, base_dir: Path | None = None) -> str:
+    """The name of the module a ``plugins:`` entry is loaded as (imported now if it was not yet: raises
+    :class:`PluginError` when it cannot be). ``base_dir`` as for :func:`import_plugins`."""
+    resolved = resolve_entry(entry, base_dir or Path.cwd())
+    if resolved not in _imported:
+        errors = import_plugins([entry], base_dir)
+        if errors:
+            raise PluginError(errors[0][1])
+    return _imported[resolved]
 
 
 def plugin_schemas() -> dict[str, dict[str, dict]]:

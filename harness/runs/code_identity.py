@@ -11,10 +11,13 @@ Which source counts, by layer (``docs/design.md``, "Layers"):
 - the modules of ``harness.runs`` that shape numbers: ``prepare`` (task data, encoding, which eval items fit,
   the stage plan), ``pretrain`` and ``images`` (the base model), ``packing`` (packed or padded batches), ``runner``
   (the stage loop, the evaluation schedule), ``evallog`` (the rows and per-item outcomes an evaluation stores),
-  ``ranks`` (a distributed run's session) and ``stage_cache`` itself (what an entry holds and how a replay restores
-  RNG state);
+  ``ranks`` (a distributed run's session), ``stage_cache`` itself (what an entry holds and how a replay restores
+  RNG state) and ``stage_key`` (what its key holds);
 - every file under ``data_recipes/`` (a recipe makes the task data and scores its answers);
-- the plug-in modules imported from outside the package (:func:`code_fingerprint`).
+- the plug-ins the run uses (:func:`run_plugins`: its ``plugins:`` entries and the modules of the components it
+  names), each with every module it imports from its own package or directory, named relative to that root and
+  hashed by content (:mod:`harness.core.plugin_sources`): an edited helper module misses, a moved checkout and a
+  plug-in imported earlier in the process for another experiment do not.
 
 Of those directories, only source-looking files count: ``*.py`` and the data files the code reads (the shipped
 lm-eval task YAMLs), never hidden files or editor leftovers (swap files, backups), and not the few modules that run
@@ -27,8 +30,11 @@ and prunes entries), ``runs.code_identity`` (this file), and the layers above ``
 
 Beyond the code (:func:`environment`): the versions of the libraries that compute a stage besides torch and
 transformers (which the key names itself) — peft, and the optional kernels a model runs through when installed
-(flash-attn, fla, causal-conv1d; ``absent`` when not) — lm-eval's when the run has benchmarks, the GPU's model on
-CUDA (kernels and their float order differ across GPUs, as the CPU thread count, keyed too, changes sums), and the
+(flash-attn, fla, causal-conv1d; ``absent`` when not) — lm-eval's when the run has benchmarks, the CPU kernel path
+(:func:`harness.runs.kernel_path.kernel_path`: torch's CPU capability, the BLAS's and oneDNN's instruction sets —
+AVX2 and AVX-512 kernels round differently, and a tiny model trained from scratch turns a last bit into another
+run), the GPU's model on CUDA (kernels and their float order differ across GPUs, as the CPU thread count, keyed too,
+changes sums), and the
 content of every ``include_path`` of ``eval.benchmarks``: its task YAMLs, their Python and data files, and the local
 data files they name elsewhere (the path alone misses an edited task).
 
@@ -56,7 +62,11 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 import yaml
 
-from harness.core.plugins import plugin_files
+from harness.config import Experiment
+from harness.core.plugin_sources import HARNESS_PACKAGES, plugin_source
+from harness.core.plugins import plugin_module
+from harness.core.registry import EVALUATORS, MIXTURE_CONTROLLERS, PROBES, RECIPES
+from harness.runs.kernel_path import kernel_path
 from harness.runs.pretrain import cache_root
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,6 +89,7 @@ SHAPING_RUN_MODULES = (
     "evallog",
     "ranks",
     "stage_cache",
+    "stage_key",
     "steering_split",
 )
 # The other modules of harness/runs, each with why it cannot change a stored number (a new module must be placed in
@@ -91,6 +102,7 @@ NOT_SHAPING_RUN_MODULES = {
     "cache_housekeeping": "lists and prunes cache entries",
     "checkpoint_eval": "harness eval: evaluates a checkpoint outside any stage, stores no cache entry",
     "code_identity": "this file",
+    "kernel_path": "reports the CPU kernel path the key holds (the key changes with what it reports)",
 }
 # Files of the shaping packages that run only once the last stage is stored, each with why (a replayed stage cannot
 # differ for them: the run computes them again, after its stages).
@@ -205,18 +217,51 @@ def _cached(root: Path) -> str:
     return fingerprint_of(root, shaping_files(root))
 
 
-def code_fingerprint(root: Path = REPO) -> str:
+def code_fingerprint(root: Path = REPO, plugins: Sequence[str] = ()) -> str:
     """The hash of every file :func:`shaping_files` names under ``root`` (computed once per process and root), and
-    of the plug-in modules this process imported outside the package (an experiment's ``plugins:``, installed entry
-    points: :func:`harness.core.plugins.plugin_files`), whose code shapes a stage as the package's does."""
+    of the plug-in modules named in ``plugins`` (:func:`run_plugins`: the ones a run uses) with the modules each
+    imports from its own package or directory (:func:`plugin_fingerprints`), whose code shapes a stage as the
+    package's does."""
     own = _cached(Path(root).resolve())
-    plugins = [f for f in plugin_files() if f.suffix == ".py" and f.is_file()]
     if not plugins:
         return own
     digest = hashlib.sha256(own.encode())
-    for file in plugins:
-        digest.update(f"{file}\0{file_digest(file)}\n".encode())
+    for label, fingerprint in plugin_fingerprints(plugins):
+        digest.update(f"plugin {label}\0{fingerprint}\n".encode())
     return digest.hexdigest()
+
+
+def run_plugins(exp: Experiment) -> list[str]:
+    """The names of the plug-in modules ``exp`` uses, sorted: each ``plugins:`` entry's module (it may register
+    anything, or change the harness on import), and the module of every component the experiment names — recipes,
+    evaluators, probes, mixture controllers — that is not the harness's own (an installed entry point's, or one a
+    module imported earlier registered). Model checks are left out: they refuse a model spec, they compute nothing.
+    Entry points that provide nothing the run names are left out too: they cannot reach its numbers through the
+    registries, and keying them would make every installed lab package miss every entry."""
+    modules = {plugin_module(entry) for entry in exp.plugins}
+    named = [(RECIPES, task.recipe) for task in exp.tasks.values()]
+    named += [(EVALUATORS, name) for name in exp.eval.evaluators] + [(PROBES, name) for name in exp.eval.probes]
+    named += [
+        (MIXTURE_CONTROLLERS, stage.mixture.adaptive.method)
+        for stage in exp.resolved_stages()
+        if stage.mixture.adaptive is not None
+    ]
+    for registry, name in named:
+        module = registry.plugin_class(name).__module__
+        if module.split(".")[0] not in HARNESS_PACKAGES:
+            modules.add(module)
+    return sorted(modules)
+
+
+def plugin_fingerprints(modules: Sequence[str]) -> list[tuple[str, str]]:
+    """``(label, hash)`` of each plug-in module's files (:func:`harness.core.plugin_sources.plugin_source`: named
+    relative to the plug-in's root, so a moved checkout keys alike), sorted."""
+    out = set()
+    for module in modules:
+        source = plugin_source(module)
+        if source is not None:
+            out.add((source.label, fingerprint_of(source.root, source.files)))
+    return sorted(out)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -234,11 +279,11 @@ def version(distribution: str) -> str:
 
 
 def environment(device: str, benchmarks: Sequence = (), reference_text: Optional[str] = None) -> dict[str, Any]:
-    """What computes a stage besides the code (module docstring): the :data:`LIBRARIES`' versions, lm-eval's and
-    the content of each ``include_path`` when there are ``benchmarks`` (``eval.benchmarks``), the content of the
-    forgetting probe's ``eval.reference_text`` file (the path alone would replay rows of an edited file), the GPU's
-    model on ``device`` cuda."""
-    out: dict[str, Any] = {"libraries": {name: version(name) for name in LIBRARIES}}
+    """What computes a stage besides the code (module docstring): the :data:`LIBRARIES`' versions, the CPU kernel
+    path (:func:`kernel_path`), lm-eval's version and the content of each ``include_path`` when there are
+    ``benchmarks`` (``eval.benchmarks``), the content of the forgetting probe's ``eval.reference_text`` file (the path
+    alone would replay rows of an edited file), the GPU's model on ``device`` cuda."""
+    out: dict[str, Any] = {"libraries": {name: version(name) for name in LIBRARIES}, "kernel_path": kernel_path()}
     if reference_text:
         out["reference_text"] = hashlib.sha256(Path(reference_text).read_bytes()).hexdigest()
     if device == "cuda" and torch.cuda.is_available():

@@ -1,6 +1,6 @@
 """The base model of a builtin architecture: tokenizer training, optional pretraining on the world corpus, and a
 cache keyed by a hash of everything that determines the result (tokenizer, model config, pretraining settings,
-corpus), so a second run with the same base skips pretraining.
+corpus, the CPU kernel path), so a second run with the same base skips pretraining.
 
 Pretraining uses the same loop as SFT (:func:`harness.training.loop.train_stage`) on packed corpus sequences in which
 every position is supervised.
@@ -89,6 +89,7 @@ def builtin_base(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from harness.models.builtin import build_builtin, builtin_config
+    from harness.runs.kernel_path import kernel_path
     from harness.training.loop import StageLoop, train_stage
 
     tokenizer = train_tokenizer(
@@ -105,6 +106,8 @@ def builtin_base(
             "pretrain": spec.pretrain.model_dump(),
             "corpus": hashlib.sha256("\x00".join(corpus).encode()).hexdigest(),
             "seed": seed,
+            # AVX2 and AVX-512 kernels round differently: a base pretrained on one path is another model on the other
+            "kernel_path": kernel_path(),
         }
     )
     cache_dir = cache_root() / "base" / key[:20]

@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 import yaml
 
+from harness.config import load_experiment
 from harness.core import plugins as plugin_imports
 from harness.core import registry as registry_module
 from harness.core.plugins import Plugin
 from harness.core.registry import PLUGIN_REGISTRIES, RECIPES
+from harness.runs.code_identity import run_plugins
 from tests.conftest import ROOT, invoke
 
 EXAMPLE = ROOT / "docs" / "extending"
@@ -195,10 +197,11 @@ def test_an_installed_distributions_entry_point_plugin_is_discovered(tmp_path, m
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "ep_words" in RECIPES  # the first lookup discovers it: no plugins: entry, no import by anyone
     assert registry_module.discover_entry_points() == ["lab_ep_words"]
-    assert Path(sys.modules["lab_ep_words"].__file__) in plugin_imports.plugin_files()  # in the stage-cache key
+    assert "lab_ep_words" not in run_plugins(load_experiment(lab / "experiment.yaml"))  # a run not naming it
     experiment = _edit(lab / "experiment.yaml", lambda d: d["tasks"]["letters"].update(recipe="ep_words", params={}))
     result = invoke("validate", str(experiment))
     assert result.exit_code == 0, result.output
+    assert "lab_ep_words" in run_plugins(load_experiment(experiment))  # its module is in this run's stage-cache key
 
 
 def test_a_broken_entry_point_module_is_one_line_exit_2(tmp_path, monkeypatch, fresh_discovery, lab):

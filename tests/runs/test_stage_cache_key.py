@@ -1,4 +1,4 @@
-"""What the stage-cache key covers (harness.runs.stage_cache.stage_keys): every field of the schema, changed one at a
+"""What the stage-cache key covers (harness.runs.stage_key.stage_keys): every field of the schema, changed one at a
 time to a valid different value, misses from the stage it affects on — or is one of the documented ``NOT_SHAPING``
 fields and shares the entries; the code that shapes a stage is in the key (an edited copy of one module misses) and
 nothing else of the tree (editor leftovers, modules run after training); and so is what else computes a stage: the
@@ -25,7 +25,7 @@ from harness.config import Experiment, TrainSpec
 from harness.runs import code_identity
 from harness.runs.code_identity import AFTER_TRAINING
 from harness.runs.prepare import build_task_data
-from harness.runs.stage_cache import NOT_SHAPING, STAGE_NOT_SHAPING, stage_keys, task_data_hash
+from harness.runs.stage_key import NOT_SHAPING, STAGE_NOT_SHAPING, stage_keys, task_data_hash
 from harness.training import compiling
 from tests.conftest import ROOT, TINY
 
