@@ -88,6 +88,8 @@ class _ChunkedHeadLoss(torch.autograd.Function):
         losses = torch.empty(n, dtype=torch.float32, device=hidden.device)
         ce = torch.empty(n, dtype=torch.float32, device=hidden.device)
         device_type = hidden.device.type
+        # An fp32 Linear head (not a peft layer, not under autocast): its gradients accumulate in place.
+        plain = type(head) is torch.nn.Linear and not torch.is_autocast_enabled(device_type)
         for start in range(0, n, rows):
             end = min(start + rows, n)
             part = hidden[start:end].detach().requires_grad_(wants_hidden)
@@ -97,22 +99,16 @@ class _ChunkedHeadLoss(torch.autograd.Function):
                 with torch.autocast(device_type, enabled=False):
                     chunk_losses, chunk_ce = token_losses_and_ce(logits, targets[start:end], spec)
                     term = (chunk_losses * scale[start:end]).sum()
-                del logits
             losses[start:end], ce[start:end] = chunk_losses.detach(), chunk_ce
             total += term.detach()
-            inputs = ([part] if wants_hidden else []) + wanted
-            if not inputs or not term.requires_grad:
+            if not term.requires_grad:
+                del logits, term
                 continue
-            # Backward outside autocast, as the unchunked path's loss.backward() runs.
-            with torch.autocast(device_type, enabled=False):
-                got = torch.autograd.grad(term, inputs, allow_unused=True)
-            if wants_hidden:
-                grad_hidden[start:end] = got[0]
-                got = got[1:]
-            for i, g in enumerate(got):
-                if g is not None:
-                    grads[i] = g if grads[i] is None else grads[i].add_(g)
-            del got
+            if plain:
+                _linear_gradients(term, logits, part, head, wanted, grads, grad_hidden, start)
+            else:
+                _module_gradients(term, part, wanted, grads, grad_hidden, start)
+            del logits, term  # before the next chunk's logits exist
         ctx.mark_non_differentiable(losses, ce)
         ctx.grad_hidden, ctx.grads = grad_hidden, grads
         ctx.wanted_mask = [bool(x) for x in ctx.needs_input_grad[6:]]
@@ -128,6 +124,36 @@ class _ChunkedHeadLoss(torch.autograd.Function):
 
         out_params = [scaled(next(grads)) if wanted else None for wanted in ctx.wanted_mask]
         return (scaled(grad_hidden), None, None, None, None, None, *out_params)
+
+
+def _module_gradients(term, part, wanted, grads, grad_hidden, start) -> None:
+    """Back-propagate a chunk's ``term`` through the head module's own graph into the chunk's hidden rows and the
+    ``wanted`` parameters, adding each parameter's into ``grads``. Outside autocast, as the unchunked path's
+    ``loss.backward()`` runs."""
+    inputs = ([part] if grad_hidden is not None else []) + wanted
+    with torch.autocast(part.device.type, enabled=False):
+        got = list(torch.autograd.grad(term, inputs, allow_unused=True))
+    if grad_hidden is not None:
+        grad_hidden[start : start + part.shape[0]] = got.pop(0)
+    for i, g in enumerate(got):
+        if g is not None:
+            grads[i] = g if grads[i] is None else grads[i].add_(g)
+
+
+def _linear_gradients(term, logits, part, head, wanted, grads, grad_hidden, start) -> None:
+    """:func:`_module_gradients` for an fp32 ``Linear`` head, with the linear layer's backward written out (the
+    matmuls autograd would run) so the weight's gradient accumulates in place: without a ``[V, H]`` temporary per
+    chunk, which would add that much to the step's peak."""
+    (d_logits,) = torch.autograd.grad(term, logits)
+    if grad_hidden is not None:
+        torch.mm(d_logits, head.weight, out=grad_hidden[start : start + part.shape[0]])
+    part = part.detach()
+    for i, param in enumerate(wanted):
+        if param is head.weight:
+            grads[i] = torch.mm(d_logits.t(), part) if grads[i] is None else grads[i].addmm_(d_logits.t(), part)
+        elif param is head.bias:
+            bias = d_logits.sum(0)
+            grads[i] = bias if grads[i] is None else grads[i].add_(bias)
 
 
 def normalised_weights(weights: Optional[torch.Tensor], n: int, device) -> torch.Tensor:
