@@ -267,14 +267,11 @@ class TrainSpec(Strict):
     )
     loss_chunking: Union[bool, Literal["auto"]] = Field(
         "auto",
-        description="The loss on the supervised positions a chunk of rows at a time, each chunk's logits and their "
-        "gradient freed before the next (harness/training/chunked_loss.py), so a step never holds all "
-        "[N, V] logits: auto (the default) chunks when they would be larger than one chunk | true | "
-        "false. One process, head-only model types; the same loss and gradients up to summation order. "
-        "docs/performance.md.",
+        description="The loss a chunk of supervised rows at a time, never all [N, V] logits (one process, same loss "
+        "up to summation order): auto (chunk when N·V exceeds one chunk) | true | false. docs/performance.md.",
     )
     loss_chunk_tokens: Optional[int] = Field(
-        None, ge=1, description="Supervised tokens per loss chunk (default: the rows whose fp32 logits take 64 MiB)."
+        None, ge=1, description="Supervised tokens per loss chunk (default: the rows whose fp32 logits take 256 MiB)."
     )
 
     _omit_added = _omitted_unless_set("packing", "loss_chunking", "loss_chunk_tokens")

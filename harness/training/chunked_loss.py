@@ -16,7 +16,7 @@ loss is the weighted mean of :func:`harness.training.losses.weighted_mean` with 
 
 The chunk: ``train.loss_chunk_tokens`` supervised rows, or by default the rows whose fp32 logits take
 :data:`CHUNK_LOGITS_BYTES`. ``train.loss_chunking: auto`` chunks exactly when the unchunked logits would be larger
-than one chunk's, i.e. when ``N · V`` exceeds ``CHUNK_LOGITS_BYTES / 4`` (2²⁴ logits): below it chunking cannot
+than one chunk's, i.e. when ``N · V`` exceeds ``CHUNK_LOGITS_BYTES / 4`` (2²⁶ logits): below it chunking cannot
 save memory. Chunking needs the head as a module of its own (the model types whose logits are the head on the last
 hidden state: :func:`harness.training.forward.supervised_hidden`) and one process (a DDP or FSDP step goes through
 the wrapped module's own forward); elsewhere the unchunked path runs.
@@ -34,10 +34,10 @@ from harness.training.losses import token_losses_and_ce
 if TYPE_CHECKING:  # pragma: no cover
     from harness.config import LossSpec, TrainSpec
 
-# One chunk's fp32 logits. Why 64 MiB: the unchunked path holds three such [N, V] tensors (logits, log-softmax,
-# gradient), so a chunk costs at most 192 MiB whatever N; at V = 151,936 that is 110 rows, a matmul of 110 × H × V
-# that still runs at the GEMM rate of the whole (bench/chunked_loss.py compares the tokens/s of both paths).
-CHUNK_LOGITS_BYTES = 64 * 2**20
+# One chunk's fp32 logits. Why 256 MiB: a chunk holds about three such [rows, V] tensors (logits, log-softmax,
+# gradient), so at most 768 MiB whatever N; at V = 151,936 that is 441 rows. Much smaller chunks starve the head's
+# matmuls on a CPU (a few rows against all of V: docs/performance.md measured 110 rows slower per row than 512).
+CHUNK_LOGITS_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
