@@ -265,8 +265,16 @@ class TrainSpec(Strict):
         "always pads. Image batches are never packed (auto pads them; true is refused). "
         "docs/packing.md.",
     )
+    loss_chunking: Union[bool, Literal["auto"]] = Field(
+        "auto",
+        description="The loss a chunk of supervised rows at a time, never all [N, V] logits (one process, same loss "
+        "up to summation order): auto (chunk when N·V exceeds one chunk) | true | false. docs/performance.md.",
+    )
+    loss_chunk_tokens: Optional[int] = Field(
+        None, ge=1, description="Supervised tokens per loss chunk (default: the rows whose fp32 logits take 256 MiB)."
+    )
 
-    _omit_added = _omitted_unless_set("packing")
+    _omit_added = _omitted_unless_set("packing", "loss_chunking", "loss_chunk_tokens")
 
 
 def _partial(model: type[BaseModel], name: str) -> dict[str, Any]:

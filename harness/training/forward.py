@@ -62,6 +62,22 @@ def supervised_logits(
     def pick(x: torch.Tensor) -> torch.Tensor:  # [B, T, …] → [N, …]
         return x.flatten(0, 1).index_select(0, selected)
 
+    inputs, compiled, attending = _prepared(
+        model, input_ids, attention_mask, compiled, position_ids, segments, extra_inputs
+    )
+    with attending:
+        if _head_only(model):
+            hidden = forward_of(_body(model), compiled)(**inputs).last_hidden_state
+            return model.get_output_embeddings()(pick(hidden))
+        return pick(forward_of(model, compiled)(**inputs).logits)
+
+
+def _head_only(model) -> bool:
+    return getattr(model.config, "model_type", None) in _HEAD_ONLY_TYPES and model.get_output_embeddings() is not None
+
+
+def _prepared(model, input_ids, attention_mask, compiled, position_ids, segments, extra_inputs):
+    """``(forward keyword arguments, compiled, attention context)`` of :func:`supervised_logits`."""
     inputs = model_inputs(input_ids, attention_mask, position_ids)
     if extra_inputs:
         dtype = next(model.parameters()).dtype
@@ -71,11 +87,33 @@ def supervised_logits(
     if segments is not None and position_ids is not None:
         inputs[SEGMENTS_KWARG] = segments
         attending = packed_attention(model)
+    return inputs, compiled, attending
+
+
+def output_head(model) -> Optional[torch.nn.Module]:
+    """The head module whose output on the last hidden state is the model's logits (a peft LoRA / HiRA layer when
+    an adapter wraps it), or None where the logits are more than that (see ``_HEAD_ONLY_TYPES``)."""
+    return model.get_output_embeddings() if _head_only(model) else None
+
+
+def supervised_hidden(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    selected: torch.Tensor,
+    compiled: Union[bool, str] = False,
+    position_ids: Optional[torch.Tensor] = None,
+    segments: Any = None,
+    extra_inputs: Optional[dict] = None,
+) -> torch.Tensor:
+    """The last hidden state ``[N, H]`` at the ``selected`` flat positions: what :func:`supervised_logits` hands the
+    head, for a model with an :func:`output_head` (the chunked loss, :mod:`harness.training.chunked_loss`)."""
+    inputs, compiled, attending = _prepared(
+        model, input_ids, attention_mask, compiled, position_ids, segments, extra_inputs
+    )
     with attending:
-        if getattr(model.config, "model_type", None) in _HEAD_ONLY_TYPES and model.get_output_embeddings() is not None:
-            hidden = forward_of(_body(model), compiled)(**inputs).last_hidden_state
-            return model.get_output_embeddings()(pick(hidden))
-        return pick(forward_of(model, compiled)(**inputs).logits)
+        hidden = forward_of(_body(model), compiled)(**inputs).last_hidden_state
+    return hidden.flatten(0, 1).index_select(0, selected)
 
 
 def batch_logits(model, batch, selected: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -38,9 +38,11 @@ from harness.config import LossSpec, OptimSpec, TrainSpec
 from harness.core.store import Row
 from harness.data.batches import Batch
 from harness.training import parallel as distributed
-from harness.training.adapters import param_groups
+from harness.training.adapters import param_groups, unwrap
 from harness.training.batch_source import StaticBatches, batch_source
+from harness.training.chunked_loss import AUTO, Chunking, chunked_head_loss, head_rows
 from harness.training.compiling import compile_decision, compiled_stage
+from harness.training.forward import output_head, supervised_hidden
 from harness.training.guard import (
     Injector,
     NoFaults,
@@ -51,7 +53,7 @@ from harness.training.guard import (
     nonfinite_grads,
 )
 from harness.training.health import GroupStats, Unmeasured, gathered
-from harness.training.losses import first_answer_tokens, token_losses_and_ce
+from harness.training.losses import first_answer_tokens, token_losses_and_ce, token_weights
 from harness.training.parallel import SingleProcess
 from harness.training.special_tokens import check_special_token_gradients
 from harness.training.window import Window
@@ -68,26 +70,18 @@ def batch_loss(
     precision: str = "fp32",
     compiled: Union[bool, str] = False,
     parallel: distributed.DataParallel | SingleProcess = ONE_PROCESS,
+    chunking: Chunking = AUTO,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss to back-propagate, plain CE per supervised token, task index per supervised token)``.
 
     The loss is the stage's (CE or GEM, with per-task and first-token weights); CE is returned as well so every
     run logs the same comparable number whatever it trains on. With several ranks (``parallel``: the loop's hooks,
     ``batch`` this rank's slice of a global batch) the forward runs through DDP and the loss is this rank's term of
-    the global mean.
+    the global mean. ``chunking`` (``train.loss_chunking``): in one process, the loss a chunk of supervised rows at
+    a time (:mod:`harness.training.chunked_loss`) when it decides so.
     """
     supervised = batch.supervised  # flat positions, found once at collation
-    with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-autocast"):
-        logits = parallel.logits_module(model)(
-            batch.input_ids,
-            batch.attention_mask,
-            supervised,
-            compiled,
-            batch.position_ids,
-            batch.segments,
-            batch.extra_inputs(),
-        )
-    losses, ce = token_losses_and_ce(logits, batch.labels.flatten()[supervised], spec)
+    targets = batch.labels.flatten()[supervised]
     example_of_token = batch.example_of_token  # the example (index into batch.tasks) of each supervised token
     task_of_token = task_ids[example_of_token]
     # Each example's labels end with IGNORE_INDEX, so in a packed row too an answer's first token follows a
@@ -95,6 +89,20 @@ def batch_loss(
     first = first_answer_tokens(batch.labels).flatten()[supervised] if spec.first_token_weight != 1.0 else None
     by_example = example_of_token if spec.reduction == "example" else None
     n_examples = len(batch.tasks)
+    inputs = (batch.input_ids, batch.attention_mask, supervised, compiled, batch.position_ids, batch.segments)
+    autocast = torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-autocast")
+    one_process = isinstance(parallel, SingleProcess) and chunking.mode is not False
+    head = output_head(unwrap(model)) if one_process else None
+    rows = chunking.chunk_rows(supervised.numel(), head_rows(head)) if head is not None else None
+    if rows is not None:
+        weights = token_weights(task_of_token, first, spec, tasks, by_example, n_examples)
+        with autocast:
+            hidden = supervised_hidden(unwrap(model), *inputs, batch.extra_inputs())
+            loss, _, ce = chunked_head_loss(hidden, head, targets, weights, spec, rows)
+        return loss, ce, task_of_token
+    with autocast:
+        logits = parallel.logits_module(model)(*inputs, batch.extra_inputs())
+    losses, ce = token_losses_and_ce(logits, targets, spec)
     loss = parallel.loss_mean(losses, task_of_token, first, spec, tasks, by_example, n_examples)
     return loss, ce, task_of_token
 
@@ -222,7 +230,14 @@ def _diagnose(
         first = first_nonfinite_module(
             model,
             lambda: batch_loss(
-                model, batch, loop.train.loss, task_ids, loop.tasks, loop.train.precision, parallel=through
+                model,
+                batch,
+                loop.train.loss,
+                task_ids,
+                loop.tasks,
+                loop.train.precision,
+                parallel=through,
+                chunking=Chunking.of(loop.train),
             ),
         )
     finally:
@@ -370,7 +385,7 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState], c
             os.kill(os.getpid(), signal.SIGKILL)
         loop.injector.before_forward(trained, step)
         loss, ce, task_of_token = batch_loss(
-            trained, batch, train.loss, task_ids, loop.tasks, train.precision, compiled, parallel
+            trained, batch, train.loss, task_ids, loop.tasks, train.precision, compiled, parallel, Chunking.of(train)
         )
         if pending is not None:  # the last step's verdict, read now that this step's forward is queued behind it
             _settle(pending, loop, state, window, source, trained, params, parallel)
