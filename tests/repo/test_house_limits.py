@@ -18,7 +18,6 @@ MAX_FUNCTION_LINES = 80
 #: list honest).
 EXCEPTIONS: dict[str, str] = {
     "harness/config/schema.py": "the experiment's schema in one file; to split by section",
-    "harness/runs/stage_cache.py": "the stage cache's key and store together; to split",
     "harness/evaluation/passes.py::run_evaluation": "the evaluation's passes in one function; to split",
     "harness/studies/sweep/worker.py::launch_workers": "the workers' launch and wait in one function; to split",
     "analysis/mixture_fit.py::interference": "the interference matrix and its intervals in one function; to split",
