@@ -31,9 +31,24 @@ def _claims_module():
     return module
 
 
+_claims = _claims_module()
+HIJACK_LOW = _claims.HIJACK_LOW
+
+
+def criterion_misses(summary: dict) -> list[str]:
+    """One line per miss of the per-replicate criterion (every greedy task above its baseline, yes/no's ranking)."""
+    misses = [_claims.greedy_miss(summary, task) for task in _claims.GREEDY_TASKS] + [_claims.choice_miss(summary)]
+    return [m for m in misses if m is not None]
+
+
+def shown_misses(summary: dict, run_dir) -> list[str]:
+    """What one replicate failed to show of the hijack and a seesaw event (any family)."""
+    return [m for m in (_claims.hijack_miss(run_dir), _claims.event_miss(summary)) if m is not None]
+
+
 @pytest.mark.slow
 def test_quickstart_claims_hold_over_seeds_and_kernel_paths(tmp_path, monkeypatch):
-    claims = _claims_module()
+    claims = _claims
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
     groups = claims.run_groups(SEEDS, tmp_path, PATHS)  # a cold stage cache of its own per path
     judged = claims.judge_groups(groups)
@@ -50,7 +65,7 @@ def test_quickstart_claims_hold_over_seeds_and_kernel_paths(tmp_path, monkeypatc
 
 
 def test_the_claims_judge_counts_a_claim_stated_only_where_it_holds_in_4_of_5_seeds_on_every_path():
-    claims = _claims_module()
+    claims = _claims
     name = next(iter(claims.CLAIMS))
     holds = {s: {n: None for n in claims.CLAIMS} for s in range(5)}
     one_miss = {s: {n: ("miss" if s == 0 and n == name else None) for n in claims.CLAIMS} for s in range(5)}
