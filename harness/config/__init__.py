@@ -2,7 +2,9 @@
 overrides, cross-field checks, and error messages that name the YAML path (``stages[1].mixture.yesno``).
 
 - :mod:`~harness.config.schema`: the sections (``*Spec``), :class:`Experiment`, :class:`ResolvedStage`; a stage may
-  override any field of ``train`` and :meth:`Experiment.resolved_stages` merges the two;
+  override any field of ``train`` and :meth:`Experiment.resolved_stages` merges the two; its sections by theme in
+  :mod:`~harness.config.model_specs` (world, model), :mod:`~harness.config.train_specs` (train) and
+  :mod:`~harness.config.run_specs` (tracking, data, debug);
 - :mod:`~harness.config.mixture`: the stage mixture forms (weights, natural, counts, adaptive);
 - :mod:`~harness.config.paths`: the dotted-path syntax of ``--set`` and sweep spaces;
 - :mod:`~harness.config.errors`: :class:`ConfigError` and pydantic errors as YAML paths;
