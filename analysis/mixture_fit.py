@@ -296,18 +296,8 @@ def interference(
     path, weights, stage, targets, columns = _choose_columns(trials, metric, split, stage, path, targets, space or {})
     maximize = (not lower_is_better(metric)) if maximize is None else maximize
 
-    data = complete(trials).drop_nulls([f"param/{path}.{w}" for w in weights] + [columns[t] for t in targets])
-    n, k = data.height, len(weights)
-    W = data.select([f"param/{path}.{w}" for w in weights]).to_numpy().astype(float)
-    W = W / W.sum(axis=1, keepdims=True)
-    Y = data.select([columns[t] for t in targets]).to_numpy().astype(float)
-    X = _design(W, degree)
-    p = X.shape[1]
-    if n <= p:
-        raise AnalysisError(
-            f"{n} complete trials cannot fit {p} coefficients (degree {degree} over {k} weights); "
-            f"run more than {p} trials"
-        )
+    data, W, Y, X = _regression_data(trials, path, weights, targets, columns, degree)
+    n, k, p = data.height, len(weights), X.shape[1]
     beta, r2, loo_r2, rmse, constant = _least_squares(X, Y, targets)
     mean = W.mean(axis=0)
     effect = _effect_matrix(mean, beta, degree, per, len(targets))
@@ -319,8 +309,6 @@ def interference(
 
     notes = _fit_notes(trials, data, path, weights, n, p, constant)
     quality = _quality(targets, r2, loo_r2, n, k, degree, notes)
-    coef = pl.DataFrame({"weight": weights, **{t: beta[:k, j] for j, t in enumerate(targets)}})
-    effect_frame = pl.DataFrame({"weight": weights, **{t: effect[:, j] for j, t in enumerate(targets)}})
     return Interference(
         metric=metric,
         split=split,
@@ -331,8 +319,8 @@ def interference(
         n=n,
         degree=degree,
         per=per,
-        coef=coef,
-        effect=effect_frame,
+        coef=_per_weight_frame(weights, targets, beta[:k]),
+        effect=_per_weight_frame(weights, targets, effect),
         r2=r2,
         loo_r2=loo_r2,
         rmse=rmse,
@@ -350,6 +338,31 @@ def interference(
         _beta=beta,
         _target_weights=target_weights,
     )
+
+
+def _regression_data(
+    trials: pl.DataFrame, path: str, weights: list[str], targets: list[str], columns: dict[str, str], degree: int
+) -> tuple[pl.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+    """The complete trials that have every weight and target (``data``), their weights normalised to sum to one
+    (``W``), their targets (``Y``) and the design matrix (``X``); too few trials for the coefficients is an error."""
+    data = complete(trials).drop_nulls([f"param/{path}.{w}" for w in weights] + [columns[t] for t in targets])
+    n, k = data.height, len(weights)
+    W = data.select([f"param/{path}.{w}" for w in weights]).to_numpy().astype(float)
+    W = W / W.sum(axis=1, keepdims=True)
+    Y = data.select([columns[t] for t in targets]).to_numpy().astype(float)
+    X = _design(W, degree)
+    p = X.shape[1]
+    if n <= p:
+        raise AnalysisError(
+            f"{n} complete trials cannot fit {p} coefficients (degree {degree} over {k} weights); "
+            f"run more than {p} trials"
+        )
+    return data, W, Y, X
+
+
+def _per_weight_frame(weights: list[str], targets: list[str], matrix: np.ndarray) -> pl.DataFrame:
+    """One row per weight, one column per target, from a ``[weight, target]`` matrix."""
+    return pl.DataFrame({"weight": weights, **{t: matrix[:, j] for j, t in enumerate(targets)}})
 
 
 def _objective_weights(

@@ -350,45 +350,63 @@ def run_evaluation(
     needs = set().union(*(c.needs for c in components)) if components else set()
     if hijack_ids is None:
         hijack_ids = hijack_token_ids(tokenizer, spec.hijack_words) if NEED_FIRST_LOGITS in needs else set()
+    records = _item_records(items, recipes)
+    ctx = EvalContext(tokenizer, frozenset(hijack_ids), spec)
+    part = (shard.rank, shard.world) if shard is not None else (0, 1)
+    if records and needs:
+        _run_needed_passes(model, tokenizer, records, spec, needs, part)
+    if shard is not None and shard.world > 1:
+        merge_computed(records, shard.all_gather(computed_fields(records)))
+    _score_predictions(records, tokenizer, recipes)
+    result = _component_results(records, recipes, components, ctx)
+    result.samples = [rec.sample() for rec in records]
+    return result
+
+
+def _item_records(items: list, recipes: dict[str, Any]) -> list[ItemRecord]:
+    """One :class:`ItemRecord` per item, carrying its task's choice token ids; a task without a recipe is an error."""
     missing = sorted({it.task for it in items} - set(recipes))
     if missing:
         raise KeyError(f"no recipe for task(s) {', '.join(missing)} (recipes given: {', '.join(sorted(recipes))})")
-    ctx = EvalContext(tokenizer, frozenset(hijack_ids), spec)
     records = [ItemRecord(item) for item in items]
     choices = choice_token_ids(items, recipes)
     for rec in records:
         rec.choice_ids = choices.get(rec.item.task)
+    return records
+
+
+def _run_needed_passes(model, tokenizer, records: list[ItemRecord], spec, needs: set, part: tuple[int, int]) -> None:
+    """Run the passes ``needs`` asks for (greedy, teacher-forced, else prompt-only for first-token logits) in eval
+    mode without gradients, filling ``records``; every module's own training mode is restored afterwards."""
     names = _TokenNames(tokenizer)
-    part = (shard.rank, shard.world) if shard is not None else (0, 1)
+    io = ModelIO(model)
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            want_first = NEED_FIRST_LOGITS in needs
+            if NEED_GREEDY in needs:
+                _greedy_pass(
+                    model,
+                    io,
+                    records,
+                    tokenizer,
+                    spec,
+                    want_first and NEED_TEACHER_FORCED not in needs,
+                    names,
+                    part,
+                )
+            if NEED_TEACHER_FORCED in needs:
+                _teacher_forced_pass(model, io, records, tokenizer, spec, want_first, names, part)
+            elif want_first and NEED_GREEDY not in needs:
+                _prompt_pass(model, io, records, tokenizer, spec, names, part)
+    finally:
+        for module, training in modes:  # restore each module's own mode (some may be frozen in eval)
+            module.training = training
 
-    if records and needs:
-        io = ModelIO(model)
-        modes = [(module, module.training) for module in model.modules()]
-        model.eval()
-        try:
-            with torch.no_grad():
-                want_first = NEED_FIRST_LOGITS in needs
-                if NEED_GREEDY in needs:
-                    _greedy_pass(
-                        model,
-                        io,
-                        records,
-                        tokenizer,
-                        spec,
-                        want_first and NEED_TEACHER_FORCED not in needs,
-                        names,
-                        part,
-                    )
-                if NEED_TEACHER_FORCED in needs:
-                    _teacher_forced_pass(model, io, records, tokenizer, spec, want_first, names, part)
-                elif want_first and NEED_GREEDY not in needs:
-                    _prompt_pass(model, io, records, tokenizer, spec, names, part)
-        finally:
-            for module, training in modes:  # restore each module's own mode (some may be frozen in eval)
-                module.training = training
-    if shard is not None and shard.world > 1:
-        merge_computed(records, shard.all_gather(computed_fields(records)))
 
+def _score_predictions(records: list[ItemRecord], tokenizer, recipes: dict[str, Any]) -> None:
+    """Decode each generated prediction and judge it with its task's recipe (``correct``, ``mode_ok``)."""
     for rec in records:
         if rec.pred_ids is not None:
             recipe = recipes[rec.item.task]
@@ -396,6 +414,10 @@ def run_evaluation(
             rec.correct = bool(recipe.is_correct(rec.pred, rec.item.gold_text))
             rec.mode_ok = bool(recipe.mode_ok(rec.pred))
 
+
+def _component_results(records: list[ItemRecord], recipes: dict[str, Any], components, ctx: EvalContext) -> EvalResult:
+    """Each component's metrics, intervals, tables and per-item values for every task × split, in order of first
+    appearance; a proportion metric's 0/1 outcomes are also put on each item's sample (the paired seesaw's data)."""
     groups: dict[tuple[str, str], list[ItemRecord]] = {}
     for rec in records:
         groups.setdefault((rec.item.task, rec.item.split), []).append(rec)
@@ -414,5 +436,4 @@ def run_evaluation(
                 if metric in PROPORTION_METRICS:  # each sample carries its 0/1 outcomes: the paired seesaw's data
                     for rec, value in zip(group, values):
                         rec.extra.setdefault("outcomes", {})[metric] = int(value)
-    result.samples = [rec.sample() for rec in records]
     return result

@@ -16,12 +16,7 @@ MAX_FILE_LINES = 480
 MAX_FUNCTION_LINES = 80
 #: "path" or "path::function" -> why it stands (an entry that no longer exceeds its limit fails the test: keep the
 #: list honest).
-EXCEPTIONS: dict[str, str] = {
-    "harness/config/schema.py": "the experiment's schema in one file; to split by section",
-    "harness/evaluation/passes.py::run_evaluation": "the evaluation's passes in one function; to split",
-    "harness/studies/sweep/worker.py::launch_workers": "the workers' launch and wait in one function; to split",
-    "analysis/mixture_fit.py::interference": "the interference matrix and its intervals in one function; to split",
-}
+EXCEPTIONS: dict[str, str] = {}
 
 
 def _function_lengths(source: str) -> dict[str, int]:

@@ -278,6 +278,22 @@ def launch_workers(
     sweep_dir = Path(sweep_dir)
     log_dir = sweep_dir / "workers"
     log_dir.mkdir(parents=True, exist_ok=True)
+    procs = _start_worker_processes(sweep, sweep_dir, log_dir, workers, worker_offset, gpus)
+    echo(
+        f"{workers} worker{'s' if workers != 1 else ''} started (pids {', '.join(str(p.pid) for p in procs)}); "
+        f"logs in {log_dir}"
+    )
+    study = load_worker_study(sweep, sweep_dir, worker_offset)
+    exits = _follow_workers_to_the_end(procs, study, sweep, sweep_dir, echo, poll_s)
+    done = counted_trials(study) >= sweep.spec.study.n_trials
+    return {"budget_done": done, "exits": exits}
+
+
+def _start_worker_processes(
+    sweep: Sweep, sweep_dir: Path, log_dir: Path, workers: int, worker_offset: int, gpus: Optional[list[str]]
+) -> list[subprocess.Popen]:
+    """Start workers ``worker_offset`` … ``worker_offset + workers - 1``, each logging to ``log_dir/<index>.log``,
+    with the storage URL in its environment and its :func:`device_groups` share of ``gpus``."""
     procs: list[subprocess.Popen] = []
     # The storage URL itself (sweep.resolved.yaml keeps only its masked form, without the password).
     env = {**os.environ, "PYTHONUNBUFFERED": "1", STORAGE_ENV: sweep.storage_url(sweep_dir)}
@@ -305,28 +321,21 @@ def launch_workers(
                     env=worker_env,
                 )
             )
-    echo(
-        f"{workers} worker{'s' if workers != 1 else ''} started (pids {', '.join(str(p.pid) for p in procs)}); "
-        f"logs in {log_dir}"
-    )
-    study = load_worker_study(sweep, sweep_dir, worker_offset)
+    return procs
+
+
+def _follow_workers_to_the_end(
+    procs: list[subprocess.Popen], study, sweep: Sweep, sweep_dir: Path, echo: Callable[[str], None], poll_s: float
+) -> dict[int, int]:
+    """Poll the workers until they all exit, printing each finished trial and failing the trials of dead workers
+    and of stale heartbeats; on Ctrl-C stop them. Whatever happens, the trials of ended workers are failed and
+    ``trials.parquet`` is written. Returns ``{pid: exit code}``."""
     grace = sweep.spec.study.heartbeat.grace
     exits: dict[int, int] = {}
     follow = TrialFollower(study, sweep, sweep_dir, echo)
-
     try:
         while True:
-            running = False
-            for p in procs:
-                code = p.poll()
-                if code is None:
-                    running = True
-                elif p.pid not in exits:
-                    exits[p.pid] = code
-                    if code != 0:
-                        why = f"worker process {p.pid} died ({_describe_exit(code)})"
-                        failed = fail_trials_of(study, {worker_id(p.pid): why})
-                        echo(why + (f"; its trial {', '.join(map(str, failed))} marked FAIL" if failed else ""))
+            running = _note_worker_exits(procs, exits, study, echo)
             stale = fail_stale_trials(study, grace)
             if stale:
                 echo(f"trials {stale} marked FAIL: no heartbeat for {grace:.0f} s")
@@ -336,12 +345,7 @@ def launch_workers(
             time.sleep(poll_s)
     except KeyboardInterrupt:
         echo("interrupted: stopping the workers (their running trials are marked FAIL)")
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=30)
+        _stop_workers(procs)
         raise
     finally:
         dead = {
@@ -352,8 +356,36 @@ def launch_workers(
         fail_trials_of(study, dead)
         follow(write=False)
         write_trials(study, sweep, sweep_dir)
-    done = counted_trials(study) >= sweep.spec.study.n_trials
-    return {"budget_done": done, "exits": exits}
+    return exits
+
+
+def _note_worker_exits(
+    procs: list[subprocess.Popen], exits: dict[int, int], study, echo: Callable[[str], None]
+) -> bool:
+    """Record in ``exits`` each worker that has newly exited, failing the trial of one that died; True while any
+    worker still runs."""
+    running = False
+    for p in procs:
+        code = p.poll()
+        if code is None:
+            running = True
+        elif p.pid not in exits:
+            exits[p.pid] = code
+            if code != 0:
+                why = f"worker process {p.pid} died ({_describe_exit(code)})"
+                failed = fail_trials_of(study, {worker_id(p.pid): why})
+                echo(why + (f"; its trial {', '.join(map(str, failed))} marked FAIL" if failed else ""))
+    return running
+
+
+def _stop_workers(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every worker still running and wait up to 30 s for each."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=30)
 
 
 def run_sweep(
