@@ -32,7 +32,7 @@ import torch  # noqa: E402
 from harness.data import segments  # noqa: E402
 from harness.data.batches import collate  # noqa: E402
 from harness.data.encoding import IGNORE_INDEX, Encoded  # noqa: E402
-from harness.data.packing import pack_encoded  # noqa: E402
+from harness.data.packed_batches import pack_encoded  # noqa: E402
 from harness.training.forward import supervised_logits  # noqa: E402
 
 VOCAB = 2048

@@ -36,11 +36,11 @@ from harness.config import LossSpec, ModelSpec  # noqa: E402
 from harness.core.stats import wilson_interval  # noqa: E402
 from harness.data.batches import collate  # noqa: E402
 from harness.data.encoding import encode_examples  # noqa: E402
-from harness.data.packing import pack_encoded  # noqa: E402
+from harness.data.packed_batches import pack_encoded  # noqa: E402
 from harness.models.builtin import build_builtin  # noqa: E402
 from harness.models.tokenizer import train_tokenizer  # noqa: E402
 from harness.training.loop import batch_loss  # noqa: E402
-from harness.training.packing import check_packing  # noqa: E402
+from harness.training.packing_check import check_packing  # noqa: E402
 
 TASKS = ["a", "b"]
 WORDS = "apple river stone cloud amber violet copper lantern meadow harbor quartz ember willow falcon".split()

@@ -7,8 +7,8 @@ labels), trained for ``--steps`` optimiser steps of ``--batch-size`` examples, f
 examples, by:
 
 - ``harness``: the code path ``harness run`` takes at its defaults — :func:`harness.runs.prepare.plan_stage` (mixture
-  stream, collation), :func:`harness.runs.packing.stage_batches` (``train.packing: auto``: the exactness check, then
-  packed batches) and :func:`harness.training.loop.train_stage` (the loop, with its default non-finite guard and
+  stream, collation), :func:`harness.runs.packing_decision.stage_batches` (``train.packing: auto``: the exactness check,
+  then packed batches) and :func:`harness.training.loop.train_stage` (the loop, with its default non-finite guard and
   health metrics), logging into a :class:`harness.runs.tracking.Tracker` (wandb disabled, as TRL reports to nothing);
 - ``harness-nopacking``: the same with ``train.packing: false`` (the defaults before packing); ``harness-grouped``:
   no packing, length grouping on (window 50, stratified by task: the bench's configuration before packing);
@@ -79,7 +79,7 @@ HARNESS_CONFIGS = {
     "harness-grouped": {"packing": False, "length_grouping": 50},  # length grouping instead (the bench until then)
     # packed rows attended through transformers' block-diagonal mask (the layout before example-by-example
     # attention, harness.models.packed_attention), rows of 4x the longest example
-    # (harness.data.packing.ROW_WIDTH_FACTOR, the fallback) or another width (None: one row per step)
+    # (harness.data.packed_batches.ROW_WIDTH_FACTOR, the fallback) or another width (None: one row per step)
     "harness-masked": {"row_factor": 4},
     "harness-rows1x": {"row_factor": 1},
     "harness-rows2x": {"row_factor": 2},

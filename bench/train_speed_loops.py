@@ -23,7 +23,7 @@ def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None
     :func:`harness.runs.runner.run_experiment` does. Returns ``(per-step end times, (real, padded, supervised) tokens
     per batch, logged rows, the model)``."""
     from harness.core.store import Row
-    from harness.runs.packing import stage_batches
+    from harness.runs.packing_decision import stage_batches
     from harness.runs.stage_plan import plan_stage
     from harness.runs.tracking import Tracker
     from harness.training.loop import StageLoop, train_stage
@@ -31,10 +31,10 @@ def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None
 
     overrides = dict(overrides)
     if "row_factor" in overrides:  # masked packed rows of another width instead of the runner's choice of layout
-        from harness.runs import packing
+        from harness.runs import packing_decision
 
         factor = overrides.pop("row_factor")
-        packing.layouts = lambda model, compiled=False: [(False, factor)]
+        packing_decision.layouts = lambda model, compiled=False: [(False, factor)]
     exp, pools = load_inputs(workdir, overrides)
     model, tokenizer = load_model(workdir, device)
     stage = exp.resolved_stages()[0]

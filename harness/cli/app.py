@@ -114,7 +114,7 @@ def run(
     """Train and evaluate an experiment (exit 3 when the non-finite guard stops it)."""
     exp = _load(file, set_)  # first: a broken file is reported without importing torch
     from harness.config import ConfigError
-    from harness.runs import ranks
+    from harness.runs import process_ranks
     from harness.runs.prepare import DataError
     from harness.runs.runner import default_run_dir, run_experiment
     from harness.training.checkpoint import WorldSizeError
@@ -125,14 +125,18 @@ def run(
     choice = choose_launcher(None, launcher, slurm)
     seed_list = _run_refusals(exp, seeds, out, resume, force, nproc, nodes, jobs, choice.kind, detach)
     run_dir = resume or out or default_run_dir(exp)
-    if (nproc > 1 or nodes > 1) and not ranks.launched_by_torchrun():
+    if (nproc > 1 or nodes > 1) and not process_ranks.launched_by_torchrun():
         argv = [a for a in sys.argv[1:]] + ([] if out or resume else ["--out", str(run_dir)])  # one dir for all
         try:
-            code = ranks.launch(nproc, argv, nodes=nodes)
-        except ranks.RendezvousError as e:
+            code = process_ranks.launch(nproc, argv, nodes=nodes)
+        except process_ranks.RendezvousError as e:
             _fail(str(e))
         raise typer.Exit(code)
-    session = ranks.rank_session(exp, run_dir, resume=resume is not None) if ranks.launched_by_torchrun() else None
+    session = (
+        process_ranks.rank_session(exp, run_dir, resume=resume is not None)
+        if process_ranks.launched_by_torchrun()
+        else None
+    )
     try:
         if seed_list:
             _run_seeds(exp, file, set_, run_dir, seed_list, jobs, choice, detach)
@@ -154,7 +158,7 @@ def _run_refusals(exp, seeds, out, resume, force, nproc, nodes, jobs, kind: str,
     together (one line, exit 2)."""
     import os
 
-    from harness.runs import ranks
+    from harness.runs import process_ranks
     from harness.studies.replicates import SeedsError, parse_seeds
     from harness.training.checkpoint import WorldSizeError, check_resume_world
 
@@ -164,7 +168,7 @@ def _run_refusals(exp, seeds, out, resume, force, nproc, nodes, jobs, kind: str,
         _fail("--resume continues the run in the directory, --force starts over in it: give one")
     if resume:
         try:  # the ranks check again (a torchrun by hand); here it fails before any rank starts
-            world = int(os.environ["WORLD_SIZE"]) if ranks.launched_by_torchrun() else nproc * nodes
+            world = int(os.environ["WORLD_SIZE"]) if process_ranks.launched_by_torchrun() else nproc * nodes
             check_resume_world(resume, world)
         except WorldSizeError as e:
             _fail(str(e))

@@ -37,7 +37,7 @@ USER_ERRORS = (
     ("harness.core.jsonl", "JsonlError"),
     ("yaml.error", "YAMLError"),
     ("harness.training.compiling", "CompileFailed"),  # train.compile: true where this machine cannot compile
-    ("harness.training.packing", "PackingError"),  # train.packing: true on a model packing is not exact on
+    ("harness.training.packing_check", "PackingError"),  # train.packing: true on a model packing is not exact on
     ("harness.studies.launch.spec", "LauncherError"),  # a --launcher / --slurm choice that cannot be used here
 )
 

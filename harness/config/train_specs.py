@@ -151,7 +151,7 @@ class TrainSpec(Strict):
         description="Padding-free batches: each step's examples (the same ones) laid end to end, "
         "positions restarting per example, attention confined to each: example by example under "
         "sdpa/eager (harness/models/packed_attention.py), else rows with a block-diagonal mask "
-        "(harness/data/packing.py). Proven exact on the model at each stage's start against "
+        "(harness/data/packed_batches.py). Proven exact on the model at each stage's start against "
         "the same batches padded (train/packing_max_rel_diff): auto (the default) packs when "
         "exact, else pads with one warning line; true stops (exit 2) when not exact; false "
         "always pads. Image batches are never packed (auto pads them; true is refused). "

@@ -56,7 +56,7 @@ def _stratified_by_task(window: list[Encoded]) -> list[Encoded]:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where a packed batch's examples are (:mod:`harness.data.packing`): ``spans[i] = (row, start, length)`` of
+    """Where a packed batch's examples are (:mod:`harness.data.packed_batches`): ``spans[i] = (row, start, length)`` of
     example ``i`` in sampler order, the pad id of the rows' tails, the row-width factor that laid them out, and
     whether the forward attends example by example (``varlen``: :mod:`harness.models.packed_attention`) rather
     than through the block-diagonal mask transformers derives from the positions."""

@@ -1,9 +1,9 @@
 """The segment plan of a packed batch whose forward attends example by example (``varlen``: the attention of
-:mod:`harness.models.packed_attention`): blocks of examples of similar length, each example's tokens gathered into
-one block row, and where each token's output comes back from. Planned on the host once, when the batch is packed
-(:func:`harness.data.packing.pack`, :func:`harness.data.packing.rows_of`), and moved to the device with the batch
-(:meth:`harness.data.batches.Batch.to`): a planning step at every forward would read the positions back from the
-GPU (a device-to-host sync per step).
+:mod:`harness.models.packed_attention`): blocks of examples of similar length, each example's tokens gathered into one
+block row, and where each token's output comes back from. Planned on the host once, when the batch is packed
+(:func:`harness.data.packed_batches.pack`, :func:`harness.data.packed_batches.rows_of`), and moved to the device with
+the batch (:meth:`harness.data.batches.Batch.to`): a planning step at every forward would read the positions back from
+the GPU (a device-to-host sync per step).
 """
 
 from __future__ import annotations

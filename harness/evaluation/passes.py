@@ -37,9 +37,9 @@ from harness.evaluation.components import (
 )
 from harness.evaluation.hijack import hijack_token_ids
 from harness.evaluation.lengths import default_max_new_tokens, stop_token_ids
-from harness.evaluation.ranks import first_token_facts
 from harness.evaluation.result import EvalResult
 from harness.evaluation.sharding import Shard, computed_fields, merge_computed
+from harness.evaluation.token_ranks import first_token_facts
 
 # ----------------------------------------------------------------------------------------------------------------
 # Model calls

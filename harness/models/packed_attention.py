@@ -17,7 +17,7 @@ the batch to its device: the forward never reads positions back to plan them.
 
 It is written by hand because no library provides it on a CPU (it is the CPU counterpart of flash-attention's
 ``flash_attn_varlen_func``, T. Dao, "FlashAttention-2", 2023, whose ``cu_seqlens`` convention it follows). Whether
-a model honours it is not assumed: :func:`harness.training.packing.check_packing` proves the packed forward equal
+a model honours it is not assumed: :func:`harness.training.packing_check.check_packing` proves the packed forward equal
 to the padded one on the model before a stage trains on it.
 
 The implementation is active only inside :func:`packed_attention` (the training forward of a packed batch), so

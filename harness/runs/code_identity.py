@@ -8,10 +8,10 @@ Which source counts, by layer (``docs/design.md``, "Layers"):
 - every module of ``harness.core`` (statistics, store rows), ``harness.config`` (resolution of stages, seeds),
   ``harness.data`` (encoding, batches), ``harness.models``, ``harness.training`` and ``harness.evaluation``: the
   layers a stage's training and evaluation run through;
-- the modules of ``harness.runs`` that shape numbers: ``prepare`` (task data, encoding, which eval items fit,
-  the stage plan), ``pretrain`` and ``images`` (the base model), ``packing`` (packed or padded batches), ``runner``
-  (the stage loop, the evaluation schedule), ``evallog`` (the rows and per-item outcomes an evaluation stores),
-  ``ranks`` (a distributed run's session), ``stage_cache`` itself (what an entry holds and how a replay restores
+- the modules of ``harness.runs`` that shape numbers: ``prepare`` (task data, encoding, which eval items fit, the stage
+  plan), ``pretrain`` and ``images`` (the base model), ``packing_decision`` (packed or padded batches), ``runner`` (the
+  stage loop, the evaluation schedule), ``evallog`` (the rows and per-item outcomes an evaluation stores),
+  ``process_ranks`` (a distributed run's session), ``stage_cache`` itself (what an entry holds and how a replay restores
   RNG state) and ``stage_key`` (what its key holds);
 - every file under ``data_recipes/`` (a recipe makes the task data and scores its answers);
 - the plug-ins the run uses (:func:`run_plugins`: its ``plugins:`` entries and the modules of the components it
@@ -84,10 +84,10 @@ SHAPING_RUN_MODULES = (
     "stage_plan",
     "pretrain",
     "images",
-    "packing",
+    "packing_decision",
     "runner",
     "evallog",
-    "ranks",
+    "process_ranks",
     "stage_cache",
     "stage_key",
     "steering_split",

@@ -27,7 +27,7 @@ from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_b
 from harness.models.modality import model_io
 from harness.runs.console import Console
 from harness.runs.evallog import EvalLog
-from harness.runs.packing import stage_layout
+from harness.runs.packing_decision import stage_layout
 from harness.runs.prepare import (
     DataError,
     after_progress,

@@ -51,7 +51,7 @@ def supervised_logits(
     :attr:`harness.data.batches.Batch.supervised`) only; they gather without a host sync. ``compiled``: run the
     forward through ``torch.compile`` (:func:`harness.training.compiling.forward_of`: ``"auto"`` falls back to eager
     if compiling fails, ``True`` raises).
-    ``position_ids``: a packed batch's (:mod:`harness.data.packing`); ``attention_mask`` is then not passed.
+    ``position_ids``: a packed batch's (:mod:`harness.data.packed_batches`); ``attention_mask`` is then not passed.
     ``segments``: a varlen packed batch's plan (:class:`harness.data.segments.SegmentPlan`, planned on the host when
     the batch was packed and moved with it): the batch attends example by example
     (:mod:`harness.models.packed_attention`).

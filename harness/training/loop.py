@@ -140,7 +140,8 @@ class LoopState:
     scheduler: Optional[dict[str, Any]] = None
     mixture: Optional[dict[str, Any]] = None  # an adaptive stage's stream (the same on every rank)
     steer: Optional[dict[str, Any]] = None  # its per-task loss sums since the last update (this rank's own)
-    # packed or padded, as decided when the stage began (harness.runs.packing.decision): a resume trains the same
+    # packed or padded, as decided when the stage began (harness.runs.packing_decision.decision): a resume trains
+    # the same batches
     packing: Optional[dict[str, Any]] = None
 
 

@@ -75,7 +75,7 @@ def test_no_import_cycles():
         ("analysis/trials.py", "def _planted():\n    from harness.config import Experiment  # planted\n"),
         # a slice's internals reached past its face: allowed by the layers, refused by the slice's own contract
         ("harness/checks/inspection.py", "def _planted():\n    from harness.runs.pretrain import builtin_base\n"),
-        ("harness/runs/runner.py", "def _planted():\n    from harness.training.packing import check_packing\n"),
+        ("harness/runs/runner.py", "def _planted():\n    from harness.training.packing_check import check_packing\n"),
         ("harness/training/loop.py", "def _planted():\n    from harness.training.steering import Steering\n"),
     ],
 )

@@ -1,6 +1,6 @@
-"""The packing check on several ranks (:mod:`harness.runs.packing`): each rank checks only its own slice of each batch
-(the rows the loop trains on that rank, and the same examples padded), and the ranks act on one verdict — all pack
-with the same layout, all pad, or under ``train.packing: true`` all stop with the same one-line error — even when
+"""The packing check on several ranks (:mod:`harness.runs.packing_decision`): each rank checks only its own slice of
+each batch (the rows the loop trains on that rank, and the same examples padded), and the ranks act on one verdict — all
+pack with the same layout, all pad, or under ``train.packing: true`` all stop with the same one-line error — even when
 their own checks disagree (planted here: rank 1's check fails, rank 0's passes). Two gloo ranks, spawned once for
 the module, run every scenario; a tiny Qwen2 and synthetic examples keep it to seconds.
 """
@@ -71,15 +71,15 @@ def _plan(setting="auto"):
 
 
 def _with_check(fake, action):
-    """Run ``action()`` with :func:`harness.runs.packing.check_packing` replaced by ``fake(real, *args)``."""
-    from harness.runs import packing
+    """Run ``action()`` with :func:`harness.runs.packing_decision.check_packing` replaced by ``fake(real, *args)``."""
+    from harness.runs import packing_decision
 
-    real = packing.check_packing
-    packing.check_packing = lambda *args, **kwargs: fake(real, *args, **kwargs)
+    real = packing_decision.check_packing
+    packing_decision.check_packing = lambda *args, **kwargs: fake(real, *args, **kwargs)
     try:
         return action()
     finally:
-        packing.check_packing = real
+        packing_decision.check_packing = real
 
 
 def _planted(fails_on: int, layouts=("varlen", "rows")):
@@ -96,7 +96,7 @@ def _planted(fails_on: int, layouts=("varlen", "rows")):
 
 
 def _layout(plan, model, stored=None):
-    from harness.runs.packing import stage_layout
+    from harness.runs.packing_decision import stage_layout
 
     rows = []
     batches, decision = stage_layout(plan, model, TASKS, PAD, 0, lambda r, s: rows.extend(r), stored)
@@ -115,7 +115,7 @@ def _layout(plan, model, stored=None):
 
 def _slices_seen(parallel) -> dict:
     """What the check is handed on this rank, against the slice the loop will train on here."""
-    from harness.data.packing import examples_of, pack_encoded
+    from harness.data.packed_batches import examples_of, pack_encoded
 
     plan, seen = _plan(), []
 
@@ -149,7 +149,7 @@ def _disagree_on_one_layout(parallel) -> dict:
 
 
 def _disagree_true(parallel) -> dict:
-    from harness.training.packing import PackingError
+    from harness.training.packing_check import PackingError
 
     try:
         _with_check(_planted(fails_on=1), lambda: _layout(_plan(True), _model()))
@@ -172,7 +172,7 @@ def _error_on_one_rank(parallel) -> dict:
 
 
 def _resumed(parallel) -> dict:
-    from harness.runs.packing import decision
+    from harness.runs.packing_decision import decision
 
     calls = []
 
@@ -289,7 +289,7 @@ def test_a_resumed_stage_uses_its_stored_layout_without_a_check(ranks):
 def test_in_one_process_the_check_sees_the_whole_batch_as_before():
     """One process: the check is handed the plan's padded batches (equal, tensor for tensor) and the whole packed
     batches, so one-process runs check, record and decide exactly as before ranks checked their slices."""
-    from harness.data.packing import pack_encoded
+    from harness.data.packed_batches import pack_encoded
 
     plan, seen = _plan(), []
 

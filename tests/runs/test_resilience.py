@@ -154,7 +154,7 @@ def test_resume_refuses_a_changed_experiment(tiny, tmp_path):
 
 def _checked(exact: bool, calls: list):
     """A stand-in for the packing check that decides ``exact`` (and counts its calls)."""
-    from harness.training.packing import PackingCheck
+    from harness.training.packing_check import PackingCheck
 
     def check(*args, **kwargs):
         calls.append(exact)
@@ -173,13 +173,13 @@ def _train_rows(run_dir, after: int) -> list:
 def test_a_resumed_stage_trains_the_layout_it_began_with_without_checking_again(tiny, tmp_path, monkeypatch):
     """The packed/padded decision is in the resume point: resumed, the stage trains the layout it began with, where
     the check on the partly trained model would now decide the other way, and the check does not run again."""
-    from harness.runs import packing
+    from harness.runs import packing_decision
 
     tiny["stages"] = [{"name": "a", "steps": 6, "mixture": {"repeat": 0.5, "math": 0.5}}]
     tiny["train"].update(checkpoint_every=2, keep_checkpoints=5, log_every=1, stage_cache=False, packing="auto")
     tiny["eval"]["every"] = 6
     exp, calls = validate_data(tiny), []
-    monkeypatch.setattr(packing, "check_packing", _checked(True, calls))
+    monkeypatch.setattr(packing_decision, "check_packing", _checked(True, calls))
     run_dir = run_experiment(exp, tmp_path / "run").run_dir
     uninterrupted = _train_rows(run_dir, after=4)
     assert any(metric == "pad_fraction" and value == 0.0 for _, _, metric, value in uninterrupted)  # packed
@@ -188,7 +188,7 @@ def test_a_resumed_stage_trains_the_layout_it_began_with_without_checking_again(
     shutil.rmtree(end)  # the run as killed after step 4's resume point
     (run_dir / "summary.json").unlink()
 
-    monkeypatch.setattr(packing, "check_packing", _checked(False, calls))  # asked now, it would pad
+    monkeypatch.setattr(packing_decision, "check_packing", _checked(False, calls))  # asked now, it would pad
     run_experiment(exp, run_dir, resume=True)
     assert _train_rows(run_dir, after=4) == uninterrupted, "the resumed part trained another layout"
     assert calls == [True], "the check ran again on the partly trained model"

@@ -5,7 +5,7 @@ heads, a LoRA adapter on the head, fp32 and bf16 autocast, at 1 and 2 threads �
 The tolerance is derived, not tuned: the unchunked path is computed a second time with its supervised positions in
 two pieces (the body and head run per piece, so every sum over tokens — the loss mean, the head's and the body's
 weight gradients — is taken in another order and, under bf16, rounded per piece), and the chunked result must lie
-within ``SAFETY`` (4, harness/training/packing.py's λ of the probabilistic rounding bound) times that reordering's
+within ``SAFETY`` (4, harness/training/packing_check.py's λ of the probabilistic rounding bound) times that reordering's
 difference, and never less than one rounding of a stored result in the compute precision (``UNIT_ROUNDOFF``):
 the chunked path differs from the unchunked one by summation order and rounding, nothing else.
 """
@@ -26,7 +26,7 @@ from harness.training.chunked_loss import CHUNK_LOGITS_BYTES, Chunking
 from harness.training.forward import supervised_logits
 from harness.training.loop import StageLoop, batch_loss, train_stage
 from harness.training.losses import first_answer_tokens, token_losses_and_ce, weighted_mean
-from harness.training.packing import SAFETY, UNIT_ROUNDOFF
+from harness.training.packing_check import SAFETY, UNIT_ROUNDOFF
 
 TASKS = ["a", "b"]
 LOSSES = {

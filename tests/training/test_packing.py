@@ -14,11 +14,11 @@ import torch
 from harness.config import LossSpec, ModelSpec, load_experiment
 from harness.data.batches import collate
 from harness.data.encoding import IGNORE_INDEX, encode_examples
-from harness.data.packing import balanced_rows, examples_of, pack_encoded, repacked
+from harness.data.packed_batches import balanced_rows, examples_of, pack_encoded, repacked
 from harness.models.builtin import build_builtin
 from harness.models.hf import load_hf
 from harness.training.loop import batch_loss
-from harness.training.packing import PackingCheck, check_packing, relative_loss_diff
+from harness.training.packing_check import PackingCheck, check_packing, relative_loss_diff
 from harness.training.special_tokens import _read_token_ids
 from tests.conftest import write_yaml
 from tests.models.test_architectures import SMALL, _example, local_gpt2, tok  # noqa: F401 (fixtures)
@@ -182,7 +182,7 @@ def test_a_forward_with_a_cache_is_caught(tok, groups, monkeypatch):  # noqa: F8
 def test_varlen_attention_that_lets_examples_see_each_other_is_caught(tok, groups, monkeypatch):  # noqa: F811
     """A planted bug in example-by-example attention: the plan treats the whole row as one example (positions
     still restart). The check must name attention, not pass it."""
-    from harness.data import packing, segments
+    from harness.data import packed_batches, segments
 
     def one_segment(position_ids):
         return segments.segment_plan(torch.arange(position_ids.numel()).view_as(position_ids))
@@ -191,7 +191,7 @@ def test_varlen_attention_that_lets_examples_see_each_other_is_caught(tok, group
     padded = [collate(g, tok.pad_token_id) for g in groups]
     packed = [pack_encoded(g, tok.pad_token_id, None, True) for g in groups]
     assert check_packing(model, padded, packed, LossSpec(), TASKS).exact
-    monkeypatch.setattr(packing, "segment_plan", one_segment)  # the plan is made when the batch is packed
+    monkeypatch.setattr(packed_batches, "segment_plan", one_segment)  # the plan is made when the batch is packed
     packed = [pack_encoded(g, tok.pad_token_id, None, True) for g in groups]
     result = check_packing(model, padded, packed, LossSpec(), TASKS)
     assert not result.exact and result.leaked == "attention", result
@@ -370,9 +370,9 @@ def test_a_run_packs_by_default_and_trains_as_padded(tiny, tmp_path):
 def test_auto_pads_a_model_that_leaks_with_one_warning(tiny, tmp_path, caplog):
     tiny["model"] = {"builtin": "qwen3_5-tiny", "config": SMALL["qwen3_5-tiny"], "tokenizer": {"vocab_size": 400}}
     tiny["stages"] = tiny["stages"][:1]
-    with caplog.at_level(logging.WARNING, logger="harness.runs.packing"):
+    with caplog.at_level(logging.WARNING, logger="harness.runs.packing_decision"):
         frame = _run(tmp_path, tiny, "hybrid")
-    warnings = [r.getMessage() for r in caplog.records if r.name == "harness.runs.packing"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "harness.runs.packing_decision"]
     assert len(warnings) == 1 and "qwen3_5_text" in warnings[0] and "attention" in warnings[0]
     assert _values(frame, "packed") == [0.0]
     assert _values(frame, "packing_max_rel_diff")[0] > _values(frame, "packing_tolerance")[0]
@@ -422,7 +422,7 @@ def test_packing_stays_out_of_dumps_unless_set(tiny, tmp_path):
 def test_image_batches_are_padded_and_packing_true_is_refused(tiny, tmp_path):
     from types import SimpleNamespace
 
-    from harness.runs.packing import stage_batches
+    from harness.runs.packing_decision import stage_batches
     from harness.runs.prepare import DataError
     from harness.runs.stage_plan import plan_stage
 
@@ -452,18 +452,21 @@ def test_image_batches_are_padded_and_packing_true_is_refused(tiny, tmp_path):
 
 
 def test_auto_pads_a_compiled_stage(tok, groups, tiny, tmp_path, monkeypatch):  # noqa: F811
-    from harness.runs import packing
+    from harness.runs import packing_decision
     from harness.runs.stage_plan import StagePlan
 
     exp = load_experiment(write_yaml(tmp_path / "x.yaml", tiny))
     plan = StagePlan(exp.resolved_stages()[0], [collate(g, tok.pad_token_id) for g in groups], {}, groups)
     model = build_builtin(ModelSpec(builtin="qwen2-tiny", config=SMALL["qwen2-tiny"]), tok, seed=0)
     rows = []
-    monkeypatch.setattr(packing, "compile_decision", lambda setting, steps, device: True)
-    assert packing.stage_batches(plan, model, TASKS, tok.pad_token_id, 0, lambda r, s: rows.extend(r)) is plan.batches
+    monkeypatch.setattr(packing_decision, "compile_decision", lambda setting, steps, device: True)
+    assert (
+        packing_decision.stage_batches(plan, model, TASKS, tok.pad_token_id, 0, lambda r, s: rows.extend(r))
+        is plan.batches
+    )
     assert rows == []
-    monkeypatch.setattr(packing, "compile_decision", lambda setting, steps, device: False)
-    packed = packing.stage_batches(plan, model, TASKS, tok.pad_token_id, 0, lambda r, s: rows.extend(r))
+    monkeypatch.setattr(packing_decision, "compile_decision", lambda setting, steps, device: False)
+    packed = packing_decision.stage_batches(plan, model, TASKS, tok.pad_token_id, 0, lambda r, s: rows.extend(r))
     assert all(b.packed and b.layout.varlen for b in packed)
     assert [r.metric for r in rows] == ["packing_max_rel_diff", "packing_tolerance", "packed", "packing_varlen"]
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.training import packing
+from harness.training import packing_check
 from tests.conftest import ROOT
 
 PAD = 0
@@ -57,21 +57,21 @@ def _groups(vocab: int, supervised: int = 2):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_piecewise_gradient_comparison_is_the_whole_tensor_formula(monkeypatch, dtype):
-    monkeypatch.setattr(packing, "GRAD_CHUNK", 1000)  # many pieces, a ragged last one
+    monkeypatch.setattr(packing_check, "GRAD_CHUNK", 1000)  # many pieces, a ragged last one
     rng = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(shape, generator=rng).to(dtype)) for shape in ((37, 129), (5,))]
     for p in params:
         p.grad = torch.randn(p.shape, generator=rng).to(dtype)
     watched = [(f"p{i}", p) for i, p in enumerate(params)]
-    base = packing._grads(watched)
+    base = packing_check._grads(watched)
     assert all(base[name].dtype == dtype for name in base)  # the parameter's dtype, not float64
     for p in params:
         p.grad = p.grad + 1e-3 * torch.randn(p.shape, generator=rng).to(dtype)
     whole = max(float((p.grad.double() - base[n].double()).norm() / base[n].double().norm()) for n, p in watched)
     # Both are float64 sums of the same squares in another order: equal to float64 rounding.
-    assert packing._grad_rel(watched, base) == pytest.approx(whole, rel=1e-12)
+    assert packing_check._grad_rel(watched, base) == pytest.approx(whole, rel=1e-12)
     params[1].grad = None  # a gradient missing now counts as zero: the relative difference is 1
-    assert packing._grad_rel(watched, base) == pytest.approx(1.0, rel=1e-12)
+    assert packing_check._grad_rel(watched, base) == pytest.approx(1.0, rel=1e-12)
 
 
 _PEAK = textwrap.dedent(
@@ -81,17 +81,17 @@ _PEAK = textwrap.dedent(
     sys.path.insert(0, {root!r})
     from harness.config import LossSpec
     from harness.data.batches import collate
-    from harness.data.packing import pack_encoded
-    from harness.training import packing
+    from harness.data.packed_batches import pack_encoded
+    from harness.training import packing_check
     from tests.training.test_packing_memory import _groups, _model
     vocab = {vocab}
     model, groups = _model(vocab), _groups(vocab)
     padded = [collate(g, 0) for g in groups]
     packed = [pack_encoded(g, 0, None, True) for g in groups]
-    packing._outcome(model, padded[0], LossSpec(), ["a", "b"], "fp32")  # one forward and backward: its peak
+    packing_check._outcome(model, padded[0], LossSpec(), ["a", "b"], "fp32")  # one forward and backward: its peak
     model.zero_grad(set_to_none=True)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    result = packing.check_packing(model, padded, packed, LossSpec(), ["a", "b"])
+    result = packing_check.check_packing(model, padded, packed, LossSpec(), ["a", "b"])
     assert result.exact, result
     print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
     """

@@ -13,10 +13,10 @@ import torch
 from harness.config import LossSpec, ModelSpec
 from harness.data.batches import collate
 from harness.data.encoding import encode_examples
-from harness.data.packing import pack_encoded
+from harness.data.packed_batches import pack_encoded
 from harness.models.builtin import build_builtin
-from harness.training import packing
-from harness.training.packing import PackingCheck, check_packing, relative_loss_diff, rounding_floor
+from harness.training import packing_check
+from harness.training.packing_check import PackingCheck, check_packing, relative_loss_diff, rounding_floor
 from tests.models.test_architectures import SMALL, tok  # noqa: F401 (fixture)
 from tests.training.test_packing import LAYOUTS, TASKS, _varied
 
@@ -81,10 +81,10 @@ def test_the_one_example_per_row_reference_does_not_leak(tok, groups):  # noqa: 
     model = build_builtin(ModelSpec(builtin="qwen3_5-tiny", config=SMALL["qwen3_5-tiny"]), tok, seed=0).eval()
     padded = collate(groups[0], tok.pad_token_id)
     packed = pack_encoded(groups[0], tok.pad_token_id, *LAYOUTS["varlen"])
-    outcome = [packing._outcome(model, b, LossSpec(), TASKS, "fp32") for b in (padded, packed)]
-    reference = packing._one_per_row(padded, packed)
+    outcome = [packing_check._outcome(model, b, LossSpec(), TASKS, "fp32") for b in (padded, packed)]
+    reference = packing_check._one_per_row(padded, packed)
     assert reference.packed and reference.layout.varlen
-    alone = packing._outcome(model, reference, LossSpec(), TASKS, "fp32")
+    alone = packing_check._outcome(model, reference, LossSpec(), TASKS, "fp32")
     floor = rounding_floor(model)
     assert relative_loss_diff(alone, outcome[0]) < floor
     assert relative_loss_diff(outcome[1], outcome[0]) > 10 * floor  # the leak, in losses alone (gradients show more)
@@ -102,12 +102,12 @@ def test_the_least_tolerance_stays_far_below_a_leak_at_any_size(shape):
     model = _shaped(*shape)
     floor = rounding_floor(model)
     assert floor == pytest.approx(shape[0] ** 0.5 * shape[1] * 2.0**-24)
-    bf16 = PackingCheck("x", 0.0, 0.0, floor, roundoff=packing.UNIT_ROUNDOFF["bf16-autocast"])
-    fp32 = PackingCheck("x", 0.0, 0.0, floor, roundoff=packing.UNIT_ROUNDOFF["fp32"])
-    assert bf16.tolerance == max(packing.SAFETY * floor, 2.0**-8) <= 2.0**-8  # the same at every size up to 8B
-    assert fp32.tolerance == packing.SAFETY * floor
+    bf16 = PackingCheck("x", 0.0, 0.0, floor, roundoff=packing_check.UNIT_ROUNDOFF["bf16-autocast"])
+    fp32 = PackingCheck("x", 0.0, 0.0, floor, roundoff=packing_check.UNIT_ROUNDOFF["fp32"])
+    assert bf16.tolerance == max(packing_check.SAFETY * floor, 2.0**-8) <= 2.0**-8  # the same at every size up to 8B
+    assert fp32.tolerance == packing_check.SAFETY * floor
     measured = PackingCheck("x", 0.0, noise=1e-2, floor=floor, roundoff=2.0**-8)
-    assert measured.tolerance == packing.SAFETY * 1e-2  # measured noise above the bounds sets the tolerance
+    assert measured.tolerance == packing_check.SAFETY * 1e-2  # measured noise above the bounds sets the tolerance
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

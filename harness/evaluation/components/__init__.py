@@ -80,7 +80,7 @@ class ItemRecord:
     tf_nll: float | None = None  # summed cross-entropy of the gold tokens (nats)
     # first answer position
     gold_first_token: str | None = None  # the gold first token, decoded
-    gold_first_rank: int | None = None  # see harness.evaluation.ranks.first_token_facts
+    gold_first_rank: int | None = None  # see harness.evaluation.token_ranks.first_token_facts
     first_nonfinite: bool | None = None  # the first-answer-position logits had a NaN or ±inf
     top1_id: int | None = None
     top1_token: str | None = None
@@ -245,7 +245,7 @@ class TeacherForced(Component):
 class FirstToken(Component):
     """``first_token``: at the first answer position, the rank of the gold first token over the whole vocabulary
     (``ft_rank_mean``, ``ft_rank_median``, ``ft_mrr``; rank 1 = top, ties counted against the token: rank =
-    number of tokens with a logit ≥ the gold one's, :mod:`harness.evaluation.ranks`), ``ft_hijack`` (share of
+    number of tokens with a logit ≥ the gold one's, :mod:`harness.evaluation.token_ranks`), ``ft_hijack`` (share of
     prompts whose top-1 token is in the hijack set) and ``ft_top1`` (share of the most common top-1 token; the table
     of the 10 most common goes to ``EvalResult.tables["ft_top1"]``) and, when the pass recorded it, ``ft_nonfinite``
     (share of rows whose logits had a NaN or ±inf; those rows get the worst rank)."""

@@ -1,5 +1,5 @@
 """Data-parallel training over torch.distributed: the process group and the few hooks the training loop calls when
-there is more than one rank (launching the ranks and running a rank's experiment is :mod:`harness.runs.ranks`).
+there is more than one rank (launching the ranks and running a rank's experiment is :mod:`harness.runs.process_ranks`).
 
 - the data pipeline and the seeded mixture sampler are global and identical on every rank; each rank trains on
   its contiguous slice of the rows of every global batch (:meth:`DataParallel.shard`), so ``batch_size`` is the
@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from harness.data.batches import Batch
-from harness.data.packing import repacked, rows_of
+from harness.data.packed_batches import repacked, rows_of
 from harness.training.adapters import unwrap
 from harness.training.forward import supervised_logits
 from harness.training.losses import token_weights
@@ -96,7 +96,7 @@ class DataParallel(WholeModelHooks):
 
     def shard(self, batch: Batch) -> Batch:
         """This rank's contiguous slice of the rows of a global batch (same width as the whole batch): of a padded
-        batch, its examples; of a packed one (:mod:`harness.data.packing`), the examples those rows hold, so that
+        batch, its examples; of a packed one (:mod:`harness.data.packed_batches`), the examples those rows hold, so that
         each row is computed as in one process. A packed batch with fewer rows than ranks gives each rank its
         contiguous slice of the examples instead, packed anew. An image batch's slice keeps its rows' pixels (it
         lost them before: a data-parallel image-text run trained without its images)."""
@@ -181,7 +181,7 @@ class DataParallel(WholeModelHooks):
 
     def all_gather(self, obj):
         """``obj`` of every rank, in rank order (sharded evaluation's per-item results, the packing check's verdicts:
-        :mod:`harness.runs.packing`)."""
+        :mod:`harness.runs.packing_decision`)."""
         out = [None] * self.world
         dist.all_gather_object(out, obj)
         return out

@@ -1,15 +1,15 @@
 """Which batches a stage trains on (``train.packing``), decided at the stage's start on the model it trains: the
-plan's padded batches, or the same examples packed (:mod:`harness.data.packing`) once
-:func:`harness.training.packing.check_packing` has shown them exact on that model.
+plan's padded batches, or the same examples packed (:mod:`harness.data.packed_batches`) once
+:func:`harness.training.packing_check.check_packing` has shown them exact on that model.
 
-Packed layouts are tried best first (:func:`layouts`): under sdpa or eager attention one row attended example by
-example (:mod:`harness.models.packed_attention`), then rows with transformers' block-diagonal mask; under flash
-attention one row. ``auto`` (the default) packs with the first layout proven exact and otherwise pads, with one
-warning line naming the model type and what leaked; ``true`` stops with :class:`~harness.training.packing.PackingError`
-(exit 2) instead; ``false`` pads without checking. Image batches are padded (``true`` is refused when the stage is
-planned, before training), and so are stages that compile their forward under ``auto`` (packed compiled steps are
-slow: docs/packing.md). The check's result is a store row at the stage's first step: ``train/packing_max_rel_diff``
-(and the tolerance it was held to, ``train/packing_tolerance``; ``train/packed`` 1 or 0 says which batches trained,
+Packed layouts are tried best first (:func:`layouts`): under sdpa or eager attention one row attended example by example
+(:mod:`harness.models.packed_attention`), then rows with transformers' block-diagonal mask; under flash attention one
+row. ``auto`` (the default) packs with the first layout proven exact and otherwise pads, with one warning line naming
+the model type and what leaked; ``true`` stops with :class:`~harness.training.packing_check.PackingError` (exit 2)
+instead; ``false`` pads without checking. Image batches are padded (``true`` is refused when the stage is planned,
+before training), and so are stages that compile their forward under ``auto`` (packed compiled steps are slow:
+docs/packing.md). The check's result is a store row at the stage's first step: ``train/packing_max_rel_diff`` (and the
+tolerance it was held to, ``train/packing_tolerance``; ``train/packed`` 1 or 0 says which batches trained,
 ``train/packing_varlen`` 1 when they attend example by example).
 
 On several ranks each rank checks its own slice of the batches (the rows the loop will train on that rank, and the
@@ -32,11 +32,11 @@ from typing import Any, Callable, Optional
 from harness.core.store import Row
 from harness.data.batches import collate
 from harness.data.encoding import Encoded
-from harness.data.packing import ROW_WIDTH_FACTOR, examples_of, pack_encoded
+from harness.data.packed_batches import ROW_WIDTH_FACTOR, examples_of, pack_encoded
 from harness.models.packed_attention import UnsupportedAttention, can_replace
 from harness.runs.stage_plan import StagePlan
 from harness.training.compiling import compile_decision
-from harness.training.packing import CHECK_BATCHES, PackingError, check_packing
+from harness.training.packing_check import CHECK_BATCHES, PackingError, check_packing
 from harness.training.parallel import loop_hooks
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ def _decide(plan: StagePlan, model, tasks: list[str], pad_id: int, step: int, re
 
 
 def _rank_slices(plan: StagePlan, hooks, pad_id: int, factor: Optional[int], varlen: bool) -> tuple[list, list]:
-    """``(padded, packed)`` for the check: of the first :data:`~harness.training.packing.CHECK_BATCHES` batches
+    """``(padded, packed)`` for the check: of the first :data:`~harness.training.packing_check.CHECK_BATCHES` batches
     packed with ``(factor, varlen)``, this rank's slice as the loop will train it (``hooks.shard``: whole rows of
     the step's packed batch), and the same examples padded, in the same order. A rank holds its share of the
     activations during the check, not world size x it. In one process: the whole packed batch and the plan's
@@ -167,7 +167,7 @@ def layouts(model, compiled: bool = False) -> list[tuple[bool, Optional[int]]]:
     """The packed layouts to try, best first, as ``(varlen, row factor)``: under sdpa or eager attention, one row
     attended example by example (:mod:`harness.models.packed_attention`: no padding, no mask; not in a compiled
     forward, whose graph would be traced through the per-step plan), then rows of
-    :data:`~harness.data.packing.ROW_WIDTH_FACTOR` × the longest example with transformers' block-diagonal mask
+    :data:`~harness.data.packed_batches.ROW_WIDTH_FACTOR` × the longest example with transformers' block-diagonal mask
     (which costs rows × width²: docs/packing.md has the measurement); under flash attention one row (its varlen
     kernels cost nothing for the boundaries)."""
     implementation = str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")

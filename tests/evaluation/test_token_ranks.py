@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from harness.evaluation.ranks import first_token_facts, gold_ranks
+from harness.evaluation.token_ranks import first_token_facts, gold_ranks
 
 VOCAB = 7
 

@@ -6,7 +6,7 @@ The layout is transformers' own padding-free format (``DataCollatorWithFlattenin
 ids that restart per example; transformers derives each example's block of the causal mask from where the
 positions restart (``masking_utils.find_packed_sequence_indices``: sdpa and eager build a block-diagonal mask, the
 flash-attention kernels run varlen on the same boundaries). Whether a model honours it is not assumed: the run
-proves it on the model before training (:mod:`harness.training.packing`).
+proves it on the model before training (:mod:`harness.training.packing_check`).
 
 Rows: the step's examples are spread over a few rows of nearly equal length (:func:`balanced_rows`), each about
 ``factor`` × the longest example wide; the rows' tails (what the fullest row has more) are padding, a segment of

@@ -1,4 +1,4 @@
-"""The proof, on the model about to be trained, that packed batches (:mod:`harness.data.packing`) train it as the
+"""The proof, on the model about to be trained, that packed batches (:mod:`harness.data.packed_batches`) train it as the
 padded batches would: before a stage trains packed, a handful of its batches go through the model both ways and
 the per-example losses and the gradients of a few parameters are compared.
 
@@ -47,7 +47,7 @@ import torch
 from harness.config import LossSpec
 from harness.data.batches import Batch, Layout, collate
 from harness.data.encoding import IGNORE_INDEX, Encoded
-from harness.data.packing import examples_of, pack_like
+from harness.data.packed_batches import examples_of, pack_like
 from harness.data.segments import segment_plan
 from harness.training.loop import batch_loss
 
