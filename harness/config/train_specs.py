@@ -122,9 +122,8 @@ class TrainSpec(Strict):
         description="Windows of this many batches are grouped by length, stratified by task, so batches "
         "pad little (1 = off, the default; 50 is the window of transformers' group_by_length "
         "sampler). Off by default because grouped batches each hold one length class of a "
-        "task's data: reversed 3-digit addition reaches 0.002 held-out at step 540 with 50, "
-        "0.874 with 1 (bench/plain_vs_harness.py); grouping cuts the quickstart's pad fraction "
-        "from ~0.30 to ~0.015.",
+        "task's data, which can hold a task back badly; what it costs and saves: "
+        "docs/experiment-file.md, Length grouping.",
     )
     checkpoint: bool = Field(True, description="Save a Hugging Face checkpoint at the end of the stage.")
     checkpoint_every: Optional[int] = Field(
@@ -138,8 +137,8 @@ class TrainSpec(Strict):
         description="torch.compile the model's training forward (dynamic shapes; fused norms/RoPE/SiLU): "
         "true | false | auto (the default: compile CPU stages of at least 1,000 steps when a "
         "C++ compiler is there, else eager — GPU stages too, unmeasured there; a failed "
-        "compile falls back to eager with one warning line). On the tiny CPU model: 1.33-1.8x "
-        "faster steps after a one-off 20-75 s compile (bench/compile_cost.py).",
+        "compile falls back to eager with one warning line). What compiling gains and costs: "
+        "docs/performance.md, Compiling.",
     )
     stage_cache: Union[bool, Literal["read_only"]] = Field(
         True,

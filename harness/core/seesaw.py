@@ -6,9 +6,9 @@ Two rules (``eval.seesaw_test``):
   evaluations is a paired measurement. Each task's change is tested on its items — exact McNemar for 0/1 outcomes
   (proportion metrics, benchmark documents), a seeded sign-flip permutation test for the others — every p-value of
   the run is Benjamini–Hochberg corrected together, and an event needs both changes ≥ δ *and* both significant after the
-  correction at ``alpha``. Under the quickstart's null (accuracy 0.5, 24 items, 20 % of items flipping between
-  evaluations) the untested rule fires in ~90 % of runs; this one in ≤ α (``tests/core/test_seesaw_power.py``; also at
-  200 items with a small δ, where the correction, not δ, decides: without it ~20 % of null runs report an event).
+  correction at ``alpha``. Under a null with no real change it reports an event in at most α of runs, where the
+  untested rule fires in most of them at the quickstart's pool sizes; with a small δ the correction, not δ, decides
+  (``tests/core/test_seesaw_power.py``; the rates: docs/evaluation.md, "How often each rule fires").
   What the events control (≥ 1 event in a run with no real change: ≤ α; no per-event bound otherwise):
   :func:`paired_seesaw_events`;
 - **none** (:func:`seesaw_events`): the untested threshold rule on metric values alone. Kept for the cases where

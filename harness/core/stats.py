@@ -86,7 +86,7 @@ def paired_permutation_test(
     difference is a coin flip. ``scipy.stats.permutation_test(permutation_type="samples")``, exact when
     2^n ≤ ``resamples``, otherwise ``resamples`` random sign patterns (seeded: the same data give the same
     p-value). Chosen over a paired bootstrap of the centred differences, which is liberal at the pool sizes used
-    here: at n = 30 it rejected a true null in 7.2 % [5.8, 9.0] of 1000 trials at α = 0.05.
+    here (measured: docs/evaluation.md, "A proportion across seeds").
     """
     x, y = np.asarray(before, dtype=float), np.asarray(after, dtype=float)
     if x.ndim != 1 or x.shape != y.shape or x.size == 0:
@@ -158,7 +158,8 @@ def seeds_items_interval(outcomes: Sequence[Sequence[float]], confidence: float 
 
     - seed part ``MS_seed / (S n)`` (estimates σ²_seed / S + σ²_res / (S n): it carries the residual too, so it is
       never truncated), scaled by Student t with S − 1 degrees of freedom — few seeds say little about how much
-      seeds vary, and taking t from a Satterthwaite combination instead gave 92–93 % coverage at 3 seeds;
+      seeds vary, and taking t from a Satterthwaite combination instead undercovered at 3 seeds (docs/evaluation.md,
+      "A proportion across seeds");
     - item part ``max(MS_item − MS_res, 0) / (S n)`` (σ²_item / n), scaled by t with n − 1.
 
     The half-width is ``sqrt(t²_{S−1} · seed part + t²_{n−1} · item part)``, at least that of ``S n`` independent
@@ -249,8 +250,8 @@ def min_detectable_difference(n: int, *, discordant: float = 0.5, alpha: float =
     Paired, because that is the comparison the harness makes with its pools: seesaw events compare one task's
     fixed items at two evaluations. The answer depends on how many items change (``discordant``), unknown before
     a run; the default 0.5 is what two *independent* evaluations at accuracy 0.5 would disagree on — the
-    two-sample case, and the conservative choice (measured flip rates are lower: ~0.2 between the quickstart's
-    evaluations, which gives a smaller difference). Returns ``math.inf`` when not even the largest change
+    two-sample case, and the conservative choice (the quickstart's evaluations change fewer items, docs/evaluation.md,
+    Intervals, which gives a smaller difference). Returns ``math.inf`` when not even the largest change
     possible with that many changed items (``discordant``: all of them in one direction) reaches that power.
     """
     if n <= 0:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import torch
 
 # A block more costs about this many query-key pairs of work (kernel launches, gathers, forward and backward):
-# measured with bench/packed_attention.py (qwen2-tiny shape, batch 32 of 15-81 tokens; docs/packing.md, Speed).
+# measured with bench/packed_attention.py (docs/packing.md, Speed).
 BLOCK_OVERHEAD_PAIRS = 16384
 MAX_BLOCKS = 8
 
@@ -59,7 +59,7 @@ class SegmentPlan:
 def _blocks_of(lengths: Sequence[int]) -> list[tuple[int, int]]:
     """Cut lengths sorted longest first into at most :data:`MAX_BLOCKS` runs ``(start, end)`` minimising
     ``Σ n·L² + BLOCK_OVERHEAD_PAIRS`` per run (dynamic programming over the sorted lengths, each step over every
-    (start, end) pair at once: a batch of 256 examples made the plain loops cost 30 ms)."""
+    (start, end) pair at once: plain loops were slow on large batches, docs/packing.md, Speed)."""
     n = len(lengths)
     longest = np.asarray(lengths, dtype=np.float64)
     ends = np.arange(n + 1)

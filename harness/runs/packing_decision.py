@@ -88,8 +88,9 @@ def _decide(plan: StagePlan, model, tasks: list[str], pad_id: int, step: int, re
     device = next(model.parameters()).device.type
     compiled = compile_decision(stage.train.compile, len(plan.batches), device)
     if setting == "auto" and compiled:
-        # Compiled, packed steps ran ~100x slower on a CPU (bench/train_speed.py, harness-compile, 12 steps): the
-        # cause is not measured yet (recompiles on the rows' shapes?). Until it is solved, auto keeps them padded.
+        # Compiled, packed steps ran far slower than eager ones on a CPU (docs/packing.md, "Not with torch.compile
+        # (yet)"): the cause is not measured yet (recompiles on the rows' shapes?). Until it is solved, auto keeps
+        # them padded.
         log.info("stage %r: compiled stages train on padded batches (train.packing: auto)", stage.name)
         return None
     # This rank's share of a batch (an fsdp stage's hooks shard batches as these do) and the verdicts' exchange.

@@ -265,7 +265,8 @@ class EncodedData:
 
 
 # The last text encoding, by a hash of everything it reads (:func:`_encoding_key`): a sweep worker runs trial after
-# trial on the same task data and tokenizer, and encoding the quickstart's pools costs ~2 CPU s each time. One entry.
+# trial on the same task data and tokenizer, and encoding them again costs part of every trial's setup
+# (docs/performance.md, "The stage cache in a sweep"). One entry.
 _last_encoding: dict[str, tuple[dict[str, dict[str, list]], EncodedData]] = {}
 
 

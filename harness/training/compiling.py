@@ -87,8 +87,8 @@ def compiled_stage(compiled: bool) -> Iterator[None]:
     """Around a stage whose forward is compiled: from its first compiled call, deterministic algorithms are on
     (``warn_only``: an op without a deterministic kernel warns instead of failing), until the stage ends. Inductor
     lowers a scatter-add — the embedding's backward — to atomic adds unless they are on, and two compiled runs of
-    one stage then differ in the last bits (measured: three runs of bench/compile_cost.py gave three different
-    losses at step 20; with them on, one); with them on it calls ATen's kernel, and a compiled stage is as
+    one stage then differ in the last bits (measured: docs/performance.md, Compiling); with them on it calls ATen's
+    kernel, and a compiled stage is as
     reproducible as an eager one (a resume, a stage-cache replay). A stage that never calls the compiled forward
     (image batches) runs as it would without."""
     global _in_compiled_stage

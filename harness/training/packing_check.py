@@ -114,8 +114,8 @@ def relative_loss_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest relative difference of per-example losses, each against ``max(|its loss|, mean |loss| of the
     batch)``. Why not its own loss alone: an example the model already fits (loss near 0) carries the absolute
     rounding error of the logits its loss is computed from, not an error proportional to its tiny loss; dividing by
-    it alone used a median 0.16-0.22 of the tolerance on fitted models where this uses 0.05-0.09
-    (``bench/packing_check_null.py``). A leak moves losses by 1e-2 and more either way."""
+    it alone used several times more of the tolerance on fitted models than this does (measured with
+    ``bench/packing_check_null.py``: docs/packing.md, "Proven exact on the model being trained")."""
     if not a.numel():
         return 0.0
     scale = torch.maximum(b.abs(), b.abs().mean()).clamp_min(1e-30)

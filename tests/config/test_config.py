@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -236,6 +237,32 @@ def test_schema_command_prints_json_schema():
     schema = json.loads(result.output)
     assert {"name", "tasks", "stages", "train", "eval", "model", "world", "tracking"} <= set(schema["properties"])
     assert schema.get("additionalProperties") is False
+
+
+#: What a measured figure looks like in prose: a speed-up ("1.8x", "1.33×"), a duration in seconds ("20-75 s"), a
+#: percentage, a date. Those belong in docs/ (performance.md, packing.md…), which a description points to.
+MEASURED = re.compile(r"\d(?:\.\d+)?\s?[x×](?![A-Za-z0-9_])|\d\s?s\b|\d\s?%|\b20\d\d-\d\d-\d\d\b")
+
+
+def _descriptions(node, path="$"):
+    if isinstance(node, dict):
+        if isinstance(node.get("description"), str):
+            yield path, node["description"]
+        for key, value in node.items():
+            yield from _descriptions(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _descriptions(value, f"{path}[{i}]")
+
+
+def test_schema_descriptions_carry_no_measured_figures():
+    from harness.config import Experiment
+
+    found = {path: text for path, text in _descriptions(Experiment.model_json_schema()) if MEASURED.search(text)}
+    assert not found, f"measured figures belong in docs/, not in the schema: {found}"
+    # the pattern itself finds the figures it is meant to (the ones this test moved out)
+    assert all(MEASURED.search(t) for t in ("1.33-1.8x faster", "a one-off 20-75 s compile", "92 %", "2026-12-01"))
+    assert not MEASURED.search("256 MiB; 50 is the window; 1,000 steps; exit 2")
 
 
 @pytest.mark.parametrize(
