@@ -27,6 +27,7 @@ from harness.core.metrics import PROPORTION_METRICS
 from harness.data.encoding import IGNORE_INDEX
 from harness.evaluation.components import (
     EVALUATORS,
+    LOSS_TARGETS,
     NEED_FIRST_LOGITS,
     NEED_GREEDY,
     NEED_TEACHER_FORCED,
@@ -414,5 +415,8 @@ def run_evaluation(
                 if metric in PROPORTION_METRICS:  # each sample carries its 0/1 outcomes: the paired seesaw's data
                     for rec, value in zip(group, values):
                         rec.extra.setdefault("outcomes", {})[metric] = int(value)
+                elif metric in LOSS_TARGETS:  # and its loss targets: seeds × items intervals read them
+                    for rec, value in zip(group, values):
+                        rec.extra.setdefault("outcomes", {})[metric] = float(value)
     result.samples = [rec.sample() for rec in records]
     return result
