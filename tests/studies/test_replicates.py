@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import math
 
-import polars as pl
 import numpy as np
+import polars as pl
 import pytest
 
 from analysis.group import _across, final_scores, is_group_dir, recurring_events
