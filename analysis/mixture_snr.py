@@ -14,7 +14,8 @@
   against a law fitted to the loss whose prediction goes through the link (both refitted on the same folds:
   :func:`analysis.mixture_data.cv_folds`).
 - :func:`snr_table`: the SNR of every target (greedy, loss, log-probability) per task from a sweep's trials and a
-  seed group of replicates (``harness run --seeds``), as ``harness mixture --snr`` prints it.
+  seed group of replicates (``harness run --seeds``), and :func:`route_table`, the two routes per task, as
+  ``harness mixture SWEEP_DIR --snr GROUP_DIR`` prints them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from analysis.group import replicate_runs
 from analysis.loading import AnalysisError, PathLike, load_samples, read_summary
 from analysis.mixing_laws import fit_law
 from analysis.mixture_data import cv_folds
-from analysis.trials import complete, metric_columns
+from analysis.trials import complete, metric_columns, simplex_groups
 from harness.core.metrics import PROPORTION_METRICS
 
 RESAMPLES = 2000
@@ -233,5 +234,46 @@ def format_snr_table(table: pl.DataFrame) -> str:
             f"  {r['task']:<14} {r['metric']:<13} {r['split']:<22} {r['snr']:7.2f} [{r['low']:.2f}, {r['high']:.2f}]"
             f"  sd {r['sd_mixtures']:.4g} / {r['sd_seeds']:.4g}  trials {r['trials']}, seeds {r['seeds']}, "
             f"items {r['items'] if r['items'] is not None else '?'}"
+        )
+    return "\n".join(lines)
+
+
+def route_table(trials: pl.DataFrame, space: Optional[dict] = None, form: str = "loglinear") -> pl.DataFrame:
+    """Per task with a greedy rate and an ``eval_loss`` in the sweep's complete trials (the loss pool's where
+    there is one; the last stage with both): :func:`route_errors` over the sweep's simplex (its last one)."""
+    done = complete(trials)
+    groups = simplex_groups(done, space)
+    if not groups:
+        raise AnalysisError("no mixture weights in the trials (expected param/<path>.<task> columns summing to 1)")
+    path, weights = list(groups.items())[-1]
+    parsed = metric_columns(done)
+    rows = []
+    for r in parsed.filter(pl.col("metric") == "greedy").iter_rows(named=True):
+        losses = parsed.filter(
+            pl.col("metric") == "eval_loss",
+            pl.col("task") == r["task"],
+            pl.col("stage") == r["stage"],
+            pl.col("split").is_in([f"loss_{r['split']}", r["split"]]),
+        ).sort("split", descending=True)  # loss_<split> before <split>
+        if not losses.height or r["stage"] != parsed["stage"][-1]:
+            continue
+        data = done.drop_nulls([r["column"], losses["column"][0]] + [f"param/{path}.{w}" for w in weights])
+        W = data.select([f"param/{path}.{w}" for w in weights]).to_numpy().astype(float)
+        try:
+            e = route_errors(W / W.sum(axis=1, keepdims=True), data[losses["column"][0]], data[r["column"]], form)
+        except ValueError as why:  # too few trials, or losses that do not vary
+            raise AnalysisError(f"{r['task']}: {why}") from None
+        rows.append({"task": r["task"], "loss_split": losses["split"][0], "greedy_split": r["split"], **vars(e)})
+    if not rows:
+        raise AnalysisError("no task has both a greedy and an eval_loss column at the last stage")
+    return pl.DataFrame(rows)
+
+
+def format_route_table(table: pl.DataFrame) -> str:
+    lines = ["greedy rate, cross-validated RMSE: the law fitted to it directly | to eval_loss, then the link"]
+    for r in table.iter_rows(named=True):
+        lines.append(
+            f"  {r['task']:<14} {r['direct']:.4f} | {r['via_loss']:.4f}  ({r['form']}, {r['folds']}, "
+            f"n {r['n']}; loss from {r['loss_split']})"
         )
     return "\n".join(lines)

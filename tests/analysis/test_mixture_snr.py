@@ -9,8 +9,9 @@ import polars as pl
 import pytest
 from scipy import special
 
-from analysis.mixture_snr import fit_link, format_snr_table, route_errors, snr, snr_table
+from analysis.mixture_snr import fit_link, format_snr_table, route_errors, route_table, snr, snr_table
 from harness.core.metrics import GROUP_FILE
+from tests.conftest import invoke
 
 
 def test_snr_is_large_when_mixtures_matter_and_near_one_on_a_null():
@@ -63,35 +64,54 @@ def _write_run(run_dir, metrics):
     (run_dir / "samples.jsonl").write_text("\n".join(json.dumps(x) for x in samples) + "\n")
 
 
-def test_the_table_reads_a_sweep_and_a_seed_group(tmp_path):
+def _sweep_and_group(tmp_path, n=16, seeds=4):
+    """A sweep's trials over a two-task simplex (the loss moves with the mixture, the greedy rate does not) and a
+    seed group of one mixture."""
     rng = np.random.default_rng(3)
-    n = 16
     w = rng.uniform(0, 1, n)
     trials = pl.DataFrame(
         {
             "number": range(n),
             "state": ["COMPLETE"] * n,
-            "metric/b/heldout/qa/greedy": rng.binomial(64, 0.3, n) / 64,  # the mixture does not move it
+            "param/stages.b.mixture.qa": w,
+            "param/stages.b.mixture.yesno": 1 - w,
+            "metric/b/heldout/qa/greedy": rng.binomial(64, 0.3, n) / 64,
             "metric/b/loss_heldout/qa/eval_loss": 2.0 - w + rng.normal(0, 0.01, n),
             "metric/b/loss_heldout/qa/gold_logprob": -6.0 + 3 * w + rng.normal(0, 0.03, n),
         }
     )
     group = tmp_path / "group"
     group.mkdir()
-    (group / GROUP_FILE).write_text(json.dumps({"replicates": {str(s): f"seed-{s}" for s in range(4)}}))
-    for s in range(4):
+    (group / GROUP_FILE).write_text(json.dumps({"replicates": {str(s): f"seed-{s}" for s in range(seeds)}}))
+    for s in range(seeds):
+        loss = {"eval_loss": 1.5 + rng.normal(0, 0.01), "gold_logprob": -4.5 + rng.normal(0, 0.03)}
         _write_run(
             group / f"seed-{s}",
-            {
-                "heldout": {"qa": {"greedy": rng.binomial(64, 0.3) / 64}},
-                "loss_heldout": {
-                    "qa": {"eval_loss": 1.5 + rng.normal(0, 0.01), "gold_logprob": -4.5 + rng.normal(0, 0.03)}
-                },
-            },
+            {"heldout": {"qa": {"greedy": rng.binomial(64, 0.3) / 64}}, "loss_heldout": {"qa": loss}},
         )
-    table = snr_table(trials, group, resamples=300)
+    return trials, group
+
+
+def test_the_table_reads_a_sweep_and_a_seed_group(tmp_path):
+    trials, group = _sweep_and_group(tmp_path)
+    table = snr_table(trials, group)
     by = {r["metric"]: r for r in table.iter_rows(named=True)}
     assert by["eval_loss"]["split"] == "loss_heldout" and by["greedy"]["split"] == "heldout"
-    assert by["eval_loss"]["snr"] > 5 and by["gold_logprob"]["snr"] > 5 and by["greedy"]["low"] < 1.5
-    assert by["eval_loss"]["trials"] == n and by["eval_loss"]["seeds"] == 4 and by["eval_loss"]["items"] == 7
+    assert by["eval_loss"]["low"] > 2 and by["gold_logprob"]["low"] > 2 and by["greedy"]["low"] < 1  # 1: no signal
+    assert by["eval_loss"]["trials"] == 16 and by["eval_loss"]["seeds"] == 4 and by["eval_loss"]["items"] == 7
     assert "eval_loss" in format_snr_table(table) and "seeds 4" in format_snr_table(table)
+    routes = route_table(trials, form="scheffe")
+    assert routes["task"].to_list() == ["qa"] and routes["loss_split"][0] == "loss_heldout"
+
+
+def test_harness_mixture_snr_prints_both_tables(tmp_path):
+    trials, group = _sweep_and_group(tmp_path)
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    trials.write_parquet(sweep / "trials.parquet")
+    result = invoke("mixture", str(sweep), "--snr", str(group), "--form", "scheffe")
+    assert result.exit_code == 0, result.output
+    assert "sd across mixtures / sd across seeds" in result.output and "then the link" in result.output
+    assert "qa" in result.output and "scheffe, leave-one-trial-out, n 16" in result.output
+    refused = invoke("mixture", str(sweep), "--snr", str(tmp_path / "nothing"))
+    assert refused.exit_code == 2
