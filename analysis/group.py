@@ -4,8 +4,10 @@
   mean with a 95 % interval across seeds (``across_low`` / ``across_high``; ``across`` says how it was made): for a
   rate, one that accounts for both the seeds and the items they share (:func:`harness.core.stats.seeds_items_interval`
   on the per-item outcomes of ``samples.jsonl``, :func:`~harness.core.stats.seeds_rates_interval` when a run has
-  none), inside [0, 1] and never zero-width while items vary; for other values a Student-t interval over the seeds;
-  none from one seed ("none: one seed" — its Wilson interval is the within-run one). Next to it the 95 % Wilson
+  none), inside [0, 1] and never zero-width while items vary; for a value whose samples carry per-item values
+  (``eval_loss``, ``gold_logprob``) the same two-way crossed interval on them, uncut
+  (:func:`harness.core.stats.crossed_interval`); for other values a Student-t interval over the seeds; none from one
+  seed ("none: one seed" — its Wilson interval is the within-run one). Next to it the 95 % Wilson
   interval one run of ``n`` items would give at that mean (``within_low`` / ``within_high``: how much it moves
   between eval pools of that size), the eval pool's
   baseline (best constant answer, majority first token or chance: the items are the same in every seed) and
@@ -29,8 +31,15 @@ import polars as pl
 
 from analysis.frames import final_against_baselines
 from analysis.loading import AnalysisError, PathLike, load_run, load_samples, read_summary
-from harness.core.metrics import GROUP_FILE, PROPORTION_METRICS
-from harness.core.stats import Interval, seeds_items_interval, seeds_rates_interval, t_interval, wilson_interval
+from harness.core.metrics import GROUP_FILE, METRICS, PROPORTION
+from harness.core.stats import (
+    Interval,
+    crossed_interval,
+    seeds_items_interval,
+    seeds_rates_interval,
+    t_interval,
+    wilson_interval,
+)
 
 
 def is_group_dir(path: PathLike) -> bool:
@@ -73,7 +82,8 @@ def _above_baseline(run_dir: Path, metric: str, splits: set[str]) -> dict[tuple[
 
 
 def _final_outcomes(run_dir: Path, metric: str) -> dict[tuple[str, str], dict[int, float]]:
-    """``{(split, task): {item index: 0/1}}`` of ``metric`` at the run's last evaluation (samples' ``outcomes``)."""
+    """``{(split, task): {item index: value}}`` of ``metric`` at the run's last evaluation (samples' ``outcomes``:
+    0/1 for a proportion, a real value for a loss target)."""
     samples = load_samples(run_dir)
     if samples.is_empty() or "outcomes" not in samples.columns:
         return {}
@@ -87,9 +97,12 @@ def _final_outcomes(run_dir: Path, metric: str) -> dict[tuple[str, str], dict[in
 
 
 def _is_proportion(metric: str, outcomes: dict[int, dict[int, float]]) -> bool:
-    """A proportion by its declaration, or by the per-item outcomes the runs stored (a run stores only proportions'):
-    a plug-in's metric counts although this process has not imported the plug-in."""
-    return metric in PROPORTION_METRICS or any(outcomes.values())
+    """A proportion by its declaration, or — undeclared here — by the per-item outcomes the runs stored (runs store
+    proportions' and the declared loss targets'): a plug-in's metric counts although this process has not imported
+    the plug-in."""
+    if metric in METRICS:
+        return METRICS.get(metric).kind == PROPORTION
+    return any(outcomes.values())
 
 
 def _across(
@@ -98,10 +111,15 @@ def _across(
     """The across-seed interval of one task × split and how it was made."""
     if len(values) < 2:
         return Interval(next(iter(values.values()), float("nan")), float("nan"), float("nan"), n or 0), "none: one seed"
-    if not _is_proportion(metric, outcomes):
-        return t_interval(list(values.values())), "t over seeds"
     items = [outcomes.get(seed) for seed in values]
-    if all(items) and all(i.keys() == items[0].keys() for i in items):
+    same = all(items) and all(i.keys() == items[0].keys() for i in items)
+    if not _is_proportion(metric, outcomes):
+        if not same:
+            return t_interval(list(values.values())), "t over seeds"
+        order = sorted(items[0])
+        mean, low, high = crossed_interval([[i[k] for k in order] for i in items])
+        return Interval(mean, low, high, len(order)), "seeds × items (real values)"
+    if same:
         order = sorted(items[0])
         return seeds_items_interval([[i[k] for k in order] for i in items]), "seeds × items"
     if n:

@@ -3,8 +3,9 @@ of a finished sweep with their cross-validated errors, the chosen form, and the 
 explored convex hull with its predicted value and bootstrap interval, next to the sweep's in-sample winner
 (:mod:`analysis.mixture_proposal`); ``proposal.json`` is written in the sweep directory. ``--table FILE`` does the
 same from any table of results (:mod:`analysis.mixture_table`), ``--holdout`` tests the law on mixtures it was not
-fitted on, ``--predict FILE`` writes its prediction for given mixtures. ``--verify K`` then trains the proposal and
-the winner on K fresh seeds, here or through a launcher, and writes ``verify.json``
+fitted on, ``--predict FILE`` writes its prediction for given mixtures, ``--snr GROUP_DIR`` prints each target's
+signal-to-noise ratio and the loss → greedy link's CV (:mod:`analysis.mixture_snr`). ``--verify K`` then trains
+the proposal and the winner on K fresh seeds, here or through a launcher, and writes ``verify.json``
 (:mod:`harness.studies.mixture_verify`). Nothing heavy is imported before the command runs."""
 
 from __future__ import annotations
@@ -58,6 +59,13 @@ PredictOption = typer.Option(
     help="A .csv/.parquet of mixtures (a column per weight): write the chosen law's prediction and 95 % "
     "intervals for each, to <proposal's folder>/<file stem>.predicted.csv.",
 )
+SnrOption = typer.Option(
+    None,
+    "--snr",
+    help="A seed group (harness run --seeds) of one mixture of the sweep's experiment: print each target's "
+    "signal-to-noise ratio (greedy, eval_loss, gold_logprob per task: sd across the trials / sd across the seeds) "
+    "and the greedy rate's CV error fitted directly vs through eval_loss and a logistic link; no proposal.",
+)
 OutOption = typer.Option(
     None, "--out", help="Where proposal.json goes (default: SWEEP_DIR/proposal.json, or <table>.proposal.json)."
 )
@@ -78,6 +86,7 @@ def mixture(
     holdout_column: Optional[str] = HoldoutColumnOption,
     predict: Optional[Path] = PredictOption,
     out: Optional[Path] = OutOption,
+    snr: Optional[Path] = SnrOption,
     bootstrap: int = typer.Option(
         200, "--bootstrap", min=10, help="Resamples of the trials for the intervals (each refits the chosen form)."
     ),
@@ -136,6 +145,11 @@ def mixture(
         raise_usage(f"harness mixture: {', '.join(given) or '--proportion'} describe a --table's columns")
     if sweep_dir is None:
         raise_usage("harness mixture: give a sweep directory or --table FILE")
+    if snr is not None:
+        if verify is not None or holdout is not None or predict is not None:
+            raise_usage("harness mixture: --snr is a report of its own: not with --verify, --holdout or --predict")
+        _snr_report(sweep_dir, snr, (form or ["loglinear"])[-1])
+        return
     _from_sweep(sweep_dir, holdout, predict, out, options, verify, budget, steer, jobs, launcher, slurm, detach)
 
 
@@ -175,6 +189,25 @@ def _from_sweep(sweep_dir, holdout, predict, out, options, verify, budget, steer
     if rows:
         rows.append(budget_row(proposal.to_json(), "all"))
     _verify(sweep_dir, proposal.to_json(), trials.to_dicts(), verify, jobs, choice, detach, rows, steer or [])
+
+
+def _snr_report(sweep_dir: Path, group_dir: Path, form: str) -> None:
+    """``--snr``: the SNR table of the sweep's targets against a seed group, and the two routes' CV error."""
+    from analysis.loading import AnalysisError, is_sweep_dir, load_sweep, read_sweep_config
+    from analysis.mixture_snr import format_route_table, format_snr_table, route_table, snr_table
+
+    if not is_sweep_dir(sweep_dir):
+        raise_usage(f"harness mixture: {sweep_dir}: not a sweep directory (no trials.parquet)")
+    trials, config = load_sweep(sweep_dir), read_sweep_config(sweep_dir)
+    splits = [s for s in ("heldout", "heldout_template") if any(f"/{s}/" in c for c in trials.columns)]
+    try:
+        typer.echo(format_snr_table(snr_table(trials, group_dir, splits=splits or ["heldout"])))
+    except AnalysisError as e:
+        raise_usage(f"harness mixture --snr: {e}")
+    try:
+        typer.echo(format_route_table(route_table(trials, config.get("space"), form)))
+    except AnalysisError as e:
+        typer.echo(f"no loss → greedy link: {e}")
 
 
 def _from_table(table: Path, table_args: dict, holdout, predict, out, options) -> None:

@@ -183,7 +183,15 @@ class EvalSpec(Strict):
         "relative path is relative to the experiment file); null: a held-out sample of the builtin world corpus.",
     )
 
-    _omit_added = omitted_unless_set("benchmarks", "reference_text")
+    loss_items: Optional[int] = Field(
+        None,
+        ge=1,
+        description="A loss pool: this many items per task and held-out split of eval.splits, from the recipe's "
+        "held-out generation, evaluated teacher-forced only (eval_loss, gold_logprob) at the end of each stage, "
+        "as split loss_<split>; null: none (see docs/evaluation.md).",
+    )
+
+    _omit_added = omitted_unless_set("benchmarks", "reference_text", "loss_items")
 
 
 class Experiment(Strict):

@@ -137,5 +137,17 @@ BASELINE_PREFIX = "baseline_"
 #: Run-level row: how many paired tests the run's seesaw made (text: the rule).
 SEESAW_TESTS_METRIC = "seesaw_tests"
 
+#: The loss pool (``eval.loss_items``): a larger pool per task and held-out split, evaluated teacher-forced only at
+#: the end of each stage; its rows are split ``loss_<split>`` (``eval_loss/loss_heldout/yesno``), so they never mix
+#: with the greedy pool's, and only its loss targets are kept.
+LOSS_POOL_PREFIX = "loss_"
+LOSS_POOL_METRICS = ("eval_loss", "gold_logprob")
+
+
+def loss_pool_split(split: str) -> str:
+    """The loss pool's split name for the eval split ``split`` (``heldout`` → ``loss_heldout``)."""
+    return LOSS_POOL_PREFIX + split
+
+
 #: The file at the top of a seed group's directory (``harness run --seeds``).
 GROUP_FILE = "group.json"

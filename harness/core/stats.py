@@ -216,6 +216,31 @@ def seeds_rates_interval(
     return _two_part(p, spread, 0.0, int(r.size), n, confidence)
 
 
+def crossed_interval(table: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """Mean of a seeds × items table of real values (every seed on the same items) with a 95 % interval from the
+    two-way crossed variance components, as :func:`harness.core.stats.seeds_items_interval` makes it for 0/1
+    outcomes, without its cut at [0, 1] and its binomial floor (a difference of outcomes is neither); NaN bounds
+    from one seed."""
+    y = np.asarray(table, dtype=float)
+    seeds, items = y.shape
+    p = float(y.mean())
+    if seeds < 2:
+        return p, math.nan, math.nan
+    seed_means, item_means = y.mean(axis=1), y.mean(axis=0)
+    ms_seed = items * float(np.sum((seed_means - p) ** 2)) / (seeds - 1)
+    if items > 1:
+        ms_item = seeds * float(np.sum((item_means - p) ** 2)) / (items - 1)
+        residual = y - seed_means[:, None] - item_means[None, :] + p
+        ms_res = float(np.sum(residual**2)) / ((seeds - 1) * (items - 1))
+        t_items = float(stats.t.ppf(0.5 + confidence / 2, items - 1))
+    else:
+        ms_item = ms_res = t_items = 0.0
+    cells = seeds * items
+    t_seeds = float(stats.t.ppf(0.5 + confidence / 2, seeds - 1))
+    half = math.sqrt(t_seeds**2 * ms_seed / cells + t_items**2 * max(ms_item - ms_res, 0.0) / cells)
+    return p, p - half, p + half
+
+
 def _two_part(p: float, seed_part: float, item_part: float, seeds: int, items: int, confidence: float) -> Interval:
     """``p`` ± sqrt(t²_{seeds−1}·seed_part + t²_{items−1}·item_part), the total variance at least that of
     ``seeds · items`` independent draws (the shortfall added to the item part), cut at 0 and 1."""

@@ -3,7 +3,8 @@
 Registered components (``eval.evaluators`` / ``eval.probes`` in the experiment file):
 
 - evaluators: ``greedy`` (exact match of greedy decoding after the task's normaliser), ``mode_ok`` (share of greedy
-  outputs with the task's answer shape), ``teacher_forced`` (``tf_first``, ``tf_exact`` and ``eval_loss``);
+  outputs with the task's answer shape), ``teacher_forced`` (``tf_first``, ``tf_exact``, ``eval_loss`` and
+  ``gold_logprob``);
 - probes: ``first_token`` (rank of the gold first token over the whole vocabulary, hijack share, top-1 table),
   ``forgetting`` (the loss on a fixed reference text next to the base model's: :mod:`harness.evaluation.forgetting`).
 

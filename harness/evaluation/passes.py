@@ -27,6 +27,7 @@ from harness.core.metrics import PROPORTION_METRICS
 from harness.data.encoding import IGNORE_INDEX
 from harness.evaluation.components import (
     EVALUATORS,
+    LOSS_TARGETS,
     NEED_FIRST_LOGITS,
     NEED_GREEDY,
     NEED_TEACHER_FORCED,
@@ -436,4 +437,7 @@ def _component_results(records: list[ItemRecord], recipes: dict[str, Any], compo
                 if metric in PROPORTION_METRICS:  # each sample carries its 0/1 outcomes: the paired seesaw's data
                     for rec, value in zip(group, values):
                         rec.extra.setdefault("outcomes", {})[metric] = int(value)
+                elif metric in LOSS_TARGETS:  # and its loss targets: seeds × items intervals read them
+                    for rec, value in zip(group, values):
+                        rec.extra.setdefault("outcomes", {})[metric] = float(value)
     return result

@@ -88,6 +88,7 @@ SHAPING_RUN_MODULES = (
     "runner",
     "evallog",
     "process_ranks",
+    "loss_pool",
     "stage_cache",
     "stage_key",
     "steering_split",

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 from harness.config import Experiment, task_seed
 from harness.core.jsonl import append_jsonl, read_jsonl
-from harness.core.metrics import is_benchmark_task
+from harness.core.metrics import LOSS_POOL_METRICS, is_benchmark_task
 from harness.core.store import Row, atomic_write_text
 from harness.evaluation import EVAL_METRICS, hijack_token_ids, run_evaluation
 from harness.evaluation.evidence import outcome_rows
@@ -47,6 +47,7 @@ class EvalLog:
     shard: Any = None  # data-parallel ranks share out the eval batches (harness.evaluation.sharding.Shard)
     benchmarks: Any = None  # eval.benchmarks (harness.evaluation.benchmarks.Benchmarks): lm-eval tasks, when due
     reference: Any = None  # the forgetting probe's reference text (harness.evaluation.forgetting.ReferenceText)
+    loss_items: list = field(default_factory=list)  # the loss pool's items (eval.loss_items; harness.runs.loss_pool)
     history: list[Row] = field(default_factory=list)  # every evaluation row, in order
     outcomes: list[dict] = field(default_factory=list)  # per-item outcome rows (evidence.outcome_rows), in order
     seconds: float = 0.0
@@ -127,6 +128,24 @@ class EvalLog:
         self._log_tables(result, step)
         self.seconds += time.perf_counter() - started
         self._record(rows, step)
+
+    def run_loss_pool(self, model, stage: str, step: int) -> None:
+        """Score the loss pool (``eval.loss_items``) teacher-forced only and record its loss targets, split
+        ``loss_<split>``, at ``step`` (a stage's end: beside its last evaluation, so the stage summary holds them).
+        Not sent to ``on_evaluation``: a sweep's pruner is not told of it (its step was already reported)."""
+        if not self.loss_items:
+            return
+        started = time.perf_counter()
+        spec = self.exp.eval.model_copy(update={"evaluators": ["teacher_forced"], "probes": []})
+        result = run_evaluation(model, self.tokenizer, self.loss_items, self.recipes, spec, set(), shard=self.shard)
+        rows = [Row(stage, step, t, s, m, v) for t, s, m, v in result.metrics if m in LOSS_POOL_METRICS]
+        samples = [{"stage": stage, "step": step, **sample} for sample in result.samples]
+        append_jsonl(self.samples_path, samples, run_id=self.run_id)
+        self.outcomes.extend(outcome_rows(samples))
+        self.seconds += time.perf_counter() - started
+        self.tracker.log(rows, step)
+        self.tracker.flush()
+        self.history.extend(rows)
 
     def _benchmarks(self, model, step: int) -> tuple[list[tuple], list[dict]]:
         """The rows and samples of the benchmarks due at ``step``; with several ranks rank 0 alone runs them."""

@@ -30,6 +30,7 @@ from harness.models.modality import TextOnlyModel, base_kind, model_io
 from harness.models.tokenizer import train_tokenizer
 from harness.models.undertrained import special_token_note, undertrained_tokens
 from harness.runs.images import load_vision_base, untrained_vision_base
+from harness.runs.loss_pool import loss_pool_splits
 from harness.runs.pretrain import builtin_base, content_hash, tokenizer_texts
 
 
@@ -49,13 +50,15 @@ class TaskData:
     corpus: list[str]
     world: Any = None  # the synthetic world (the shipped benchmarks ask about it)
     reference: Optional[tuple[str, list[str]]] = None  # the forgetting probe's reference text: (name, documents)
+    loss_splits: dict[str, dict[str, list]] = field(default_factory=dict)  # task -> loss_<split> -> [Example]
+    loss_dropped: dict[str, int] = field(default_factory=dict)  # task -> loss-pool items dropped (trained prompts)
 
 
 def build_task_data(exp: Experiment) -> TaskData:
     """Every task's splits from its recipe (over the shared world when the recipe needs one) and the world corpus;
     each task's splits pass the split check (:mod:`data_recipes.split_check`) or stop as a :class:`DataError`."""
     world = build_world(exp.world.people, exp.world.seed)
-    recipes, splits = {}, {}
+    recipes, splits, loss = {}, {}, {}
     for name, spec in exp.tasks.items():
         cls = get_recipe(spec.recipe)
 
@@ -71,11 +74,21 @@ def build_task_data(exp: Experiment) -> TaskData:
             check_recipe_splits(recipe, splits[name], task_seed(exp, name), rebuild=lambda: built(recipe_of()))
         except (ValueError, OSError) as e:
             raise DataError(f"tasks.{name} (recipe {spec.recipe}): {e}") from None
+        if exp.eval.loss_items and not recipe.has_images:  # the loss pool: a bigger held-out draw (loss_pool.py)
+            try:
+                loss[name] = loss_pool_splits(exp, name, recipe_of, splits[name]["train"])
+            except ValueError as e:
+                raise DataError(f"tasks.{name} (recipe {spec.recipe}): eval.loss_items: {e}") from None
         if spec.system is not None:
             splits[name] = with_system(name, splits[name], spec.system)
+            if name in loss:
+                loss[name] = (with_system(name, loss[name][0], spec.system), loss[name][1])
         recipes[name] = recipe
     pretraining = corpus(world, exp.world.seed, docs_per_person=exp.world.docs_per_person, permute=exp.world.permute)
-    return TaskData(recipes, splits, pretraining, world, reference_text(exp, world, pretraining))
+    data = TaskData(recipes, splits, pretraining, world, reference_text(exp, world, pretraining))
+    data.loss_splits = {name: pool for name, (pool, _) in loss.items()}
+    data.loss_dropped = {name: n for name, (_, n) in loss.items() if n}
+    return data
 
 
 def reference_text(exp: Experiment, world: Any, pretraining: list[str]) -> Optional[tuple[str, list[str]]]:
@@ -246,6 +259,8 @@ class EncodedData:
     eval_items: list  # [EvalItem] over every task and eval split, fixed for the whole run
     empty_splits: list[tuple[str, str]] = field(default_factory=list)  # (task, split) with no items: skipped
     too_long: dict[tuple[str, str], int] = field(default_factory=dict)  # (task, split) -> eval items dropped
+    loss_items: list = field(default_factory=list)  # [EvalItem] of the loss pool (eval.loss_items), split loss_<s>
+    loss_dropped: dict[str, int] = field(default_factory=dict)  # task -> loss-pool items that were training prompts
 
     def notes(self) -> list[str]:
         """One line per kind of skipped evaluation data, for the console (said once per run)."""
@@ -256,6 +271,11 @@ class EncodedData:
             lines.append(
                 "evaluation dropped items too long for the model (data.too_long: drop): "
                 + ", ".join(f"{t}/{s} {n}" for (t, s), n in sorted(self.too_long.items()))
+            )
+        if self.loss_dropped:
+            lines.append(
+                "loss pool: items whose prompt is a training prompt left out: "
+                + ", ".join(f"{t} {n}" for t, n in sorted(self.loss_dropped.items()))
             )
         return lines
 
@@ -311,6 +331,7 @@ def _fresh_lists(encoded: EncodedData) -> EncodedData:
         encoded,
         train={task: list(pool) for task, pool in encoded.train.items()},
         eval_items=list(encoded.eval_items),
+        loss_items=list(encoded.loss_items),
         empty_splits=list(encoded.empty_splits),
         too_long=dict(encoded.too_long),
     )
@@ -383,7 +404,16 @@ def _encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions:
     if too_short:  # a cut-off answer would score wrong however good the model is
         raise DataError("\n".join(too_short))
     kept, too_long = _fit_eval(exp, items, max_positions)
-    return EncodedData(train, kept, empty_splits=empty, too_long=too_long)
+    loss = [
+        item
+        for name, pools in data.loss_splits.items()
+        for split, examples in pools.items()
+        for item in eval_items(tokenizer, examples, split)
+    ]
+    loss_kept, loss_long = _fit_eval(exp, loss, max_positions)
+    return EncodedData(
+        train, kept, empty, {**too_long, **loss_long}, loss_items=loss_kept, loss_dropped=dict(data.loss_dropped)
+    )
 
 
 @contextlib.contextmanager

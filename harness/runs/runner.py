@@ -160,6 +160,7 @@ def _run_claimed(
         start.keep,
         base_model=model,  # the forgetting probe's base losses: measured here, on the base, before any stage
     )
+    evals.loss_items = encoded.loss_items  # eval.loss_items: scored at the end of every stage (_end_stage)
     summary_stages = [
         _stage_summary(plans[i].recorded(tracker.store.rows()), evals, i, plans) for i in range(start.stage_index)
     ]
@@ -427,8 +428,9 @@ def _resume_saver(run: _Run, model, index: int) -> Callable[[int, LoopState], No
 
 def _end_stage(run: _Run, model, index: int, step: int, save_resume_point_at) -> None:
     """Log the stage's effective composition; keep its weights when a later stage starts from them; write its
-    Hugging Face checkpoint and a resume point at its end (as the stage asks)."""
+    Hugging Face checkpoint and a resume point at its end (as the stage asks); score the loss pool, if any."""
     stage, plan = run.stages[index], run.plans[index]
+    run.evals.run_loss_pool(model, stage.name, step)  # inside the stage: the stage cache stores and replays it
     run.tracker.log(
         [
             Row(stage.name, step, task, "train", f"mix_{key}", value)

@@ -36,14 +36,14 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
-from scipy import stats
 
 from harness.config import Experiment
 from harness.config.load import validate_data
 from harness.core.jsonl import json_safe
 from harness.core.metrics import PROPORTION_METRICS
-from harness.core.stats import CONFIDENCE, seeds_items_interval, t_interval, wilson_interval
+from harness.core.stats import CONFIDENCE, crossed_interval, seeds_items_interval, t_interval, wilson_interval
 from harness.core.store import atomic_write_text
+from harness.evaluation.components import LOSS_TARGETS
 from harness.studies.launch import Launcher
 from harness.studies.launch.local import LocalLauncher
 from harness.studies.repro.jobs import PlannedRun, run_planned
@@ -210,8 +210,10 @@ def _task_weights(objective: Objective) -> dict[str, float]:
 def item_columns(out: Path, objective: Objective) -> Optional[tuple[list[tuple[str, int, str]], np.ndarray]]:
     """The run's per-item outcomes of the objective's tasks as (keys, weighted values): keys (task, index,
     prompt + gold) to check two runs scored the same items, values scaled so that their plain mean is the
-    objective. None when the objective is not a (weighted) mean of a proportion or the items are missing."""
-    if objective.reduce not in ("mean", "weighted") or objective.metric not in PROPORTION_METRICS:
+    objective. None when the objective is not a (weighted) mean of a proportion or a loss target (``eval_loss``,
+    ``gold_logprob``, whose samples carry per-item values too) or the items are missing."""
+    itemised = objective.metric in PROPORTION_METRICS or objective.metric in LOSS_TARGETS
+    if objective.reduce not in ("mean", "weighted") or not itemised:
         return None
     records = _stage_samples(out, objective.stage)
     weights = _task_weights(objective)
@@ -227,31 +229,6 @@ def item_columns(out: Path, objective: Objective) -> Optional[tuple[list[tuple[s
     # item i of task t counts share_t · N / n_t: the plain mean of all N columns is then Σ_t share_t · mean_t
     n = len(keys)
     return keys, np.concatenate([share * n / len(o) * o for share, o in per_task])
-
-
-def crossed_interval(table: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
-    """Mean of a seeds × items table of real values (every seed on the same items) with a 95 % interval from the
-    two-way crossed variance components, as :func:`harness.core.stats.seeds_items_interval` makes it for 0/1
-    outcomes, without its cut at [0, 1] and its binomial floor (a difference of outcomes is neither); NaN bounds
-    from one seed."""
-    y = np.asarray(table, dtype=float)
-    seeds, items = y.shape
-    p = float(y.mean())
-    if seeds < 2:
-        return p, math.nan, math.nan
-    seed_means, item_means = y.mean(axis=1), y.mean(axis=0)
-    ms_seed = items * float(np.sum((seed_means - p) ** 2)) / (seeds - 1)
-    if items > 1:
-        ms_item = seeds * float(np.sum((item_means - p) ** 2)) / (items - 1)
-        residual = y - seed_means[:, None] - item_means[None, :] + p
-        ms_res = float(np.sum(residual**2)) / ((seeds - 1) * (items - 1))
-        t_items = float(stats.t.ppf(0.5 + confidence / 2, items - 1))
-    else:
-        ms_item = ms_res = t_items = 0.0
-    cells = seeds * items
-    t_seeds = float(stats.t.ppf(0.5 + confidence / 2, seeds - 1))
-    half = math.sqrt(t_seeds**2 * ms_seed / cells + t_items**2 * max(ms_item - ms_res, 0.0) / cells)
-    return p, p - half, p + half
 
 
 def _is_binary(table: np.ndarray) -> bool:

@@ -216,12 +216,18 @@ def test_teacher_forced_first_exact_and_loss(tok):
     assert result.value("t", "heldout", "tf_exact") == pytest.approx(1 / 3)
 
     logp = torch.log_softmax(table, dim=-1)
-    expected = 0.0
+    per_item = []
     for it in items:
         context = [it.prompt_ids[-1]] + it.gold_ids[:-1]
-        expected -= sum(logp[c, g].item() for c, g in zip(context, it.gold_ids))
+        per_item.append(sum(logp[c, g].item() for c, g in zip(context, it.gold_ids)))
+    expected = -sum(per_item)
     assert result.value("t", "heldout", "eval_loss") == pytest.approx(expected / 9, rel=1e-5)
-    assert {m for _, _, m, _ in result.metrics} == {"tf_first", "tf_exact", "eval_loss"}
+    # the gold answer's summed log-probability, mean over items; each sample carries both loss targets
+    assert result.value("t", "heldout", "gold_logprob") == pytest.approx(sum(per_item) / 3, rel=1e-5)
+    assert [s["outcomes"]["gold_logprob"] for s in result.samples] == pytest.approx(per_item, rel=1e-5)
+    losses = [s["outcomes"]["eval_loss"] for s in result.samples]
+    assert sum(losses) / 3 == pytest.approx(expected / 9, rel=1e-5)  # their mean is the token-weighted loss
+    assert {m for _, _, m, _ in result.metrics} == {"tf_first", "tf_exact", "eval_loss", "gold_logprob"}
     assert result.samples[0]["pred"] is None and result.samples[0]["top5"] == []
 
 
@@ -263,7 +269,7 @@ def test_greedy_mode_ok_and_sample_fields(tok):
     pairs = [(t, s, m) for t, s, m, _ in result.metrics]
     assert len(pairs) == len(set(pairs)) == 2 * (3 + 6)  # greedy, truncated, mode_ok + first_token's 5 + ft_nonfinite
     assert result.value("yn", "heldout", "ft_nonfinite") == 0.0
-    assert not {m for *_, m in pairs} & {"tf_first", "tf_exact", "eval_loss"}
+    assert not {m for *_, m in pairs} & {"tf_first", "tf_exact", "eval_loss", "gold_logprob"}
 
 
 def test_no_components_means_no_model_calls(tok):

@@ -80,3 +80,23 @@ def test_eval_result_intervals_and_seesaw_rows():
     rows = result.outcome_rows(0, "s") + later.outcome_rows(10, "s")
     (test,) = change_tests(rows, ["greedy"])
     assert (test["task"], test["n"], test["change"]) == ("math", 4, -0.5)
+
+
+def test_loss_targets_per_item_values_reproduce_the_pooled_loss_and_weigh_items_by_length():
+    """eval_loss's per-item values are the ratio estimator's linearisation: their mean is the token-weighted loss
+    (not the mean of per-item losses, which weighs short answers more); gold_logprob's are −Σ CE per item."""
+    tf = EVALUATORS.get("teacher_forced")
+    ctx = EvalContext(None, frozenset(), None)
+    records = [
+        record(GOLD, tf_hits=[True], tf_nll=0.5),  # 1 token, 0.5 nats
+        record(GOLD, tf_hits=[True, False, True], tf_nll=6.0),  # 3 tokens, 2 nats each
+    ]
+    values = tf.item_values(records, None, ctx)
+    metrics = tf.metrics(records, None, ctx)
+    assert metrics["eval_loss"] == pytest.approx(6.5 / 4)  # token-weighted, not (0.5 + 2) / 2
+    assert sum(values["eval_loss"]) / 2 == pytest.approx(metrics["eval_loss"])
+    assert values["gold_logprob"] == [-0.5, -6.0] and metrics["gold_logprob"] == pytest.approx(-3.25)
+    assert values["eval_loss"][1] > values["eval_loss"][0]  # the worse item stays the worse one
+    assert "gold_logprob" not in PROPORTION_METRICS and "eval_loss" not in PROPORTION_METRICS
+    no_tokens = tf.item_values([record(GOLD, tf_hits=[], tf_nll=0.0)], None, ctx)
+    assert "eval_loss" not in no_tokens and no_tokens["gold_logprob"] == [-0.0]

@@ -474,3 +474,17 @@ def test_the_reference_text_is_keyed_by_its_content_not_its_path(tmp_path):
     assert _keys(spec) == before
     text.write_text("The first document.\nAn edited second document.\n")  # same path, other documents
     assert _keys(spec) != before
+
+
+def test_the_loss_pool_size_is_in_the_key_and_unset_keeps_older_keys():
+    """eval.loss_items changes what every stage records (its loss-pool rows): another size misses the cache; an
+    experiment that does not set it keeps the key it had before the field existed (omitted from the dump)."""
+    spec = _experiment()
+    assert "loss_items" not in Experiment.model_validate(spec).resolved_dict()["eval"]
+    keys = {}
+    for size in (200, 1000):
+        changed = copy.deepcopy(spec)
+        changed.setdefault("eval", {})["loss_items"] = size
+        keys[size] = _keys(changed)
+    assert all(a != b for a, b in zip(keys[200], keys[1000]))
+    assert all(a != b for a, b in zip(_keys(spec), keys[200]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -111,6 +112,20 @@ def test_across_seed_intervals_one_seed_agreeing_seeds_and_rates_only():
     assert how == "seeds × items (from rates)" and 0.0 <= spread.low < spread.high <= 1.0
     ranks, how = _across("ft_rank_mean", {0: 2.0, 1: 4.0}, {}, 20)
     assert how == "t over seeds" and ranks.low < 3.0 < ranks.high
+
+
+def test_a_loss_target_with_per_item_values_gets_an_uncut_seeds_by_items_interval():
+    """eval_loss is declared continuous: its stored per-item values give a crossed interval on their own scale
+    (nats, not cut at [0, 1]) that counts the items' draw too, which a t over the seeds' values leaves out."""
+    rng = np.random.default_rng(0)
+    difficulty = rng.normal(2.0, 0.8, 64)  # every seed scores the same items
+    items = {s: {i: float(difficulty[i] + 0.02 * s + rng.normal(0, 0.05)) for i in range(64)} for s in range(3)}
+    values = {s: sum(v.values()) / 64 for s, v in items.items()}
+    loss, how = _across("eval_loss", values, items, 64)
+    assert how == "seeds × items (real values)" and loss.n == 64 and loss.high > 1.0  # not cut at 1
+    assert loss.low < sum(values.values()) / 3 < loss.high
+    t_only, how = _across("eval_loss", values, {}, 64)  # no per-item values: t over the seeds only
+    assert how == "t over seeds" and loss.high - loss.low > 1.5 * (t_only.high - t_only.low)
 
 
 def _fake_group(tmp_path, events_per_seed):

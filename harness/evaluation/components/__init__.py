@@ -52,6 +52,12 @@ NEED_FIRST_LOGITS = "first_logits"
 #: Name of the teacher-forced eval loss (mean CE per answer token, eos included) in the metric contract. Not
 #: ``loss``: on the ``train`` eval split that would collide with the training loss rows (``loss/train/<task>``).
 EVAL_LOSS_METRIC = "eval_loss"
+#: The gold answer's summed log-probability under teacher forcing (nats, eos included; higher is better), averaged
+#: over items: the gold's likelihood as a target, with each item weighing the same whatever its length.
+GOLD_LOGPROB_METRIC = "gold_logprob"
+#: The teacher-forced targets whose per-item values go into each sample's ``outcomes`` (as floats), beside the
+#: proportions' 0/1: what the seeds × items intervals of a group and a loss pool's paired comparisons read.
+LOSS_TARGETS = (EVAL_LOSS_METRIC, GOLD_LOGPROB_METRIC)
 TOP1_TABLE_SIZE = 10
 
 
@@ -218,27 +224,55 @@ class ModeOk(Component):
 @EVALUATORS.plugin("teacher_forced")
 class TeacherForced(Component):
     """``teacher_forced``: with the gold answer as input, ``tf_first`` (the gold first token is the argmax),
-    ``tf_exact`` (every gold token, eos included, is the argmax) and ``eval_loss`` (mean CE per gold token over the
-    task × split, token-weighted)."""
+    ``tf_exact`` (every gold token, eos included, is the argmax), ``eval_loss`` (mean CE per gold token over the
+    task × split, token-weighted) and ``gold_logprob`` (the gold answer's summed log-probability, mean over items).
+
+    Per-item values (:meth:`item_values`): ``gold_logprob`` is each item's −Σ CE; ``eval_loss``'s are the ratio
+    estimator's linearisation ``R + (nll_i − R·t_i) / t̄`` (R the pooled loss, t_i the item's gold tokens, t̄
+    their mean), whose mean is exactly the token-weighted ``eval_loss`` and whose spread gives its delta-method
+    variance — so an interval over items (and seeds × items) is about the metric reported, not about a per-item
+    mean that weighs short answers more."""
 
     needs = frozenset({NEED_TEACHER_FORCED})
-    emits = (proportion("tf_first"), proportion("tf_exact"), continuous(EVAL_LOSS_METRIC, higher_is_better=False))
+    emits = (
+        proportion("tf_first"),
+        proportion("tf_exact"),
+        continuous(EVAL_LOSS_METRIC, higher_is_better=False),
+        continuous(GOLD_LOGPROB_METRIC),
+    )
 
     def metrics(self, records, recipe, ctx):
-        n_tokens = sum(len(r.tf_hits or []) for r in records)
-        nll = sum(r.tf_nll or 0.0 for r in records)
         per_item = self.item_values(records, recipe, ctx)
         return {
             "tf_first": _mean(per_item["tf_first"]),
             "tf_exact": _mean(per_item["tf_exact"]),
-            EVAL_LOSS_METRIC: nll / n_tokens if n_tokens else float("nan"),
+            EVAL_LOSS_METRIC: _pooled_loss(records),
+            GOLD_LOGPROB_METRIC: _mean(per_item[GOLD_LOGPROB_METRIC]),
         }
 
     def item_values(self, records, recipe, ctx):
         return {
             "tf_first": [float(bool(r.tf_first)) for r in records],
             "tf_exact": [float(bool(r.tf_exact)) for r in records],
+            **loss_item_values(records),
         }
+
+
+def _pooled_loss(records: list[ItemRecord]) -> float:
+    n_tokens = sum(len(r.tf_hits or []) for r in records)
+    return sum(r.tf_nll or 0.0 for r in records) / n_tokens if n_tokens else float("nan")
+
+
+def loss_item_values(records: list[ItemRecord]) -> dict[str, list[float]]:
+    """``{eval_loss: [...], gold_logprob: [...]}`` per record (see :class:`TeacherForced`); ``eval_loss`` is
+    left out when no record has a gold token (no loss to linearise)."""
+    out = {GOLD_LOGPROB_METRIC: [-(r.tf_nll or 0.0) for r in records]}
+    tokens = [len(r.tf_hits or []) for r in records]
+    if records and sum(tokens):
+        pooled, mean_tokens = _pooled_loss(records), sum(tokens) / len(tokens)
+        nll = [r.tf_nll or 0.0 for r in records]
+        out[EVAL_LOSS_METRIC] = [pooled + (x - pooled * t) / mean_tokens for x, t in zip(nll, tokens)]
+    return out
 
 
 @PROBES.plugin("first_token")

@@ -27,6 +27,7 @@ from harness.config import (
     yaml_errors,
 )
 from harness.config.load import resolve_file_paths
+from harness.core.metrics import LOSS_POOL_METRICS, loss_pool_split
 from harness.core.names import check_safe_name
 from harness.core.registry import EVALUATORS, PROBES, suggest
 from harness.core.store import LOWER_IS_BETTER
@@ -130,6 +131,12 @@ def _metric_names(exp: Experiment) -> list[str]:
     return names
 
 
+def _loss_splits(exp: Experiment) -> list[str]:
+    """The loss pool's splits (``loss_heldout``, …) when ``eval.loss_items`` asks for one."""
+    held_out = [s for s in exp.eval.splits if s != "train"]
+    return [loss_pool_split(s) for s in held_out] if exp.eval.loss_items else []
+
+
 def _resolve_objective(o: ObjectiveSpec, where: str, exp: Experiment, errors: Errors) -> Objective:
     """The objective with its defaults filled in from the experiment; what it names must exist there."""
     tasks, stages = list(exp.tasks), [s.name for s in exp.stages]
@@ -142,12 +149,21 @@ def _resolve_objective(o: ObjectiveSpec, where: str, exp: Experiment, errors: Er
                 f"experiment's evaluators give: {', '.join(sorted(set(metrics)))}",
             )
         )
-    if o.split not in exp.eval.splits:
+    splits = exp.eval.splits + _loss_splits(exp)
+    if o.split not in splits:
         errors.append(
             (
                 f"{where}.split",
-                f"split {o.split!r} is not evaluated{suggest(o.split, exp.eval.splits)}; "
-                f"eval.splits: {', '.join(exp.eval.splits)}",
+                f"split {o.split!r} is not evaluated{suggest(o.split, splits)}; eval.splits: "
+                f"{', '.join(exp.eval.splits)}"
+                + ("" if exp.eval.loss_items else " (no eval.loss_items: no loss_ splits)"),
+            )
+        )
+    elif o.split in _loss_splits(exp) and o.metric not in LOSS_POOL_METRICS:
+        errors.append(
+            (
+                f"{where}.metric",
+                f"the loss pool ({o.split}) has {' and '.join(LOSS_POOL_METRICS)} only, not {o.metric!r}",
             )
         )
     for i, task in enumerate(o.tasks or []):
