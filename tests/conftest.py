@@ -288,6 +288,29 @@ def micro_rows_reversed(tmp_path_factory, micro_one_process) -> Path:
     return rows_reversed_run(MICRO, out, _overrides(settings))
 
 
+def proportion_outcomes(sample: dict) -> dict:
+    """A ``samples.jsonl`` line with its ``outcomes`` cut to the 0/1 ones (proportion metrics): what two runs that
+    differ by summation order alone must agree on exactly, away from near ties. The continuous per-item outcomes
+    (``eval_loss``, ``gold_logprob``) move with rounding: :func:`continuous_outcome_differences`."""
+    from harness.core.metrics import PROPORTION_METRICS
+
+    outcomes = {k: v for k, v in sample.get("outcomes", {}).items() if k in PROPORTION_METRICS}
+    return {**sample, "outcomes": outcomes}
+
+
+def continuous_outcome_differences(rows_a: list[dict], rows_b: list[dict]) -> dict[str, float]:
+    """Per continuous per-item outcome (``eval_loss``, ``gold_logprob``…), its largest absolute difference between
+    two runs' ``samples.jsonl`` lines, taken in the same order."""
+    from harness.core.metrics import PROPORTION_METRICS
+
+    largest: dict[str, float] = {}
+    for a, b in zip(rows_a, rows_b, strict=True):
+        for name, value in a.get("outcomes", {}).items():
+            if name not in PROPORTION_METRICS:
+                largest[name] = max(largest.get(name, 0.0), abs(value - b["outcomes"][name]))
+    return largest
+
+
 def relative(a, b) -> np.ndarray:
     """|a − b| / |a|, elementwise."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)

@@ -25,8 +25,10 @@ from tests.conftest import (
     PARALLEL_SETTINGS,
     assert_drift_like_reordering,
     assert_eval_drift_like_reordering,
+    continuous_outcome_differences,
     drift_bound,
     invoke,
+    proportion_outcomes,
     relative,
     run_cli,
 )
@@ -119,13 +121,24 @@ def test_two_ranks_give_the_same_predictions_and_rank_0_alone_writes(one_and_two
     # the top-5 probabilities and a two-answer task's P(first answer) (choice_p) within DRIFT_FACTOR × their largest
     # difference between one process and its rows-reversed run (tests/conftest.py), and the gold first token's rank
     # among near-tied untrained tokens may move.
+    # The continuous per-item outcomes (answer loss, gold log-probability) are held the same way, each to its own
+    # reordered difference; the 0/1 outcomes must be equal.
     floats = ("top5", "gold_first_rank", "choice_p")
     for a, b in zip(*rows):
+        a, b = proportion_outcomes(a), proportion_outcomes(b)
         assert {k: v for k, v in a.items() if k not in floats} == {k: v for k, v in b.items() if k not in floats}
         assert ("choice_p" in a) == ("choice_p" in b)
-    reference = _prob_differences(rows[0], _samples(micro_rows_reversed / "samples.jsonl"))
+    reordered = _samples(micro_rows_reversed / "samples.jsonl")
+    reference = _prob_differences(rows[0], reordered)
     assert reference.size == len(rows[0])
     assert _prob_differences(*rows).max() <= drift_bound(reference)
+    continuous, continuous_reference = (
+        continuous_outcome_differences(*rows),
+        continuous_outcome_differences(rows[0], reordered),
+    )
+    assert set(continuous) == set(continuous_reference) >= {"eval_loss", "gold_logprob"}
+    for name, got in continuous.items():
+        assert got <= drift_bound(continuous_reference[name]), (name, got, continuous_reference[name])
     assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())
     summary = json.loads((two / "summary.json").read_text())
     assert [s["name"] for s in summary["stages"]] == ["repeat_only", "short", "assistant"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from typing import Optional
 
 import numpy as np
 import polars as pl
@@ -27,6 +26,7 @@ from tests.conftest import (
     assert_eval_drift_like_reordering,
     drift_bound,
     invoke,
+    proportion_outcomes,
     relative,
     rows_reversed_run,
     run_cli,
@@ -142,11 +142,13 @@ def test_fsdp_predictions_differ_only_at_near_ties(micro_pair):
     differing: dict[int, list[tuple[str, str, int]]] = {}
     for a, b in zip(*rows):
         assert (a["step"], a["task"], a["split"], a["index"]) == (b["step"], b["task"], b["split"], b["index"])
-        if (a["pred"], a["correct"], a["tf_first"], a["outcomes"]) != (
+        # The 0/1 outcomes only: the continuous ones (answer loss, gold log-probability) move with rounding and are
+        # held to the reordered run's drift in test_fsdp_trains_like_one_process (eval_loss).
+        if (a["pred"], a["correct"], a["tf_first"], proportion_outcomes(a)["outcomes"]) != (
             b["pred"],
             b["correct"],
             b["tf_first"],
-            b["outcomes"],
+            proportion_outcomes(b)["outcomes"],
         ):
             differing.setdefault(a["step"], []).append((a["task"], a["split"], a["index"]))
     assert sum(map(len, differing.values())) <= 0.01 * len(rows[0])
@@ -157,7 +159,7 @@ def test_fsdp_predictions_differ_only_at_near_ties(micro_pair):
     assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())  # rank 0 alone writes
 
 
-def _check_near_ties(runs, differing: dict[int, list[tuple[str, str, int]]], seen: Optional[list] = None) -> None:
+def _check_near_ties(runs, differing: dict[int, list[tuple[str, str, int]]], seen: list | None = None) -> None:
     """The check of :func:`test_fsdp_predictions_differ_only_at_near_ties`; ``seen`` (when given) receives
     ``(step, key, margins, largest |ΔL| elsewhere)`` of every position where the models' choices part."""
     import torch
