@@ -21,9 +21,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -43,7 +44,7 @@ SNR_METRICS = ("greedy", "eval_loss", "gold_logprob")
 
 @dataclass(frozen=True)
 class SNR:
-    """``ratio`` = ``sd_mixtures / sd_seeds`` with its 95 % bootstrap interval ``low``–``high``."""
+    """``ratio`` = ``sd_mixtures / sd_seeds`` with its 95 % interval ``low``–``high`` (:func:`snr`)."""
 
     ratio: float
     low: float
@@ -136,7 +137,7 @@ def route_errors(
     loss: Sequence[float],
     rate: Sequence[float],
     form: str = "loglinear",
-    seeds: Optional[np.ndarray] = None,
+    seeds: np.ndarray | None = None,
 ) -> RouteErrors:
     """Held-out error of one task's greedy rate: ``direct``, ``form`` fitted to the rates (a proportion: the
     log-linear law through its logit); ``via_loss``, ``form`` fitted to the loss and its prediction mapped through
@@ -162,13 +163,13 @@ def route_errors(
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _stage_values(run_dir: Path, stage: Optional[str]) -> dict[str, dict[str, dict[str, float]]]:
+def _stage_values(run_dir: Path, stage: str | None) -> dict[str, dict[str, dict[str, float]]]:
     stages = read_summary(run_dir).get("stages") or []
     chosen = next((s for s in stages if s["name"] == stage), stages[-1] if stages else {})
     return chosen.get("metrics") or {}
 
 
-def _items(run_dir: Path, split: str, task: str) -> Optional[int]:
+def _items(run_dir: Path, split: str, task: str) -> int | None:
     samples = load_samples(run_dir)
     if samples.is_empty():
         return None
@@ -179,7 +180,7 @@ def _items(run_dir: Path, split: str, task: str) -> Optional[int]:
 def snr_table(
     trials: pl.DataFrame,
     group_dir: PathLike,
-    stage: Optional[str] = None,
+    stage: str | None = None,
     splits: Sequence[str] = ("heldout",),
     resamples: int = RESAMPLES,
 ) -> pl.DataFrame:
@@ -228,7 +229,7 @@ def snr_table(
 
 def format_snr_table(table: pl.DataFrame) -> str:
     """The table as text: one line per task × target, the ratio with its 95 % interval, the two sds, n."""
-    lines = ["SNR = sd across mixtures / sd across seeds at one mixture (95 % bootstrap interval)"]
+    lines = ["SNR = sd across mixtures / sd across seeds at one mixture (95 % F interval)"]
     for r in table.sort("task", "metric").iter_rows(named=True):
         lines.append(
             f"  {r['task']:<14} {r['metric']:<13} {r['split']:<22} {r['snr']:7.2f} [{r['low']:.2f}, {r['high']:.2f}]"
@@ -238,7 +239,7 @@ def format_snr_table(table: pl.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def route_table(trials: pl.DataFrame, space: Optional[dict] = None, form: str = "loglinear") -> pl.DataFrame:
+def route_table(trials: pl.DataFrame, space: dict | None = None, form: str = "loglinear") -> pl.DataFrame:
     """Per task with a greedy rate and an ``eval_loss`` in the sweep's complete trials (the loss pool's where
     there is one; the last stage with both): :func:`route_errors` over the sweep's simplex (its last one)."""
     done = complete(trials)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from harness.config import Experiment, task_seed
 from harness.core.jsonl import append_jsonl, read_jsonl
@@ -40,10 +41,10 @@ class EvalLog:
     tokenizer: Any
     tracker: Any
     samples_path: Path
-    on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None
-    resume_filter: Optional[Callable[[str, int, str], bool]] = None
-    run_id: Optional[str] = None  # written first on every sample line
-    image_eval: Optional[Callable[[Any], tuple[list, list]]] = None  # harness.runs.images.ImageEval
+    on_evaluation: Callable[[str, int, list[Row]], None] | None = None
+    resume_filter: Callable[[str, int, str], bool] | None = None
+    run_id: str | None = None  # written first on every sample line
+    image_eval: Callable[[Any], tuple[list, list]] | None = None  # harness.runs.images.ImageEval
     shard: Any = None  # data-parallel ranks share out the eval batches (harness.evaluation.sharding.Shard)
     benchmarks: Any = None  # eval.benchmarks (harness.evaluation.benchmarks.Benchmarks): lm-eval tasks, when due
     reference: Any = None  # the forgetting probe's reference text (harness.evaluation.forgetting.ReferenceText)
@@ -70,12 +71,12 @@ class EvalLog:
         tokenizer,
         tracker,
         run_dir: Path,
-        on_evaluation: Optional[Callable[[str, int, list[Row]], None]],
+        on_evaluation: Callable[[str, int, list[Row]], None] | None,
         stage_steps: list[int],
         run_id: str,
-        resume_filter: Optional[Callable[[str, int, str], bool]] = None,
+        resume_filter: Callable[[str, int, str], bool] | None = None,
         base_model: Any = None,
-    ) -> "EvalLog":
+    ) -> EvalLog:
         """The log of a run in ``run_dir`` over ``data`` (:class:`harness.runs.prepare.TaskData`) whose stages train
         ``stage_steps`` steps: its evaluators too — the image tasks' (:func:`harness.evaluation.image_use.image_eval`),
         the benchmarks (:func:`make_benchmarks`), the forgetting probe's reference text (``data.reference``) with
@@ -132,7 +133,8 @@ class EvalLog:
     def run_loss_pool(self, model, stage: str, step: int) -> None:
         """Score the loss pool (``eval.loss_items``) teacher-forced only and record its loss targets, split
         ``loss_<split>``, at ``step`` (a stage's end: beside its last evaluation, so the stage summary holds them).
-        Not sent to ``on_evaluation``: a sweep's pruner is not told of it (its step was already reported)."""
+        Sent to ``on_evaluation`` at that same step: a sweep's reporter adds the rows to the stage's last evaluation
+        (its trial table) and does not report the step to the pruner again."""
         if not self.loss_items:
             return
         started = time.perf_counter()
@@ -143,9 +145,7 @@ class EvalLog:
         append_jsonl(self.samples_path, samples, run_id=self.run_id)
         self.outcomes.extend(outcome_rows(samples))
         self.seconds += time.perf_counter() - started
-        self.tracker.log(rows, step)
-        self.tracker.flush()
-        self.history.extend(rows)
+        self._record(rows, step)
 
     def _benchmarks(self, model, step: int) -> tuple[list[tuple], list[dict]]:
         """The rows and samples of the benchmarks due at ``step``; with several ranks rank 0 alone runs them."""

@@ -34,7 +34,11 @@ def test_a_run_records_the_loss_targets_of_the_pool_at_each_stage_end(tiny, tmp_
     tiny["eval"]["loss_items"] = 24
     tiny["train"]["stage_cache"] = False
     exp = load_experiment(write_yaml(tmp_path / "x.yaml", tiny))
-    result = run_experiment(exp, tmp_path / "run")
+    sent: list[tuple[str, int, str]] = []
+    result = run_experiment(
+        exp, tmp_path / "run", on_evaluation=lambda stage, step, rows: sent.extend((stage, step, r.split) for r in rows)
+    )
+    assert ("b", 8, "loss_heldout") in sent  # a sweep's trial table gets the last stage's loss targets too
     rows = read_metrics(tmp_path / "run").filter(pl.col("split") == "loss_heldout")
     assert set(rows["metric"]) == {"eval_loss", "gold_logprob"}  # teacher-forced targets only, no decoding
     assert sorted(set(zip(rows["stage"], rows["step"]))) == [("a", 4), ("b", 4), ("b", 8)]  # b's start repeats a's

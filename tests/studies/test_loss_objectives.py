@@ -80,3 +80,31 @@ def test_the_law_fits_loss_targets_of_the_loss_pool_in_their_direction(metric, m
     assert law.proportion == [metric == "greedy"] * 3  # a loss is fitted on its own scale, not through a logit
     column = f"metric/b/{split}/math/{metric}"
     assert np.allclose(law.Y[:, 2], trials[column].to_numpy())
+
+
+class _Trial:
+    def __init__(self):
+        self.reported: list[tuple[float, int]] = []
+
+    def report(self, value, step):
+        self.reported.append((value, step))
+
+    def should_prune(self):
+        return False
+
+
+def test_the_loss_pool_rows_join_the_trial_table_of_the_stage_s_last_evaluation(tmp_path):
+    """The loss pool is scored after a stage's last evaluation, at the same step: its rows must reach the trial's
+    table (they are the law's targets) without replacing that evaluation's rows or reporting the step twice."""
+    from harness.core.store import Row
+    from harness.studies.sweep.worker import Reporter
+
+    sweep = load_sweep(_sweep(tmp_path, {"metric": "greedy", "split": "heldout", "tasks": ["math"]}))
+    trial = _Trial()
+    reporter = Reporter(trial, sweep)
+    reporter("b", 4, [Row("b", 4, "math", "heldout", "greedy", 0.25)])
+    reporter("b", 8, [Row("b", 8, "math", "heldout", "greedy", 0.5)])
+    reporter("b", 8, [Row("b", 8, "math", "loss_heldout", "eval_loss", 1.5)])
+    table = reporter.stage_metrics()["b"]
+    assert table == {"heldout": {"math": {"greedy": 0.5}}, "loss_heldout": {"math": {"eval_loss": 1.5}}}
+    assert trial.reported == [(0.25, 4), (0.5, 8)]

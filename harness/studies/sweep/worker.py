@@ -29,8 +29,9 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 from unittest import mock
 
 import optuna
@@ -66,21 +67,23 @@ def _finite_or_none(value: Any) -> Any:
 
 
 class Reporter:
-    """The run's ``on_evaluation``: keeps each stage's last evaluation and reports the objective to the pruner."""
+    """The run's ``on_evaluation``: keeps each stage's last evaluation and reports the objective to the pruner. Rows
+    sent again at a stage's last step (the loss pool, scored after the stage's last evaluation) join that table."""
 
     def __init__(self, trial, sweep: Sweep):
         self.trial, self.sweep = trial, sweep
         self.stage_index = {s.name: i for i, s in enumerate(sweep.base.stages)}
         self.tables: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+        self.table_steps: dict[str, int] = {}
         self.seen: set[int] = set()
         self.step = 0
 
     def __call__(self, stage: str, step: int, rows: list) -> None:
-        table: dict[str, dict[str, dict[str, float]]] = {}
+        table = self.tables.get(stage, {}) if self.table_steps.get(stage) == step else {}
         for r in rows:
             if r.task is not None and r.text is None:
                 table.setdefault(r.split, {}).setdefault(r.task, {})[r.metric] = r.value
-        self.tables[stage] = table
+        self.tables[stage], self.table_steps[stage] = table, step
         repeated = step in self.seen  # a stage starting where the previous one ended: nothing new
         self.seen.add(step)
         self.step = max(self.step, step)
@@ -121,7 +124,7 @@ def cached_steps(trial_dir: Path) -> int:
     return int(rows["step"].max() or 0) if rows.height else 0
 
 
-def run_trial(study, trial, sweep: Sweep, sweep_dir: Path, run: Optional[Callable[..., Any]] = None) -> str:
+def run_trial(study, trial, sweep: Sweep, sweep_dir: Path, run: Callable[..., Any] | None = None) -> str:
     """Run one asked trial to its end and tell the study; returns the final state's name."""
     if run is None:
         # harness.runs.runner pulls in torch and transformers (seconds): imported when a trial runs, so that
@@ -206,7 +209,7 @@ def run_worker(
     sweep_dir: Path,
     worker_index: int = 0,
     export: bool = False,
-    run: Optional[Callable[..., Any]] = None,
+    run: Callable[..., Any] | None = None,
     log: Callable[[str], None] = print,
     launch: int = 0,
 ) -> int:
@@ -269,7 +272,7 @@ def launch_workers(
     worker_offset: int = 0,
     echo: Callable[[str], None] = print,
     poll_s: float = 1.0,
-    gpus: Optional[list[str]] = None,
+    gpus: list[str] | None = None,
 ) -> dict[str, Any]:
     """Start ``workers`` worker processes on the prepared sweep in ``sweep_dir`` (each with its
     :func:`device_groups` share of ``gpus`` as ``CUDA_VISIBLE_DEVICES``), follow the study until they all exit
@@ -290,7 +293,7 @@ def launch_workers(
 
 
 def _start_worker_processes(
-    sweep: Sweep, sweep_dir: Path, log_dir: Path, workers: int, worker_offset: int, gpus: Optional[list[str]]
+    sweep: Sweep, sweep_dir: Path, log_dir: Path, workers: int, worker_offset: int, gpus: list[str] | None
 ) -> list[subprocess.Popen]:
     """Start workers ``worker_offset`` … ``worker_offset + workers - 1``, each logging to ``log_dir/<index>.log``,
     with the storage URL in its environment and its :func:`device_groups` share of ``gpus``."""
@@ -395,8 +398,8 @@ def run_sweep(
     worker_offset: int = 0,
     echo: Callable[[str], None] = print,
     in_process: bool = False,
-    run: Optional[Callable[..., Any]] = None,
-    gpus: Optional[list[str]] = None,
+    run: Callable[..., Any] | None = None,
+    gpus: list[str] | None = None,
 ) -> dict[str, Any]:
     """Prepare the study in ``sweep_dir`` and run it: ``workers`` processes (on ``gpus``, see
     :func:`device_groups`), or this process (``in_process``)."""
@@ -438,7 +441,7 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """``python -m harness.studies.sweep.worker SWEEP_DIR --index I``: one worker process, as the launcher starts it."""
     parser = argparse.ArgumentParser(prog="python -m harness.studies.sweep.worker", description="One sweep worker.")
     parser.add_argument("sweep_dir", type=Path)
