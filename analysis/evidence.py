@@ -13,7 +13,7 @@ them, and the seesaw events the run itself decided (with their p-values).
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 import polars as pl
 
@@ -90,7 +90,7 @@ def above_baseline(final: pl.DataFrame, base: pl.DataFrame, alpha: float = 0.05)
     )
 
 
-def stored_seesaw_events(run: pl.DataFrame, metrics: list[str], delta: Optional[float]) -> Optional[list[dict]]:
+def stored_seesaw_events(run: pl.DataFrame, metrics: list[str], delta: float | None) -> list[dict] | None:
     """The seesaw events one run stored, restricted to ``metrics``; None when the run did not record its rule or
     decided it with another ``delta`` than the one asked for, or when ``metrics`` names one the run did not test
     (the caller then recomputes)."""

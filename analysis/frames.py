@@ -8,8 +8,9 @@ for you) and returns a polars frame.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any
 
 import polars as pl
 
@@ -39,7 +40,7 @@ EVAL_METRICS = (
 HIJACK_METRICS = ("ft_hijack", "ft_rank_mean", "ft_rank_median", "ft_mrr", "tf_first")
 COMPARE_METRICS = ("greedy", "mode_ok", "tf_first", "ft_rank_median", "ft_hijack")
 
-RunsLike = Union[pl.DataFrame, pl.LazyFrame, PathLike, Sequence[PathLike]]
+RunsLike = pl.DataFrame | pl.LazyFrame | PathLike | Sequence[PathLike]
 
 
 def lower_is_better(metric: str) -> bool:
@@ -80,8 +81,8 @@ def _stage_index(frame: pl.DataFrame) -> pl.DataFrame:
 
 def eval_rows(
     runs: RunsLike,
-    metrics: Optional[Iterable[str]] = None,
-    split: Optional[Union[str, Sequence[str]]] = None,
+    metrics: Iterable[str] | None = None,
+    split: str | Sequence[str] | None = None,
     *,
     dedupe: bool = True,
 ) -> pl.DataFrame:
@@ -156,9 +157,7 @@ def stage_table(runs: RunsLike, metric: str = "greedy", split: str = "heldout") 
     return table.select("run_id", "stage", "step", *[t for t in tasks if t in table.columns])
 
 
-def seesaw_events(
-    runs: RunsLike, delta: Optional[float] = None, metrics: Sequence[str] = EVENT_METRICS
-) -> pl.DataFrame:
+def seesaw_events(runs: RunsLike, delta: float | None = None, metrics: Sequence[str] = EVENT_METRICS) -> pl.DataFrame:
     """Seesaw events of every run in the frame — between consecutive evaluations one task rose by ≥ δ while another
     fell by ≥ δ. By default of every family the run tested (:mod:`harness.core.seesaw_families`; ``metric`` names
     it): the events its console and ``summary.json`` list.
@@ -199,7 +198,7 @@ def seesaw_events(
     return pl.DataFrame([{k: r.get(k) for k in EVENT_SCHEMA} for r in rows], schema=EVENT_SCHEMA)
 
 
-def hijack_timeline(runs: RunsLike, split: Optional[Union[str, Sequence[str]]] = None) -> pl.DataFrame:
+def hijack_timeline(runs: RunsLike, split: str | Sequence[str] | None = None) -> pl.DataFrame:
     """The first-token story over steps: one row per (run, step, stage, task, split) with ``ft_hijack`` (share of
     prompts whose top-1 first token is a hijack word), the gold first token's rank (``ft_rank_mean``,
     ``ft_rank_median``, ``ft_mrr``), ``tf_first``, and the most common top-1 first token (``top1``, with
@@ -228,7 +227,7 @@ def hijack_timeline(runs: RunsLike, split: Optional[Union[str, Sequence[str]]] =
     )
 
 
-def _top1(text: Optional[str]) -> tuple[Optional[str], Optional[int]]:
+def _top1(text: str | None) -> tuple[str | None, int | None]:
     try:
         pairs = json.loads(text) if text else []
     except json.JSONDecodeError:
@@ -252,7 +251,7 @@ def top1_table(runs: RunsLike, split: str, at: str = "stage_end", k: int = 3) ->
     ends = frame.group_by("run_id", "stage").agg(pl.col("step").max().alias("_end"))
     last = frame.join(ends, on=["run_id", "stage"]).filter(pl.col("step") == pl.col("_end"))
 
-    def fmt(text: Optional[str]) -> str:
+    def fmt(text: str | None) -> str:
         try:
             pairs = json.loads(text) if text else []
         except json.JSONDecodeError:
@@ -271,7 +270,7 @@ def top1_table(runs: RunsLike, split: str, at: str = "stage_end", k: int = 3) ->
 
 
 def compare(
-    run_a: RunsLike, run_b: RunsLike, metrics: Sequence[str] = COMPARE_METRICS, splits: Optional[Sequence[str]] = None
+    run_a: RunsLike, run_b: RunsLike, metrics: Sequence[str] = COMPARE_METRICS, splits: Sequence[str] | None = None
 ) -> pl.DataFrame:
     """Per-task deltas at each stage end between two runs: ``stage, task, split, metric, a, b, delta`` (b − a),
     stages matched by name in run A's order (a stage only one run has gets a null on the other side)."""
@@ -346,7 +345,7 @@ def format_compare(deltas: pl.DataFrame, name_a: str = "A", name_b: str = "B", t
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def worst_failures(run_dir: PathLike, n: int = 5, at: str = "final", split: Optional[str] = None) -> pl.DataFrame:
+def worst_failures(run_dir: PathLike, n: int = 5, at: str = "final", split: str | None = None) -> pl.DataFrame:
     """The ``n`` worst failures per (task, split) at the run's last evaluation (``at="final"``) or at the end of a
     named stage: wrong answers, the most confidently wrong first (the gold first token ranked lowest), then the
     ones that broke the task's mode. Columns: ``task, split, stage, step, prompt, gold, pred, mode_ok,
@@ -407,7 +406,7 @@ def _fmt_top5(top5: Any) -> str:
     return ", ".join(f"{t['token']!r} {t['prob']:.2f}" for t in items if t)
 
 
-def readable_prompt(prompt: Optional[str]) -> str:
+def readable_prompt(prompt: str | None) -> str:
     """A ChatML prompt as the conversation it encodes: the single user message as is, several turns as
     ``user: …`` lines; other text unchanged."""
     import re
@@ -441,7 +440,7 @@ def hijack_tasks(run_dir: PathLike) -> set[str]:
     return set(share.filter(pl.col("h") >= 0.5)["task"].to_list())
 
 
-def load_one(run: Union[PathLike, pl.DataFrame]) -> pl.DataFrame:
+def load_one(run: PathLike | pl.DataFrame) -> pl.DataFrame:
     """A frame for one run from a run directory (or a frame, returned as is)."""
     return run if isinstance(run, pl.DataFrame) else load_run(Path(run))
 

@@ -12,15 +12,16 @@ import glob as globlib
 import io
 import json
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any
 
 import polars as pl
 import yaml
 
 from harness.core.store import SCHEMA
 
-PathLike = Union[str, Path]
+PathLike = str | Path
 METRICS_FILE = "metrics.parquet"
 TRIALS_FILE = "trials.parquet"
 CONFIG_FILE = "config.resolved.yaml"
@@ -60,7 +61,7 @@ def is_sweep_dir(path: PathLike) -> bool:
     return (Path(path) / TRIALS_FILE).is_file()
 
 
-def run_dirs(paths: Union[PathLike, Sequence[PathLike]]) -> list[Path]:
+def run_dirs(paths: PathLike | Sequence[PathLike]) -> list[Path]:
     """Run directories named by ``paths``: run directories themselves, glob patterns (``runs/micro/*``), sweep
     directories (their trials' directories) or any other directory (every run directory below it). Sorted, no
     duplicates; raises :class:`AnalysisError` when nothing is found."""
@@ -88,7 +89,7 @@ def run_dirs(paths: Union[PathLike, Sequence[PathLike]]) -> list[Path]:
     return unique
 
 
-def _latest(root: Optional[PathLike], marker: str) -> Optional[Path]:
+def _latest(root: PathLike | None, marker: str) -> Path | None:
     """The most recently written directory holding ``marker`` under ``root`` (default: the repository's ``runs/``)."""
     root = Path(root) if root is not None else Path(__file__).resolve().parents[1] / "runs"
     if not root.is_dir():
@@ -97,12 +98,12 @@ def _latest(root: Optional[PathLike], marker: str) -> Optional[Path]:
     return max(found, key=lambda p: (p / marker).stat().st_mtime) if found else None
 
 
-def latest_run(root: Optional[PathLike] = None) -> Optional[Path]:
+def latest_run(root: PathLike | None = None) -> Path | None:
     """The most recently written run directory under ``root`` (default: ``runs/`` of the repository), or None."""
     return _latest(root, METRICS_FILE)
 
 
-def latest_sweep(root: Optional[PathLike] = None) -> Optional[Path]:
+def latest_sweep(root: PathLike | None = None) -> Path | None:
     """The most recently written sweep directory under ``root`` (default: ``runs/`` of the repository), or None."""
     return _latest(root, TRIALS_FILE)
 
@@ -126,7 +127,7 @@ def read_summary(run_dir: PathLike) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def mixture_shares(mixture: Any, tasks: Optional[dict[str, Any]] = None) -> dict[str, float]:
+def mixture_shares(mixture: Any, tasks: dict[str, Any] | None = None) -> dict[str, float]:
     """Nominal task shares of a resolved stage mixture, summing to 1: ``weights`` normalised, ``counts`` as
     n_t / Σn, ``natural`` as pool sizes (``tasks.<t>.train``) over their sum, ``adaptive`` as its start weights (the
     controller moves them: the store's ``mixture_weight`` rows say where). {} when unknown."""
@@ -148,7 +149,7 @@ def mixture_shares(mixture: Any, tasks: Optional[dict[str, Any]] = None) -> dict
     return {t: w / total for t, w in raw.items()} if total > 0 else {}
 
 
-def flatten_config(config: dict[str, Any]) -> dict[str, Any]:
+def flatten_config(config: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 — one branch per config value type a flattened column can hold
     """A resolved experiment as flat ``{dotted.path: scalar}``.
 
     Stages are keyed by name, not index: ``stages.assistant.steps``, ``stages.assistant.optim.lr``. A stage's
@@ -200,7 +201,7 @@ def flatten_config(config: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def _config_row(run_dir: Path, fields: Union[bool, Sequence[str]]) -> dict[str, Any]:
+def _config_row(run_dir: Path, fields: bool | Sequence[str]) -> dict[str, Any]:
     flat = flatten_config(read_config(run_dir)) if fields else {}
     if fields is not True and fields:
         wanted = list(fields)
@@ -231,8 +232,8 @@ def load_run(run_dir: PathLike) -> pl.DataFrame:
 
 
 def load_runs(
-    paths: Union[PathLike, Sequence[PathLike]], *, config: Union[bool, Sequence[str]] = True, lazy: bool = False
-) -> Union[pl.DataFrame, pl.LazyFrame]:
+    paths: PathLike | Sequence[PathLike], *, config: bool | Sequence[str] = True, lazy: bool = False
+) -> pl.DataFrame | pl.LazyFrame:
     """Every run named by ``paths`` (directories, globs, sweep directories; see :func:`run_dirs`) as one long frame.
 
     Columns: the metric contract (``run_id, stage, step, task, split, metric, value, time, text, n, ci_low,
@@ -270,7 +271,7 @@ def load_runs(
     return result
 
 
-def load_samples(run_dir: PathLike, lazy: bool = False) -> Union[pl.DataFrame, pl.LazyFrame]:
+def load_samples(run_dir: PathLike, lazy: bool = False) -> pl.DataFrame | pl.LazyFrame:
     """``samples.jsonl`` of a run: one row per evaluated item per evaluation (run_id, stage, step, task, split,
     prompt, gold, pred, correct, mode_ok, gold_first_rank, top5 …). An empty frame when the run wrote none.
 
@@ -324,7 +325,7 @@ def read_sweep_config(sweep_dir: PathLike) -> dict[str, Any]:
     return yaml.safe_load(path.read_text()) or {}
 
 
-def as_frame(runs: Union[pl.DataFrame, pl.LazyFrame, PathLike, Iterable[PathLike]]) -> pl.DataFrame:
+def as_frame(runs: pl.DataFrame | pl.LazyFrame | PathLike | Iterable[PathLike]) -> pl.DataFrame:
     """A metrics frame from a frame (returned as is), a lazy frame (collected) or paths (:func:`load_runs`,
     without config columns)."""
     if isinstance(runs, pl.DataFrame):

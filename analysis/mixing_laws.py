@@ -25,8 +25,8 @@ seed share its noise and leave-one-trial-out would reward fitting it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
 
 import numpy as np
 from scipy import linalg, optimize, special
@@ -89,7 +89,7 @@ def _loglinear_jacobian(x: np.ndarray, W: np.ndarray, sign: float) -> np.ndarray
     return np.column_stack([np.ones(len(W)), e[:, None] * W])
 
 
-def _fit_loglinear_z(W: np.ndarray, z: np.ndarray, start: Optional[dict] = None) -> tuple[float, np.ndarray, float]:
+def _fit_loglinear_z(W: np.ndarray, z: np.ndarray, start: dict | None = None) -> tuple[float, np.ndarray, float]:
     """The least-squares ``(c, t, sign)`` of ``z ≈ c + sign · exp(W t)``, the better of both signs. Each sign
     starts from the log-linear regression of ``sign · (z − c0)`` with ``c0`` just outside the data's range and gets
     a short budget; only the better one is refined to convergence (the wrong sign rarely converges, and running it
@@ -123,9 +123,7 @@ def _least_squares_loglinear(W: np.ndarray, z: np.ndarray, sign: float, start: n
     )
 
 
-def _fit_loglinear(
-    W: np.ndarray, y: np.ndarray, proportion: bool, start: Optional[dict] = None
-) -> tuple[dict, Callable]:
+def _fit_loglinear(W: np.ndarray, y: np.ndarray, proportion: bool, start: dict | None = None) -> tuple[dict, Callable]:
     z = _logit(y) if proportion else y
     if float(np.ptp(z)) <= 1e-12:  # nothing varies: the law is its constant
         c = float(z[0])
@@ -193,7 +191,7 @@ def _fit_gp(W: np.ndarray, y: np.ndarray) -> tuple[dict, Callable]:
 
 
 def fit_law(
-    form: str, W: np.ndarray, Y: np.ndarray, proportion: Sequence[bool], start: Optional[FittedLaw] = None
+    form: str, W: np.ndarray, Y: np.ndarray, proportion: Sequence[bool], start: FittedLaw | None = None
 ) -> FittedLaw:
     """``form`` fitted to every column of ``Y`` (targets) on the weights ``W``; ``proportion[j]``: target j is a
     proportion (the log-linear law then fits its logit). ``start``: a fit of the same form whose parameters the
@@ -252,7 +250,7 @@ class CVRow:
     loto_targets: float
     loso_objective: float = math.nan
     loso_targets: float = math.nan
-    residuals: Optional[np.ndarray] = field(default=None, repr=False)
+    residuals: np.ndarray | None = field(default=None, repr=False)
 
     def error(self, by_seed: bool) -> float:
         return self.loso_objective if by_seed else self.loto_objective
@@ -272,8 +270,8 @@ def cross_validate(
     Y: np.ndarray,
     proportion: Sequence[bool],
     score: Callable[[np.ndarray], np.ndarray],
-    seeds: Optional[np.ndarray] = None,
-    folds: Optional[np.ndarray] = None,
+    seeds: np.ndarray | None = None,
+    folds: np.ndarray | None = None,
 ) -> list[CVRow]:
     """A :class:`CVRow` per form; ``score`` reduces targets to the objective (one value per row). ``folds``: the
     row-level groups (default one per row: leave-one-trial-out; a large table passes random folds)."""

@@ -8,8 +8,9 @@ check; :func:`cv_folds` is that cross-validation's split.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -42,7 +43,7 @@ class LawData:
     targets: list[str]
     W: np.ndarray
     Y: np.ndarray
-    seeds: Optional[np.ndarray]
+    seeds: np.ndarray | None
     proportion: list[bool]
     score: Callable[[np.ndarray], np.ndarray]
     objective: str
@@ -59,7 +60,7 @@ class LawData:
         return len(self.W)
 
 
-def cv_folds(n: int, seeds: Optional[np.ndarray], seed: int = 0) -> tuple[np.ndarray, str]:
+def cv_folds(n: int, seeds: np.ndarray | None, seed: int = 0) -> tuple[np.ndarray, str]:
     """The cross-validation's groups (rows of one group are held out together) and its name: one per seed when
     the rows carry seeds (rows of a seed share its noise), else one per row up to :data:`LEAVE_ONE_OUT_ROWS` rows,
     else :data:`CV_FOLDS` random folds of equal size."""
@@ -79,7 +80,7 @@ def objective_spec(config: Mapping[str, Any]) -> dict[str, Any]:
     return sweep_objective(config)
 
 
-def seed_column(data: pl.DataFrame) -> Optional[str]:
+def seed_column(data: pl.DataFrame) -> str | None:
     """The varied seed parameter of the trials (``param/seed``, or another ``param/…seed``), if any."""
     names = [c for c in data.columns if c.startswith("param/") and c.rsplit(".", 1)[-1].endswith("seed")]
     names.sort(key=lambda c: c != "param/seed")

@@ -6,8 +6,9 @@ fitted model predicts best, and the model along each weight (partial dependence)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -60,7 +61,7 @@ class Interference:
     _beta: np.ndarray = field(repr=False, default=None)  # type: ignore[assignment]
     _target_weights: np.ndarray = field(repr=False, default=None)  # type: ignore[assignment]
 
-    def predict(self, mixture: Union[Mapping[str, float], Sequence[Mapping[str, float]]]) -> pl.DataFrame:
+    def predict(self, mixture: Mapping[str, float] | Sequence[Mapping[str, float]]) -> pl.DataFrame:
         """Predicted target metrics for one mixture ``{task: weight}`` or several (normalised to sum 1)."""
         mixtures = [mixture] if isinstance(mixture, Mapping) else list(mixture)
         w = np.array([[float(m.get(t, 0.0)) for t in self.weights] for m in mixtures])
@@ -93,9 +94,9 @@ def _choose_columns(
     trials: pl.DataFrame,
     metric: str,
     split: str,
-    stage: Optional[str],
-    path: Optional[str],
-    targets: Optional[Sequence[str]],
+    stage: str | None,
+    path: str | None,
+    targets: Sequence[str] | None,
     space: Mapping[str, Any],
 ) -> tuple[str, list[str], str, list[str], dict[str, str]]:
     """What :func:`interference` fits: the simplex ``path`` and its ``weights``, the ``stage`` whose final metrics
@@ -169,9 +170,7 @@ def _effect_matrix(mean: np.ndarray, beta: np.ndarray, degree: int, per: float, 
     return effect
 
 
-def _scorer(
-    objective: Union[str, Mapping[str, float]], target_weights: np.ndarray
-) -> Callable[[np.ndarray], np.ndarray]:
+def _scorer(objective: str | Mapping[str, float], target_weights: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     """The objective over predicted (or observed) targets, one row per mixture."""
     reduced = target_weights > 0
 
@@ -263,15 +262,15 @@ def interference(
     metric: str = "greedy",
     split: str = "heldout",
     *,
-    stage: Optional[str] = None,
-    path: Optional[str] = None,
-    targets: Optional[Sequence[str]] = None,
-    objective: Union[str, Mapping[str, float]] = "mean",
-    over: Optional[Sequence[str]] = None,
-    maximize: Optional[bool] = None,
+    stage: str | None = None,
+    path: str | None = None,
+    targets: Sequence[str] | None = None,
+    objective: str | Mapping[str, float] = "mean",
+    over: Sequence[str] | None = None,
+    maximize: bool | None = None,
     per: float = 0.1,
     degree: int = 1,
-    space: Optional[Mapping[str, Any]] = None,
+    space: Mapping[str, Any] | None = None,
     candidates: int = 20000,
     top: float = 0.01,
     seed: int = 0,
@@ -366,7 +365,7 @@ def _per_weight_frame(weights: list[str], targets: list[str], matrix: np.ndarray
 
 
 def _objective_weights(
-    objective: Union[str, Mapping[str, float]], targets: list[str], over: Optional[Sequence[str]] = None
+    objective: str | Mapping[str, float], targets: list[str], over: Sequence[str] | None = None
 ) -> tuple[np.ndarray, str]:
     """The weight of each target in the objective (``min`` / ``max`` use the positive ones as a mask) and the
     objective's name as a report prints it."""

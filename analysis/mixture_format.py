@@ -4,7 +4,8 @@ one."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from analysis.mixture_data import CV_FOLDS, LEAVE_ONE_OUT_ROWS
 

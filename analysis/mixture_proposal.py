@@ -20,8 +20,9 @@ held-out residual vector of a random trial (targets together, so their correlati
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -58,7 +59,7 @@ class MixtureProposal:
     objective: str
     maximize: bool
     n_trials: int
-    seeds: Optional[int]
+    seeds: int | None
     cv: list[dict[str, Any]]
     chosen: str
     cv_by: str
@@ -78,7 +79,7 @@ class MixtureProposal:
     notes: list[str] = field(default_factory=list)
     source: str = "sweep"
     holdout: dict[str, Any] = field(default_factory=dict)
-    predictions: Optional[dict[str, np.ndarray]] = field(default=None, repr=False)  # --predict's; not in the JSON
+    predictions: dict[str, np.ndarray] | None = field(default=None, repr=False)  # --predict's; not in the JSON
 
     def to_json(self) -> dict[str, Any]:
         """The fields as JSON values (NaN, e.g. a leave-one-seed-out error without seeds, as null)."""
@@ -122,7 +123,7 @@ def _bootstrap(
     points: np.ndarray,
     resamples: int,
     seed: int,
-    start: Optional[laws.FittedLaw] = None,
+    start: laws.FittedLaw | None = None,
 ) -> np.ndarray:
     """Predicted targets at ``points`` of the form refitted on each resample of the rows (from ``start``'s
     parameters where the form has a starting point): ``(resamples, len(points), targets)``."""
@@ -134,7 +135,7 @@ def _bootstrap(
     return out
 
 
-def _interval(x: np.ndarray, axis: Optional[int] = None):
+def _interval(x: np.ndarray, axis: int | None = None):
     lo, hi = np.percentile(x, [2.5, 97.5], axis=axis)
     return (float(lo), float(hi)) if axis is None else (lo, hi)
 
@@ -147,7 +148,7 @@ def propose(
     bootstrap: int = 200,
     seed: int = 0,
     sweep_dir: str = "",
-    holdout: Optional[pl.DataFrame] = None,
+    holdout: pl.DataFrame | None = None,
 ) -> MixtureProposal:
     """Fit, cross-validate and choose a form over the sweep's complete trials, and propose the mixture that
     optimises the sweep's objective (``config``: ``sweep.resolved.yaml``) inside the explored convex hull.
@@ -163,8 +164,8 @@ def propose_data(
     forms: Sequence[str] = laws.FORMS,
     bootstrap: int = 200,
     seed: int = 0,
-    holdout: Optional[LawData] = None,
-    predict_at: Optional[np.ndarray] = None,
+    holdout: LawData | None = None,
+    predict_at: np.ndarray | None = None,
 ) -> MixtureProposal:
     """The proposal from rows of any origin: cross-validate ``forms``, choose one, search the explored hull for
     the mixture that optimises ``data``'s objective, bootstrap its intervals. ``holdout``: rows not fitted on (the

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 import polars as pl
@@ -94,7 +94,7 @@ def numeric_column(path: Path, table: pl.DataFrame, column: str) -> np.ndarray:
     return array
 
 
-def parse_objective(spec: str, direction: Optional[str]) -> tuple[str, list[str], bool]:
+def parse_objective(spec: str, direction: str | None) -> tuple[str, list[str], bool]:
     """``COLUMN`` or ``mean|min|max(COLUMN, …)`` (names or patterns) and ``maximize``/``minimize``."""
     if direction not in ("maximize", "minimize"):
         raise AnalysisError("--direction: give maximize or minimize (a table's outcome has no known direction)")
@@ -125,7 +125,7 @@ def table_weights(path: Path, table: pl.DataFrame, weights: list[str], tolerance
     return W / sums[:, None]
 
 
-def _holdout_mask(path: Path, table: pl.DataFrame, column: Optional[str]) -> np.ndarray:
+def _holdout_mask(path: Path, table: pl.DataFrame, column: str | None) -> np.ndarray:
     """Which rows the ``column`` marks as held out (1/0, true/false, yes/no)."""
     if column is None:
         return np.zeros(table.height, dtype=bool)
@@ -143,12 +143,12 @@ def table_law_data(
     *,
     weights: Sequence[str],
     objective: str,
-    direction: Optional[str],
-    seed_column: Optional[str] = None,
+    direction: str | None,
+    seed_column: str | None = None,
     proportion: bool = False,
     tolerance: float = WEIGHT_TOLERANCE,
-    holdout_column: Optional[str] = None,
-) -> tuple[LawData, Optional[LawData]]:
+    holdout_column: str | None = None,
+) -> tuple[LawData, LawData | None]:
     """The table at ``path`` as :class:`LawData` to fit, and the rows ``holdout_column`` marks as held out (None
     without it). ``weights``: column names or patterns (at least two columns); ``objective``: ``COLUMN`` or
     ``mean|min|max(COLUMN, …)``, whose columns are the targets; ``seed_column``: default ``seed`` where the table

@@ -5,7 +5,7 @@ mixture's weights. Style and shared helpers: :mod:`analysis.plot_style`.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import matplotlib.ticker
 import numpy as np
@@ -35,10 +35,10 @@ def _series(rows: pl.DataFrame, task: str) -> tuple[np.ndarray, np.ndarray]:
 def plot_curves(
     frame: pl.DataFrame,
     metric: str = "greedy",
-    splits: Optional[Sequence[str]] = None,
-    events: Optional[pl.DataFrame] = None,
-    tasks: Optional[Sequence[str]] = None,
-    colors: Optional[dict[str, str]] = None,
+    splits: Sequence[str] | None = None,
+    events: pl.DataFrame | None = None,
+    tasks: Sequence[str] | None = None,
+    colors: dict[str, str] | None = None,
     log: bool = False,
 ) -> Figure:
     """Per-task curves of ``metric`` across the whole curriculum, one panel per split: stages shaded and named,
@@ -121,7 +121,7 @@ def _mark_events(ax, part: pl.DataFrame, events: pl.DataFrame, colors: dict[str,
     first = True
     seen = set()
     for e in events.iter_rows(named=True):
-        for task, marker, color, sign in ((e["rose"], "^", RISE_COLOR, "↑"), (e["fell"], "v", FALL_COLOR, "↓")):
+        for task, marker, color, _sign in ((e["rose"], "^", RISE_COLOR, "↑"), (e["fell"], "v", FALL_COLOR, "↓")):
             key = (task, e["step_to"], marker)
             if key in seen or (task, e["step_to"]) not in values:
                 continue
@@ -143,10 +143,10 @@ def _mark_events(ax, part: pl.DataFrame, events: pl.DataFrame, colors: dict[str,
 
 def plot_hijack(
     frame: pl.DataFrame,
-    splits: Optional[Sequence[str]] = None,
-    colors: Optional[dict[str, str]] = None,
+    splits: Sequence[str] | None = None,
+    colors: dict[str, str] | None = None,
     expected: Sequence[str] = (),
-    events: Optional[pl.DataFrame] = None,
+    events: pl.DataFrame | None = None,
 ) -> Figure:
     """The first-token story: top row the share of prompts whose top-1 first token is a hijack word (yes/no),
     bottom row the median rank of the gold first token (log scale, 1 = top). Tasks in ``expected`` (whose answers
@@ -198,7 +198,7 @@ def plot_hijack(
     return _shared_legend(fig, axes[0])
 
 
-def plot_training(frame: pl.DataFrame, colors: Optional[dict[str, str]] = None) -> Figure:
+def plot_training(frame: pl.DataFrame, colors: dict[str, str] | None = None) -> Figure:
     """Training: the loss (overall, and per task where logged), learning rate, gradient norm and update ratio."""
     frame = single_run(frame)
     train = frame.filter(pl.col("split") == "train")
@@ -239,7 +239,7 @@ def plot_training(frame: pl.DataFrame, colors: Optional[dict[str, str]] = None) 
     return fig
 
 
-def plot_composition(frame: pl.DataFrame, colors: Optional[dict[str, str]] = None) -> Figure:
+def plot_composition(frame: pl.DataFrame, colors: dict[str, str] | None = None) -> Figure:
     """The effective mixture of each stage: share of examples per task actually drawn (``mix_share``)."""
     frame = single_run(frame)
     mix = frame.filter(pl.col("metric") == "mix_share")
@@ -267,7 +267,7 @@ def plot_composition(frame: pl.DataFrame, colors: Optional[dict[str, str]] = Non
     return fig
 
 
-def plot_mixture_weights(frame: pl.DataFrame, colors: Optional[dict[str, str]] = None) -> Figure:
+def plot_mixture_weights(frame: pl.DataFrame, colors: dict[str, str] | None = None) -> Figure:
     """An adaptive mixture's weight trajectory: each task's sampling weight (``mixture_weight``) at every update."""
     frame = single_run(frame)
     weights = frame.filter(pl.col("metric") == "mixture_weight", pl.col("split") == "train").sort("step")

@@ -10,8 +10,9 @@ Trials columns used here: ``state``, ``param/<path>.<task>`` (normalised simplex
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -51,7 +52,7 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def pareto(trials: pl.DataFrame, metrics: Sequence[str], directions: Optional[Sequence[str]] = None) -> pl.DataFrame:
+def pareto(trials: pl.DataFrame, metrics: Sequence[str], directions: Sequence[str] | None = None) -> pl.DataFrame:
     """The complete trials with a ``pareto`` column: True where no other trial is at least as good on every one of
     ``metrics`` (columns of the trials frame) and better on one. ``directions``: ``max`` / ``min`` per metric
     (default: by the metric's name — greedy up, loss / rank / hijack down; objectives up). Sorted by the first
@@ -78,9 +79,7 @@ def pareto(trials: pl.DataFrame, metrics: Sequence[str], directions: Optional[Se
     return out.sort(metrics[0], descending=directions[0] == "max")
 
 
-def best_trials(
-    trials: pl.DataFrame, n: int = 10, by: Optional[str] = None, maximize: Optional[bool] = None
-) -> pl.DataFrame:
+def best_trials(trials: pl.DataFrame, n: int = 10, by: str | None = None, maximize: bool | None = None) -> pl.DataFrame:
     """The ``n`` best complete trials by ``by`` (default: the objective; the first one of several)."""
     cols = objective_columns(trials)
     by = by or (cols[0] if cols else None)
@@ -142,8 +141,8 @@ def tradeoff_pair(
     objectives: Sequence[str],
     metric: str = "greedy",
     split: str = "heldout",
-    stage: Optional[str] = None,
-) -> Optional[tuple[str, str, str]]:
+    stage: str | None = None,
+) -> tuple[str, str, str] | None:
     """Two columns worth a Pareto plot, and why: the study's first two objectives when it has several; otherwise
     the two task metrics (``metric`` on ``split`` at the end of ``stage``, default the last) that are most
     negatively correlated across complete trials — the sweep's seesaw. None when no pair varies."""
@@ -171,7 +170,7 @@ def tradeoff_pair(
     )
 
 
-def best_trial_dir(trials: pl.DataFrame, sweep_dir: Any, maximize: bool = True) -> Optional[Any]:
+def best_trial_dir(trials: pl.DataFrame, sweep_dir: Any, maximize: bool = True) -> Any | None:
     """The run directory of the best complete trial (by the first objective), or None when it is not there."""
     objectives = objective_columns(trials)
     if not objectives or "trial_dir" not in trials.columns or complete(trials).is_empty():

@@ -6,7 +6,6 @@ helpers: :mod:`analysis.plot_style`.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 import polars as pl
@@ -58,7 +57,7 @@ def plot_interference(fit, ax=None) -> Figure:
     return fig
 
 
-def plot_partial_dependence(trials: pl.DataFrame, fit, colors: Optional[dict[str, str]] = None) -> Figure:
+def plot_partial_dependence(trials: pl.DataFrame, fit, colors: dict[str, str] | None = None) -> Figure:
     """Weight → metric, one panel per mixture weight: each trial's observed metric per target (dots) and the
     fitted model moving that weight alone, the others in their mean proportions (lines)."""
     pd = partial_dependence(fit)
@@ -91,9 +90,7 @@ def plot_partial_dependence(trials: pl.DataFrame, fit, colors: Optional[dict[str
     return fig
 
 
-def plot_pareto(
-    front: pl.DataFrame, x: str, y: str, label_x: Optional[str] = None, label_y: Optional[str] = None
-) -> Figure:
+def plot_pareto(front: pl.DataFrame, x: str, y: str, label_x: str | None = None, label_y: str | None = None) -> Figure:
     """Trials on two metrics (``front`` from :func:`analysis.pareto`), the Pareto front highlighted and joined."""
     fig, ax = plt.subplots(figsize=(5.6, 4.4))
     rest = front.filter(~pl.col("pareto"))

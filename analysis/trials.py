@@ -9,7 +9,8 @@ Trials columns used here: ``state``, ``param/<path>.<task>`` (normalised simplex
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import polars as pl
 
@@ -24,7 +25,7 @@ def complete(trials: pl.DataFrame) -> pl.DataFrame:
     return trials.filter(pl.col("state") == "COMPLETE") if "state" in trials.columns else trials
 
 
-def simplex_groups(trials: pl.DataFrame, space: Optional[Mapping[str, Any]] = None) -> dict[str, list[str]]:
+def simplex_groups(trials: pl.DataFrame, space: Mapping[str, Any] | None = None) -> dict[str, list[str]]:
     """The simplex parameters of a sweep: ``{path: [task, …]}``, e.g. ``{"stages[2].mixture": ["yesno", …]}``.
 
     From the sweep file's ``space`` (entries ``{simplex: [tasks]}``) when given; otherwise every group of
@@ -73,7 +74,7 @@ def objective_columns(trials: pl.DataFrame) -> list[str]:
     return multi or (["objective"] if "objective" in trials.columns else [])
 
 
-def stage_of_path(path: str, stages: Sequence[str]) -> Optional[str]:
+def stage_of_path(path: str, stages: Sequence[str]) -> str | None:
     """The stage a space path points into: ``stages[2].mixture`` → the third stage; ``stages.assistant...``."""
     m = re.match(r"stages\[(\d+)\]", path)
     if m and int(m.group(1)) < len(stages):

@@ -180,7 +180,7 @@ def timed_methods(args, items, recipes, tokenizer, model, batches) -> dict:
                 for chunk in batches:
                     ids, mask, pos = left_pad([items[i].prompt_ids for i in chunk], pad, args.device)
                     extra = {"logits_to_keep": 1} if keep_last else {}
-                    model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **extra).logits
+                    _ = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **extra).logits
             if args.device == "cuda":
                 torch.cuda.synchronize()
 

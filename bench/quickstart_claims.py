@@ -33,8 +33,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -187,7 +187,7 @@ def scores_table(groups: dict[str, Path]) -> str:
 
     lines = ["| task (split, metric) | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
     cells: dict[str, list[str]] = {}
-    for path, group in groups.items():
+    for group in groups.values():
         greedy = final_scores(group, "greedy")
         for task in GREEDY_TASKS:
             row = greedy.filter((greedy["task"] == task) & (greedy["split"] == SPLIT[task])).row(0, named=True)

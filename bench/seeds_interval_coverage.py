@@ -60,7 +60,7 @@ def main() -> None:
             < 1 / (1 + np.exp(-(mu + u + rng.normal(0, item_sd, (args.tables, seeds, items)))))
         ).astype(float)
         nested = [seeds_rates_interval(t.mean(axis=1), items, same_items=False) for t in own]
-        covered = lambda cis: sum(max(0.0, c.low) <= truth <= min(1.0, c.high) for c in cis)  # noqa: E731
+        covered = lambda cis, truth=truth: sum(max(0.0, c.low) <= truth <= min(1.0, c.high) for c in cis)  # noqa: E731
         oracle = 2 * 1.96 * np.std([c.estimate for c in new])
         ratio = np.median([c.high - c.low for c in new]) / oracle
         cells = []

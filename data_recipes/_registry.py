@@ -6,7 +6,7 @@ Kept apart from ``__init__`` so recipe modules can import ``register`` without a
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from data_recipes.base import Recipe
 from harness.core.registry import RECIPES

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import glob as globlib
 import json
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 CAST_HINT = "set params.cast_to_string: true to turn numbers and booleans into text"
 
@@ -41,7 +42,7 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def _lone_surrogate(value: Any, path: str = "") -> Optional[str]:
+def _lone_surrogate(value: Any, path: str = "") -> str | None:
     """The location (``column`` or ``column[2].content``) of the first string holding a lone surrogate, or None.
     JSON's ``"\\ud800"`` escape decodes to one; it cannot be encoded as UTF-8, so Arrow and tokenizers fail on it."""
     if isinstance(value, str):
@@ -78,7 +79,7 @@ def check_turn_fields(row: dict[str, Any], messages_column: str) -> None:
                     )
 
 
-def scan_jsonl(pattern: str, text_fields: list[str], messages_field: Optional[str], cast_to_string: bool) -> None:
+def scan_jsonl(pattern: str, text_fields: list[str], messages_field: str | None, cast_to_string: bool) -> None:
     """Read every file ``pattern`` names line by line and raise ``ValueError("FILE: …")`` / ``("FILE:LINE: …")``
     at the first empty file, invalid UTF-8, malformed JSON, non-object line, lone surrogate, or mapped field that is
     not text. A file that is one JSON document (an array of rows) is checked as such."""
@@ -126,7 +127,7 @@ def _parse_line(name: str, lineno: int, line: bytes) -> Any:
         raise ValueError(f"{name}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
 
 
-def _check_row(row: Any, text_fields: list[str], messages_field: Optional[str], cast_to_string: bool) -> None:
+def _check_row(row: Any, text_fields: list[str], messages_field: str | None, cast_to_string: bool) -> None:
     if not isinstance(row, dict):
         raise RowProblem(f"not a JSON object but {type(row).__name__} {_short(row)}")
     where = _lone_surrogate(row)

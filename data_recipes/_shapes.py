@@ -79,7 +79,7 @@ class ShapesParams(RecipeParams):
     )
 
     @model_validator(mode="after")
-    def _range(self) -> "ShapesParams":
+    def _range(self) -> ShapesParams:
         if self.min_objects > self.max_objects:
             raise ValueError("min_objects must not exceed max_objects")
         return self

@@ -9,8 +9,9 @@ templates never used in training.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from data_recipes.base import Example
 

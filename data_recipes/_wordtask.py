@@ -5,7 +5,8 @@ and/or pseudo-words, filtered by length, split into training and held-out words.
 from __future__ import annotations
 
 import random
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -26,7 +27,7 @@ class WordParams(RecipeParams):
     max_len: int = Field(10, ge=1, description="Longest word, in letters.")
 
     @model_validator(mode="after")
-    def _range(self) -> "WordParams":
+    def _range(self) -> WordParams:
         if self.min_len > self.max_len:
             raise ValueError("min_len must not exceed max_len")
         return self

@@ -61,10 +61,10 @@ class Example:
         return self.messages[-1]["content"]
 
     @classmethod
-    def single(cls, task: str, prompt: str, answer: str, **meta: Any) -> "Example":
+    def single(cls, task: str, prompt: str, answer: str, **meta: Any) -> Example:
         return cls(task, ({"role": "user", "content": prompt}, {"role": "assistant", "content": answer}), meta)
 
-    def with_system(self, text: str) -> "Example":
+    def with_system(self, text: str) -> Example:
         """The example with a system turn ``text`` before its first turn; refused when it already has one."""
         if self.messages[0]["role"] == "system":
             raise ValueError("an example already starts with a system turn")
@@ -104,7 +104,7 @@ class Recipe(Plugin, ABC):
         for metric in cls.__dict__.get("extra_metrics", ()):
             declare_metric(metric, PROPORTION)
 
-    def __init__(self, params: RecipeParams | None = None, world: "World | None" = None):
+    def __init__(self, params: RecipeParams | None = None, world: World | None = None):
         self.params = params if params is not None else self.Params()
         if self.needs_world and world is None:
             raise ValueError(f"recipe {self.name!r} needs a world")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -22,7 +22,7 @@ from data_recipes.world import Person, World
 _YES_NO = re.compile(r"^(yes|no)\b")
 
 
-def yes_no_word(normalised: str) -> Optional[str]:
+def yes_no_word(normalised: str) -> str | None:
     """``"yes"`` / ``"no"`` if the (normalised, lower-case) text starts with that word, else ``None``.
 
     A word boundary, so "Nora ..." or "Yesterday ..." do not count.
@@ -51,7 +51,7 @@ class KnowledgeParams(RecipeParams):
         return v
 
 
-def value(person: Person, attribute: str) -> Optional[str]:
+def value(person: Person, attribute: str) -> str | None:
     """The fact as text (``"1972"``, ``"baker"``); ``None`` for ``pet`` when the person has none."""
     v = getattr(person, attribute)
     return None if v is None else str(v)

@@ -25,7 +25,8 @@ from __future__ import annotations
 import json
 import os
 import random
-from typing import Any, ClassVar, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -47,14 +48,14 @@ CHUNK = 1024  # rows converted to Python at a time
 
 
 class LoaderParams(RecipeParams):
-    prompt: Optional[str] = Field(None, description="Column holding the user prompt (with answer).")
-    answer: Optional[str] = Field(None, description="Column holding the gold answer (with prompt).")
-    messages: Optional[str] = Field(
+    prompt: str | None = Field(None, description="Column holding the user prompt (with answer).")
+    answer: str | None = Field(None, description="Column holding the gold answer (with prompt).")
+    messages: str | None = Field(
         None,
         description="Column holding a conversation ({role, content} or "
         "ShareGPT {from, value} turns); instead of prompt/answer.",
     )
-    system: Optional[str] = Field(None, description="Optional column whose text becomes a leading system message.")
+    system: str | None = Field(None, description="Optional column whose text becomes a leading system message.")
     skip_invalid: bool = Field(
         False,
         description="Drop rows with an empty answer or a malformed conversation "
@@ -68,7 +69,7 @@ class LoaderParams(RecipeParams):
     )
 
     @model_validator(mode="after")
-    def _mapping(self) -> "LoaderParams":
+    def _mapping(self) -> LoaderParams:
         if self.messages and (self.prompt or self.answer):
             raise ValueError("map either messages, or prompt and answer, not both")
         if not self.messages and not (self.prompt and self.answer):
@@ -83,15 +84,15 @@ class FileParams(LoaderParams):
 class HFParams(LoaderParams):
     id: str = Field(..., description="Hub dataset id, a local dataset directory, or a save_to_disk directory.")
     split: str = Field("train", description="Split to read (slices like train[:1000] work for load_dataset).")
-    name: Optional[str] = Field(None, description="Dataset config name.")
-    revision: Optional[str] = Field(None, description="Git revision of a hub dataset.")
+    name: str | None = Field(None, description="Dataset config name.")
+    revision: str | None = Field(None, description="Git revision of a hub dataset.")
     trust_remote_code: bool = Field(False, description="Allow a dataset's own loading script (off by default).")
 
 
 _Invalid = RowProblem  # a row that cannot become an example; the message says why
 
 
-def resolve_data_path(path: str, base_dir: Optional[str]) -> str:
+def resolve_data_path(path: str, base_dir: str | None) -> str:
     """``path`` made absolute against ``base_dir`` (the experiment file's directory) when it is relative; globs
     are kept as globs. Without a base directory the path is left as given (relative to the current directory)."""
     if base_dir is None or os.path.isabs(os.path.expanduser(path)):
@@ -109,7 +110,7 @@ class DatasetLoader(Recipe):
     Params: ClassVar[type[LoaderParams]] = LoaderParams
 
     @classmethod
-    def resolve_paths(cls, params: dict[str, Any], base_dir: Optional[str]) -> dict[str, Any]:
+    def resolve_paths(cls, params: dict[str, Any], base_dir: str | None) -> dict[str, Any]:
         """``params`` (the raw mapping from the experiment) with file paths resolved against ``base_dir``."""
         return dict(params)
 
@@ -234,7 +235,7 @@ class _FileLoader(DatasetLoader):
     builder: ClassVar[str]
 
     @classmethod
-    def resolve_paths(cls, params: dict[str, Any], base_dir: Optional[str]) -> dict[str, Any]:
+    def resolve_paths(cls, params: dict[str, Any], base_dir: str | None) -> dict[str, Any]:
         resolved = dict(params)
         if isinstance(resolved.get("path"), str):
             resolved["path"] = resolve_data_path(resolved["path"], base_dir)
@@ -305,7 +306,7 @@ class HFLoader(DatasetLoader):
     Params = HFParams
 
     @classmethod
-    def resolve_paths(cls, params: dict[str, Any], base_dir: Optional[str]) -> dict[str, Any]:
+    def resolve_paths(cls, params: dict[str, Any], base_dir: str | None) -> dict[str, Any]:
         """A relative ``id`` that names a directory next to the experiment file becomes its absolute path; any
         other id (``user/dataset`` on the hub) is left as it is."""
         resolved = dict(params)

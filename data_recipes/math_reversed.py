@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import Field
 
@@ -52,14 +52,14 @@ def normalise_spaces(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().rstrip(".").strip()
 
 
-def parse_formal(text: str) -> Optional[tuple[str, int]]:
+def parse_formal(text: str) -> tuple[str, int] | None:
     """``(R digits as written, A number)`` of a whole formal answer "R d d ; A d d", or ``None`` when the text is
     anything else (text around the answer included). Spacing between digits is not judged (``mode_ok`` does)."""
     m = _FORMAL_PARTS.match(normalise_spaces(text))
     return (m.group(1).replace(" ", ""), int(m.group(2).replace(" ", ""))) if m else None
 
 
-def parse_plain(text: str) -> Optional[int]:
+def parse_plain(text: str) -> int | None:
     """The bare number (a final "." allowed), or ``None``."""
     text = text.strip().rstrip(".").strip()
     return int(text) if _PLAIN.match(text) else None

@@ -40,7 +40,7 @@ class Params(RecipeParams):
     max_syllables: int = Field(3, ge=1, le=6, description="Most syllables per pseudo-word.")
 
     @model_validator(mode="after")
-    def _ranges(self) -> "Params":
+    def _ranges(self) -> Params:
         if self.min_words > self.max_words:
             raise ValueError("min_words must not exceed max_words")
         if self.min_syllables > self.max_syllables:

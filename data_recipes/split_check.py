@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from data_recipes.base import SPLITS, Example
 
@@ -96,7 +97,7 @@ def check_deterministic(splits: dict[str, list[Example]], again: dict[str, list[
 
 
 def check_recipe_splits(
-    recipe: Any, splits: dict[str, list[Example]], seed: int, rebuild: Optional[Callable[[], dict]] = None
+    recipe: Any, splits: dict[str, list[Example]], seed: int, rebuild: Callable[[], dict] | None = None
 ) -> None:
     """Both checks of the module docstring on one task's built ``splits``; ``rebuild()`` builds them again from a
     fresh recipe with the same params, world, sizes and seed (skipped where the recipe reads a user's file)."""

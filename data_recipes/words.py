@@ -5,7 +5,7 @@ of pronounceable pseudo-words ("habayp", "troamoung") built from syllables.
 from __future__ import annotations
 
 import random
-from typing import Iterable
+from collections.abc import Iterable
 
 # Common lower-case English words, 3-10 letters, letters only.
 WORDS: tuple[str, ...] = tuple(

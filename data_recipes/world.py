@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Optional
 
 from data_recipes.words import pseudo_word, unique
 
@@ -121,7 +120,7 @@ class Person:
     job: str
     home_city: str
     favourite_colour: str
-    pet: Optional[str]
+    pet: str | None
 
 
 @dataclass(frozen=True)

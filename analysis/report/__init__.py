@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from analysis.group import is_group_dir
 from analysis.loading import AnalysisError, PathLike, is_run_dir, is_sweep_dir
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-def write_report(path: PathLike, out: Optional[PathLike] = None, **options: Any) -> Path:
+def write_report(path: PathLike, out: PathLike | None = None, **options: Any) -> Path:
     """The report of a run, sweep or seed-group directory (whichever ``path`` is); returns ``report.html``."""
     path = Path(path)
     if is_group_dir(path):

@@ -5,7 +5,7 @@ the stage-end tables print under their values, and notes on evaluation data the 
 from __future__ import annotations
 
 from html import escape
-from typing import Any, Optional
+from typing import Any
 
 import polars as pl
 
@@ -76,7 +76,7 @@ def baseline_section(page: Page, frame: pl.DataFrame, metric: str, split: str) -
     page.raw(table(shown))
 
 
-def interval_note(intervals: Optional[dict], stage: str, task: str) -> str:
+def interval_note(intervals: dict | None, stage: str, task: str) -> str:
     """The ``[low, high]`` line a stage-table cell prints under its value ('' without an interval)."""
     ci = (intervals or {}).get((stage, task))
     return f"<br><span class='ci'>[{ci[0]:.2f}, {ci[1]:.2f}]</span>" if ci else ""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import polars as pl
 
@@ -15,7 +15,7 @@ from analysis.loading import PathLike
 from analysis.report.page import Page, facts_table, fmt, table
 
 
-def _interval(low: Optional[float], high: Optional[float]) -> str:
+def _interval(low: float | None, high: float | None) -> str:
     return "–" if low is None or high is None or low != low or high != high else f"[{fmt(low)}, {fmt(high)}]"
 
 
@@ -46,7 +46,7 @@ def score_table(scores: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def group_report(group_dir: PathLike, out: Optional[PathLike] = None, *, metric: str = "greedy", **_: Any) -> Path:
+def group_report(group_dir: PathLike, out: PathLike | None = None, *, metric: str = "greedy", **_: Any) -> Path:
     """Write ``report.html`` for a seed group; returns its path. (Run-report options such as ``delta`` do not
     apply: events come from each replicate's own detection.)"""
     group_dir = Path(group_dir)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import base64
 import html
 import math
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 import polars as pl
 
@@ -58,7 +59,7 @@ class Page:
     def h3(self, title: str) -> None:
         self.body.append(f"<h3>{html.escape(title)}</h3>")
 
-    def p(self, text: str, cls: Optional[str] = None) -> None:
+    def p(self, text: str, cls: str | None = None) -> None:
         self.body.append(f"<p{f' class={cls!r}' if cls else ''}>{text}</p>")
 
     def raw(self, markup: str) -> None:
@@ -133,7 +134,7 @@ def table(
     frame: pl.DataFrame,
     *,
     wrap: Sequence[str] = (),
-    cell: Optional[Callable[[str, Any, dict], str]] = None,
+    cell: Callable[[str, Any, dict], str] | None = None,
     digits: int = 3,
 ) -> str:
     """A frame as an HTML table (``cell(column, value, row)`` may return the markup of a cell's content)."""
@@ -151,7 +152,7 @@ def table(
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
-def fmt_rank(value: Optional[float]) -> str:
+def fmt_rank(value: float | None) -> str:
     """A token rank: whole numbers without decimals, medians between two ranks with one."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"

@@ -9,7 +9,6 @@ import math
 import time
 from html import escape
 from pathlib import Path
-from typing import Optional
 
 import polars as pl
 
@@ -32,7 +31,7 @@ OTHER_STAGE_METRICS = ("mode_ok", "tf_first", "ft_hijack", "ft_rank_median")
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _heat(value: Optional[float], low_good: bool) -> str:
+def _heat(value: float | None, low_good: bool) -> str:
     """A background for a value in [0, 1]: white at 0 to green at 1 (to red for metrics where lower is better)."""
     if value is None or (isinstance(value, float) and math.isnan(value)) or not 0 <= value <= 1:
         return ""
@@ -43,7 +42,7 @@ def _heat(value: Optional[float], low_good: bool) -> str:
     return f"background:rgb({r},{g},{b})"
 
 
-def stage_table_html(table_frame: pl.DataFrame, metric: str, delta: float, intervals: Optional[dict] = None) -> str:
+def stage_table_html(table_frame: pl.DataFrame, metric: str, delta: float, intervals: dict | None = None) -> str:
     """The stage table with every cell shaded by value and the change from the previous stage (a fall of at least
     δ in red); ``intervals`` (``{(stage, task): (low, high)}``) prints each proportion's 95 % interval under it."""
     tasks = [c for c in table_frame.columns if c not in ("run_id", "stage", "step")]
@@ -51,7 +50,7 @@ def stage_table_html(table_frame: pl.DataFrame, metric: str, delta: float, inter
     rank = metric.startswith("ft_rank")
     head = "<th>stage</th><th>end step</th>" + "".join(f"<th>{escape(t)}</th>" for t in tasks)
     rows = []
-    previous: dict[str, Optional[float]] = {}
+    previous: dict[str, float | None] = {}
     for r in table_frame.iter_rows(named=True):
         tds = [f"<td>{escape(r['stage'])}</td>", f"<td class='num'>{r['step']}</td>"]
         for t in tasks:
@@ -280,10 +279,10 @@ def _run_facts(run: RunData, out: Path, started: float) -> dict[str, str]:
 
 def run_report(
     run_dir: PathLike,
-    out: Optional[PathLike] = None,
+    out: PathLike | None = None,
     *,
     metric: str = "greedy",
-    delta: Optional[float] = None,
+    delta: float | None = None,
     failures: int = 3,
 ) -> Path:
     """Write ``report.html`` and its PNGs for one run into ``out`` (default ``RUN_DIR/report``); returns the HTML

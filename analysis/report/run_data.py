@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import polars as pl
 
@@ -37,7 +36,7 @@ class RunData:
     run_id: str
 
 
-def load_run_data(run_dir: Path, metric: str, delta: Optional[float]) -> RunData:
+def load_run_data(run_dir: Path, metric: str, delta: float | None) -> RunData:
     """Read the run's store, config and summary; ``delta`` defaults to the config's ``eval.seesaw_delta``."""
     frame = load_run(run_dir)
     if frame.is_empty():

@@ -81,7 +81,7 @@ def _lost_peaks(run: RunData) -> list[str]:
             for r in peaks.iter_rows(named=True)
             if end.get(r["task"]) is not None and r["peak"] - end[r["task"]] >= run.delta - 1e-9
         ]
-        for gap, t, peak, at in sorted(lost, reverse=True)[:3]:
+        for _gap, t, peak, at in sorted(lost, reverse=True)[:3]:
             what = "learned, then lost" if m == run.metric else "answered in the right form, then lost it"
             out.append(
                 f"<b>{escape(t)}</b> {escape(m)} peaked at {fmt(peak)} (step {at}) and ended at {fmt(end[t])}: {what}."

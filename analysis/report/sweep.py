@@ -8,7 +8,6 @@ from collections import Counter
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Optional
 
 import polars as pl
 
@@ -37,7 +36,7 @@ class SweepData:
     name: str
 
 
-def load_sweep_data(sweep_dir: Path, metric: Optional[str], split: Optional[str]) -> SweepData:
+def load_sweep_data(sweep_dir: Path, metric: str | None, split: str | None) -> SweepData:
     """Read the trials and the sweep file; ``metric`` and ``split`` default to the objective's."""
     trials = load_sweep(sweep_dir)
     config = read_sweep_config(sweep_dir)
@@ -274,7 +273,7 @@ def _best_run_section(page: Page, sweep: SweepData) -> None:
 
 
 def sweep_report(
-    sweep_dir: PathLike, out: Optional[PathLike] = None, *, metric: Optional[str] = None, split: Optional[str] = None
+    sweep_dir: PathLike, out: PathLike | None = None, *, metric: str | None = None, split: str | None = None
 ) -> Path:
     """Write ``report.html`` and its PNGs for a sweep into ``out`` (default ``SWEEP_DIR/report``)."""
     sweep_dir = Path(sweep_dir)

@@ -9,7 +9,8 @@ with the image. ``debug.drop_images: true`` trains and probes with all-zero pixe
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,7 +22,7 @@ from harness.models.modality import model_io
 from harness.training.forward import batch_logits
 
 
-def encode_with_processor(tokenizer, examples: Sequence[Any]) -> Optional[list]:
+def encode_with_processor(tokenizer, examples: Sequence[Any]) -> list | None:
     """The examples encoded through the tokenizer's processor (images included); ``None`` for a text model."""
     processor = model_io(tokenizer).processor
     return None if processor is None else encode_image_examples(processor, examples)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -45,7 +45,7 @@ class Inspection:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-def _describe_output(output: Any) -> tuple[Optional[list[int]], Optional[str], int]:
+def _describe_output(output: Any) -> tuple[list[int] | None, str | None, int]:
     """(shape of the first tensor, its dtype, number of tensors) of a module's output."""
     tensors: list[torch.Tensor] = []
 
@@ -69,7 +69,7 @@ def _describe_output(output: Any) -> tuple[Optional[list[int]], Optional[str], i
 
 
 def inspect_model(
-    model, inputs: dict[str, torch.Tensor], autocast_dtype: Optional[torch.dtype] = None
+    model, inputs: dict[str, torch.Tensor], autocast_dtype: torch.dtype | None = None
 ) -> list[dict[str, Any]]:
     """Run ``model(**inputs)`` once under forward hooks on every module; one dict per module, in module order:
     ``name, type, params`` (its own parameters; a tied parameter is counted at its first owner), ``trainable``
@@ -181,7 +181,7 @@ def _summary(model, tokenizer) -> dict[str, Any]:
     }
 
 
-def inspect_experiment(path: Path, overrides: Optional[list[str]] = None, stage: Optional[str] = None) -> Inspection:
+def inspect_experiment(path: Path, overrides: list[str] | None = None, stage: str | None = None) -> Inspection:
     """Build the experiment's base model (no pretraining), apply one stage's trainable set, run two examples."""
     exp = load_experiment(path, overrides)
     stages = exp.resolved_stages()
@@ -226,7 +226,7 @@ class TokenInspection:
     notes: list[str] = field(default_factory=list)
 
 
-def inspect_tokens(target: Path, overrides: Optional[list[str]] = None) -> TokenInspection:
+def inspect_tokens(target: Path, overrides: list[str] | None = None) -> TokenInspection:
     """The under-trained check of a checkpoint directory's or an experiment's base model (see the module docstring)."""
     from harness.models.undertrained import detect_undertrained
     from harness.runs.console import Console as HarnessConsole
@@ -280,7 +280,7 @@ def render_tokens(inspection: TokenInspection, console=None) -> None:
         console.print(f"note: {note}", markup=False)
 
 
-def inspect_target(target: Path, overrides: Optional[list[str]] = None, stage: Optional[str] = None) -> Inspection:
+def inspect_target(target: Path, overrides: list[str] | None = None, stage: str | None = None) -> Inspection:
     """A checkpoint directory or an experiment file."""
     target = Path(target)
     if target.is_dir():

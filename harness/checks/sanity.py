@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -187,7 +187,7 @@ def run_sanity(
     n: int,
     threshold: float,
     max_steps: int,
-    checkpoint: Optional[str],
+    checkpoint: str | None,
     console=None,
     image_threshold: float = 0.2,
 ) -> list[CheckResult]:

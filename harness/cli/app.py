@@ -23,7 +23,6 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -45,7 +44,7 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _load(file: Path, overrides: Optional[list[str]]):
+def _load(file: Path, overrides: list[str] | None):
     from harness.config import ConfigError, load_experiment
 
     try:
@@ -55,7 +54,7 @@ def _load(file: Path, overrides: Optional[list[str]]):
 
 
 @app.command()
-def validate(file: Path = typer.Argument(..., help="Experiment YAML."), set_: Optional[list[str]] = SetOption):
+def validate(file: Path = typer.Argument(..., help="Experiment YAML."), set_: list[str] | None = SetOption):
     """Check an experiment file and its task data; exit 2 listing every error by YAML path. Prints each eval pool's
     size and the smallest change it can detect."""
     exp = _load(file, set_)  # first: a broken file is reported without importing torch
@@ -77,21 +76,21 @@ def validate(file: Path = typer.Argument(..., help="Experiment YAML."), set_: Op
 @app.command()
 def run(
     file: Path = typer.Argument(..., help="Experiment YAML."),
-    set_: Optional[list[str]] = SetOption,
-    out: Optional[Path] = typer.Option(
+    set_: list[str] | None = SetOption,
+    out: Path | None = typer.Option(
         None,
         "--out",
         help="The run directory, claimed for this run: refused when "
         "not empty or in use (default runs/<name>/<time>-<random>).",
     ),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the killed run in this directory."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue the killed run in this directory."),
     nproc: int = typer.Option(
         1,
         "--nproc",
         min=1,
         help="Data-parallel ranks on this machine (through torchrun; batch_size stays the global batch).",
     ),
-    seeds: Optional[str] = typer.Option(
+    seeds: str | None = typer.Option(
         None,
         "--seeds",
         help="Comma-separated seeds: one replicate per seed under <run dir>/seed-<s>/ (overrides the file's seeds).",
@@ -107,8 +106,8 @@ def run(
         help="Nodes of a data-parallel run inside a SLURM allocation (one srun task per node; --nproc ranks "
         "each): torchrun's rendezvous is read from SLURM's environment.",
     ),
-    launcher: Optional[str] = LauncherOption,
-    slurm: Optional[list[str]] = SlurmOption,
+    launcher: str | None = LauncherOption,
+    slurm: list[str] | None = SlurmOption,
     detach: bool = DetachOption,
 ):
     """Train and evaluate an experiment (exit 3 when the non-finite guard stops it)."""
@@ -153,7 +152,7 @@ def run(
         _fail(f"training stopped before the first update: {e}", code=4)
 
 
-def _run_refusals(exp, seeds, out, resume, force, nproc, nodes, jobs, kind: str, detach: bool) -> Optional[list[int]]:
+def _run_refusals(exp, seeds, out, resume, force, nproc, nodes, jobs, kind: str, detach: bool) -> list[int] | None:  # noqa: C901 — each refusal is one independent check, in the order a user meets them
     """The seeds ``harness run`` replicates over (None: one run), after refusing what its options cannot do
     together (one line, exit 2)."""
     import os
@@ -220,8 +219,8 @@ def _run_seeds(exp, file: Path, set_, group_dir: Path, seeds: list[int], jobs: i
 def eval_(
     checkpoint: Path = typer.Argument(..., help="A checkpoint directory (e.g. RUN/checkpoints/<stage>)."),
     experiment: Path = typer.Option(..., "--experiment", help="Experiment YAML: tasks, eval settings, tracking."),
-    set_: Optional[list[str]] = SetOption,
-    out: Optional[Path] = typer.Option(
+    set_: list[str] | None = SetOption,
+    out: Path | None = typer.Option(
         None,
         "--out",
         help="Output directory; a non-empty one (a run) gets a new "
@@ -245,11 +244,11 @@ def eval_(
 @app.command()
 def sanity(
     file: Path = typer.Argument(..., help="Experiment YAML."),
-    set_: Optional[list[str]] = SetOption,
+    set_: list[str] | None = SetOption,
     n: int = typer.Option(128, "--n", help="Examples the overfit check trains on."),
     threshold: float = typer.Option(0.95, help="tf_exact the overfit check must reach."),
     max_steps: int = typer.Option(500, help="Step budget of the overfit check."),
-    checkpoint: Optional[Path] = typer.Option(None, help="Run the inputs-matter check on this checkpoint."),
+    checkpoint: Path | None = typer.Option(None, help="Run the inputs-matter check on this checkpoint."),
     image_threshold: float = typer.Option(0.2, help="img_dependence the images-matter check needs (image tasks)."),
 ):
     """Overfit n examples, then check that predictions depend on the prompt (and, for image tasks, on the image).
@@ -268,7 +267,7 @@ def sanity(
 
 @app.command()
 def schema(
-    file: Optional[Path] = typer.Argument(None, help="An experiment whose plugins: modules are imported first."),
+    file: Path | None = typer.Argument(None, help="An experiment whose plugins: modules are imported first."),
 ):
     """Print the experiment JSON Schema (for editor completion and checking), with every registered plug-in's
     params schema by kind under x-plugins (recipes, evaluators, probes, mixture_controllers, model_checks)."""
@@ -303,14 +302,14 @@ def report(
         help="A run directory (metrics.parquet), a sweep directory (trials.parquet) or a "
         "seed group (group.json, from run --seeds).",
     ),
-    out: Optional[Path] = typer.Option(None, "--out", help="Where report.html and the PNGs go (default PATH/report)."),
-    metric: Optional[str] = typer.Option(
+    out: Path | None = typer.Option(None, "--out", help="Where report.html and the PNGs go (default PATH/report)."),
+    metric: str | None = typer.Option(
         None, "--metric", help="The metric the report is about (default greedy; for a sweep, its objective's metric)."
     ),
-    split: Optional[str] = typer.Option(
+    split: str | None = typer.Option(
         None, "--split", help="Sweeps: the split the interference fit reads (default the objective's, else heldout)."
     ),
-    delta: Optional[float] = typer.Option(
+    delta: float | None = typer.Option(
         None, "--delta", help="Runs: the seesaw threshold (default the run's eval.seesaw_delta)."
     ),
 ):
@@ -333,12 +332,12 @@ def report(
 def compare(
     run_a: Path = typer.Argument(..., help="Run directory A."),
     run_b: Path = typer.Argument(..., help="Run directory B (deltas are B − A)."),
-    metric: Optional[list[str]] = typer.Option(
+    metric: list[str] | None = typer.Option(
         None,
         "--metric",
         help="Metric(s) to compare, repeatable (default greedy, mode_ok, tf_first, ft_rank_median, ft_hijack).",
     ),
-    split: Optional[list[str]] = typer.Option(None, "--split", help="Split(s), repeatable (default all)."),
+    split: list[str] | None = typer.Option(None, "--split", help="Split(s), repeatable (default all)."),
 ):
     """Print per-task deltas at each stage end between two runs."""
     from analysis.frames import COMPARE_METRICS, format_compare
@@ -356,8 +355,8 @@ def compare(
 @app.command("inspect")
 def inspect_command(
     target: Path = typer.Argument(..., help="Experiment YAML, or a checkpoint directory (HF format)."),
-    set_: Optional[list[str]] = SetOption,
-    stage: Optional[str] = typer.Option(None, "--stage", help="Stage whose trainable set to apply (default: first)."),
+    set_: list[str] | None = SetOption,
+    stage: str | None = typer.Option(None, "--stage", help="Stage whose trainable set to apply (default: first)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of module rows instead of a table."),
     tokens: bool = typer.Option(
         False,
@@ -422,8 +421,8 @@ def cache_du():
 
 @cache_app.command("prune")
 def cache_prune(
-    older_than: Optional[str] = typer.Option(None, "--older-than", help="Remove entries unused this long (7d, 12h)."),
-    max_size: Optional[str] = typer.Option(
+    older_than: str | None = typer.Option(None, "--older-than", help="Remove entries unused this long (7d, 12h)."),
+    max_size: str | None = typer.Option(
         None, "--max-size", help="Then remove the least recently used until the cache is at most this big (20GB)."
     ),
 ):

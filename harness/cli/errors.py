@@ -15,7 +15,7 @@ import re
 import shutil
 import sys
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 from harness.core.jsonl import UnfinishedLineWarning
 from harness.core.redact import mask_urls_in_text

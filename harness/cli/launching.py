@@ -4,8 +4,6 @@ with (exit 2). What they mean: :mod:`harness.studies.launch`."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 LauncherOption = typer.Option(
@@ -26,7 +24,7 @@ DetachOption = typer.Option(
 )
 
 
-def choose_launcher(section, kind: Optional[str], items: Optional[list[str]]):
+def choose_launcher(section, kind: str | None, items: list[str] | None):
     """The resolved :class:`~harness.studies.launch.LauncherSpec`; exit 2 with one line when it cannot be used."""
     from harness.studies.launch import LauncherError, resolve_launcher
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -72,45 +71,45 @@ OutOption = typer.Option(
 
 
 def mixture(
-    sweep_dir: Optional[Path] = typer.Argument(
+    sweep_dir: Path | None = typer.Argument(
         None, help="A sweep directory (trials.parquet, sweep.resolved.yaml); or give --table."
     ),
-    table: Optional[Path] = TableOption,
-    weights: Optional[str] = WeightsOption,
-    objective: Optional[str] = ObjectiveOption,
-    direction: Optional[str] = DirectionOption,
-    seed_column: Optional[str] = SeedColumnOption,
+    table: Path | None = TableOption,
+    weights: str | None = WeightsOption,
+    objective: str | None = ObjectiveOption,
+    direction: str | None = DirectionOption,
+    seed_column: str | None = SeedColumnOption,
     proportion: bool = ProportionOption,
     tolerance: float = ToleranceOption,
-    holdout: Optional[Path] = HoldoutOption,
-    holdout_column: Optional[str] = HoldoutColumnOption,
-    predict: Optional[Path] = PredictOption,
-    out: Optional[Path] = OutOption,
-    snr: Optional[Path] = SnrOption,
+    holdout: Path | None = HoldoutOption,
+    holdout_column: str | None = HoldoutColumnOption,
+    predict: Path | None = PredictOption,
+    out: Path | None = OutOption,
+    snr: Path | None = SnrOption,
     bootstrap: int = typer.Option(
         200, "--bootstrap", min=10, help="Resamples of the trials for the intervals (each refits the chosen form)."
     ),
-    form: Optional[list[str]] = typer.Option(
+    form: list[str] | None = typer.Option(
         None,
         "--form",
         help="Forms to fit, repeatable: constant, scheffe, scheffe2, loglinear, gp (default all; constant is the "
         "reference a form must beat).",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap and of the search in the hull."),
-    verify: Optional[int] = typer.Option(
+    verify: int | None = typer.Option(
         None,
         "--verify",
         help="Train the proposal and the in-sample winner on K fresh seeds (SWEEP_DIR/verify/) and compare them on "
         "the same held-out items; write SWEEP_DIR/verify.json.",
     ),
-    budget: Optional[list[int]] = typer.Option(
+    budget: list[int] | None = typer.Option(
         None,
         "--budget",
         help="With --verify: the budget curve, repeatable (--budget 4 --budget 8): the mixture proposed from the "
         "sweep's first k trials, trained on the same fresh seeds and compared with the full sweep's winner; write "
         "SWEEP_DIR/budget.json.",
     ),
-    steer: Optional[list[str]] = typer.Option(
+    steer: list[str] | None = typer.Option(
         None,
         "--steer",
         help="With --verify: train an adaptive method instead of a fixed mixture (one run per seed, from the uniform "
@@ -118,8 +117,8 @@ def mixture(
         "winner on the same seeds; write SWEEP_DIR/steer.json.",
     ),
     jobs: int = typer.Option(1, "--jobs", min=1, help="With --verify: runs at once on this machine (processes)."),
-    launcher: Optional[str] = LauncherOption,
-    slurm: Optional[list[str]] = SlurmOption,
+    launcher: str | None = LauncherOption,
+    slurm: list[str] | None = SlurmOption,
     detach: bool = DetachOption,
 ):
     """Fit mixing laws to a sweep's trials (or a table of results), choose one by cross-validated error and propose
@@ -230,7 +229,7 @@ def _from_table(table: Path, table_args: dict, holdout, predict, out, options) -
     _propose(data, held, predict, out or table.with_suffix(".proposal.json"), options)
 
 
-def _propose(data, held, predict: Optional[Path], out: Path, options: dict):
+def _propose(data, held, predict: Path | None, out: Path, options: dict):
     """Fit, choose and propose (the same for a sweep and a table), print it, write ``out`` and the predictions."""
     from analysis.loading import AnalysisError
     from analysis.mixture_proposal import format_proposal, propose_data
@@ -254,7 +253,7 @@ def _propose(data, held, predict: Optional[Path], out: Path, options: dict):
     return proposal
 
 
-def _check_steer(steer: Optional[list[str]], verify: Optional[int]) -> None:
+def _check_steer(steer: list[str] | None, verify: int | None) -> None:
     """One line, exit 2, for --steer without --verify or with a method that is not a controller."""
     if not steer:
         return

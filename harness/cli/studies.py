@@ -6,7 +6,6 @@ command runs."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -16,8 +15,8 @@ from harness.cli.launching import DetachOption, LauncherOption, SlurmOption, cho
 def sweep(
     file: Path = typer.Argument(..., help="Sweep YAML (experiments/sweeps/*.yaml)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Worker processes on this machine, or SLURM jobs."),
-    out: Optional[Path] = typer.Option(None, "--out", help="The sweep directory (default runs/sweeps/<study>)."),
-    set_: Optional[list[str]] = typer.Option(
+    out: Path | None = typer.Option(None, "--out", help="The sweep directory (default runs/sweeps/<study>)."),
+    set_: list[str] | None = typer.Option(
         None,
         "--set",
         help="Override a field of the sweep file: key.path=value "
@@ -28,14 +27,14 @@ def sweep(
         "--worker-offset",
         help="First worker index (sampler seed = study.seed + index): give each machine its own range.",
     ),
-    gpus: Optional[str] = typer.Option(
+    gpus: str | None = typer.Option(
         None,
         "--gpus",
         help="Devices to deal among the workers, e.g. 0,1,2,3 "
         "(each worker's CUDA_VISIBLE_DEVICES: equal consecutive groups).",
     ),
-    launcher: Optional[str] = LauncherOption,
-    slurm: Optional[list[str]] = SlurmOption,
+    launcher: str | None = LauncherOption,
+    slurm: list[str] | None = SlurmOption,
     detach: bool = DetachOption,
 ):
     """Run an optuna sweep: N workers on one shared storage, until the study's trial budget is used."""
@@ -101,11 +100,11 @@ def sweep_status(
 
 
 def repro(
-    name: Optional[str] = typer.Argument(None, help="A reproduction under experiments/repro/ (or its directory)."),
+    name: str | None = typer.Argument(None, help="A reproduction under experiments/repro/ (or its directory)."),
     scale: float = typer.Option(1.0, "--scale", min=0.0, help="Multiply the reproduction's size fields (steps)."),
     seeds: str = typer.Option("0,1,2", "--seeds", help="Comma-separated seeds, one run per arm each."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default runs/repro/NAME)."),
-    arms: Optional[str] = typer.Option(None, "--arms", help="Comma-separated arms to run (default all)."),
+    out: Path | None = typer.Option(None, "--out", help="Output directory (default runs/repro/NAME)."),
+    arms: str | None = typer.Option(None, "--arms", help="Comma-separated arms to run (default all)."),
     micro: bool = typer.Option(False, "--micro", help="The micro size of the reproduction (seconds; tests)."),
     jobs: int = typer.Option(
         1,
@@ -114,8 +113,8 @@ def repro(
         help="Runs at once, each in its own process (torch threads split between them unless OMP_NUM_THREADS is set).",
     ),
     list_: bool = typer.Option(False, "--list", help="List the reproductions and exit."),
-    launcher: Optional[str] = LauncherOption,
-    slurm: Optional[list[str]] = SlurmOption,
+    launcher: str | None = LauncherOption,
+    slurm: list[str] | None = SlurmOption,
     detach: bool = DetachOption,
 ):
     """Run a published finding's arms for several seeds; write NAME.md (table with intervals) and NAME.png."""

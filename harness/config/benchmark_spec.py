@@ -4,7 +4,7 @@ short; the checks that need the whole file are in :mod:`harness.config.load`, th
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -22,16 +22,16 @@ class BenchmarkSpec(Strict):
         "world_gen), one of lm-eval's own (mmlu, gsm8k, ifeval: need the hub's datasets), or one of "
         "include_path's YAML tasks.",
     )
-    include_path: Optional[str] = Field(
+    include_path: str | None = Field(
         None, description="Directory of the user's own lm-eval task YAMLs (relative to the experiment file)."
     )
-    limit: Optional[int] = Field(
+    limit: int | None = Field(
         None,
         ge=1,
         description="Documents per task (null: all; world_mc / world_gen: the number generated, default 200).",
     )
-    num_fewshot: Optional[int] = Field(None, ge=0, description="Few-shot examples (null: the task's own setting).")
-    every: Union[Literal["stage_end"], int] = Field(
+    num_fewshot: int | None = Field(None, ge=0, description="Few-shot examples (null: the task's own setting).")
+    every: Literal["stage_end"] | int = Field(
         "stage_end",
         description="stage_end: at the run's start and every stage's end; N: at every evaluation whose "
         "step is a multiple of N (a multiple of eval.every), the run's start included.",

@@ -94,7 +94,7 @@ def _reference_errors(exp: Experiment) -> Errors:
     return []
 
 
-def _stage_errors(exp: Experiment) -> Errors:
+def _stage_errors(exp: Experiment) -> Errors:  # noqa: C901 — one independent check per stage field, each with its own message
     """Stage names are unique, ``init`` names an earlier stage, mixtures parse and fit the task pools, ``steps``
     is given exactly when the mixture does not fix it (counts)."""
     errors: Errors = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -57,7 +57,7 @@ class AdaptiveSpec:
     floor: float
     signal: str
     params: tuple[tuple[str, Any], ...]
-    steering: Optional[SteeringSplit] = None
+    steering: SteeringSplit | None = None
 
     def param(self, name: str) -> Any:
         return dict(self.params)[name]
@@ -120,7 +120,7 @@ class Mixture:
         return {"counts": dict(self.counts), "replace": self.replace}
 
 
-def parse_mixture(raw: Any, path: str, tasks: list[str], errors: list[tuple[str, str]]) -> Mixture | None:
+def parse_mixture(raw: Any, path: str, tasks: list[str], errors: list[tuple[str, str]]) -> Mixture | None:  # noqa: C901 — the mixture grammar: one branch per accepted form, each with its own message
     """Parse a stage's ``mixture`` value, appending ``(yaml_path, message)`` to ``errors``; None if invalid."""
     n_before = len(errors)
 
@@ -258,7 +258,7 @@ def parse_adaptive(raw: dict, path: str, tasks: list[str], errors: list[tuple[st
     return Mixture("adaptive", {t: 1.0 for t in chosen}, {}, adaptive=adaptive)
 
 
-def _steering_split(spec: dict, signal: str, where: str, errors: list[tuple[str, str]]) -> Optional[SteeringSplit]:
+def _steering_split(spec: dict, signal: str, where: str, errors: list[tuple[str, str]]) -> SteeringSplit | None:
     """The steering split of a ``steering_error`` signal (defaults filled); None for any other signal."""
     raw = spec.get("steering", {})
     if signal != "steering_error":

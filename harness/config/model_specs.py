@@ -4,7 +4,7 @@ Hugging Face causal LM)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -46,22 +46,22 @@ class TokenizerSpec(Strict):
 class ModelSpec(Strict):
     """The base model: a builtin tiny architecture (optionally pretrained here) or any HF causal LM."""
 
-    builtin: Optional[str] = Field(None, description="Builtin tiny architecture, e.g. qwen2-tiny (the default).")
-    hf: Optional[str] = Field(None, description="Hub id or local path of a causal LM with its tokenizer.")
-    revision: Optional[str] = None
+    builtin: str | None = Field(None, description="Builtin tiny architecture, e.g. qwen2-tiny (the default).")
+    hf: str | None = Field(None, description="Hub id or local path of a causal LM with its tokenizer.")
+    revision: str | None = None
     config: dict[str, Any] = Field(default_factory=dict, description="Overrides of the builtin config's fields.")
-    text: Optional[str] = Field(None, description="llava-tiny only: its text architecture (default qwen2-tiny).")
+    text: str | None = Field(None, description="llava-tiny only: its text architecture (default qwen2-tiny).")
     vision: dict[str, Any] = Field(
         default_factory=dict,
         description="llava-tiny only: overrides of its SigLIP vision config (image_size, patch_size, …).",
     )
     tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)
-    pretrain: Optional[PretrainSpec] = Field(None, description="Pretrain the builtin base on the world corpus.")
+    pretrain: PretrainSpec | None = Field(None, description="Pretrain the builtin base on the world corpus.")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     trust_remote_code: bool = False
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ModelSpec":
+    def _one_source(self) -> ModelSpec:
         if self.builtin and self.hf:
             raise ValueError("give either builtin or hf, not both")
         if not self.builtin and not self.hf:

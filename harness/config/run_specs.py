@@ -3,7 +3,7 @@ the ``debug`` switches that show the safety nets working."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -13,8 +13,8 @@ from harness.config.strict import Strict
 class WandbSpec(Strict):
     mode: Literal["offline", "online", "disabled"] = "offline"
     project: str = "harness"
-    entity: Optional[str] = None
-    group: Optional[str] = None
+    entity: str | None = None
+    group: str | None = None
     tags: list[str] = Field(default_factory=list)
 
 
@@ -41,7 +41,7 @@ class InjectSpec(Strict):
     repeat: int = Field(1, ge=1, description="Inject at this many consecutive steps.")
     where: Literal["forward", "grad"] = "forward"
     module: str = Field(..., description="Regex over module names (forward) or parameter names (grad).")
-    rank: Optional[int] = Field(None, ge=0, description="Data-parallel runs: inject on this rank only (default all).")
+    rank: int | None = Field(None, ge=0, description="Data-parallel runs: inject on this rank only (default all).")
 
 
 class KillSpec(Strict):
@@ -52,8 +52,8 @@ class KillSpec(Strict):
 class DebugSpec(Strict):
     """Switches for seeing the safety nets work."""
 
-    inject_nonfinite: Optional[InjectSpec] = Field(None, description="Make an output / gradient NaN at a step.")
-    kill_rank: Optional[KillSpec] = Field(
+    inject_nonfinite: InjectSpec | None = Field(None, description="Make an output / gradient NaN at a step.")
+    kill_rank: KillSpec | None = Field(
         None,
         description="SIGKILL one rank (or the single process) at a step, as "
         "a crash or the OOM killer would. Left out of --resume's same-experiment check.",

@@ -54,8 +54,8 @@ class TaskSpec(Strict):
     train: int = Field(1000, ge=0, description="Training pool size.")
     eval: int = Field(32, ge=0, description="Items per evaluation split (heldout, heldout_template, train).")
     params: dict[str, Any] = Field(default_factory=dict, description="Recipe parameters.")
-    seed: Optional[int] = Field(None, description="Data seed; default derived from the experiment seed.")
-    system: Optional[str] = Field(
+    seed: int | None = Field(None, description="Data seed; default derived from the experiment seed.")
+    system: str | None = Field(
         None,
         min_length=1,
         description="A system turn put before every example of the task, in every split (a task "
@@ -79,7 +79,7 @@ def _partial(model: type[BaseModel], name: str) -> dict[str, Any]:
             globals()[annotation.__name__] = annotation
         info = copy.copy(info)
         info.default, info.default_factory = None, None
-        fields[field_name] = (Optional[annotation], info)
+        fields[field_name] = (Optional[annotation], info)  # noqa: UP045 — a runtime type built from a field: Optional[] takes any annotation
     return fields
 
 
@@ -122,7 +122,7 @@ _MIXTURE_SCHEMA = {
 
 class _StageCore(Strict):
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Stage name (used in paths and metrics).")
-    steps: Optional[int] = Field(None, ge=1, description="Optimiser steps (derived from counts if omitted).")
+    steps: int | None = Field(None, ge=1, description="Optimiser steps (derived from counts if omitted).")
     init: str = Field("previous", description="previous | base | the name of an earlier stage.")
     mixture: Any = Field(
         ...,
@@ -151,7 +151,7 @@ class EvalSpec(Strict):
     )
     evaluators: list[str] = Field(default_factory=lambda: ["greedy", "mode_ok", "teacher_forced"])
     probes: list[str] = Field(default_factory=lambda: ["first_token"])
-    max_new_tokens: Optional[int] = Field(
+    max_new_tokens: int | None = Field(
         None,
         ge=1,
         description="Greedy decoding budget; null: the longest gold answer of the eval pools plus a margin "
@@ -174,16 +174,16 @@ class EvalSpec(Strict):
         "movements, not findings).",
     )
     samples: int = Field(4, ge=0, description="Samples per task and split in each wandb samples table.")
-    benchmarks: Optional[list[BenchmarkSpec]] = Field(
+    benchmarks: list[BenchmarkSpec] | None = Field(
         None, description="lm-evaluation-harness tasks run on the live model (see docs/benchmarks.md)."
     )
-    reference_text: Optional[str] = Field(
+    reference_text: str | None = Field(
         None,
         description="The forgetting probe's reference text: a UTF-8 file, one document per non-blank line (a "
         "relative path is relative to the experiment file); null: a held-out sample of the builtin world corpus.",
     )
 
-    loss_items: Optional[int] = Field(
+    loss_items: int | None = Field(
         None,
         ge=1,
         description="A loss pool: this many items per task and held-out split of eval.splits, from the recipe's "
@@ -205,13 +205,13 @@ class Experiment(Strict):
         "see docs/extending.md.",
     )
     seed: int = 0
-    seeds: Optional[list[int]] = Field(
+    seeds: list[int] | None = Field(
         None,
         min_length=1,
         description="Run one replicate per seed (model init and "
         "data order) under <run dir>/seed-<s>/; see `harness run --seeds`.",
     )
-    data_seed: Optional[int] = Field(
+    data_seed: int | None = Field(
         None,
         description="Seed of the task data (default: seed). Replicates of a "
         "seeds group keep it fixed, so every seed is scored on the same items.",
@@ -228,7 +228,7 @@ class Experiment(Strict):
 
     @field_validator("seeds")
     @classmethod
-    def _distinct_seeds(cls, seeds: Optional[list[int]]) -> Optional[list[int]]:
+    def _distinct_seeds(cls, seeds: list[int] | None) -> list[int] | None:
         repeated = sorted({s for s in seeds or [] if (seeds or []).count(s) > 1})
         if repeated:
             raise ValueError(f"seed(s) {', '.join(map(str, repeated))} given more than once")
@@ -248,7 +248,7 @@ class Experiment(Strict):
             check_safe_name(name, "task name")
         return tasks
 
-    def resolved_stages(self) -> list["ResolvedStage"]:
+    def resolved_stages(self) -> list[ResolvedStage]:
         """Stages with their mixture parsed and ``train`` defaults merged under their overrides."""
         out = []
         base = self.train.model_dump()

@@ -3,7 +3,7 @@ defaults of every stage, each field overridable in a stage (:data:`harness.confi
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -20,7 +20,7 @@ class OptimSpec(Strict):
     warmup: int = Field(0, ge=0, description="Warmup steps.")
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final lr as a fraction of lr.")
-    grad_clip: Optional[float] = Field(1.0, gt=0, description="Max global grad norm; null disables clipping.")
+    grad_clip: float | None = Field(1.0, gt=0, description="Max global grad norm; null disables clipping.")
 
 
 def _string_shorthand(field: str):
@@ -41,12 +41,12 @@ class TrainableSpec(Strict):
     r: int = Field(8, ge=1, description="Adapter rank (lora, hira).")
     alpha: float = Field(16.0, gt=0, description="Adapter scaling numerator (lora_alpha).")
     dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: Optional[list[str]] = Field(
+    target_modules: list[str] | None = Field(
         None,
         description="Modules that get adapters; default: q_proj, k_proj, v_proj, up_proj, down_proj "
         "(the seed's HiRA choice: attention q/k/v and two MLP projections).",
     )
-    new_token_rows: Union[Literal["auto"], bool] = Field(
+    new_token_rows: Literal["auto"] | bool = Field(
         "auto",
         description="Train the embedding / output rows of the tokens the harness added (chat-role tokens; "
         "EOS / pad when new): true | false | auto (default: in lora / hira / frozen stages, "
@@ -126,13 +126,13 @@ class TrainSpec(Strict):
         "docs/experiment-file.md, Length grouping.",
     )
     checkpoint: bool = Field(True, description="Save a Hugging Face checkpoint at the end of the stage.")
-    checkpoint_every: Optional[int] = Field(
+    checkpoint_every: int | None = Field(
         None, ge=1, description="Also save a resumable checkpoint every N steps (model, optimiser, RNG, data position)."
     )
     keep_checkpoints: int = Field(2, ge=1, description="Periodic checkpoints kept (the newest).")
     nonfinite: NonFiniteSpec = Field(default_factory=NonFiniteSpec)
     diagnostics: bool = Field(True, description="Per-module-group grad norms and update ratios (diag/...).")
-    compile: Union[bool, Literal["auto"]] = Field(
+    compile: bool | Literal["auto"] = Field(
         "auto",
         description="torch.compile the model's training forward (dynamic shapes; fused norms/RoPE/SiLU): "
         "true | false | auto (the default: compile CPU stages of at least 1,000 steps when a "
@@ -140,12 +140,12 @@ class TrainSpec(Strict):
         "compile falls back to eager with one warning line). What compiling gains and costs: "
         "docs/performance.md, Compiling.",
     )
-    stage_cache: Union[bool, Literal["read_only"]] = Field(
+    stage_cache: bool | Literal["read_only"] = Field(
         True,
         description="Keep the stage's outcome under $HARNESS_CACHE/stages and start from it when a later run "
         "shares every stage up to it (true); only read it (read_only); neither (false).",
     )
-    packing: Union[bool, Literal["auto"]] = Field(
+    packing: bool | Literal["auto"] = Field(
         "auto",
         description="Padding-free batches: each step's examples (the same ones) laid end to end, "
         "positions restarting per example, attention confined to each: example by example under "
@@ -156,12 +156,12 @@ class TrainSpec(Strict):
         "always pads. Image batches are never packed (auto pads them; true is refused). "
         "docs/packing.md.",
     )
-    loss_chunking: Union[bool, Literal["auto"]] = Field(
+    loss_chunking: bool | Literal["auto"] = Field(
         "auto",
         description="The loss a chunk of supervised rows at a time, never all [N, V] logits (one process, same loss "
         "up to summation order): auto (chunk when N·V exceeds one chunk) | true | false. docs/performance.md.",
     )
-    loss_chunk_tokens: Optional[int] = Field(
+    loss_chunk_tokens: int | None = Field(
         None, ge=1, description="Supervised tokens per loss chunk (default: the rows whose fp32 logits take 256 MiB)."
     )
 

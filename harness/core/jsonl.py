@@ -15,10 +15,11 @@ import json
 import math
 import os
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any
 
-PathLike = Union[str, Path]
+PathLike = str | Path
 
 
 class JsonlError(ValueError):
@@ -38,7 +39,7 @@ def _parse(line: bytes, path: PathLike, lineno: int) -> Any:
         raise JsonlError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
 
 
-def _split_complete(data: bytes, path: PathLike) -> tuple[list[tuple[int, bytes]], Optional[int]]:
+def _split_complete(data: bytes, path: PathLike) -> tuple[list[tuple[int, bytes]], int | None]:
     """(numbered non-blank complete lines, number of the unfinished last line or None). A last line without its
     newline counts as complete when it parses (the writer died between the record and its newline)."""
     lines = data.split(b"\n")
@@ -108,7 +109,7 @@ def trim_unfinished_last_line(path: PathLike) -> bool:
 
 
 def append_jsonl(
-    path: PathLike, records: Iterable[dict[str, Any]], *, run_id: Optional[str] = None, fsync: bool = True
+    path: PathLike, records: Iterable[dict[str, Any]], *, run_id: str | None = None, fsync: bool = True
 ) -> int:
     """Append ``records`` as JSON lines in a single ``write`` + ``flush`` (+ ``fsync``); with ``run_id`` every
     record gets a ``run_id`` field first (sample lines must carry it so two runs' lines are never counted as one

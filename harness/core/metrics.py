@@ -16,9 +16,8 @@ each use. An undeclared metric is continuous and higher-is-better.
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Callable, Iterator, Set
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
 
 from harness.core.registry import Registry
 
@@ -35,22 +34,22 @@ class Metric:
 
     name: str
     kind: str = CONTINUOUS
-    higher_is_better: Optional[bool] = True
+    higher_is_better: bool | None = True
 
     def __post_init__(self) -> None:
         if self.kind not in METRIC_KINDS:
             raise ValueError(f"metric {self.name!r}: kind {self.kind!r} is not one of {', '.join(METRIC_KINDS)}")
 
 
-def proportion(name: str, higher_is_better: Optional[bool] = True) -> Metric:
+def proportion(name: str, higher_is_better: bool | None = True) -> Metric:
     return Metric(name, PROPORTION, higher_is_better)
 
 
-def continuous(name: str, higher_is_better: Optional[bool] = True) -> Metric:
+def continuous(name: str, higher_is_better: bool | None = True) -> Metric:
     return Metric(name, CONTINUOUS, higher_is_better)
 
 
-def count(name: str, higher_is_better: Optional[bool] = True) -> Metric:
+def count(name: str, higher_is_better: bool | None = True) -> Metric:
     return Metric(name, COUNT, higher_is_better)
 
 
@@ -74,7 +73,7 @@ class MetricRegistry(Registry[Metric]):
 METRICS = MetricRegistry("metric", provider="harness.evaluation.components")
 
 
-def declare_metric(name: str, kind: str = CONTINUOUS, higher_is_better: Optional[bool] = True) -> Metric:
+def declare_metric(name: str, kind: str = CONTINUOUS, higher_is_better: bool | None = True) -> Metric:
     """Declare a metric that no component's ``emits`` lists (a training-loop row, a plug-in's own)."""
     return METRICS.declare(Metric(name, kind, higher_is_better))
 

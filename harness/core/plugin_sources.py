@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
-from typing import Optional
 
 from harness.core.plugins import FILE_MODULE_PREFIX
 
@@ -58,7 +57,7 @@ def library_dirs() -> tuple[Path, ...]:
     return tuple(sorted({Path(d).resolve() for d in dirs if d}))
 
 
-def _module_file(module: Optional[ModuleType]) -> Optional[Path]:
+def _module_file(module: ModuleType | None) -> Path | None:
     file = getattr(module, "__file__", None)
     return Path(file).resolve() if file else None
 
@@ -83,14 +82,14 @@ class _Finder:
     """Module name → its file along ``sys.path``, without importing (modules already imported: their file)."""
 
     def __init__(self) -> None:
-        self._specs: dict[str, Optional[importlib.machinery.ModuleSpec]] = {}
+        self._specs: dict[str, importlib.machinery.ModuleSpec | None] = {}
 
-    def spec(self, name: str) -> Optional[importlib.machinery.ModuleSpec]:
+    def spec(self, name: str) -> importlib.machinery.ModuleSpec | None:
         if name not in self._specs:
             self._specs[name] = self._find(name)
         return self._specs[name]
 
-    def _find(self, name: str) -> Optional[importlib.machinery.ModuleSpec]:
+    def _find(self, name: str) -> importlib.machinery.ModuleSpec | None:
         module = sys.modules.get(name)
         if module is not None:
             return getattr(module, "__spec__", None)
@@ -106,7 +105,7 @@ class _Finder:
         except (ImportError, ValueError):
             return None
 
-    def file(self, name: str) -> Optional[Path]:
+    def file(self, name: str) -> Path | None:
         origin = getattr(self.spec(name), "origin", None)
         return Path(origin).resolve() if origin and origin not in ("built-in", "frozen") else None
 
@@ -168,7 +167,7 @@ def _package_modules(top: str, root: Path) -> set[Path]:
     return files
 
 
-def plugin_source(name: str) -> Optional[PluginSource]:
+def plugin_source(name: str) -> PluginSource | None:
     """The files of the imported module ``name`` and of the modules it imports from its own package or directory
     (module docstring); None for a module without a source file."""
     file = _module_file(sys.modules.get(name))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Mapping, Optional
+from collections.abc import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 STORAGE_ENV = "HARNESS_STORAGE"
@@ -57,7 +57,7 @@ def mask_urls_in_text(text: str) -> str:
     return _CREDENTIALS.sub(lambda m: m.group("head") + MASK, text)
 
 
-def storage_url_from_env(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+def storage_url_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     """The storage URL in ``$HARNESS_STORAGE`` (stripped), or None when unset or blank. A sweep file's
     ``study.storage`` wins over it; the sweep keeps only the masked form in anything it writes."""
     value = (os.environ if environ is None else environ).get(STORAGE_ENV, "").strip()

@@ -25,7 +25,8 @@ import difflib
 import importlib
 import importlib.metadata
 import pkgutil
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -10,7 +10,8 @@ values only: task–task. No imports, so the evaluation's light modules name the
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 #: The seesaw family in which benchmarks meet the tasks (event metric and split)
 BENCH_FAMILY = "bench_vs_greedy"

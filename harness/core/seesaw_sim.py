@@ -17,7 +17,7 @@ Used by ``tests/core/test_seesaw_power.py`` (the false-event rate ≤ α at 24 a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -60,7 +60,7 @@ class Planted:
     size: float = 0.4
 
 
-def simulate_outcomes(schedule: Schedule, rng: np.random.Generator, planted: Optional[Planted] = None) -> np.ndarray:
+def simulate_outcomes(schedule: Schedule, rng: np.random.Generator, planted: Planted | None = None) -> np.ndarray:
     """Per-item outcomes ``[evaluation, split, task, item]`` (bool) of one simulated run."""
     s = schedule
     shape = (s.splits, s.tasks, s.items)
@@ -111,7 +111,7 @@ def simulate_run(
     *,
     delta: float = 0.15,
     alpha: float = DEFAULT_ALPHA,
-    planted: Optional[Planted] = None,
+    planted: Planted | None = None,
 ) -> dict[str, list[dict]]:
     """The detectors on one simulated run: ``{"none": [events of the untested rule], "paired": [...], "uncorrected":
     [the paired rule without the Benjamini-Hochberg correction: each change's own p-value ≤ α]}``."""
@@ -124,7 +124,7 @@ def simulate_run(
     }
 
 
-def false_events(events: list[dict], planted: Optional[Planted] = None, step_every: int = 10) -> list[dict]:
+def false_events(events: list[dict], planted: Planted | None = None, step_every: int = 10) -> list[dict]:
     """The events that are not a real change: all of them under the null; with a planted effect, those that are
     not the planted pair at its interval (a later drift back of a planted task is a real change too, and is not
     counted)."""

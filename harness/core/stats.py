@@ -21,7 +21,8 @@ formula, the AUC's score interval) are written here and say so.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 from scipy import optimize, stats

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Set
+from collections.abc import Iterable, Set
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
 
 import polars as pl
 
@@ -50,14 +49,14 @@ LOWER_IS_BETTER: Set[str] = MetricView(lambda m: m.higher_is_better is False)
 class Row:
     stage: str
     step: int
-    task: Optional[str]
+    task: str | None
     split: str
     metric: str
     value: float
-    text: Optional[str] = None
-    n: Optional[int] = None  # items behind a proportion, and its 95 % Wilson interval (None otherwise)
-    ci_low: Optional[float] = None
-    ci_high: Optional[float] = None
+    text: str | None = None
+    n: int | None = None  # items behind a proportion, and its 95 % Wilson interval (None otherwise)
+    ci_low: float | None = None
+    ci_high: float | None = None
 
 
 def with_schema_columns(frame: pl.DataFrame) -> pl.DataFrame:
@@ -102,7 +101,7 @@ class MetricsStore:
         self._dirty = False
         self._last_flush = time.monotonic()
 
-    def log(self, rows: Iterable[Row], cached_from: Optional[str] = None) -> None:
+    def log(self, rows: Iterable[Row], cached_from: str | None = None) -> None:
         now = time.time()
         cols = self._columns
         for r in rows:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -63,7 +63,7 @@ class Layout:
 
     spans: tuple[tuple[int, int, int], ...]
     pad_id: int
-    factor: Optional[int]
+    factor: int | None
     varlen: bool = False
 
 
@@ -89,7 +89,7 @@ class Batch:
     # Packed batches only (None when padded): positions restarting at 0 per example [B, T], and the layout.
     position_ids: Any = None
     example_of_token: Any = None  # LongTensor [N]: the example (index into tasks) of each supervised token
-    layout: Optional[Layout] = None
+    layout: Layout | None = None
     # A varlen packed batch's attention plan (harness.data.segments.SegmentPlan), planned on the host when packed.
     segments: Any = None
 
@@ -103,7 +103,7 @@ class Batch:
     def packed(self) -> bool:
         return self.position_ids is not None
 
-    def row_slice(self, start: int, end: int) -> "Batch":
+    def row_slice(self, start: int, end: int) -> Batch:
         """Rows ``start:end`` of a padded batch, at the batch's width (a data-parallel rank's share)."""
         mask = self.attention_mask[start:end]
         return Batch(
@@ -119,7 +119,7 @@ class Batch:
         """Model inputs beyond the tokens (an image batch's pixels: :class:`harness.data.images.VisionBatch`)."""
         return {}
 
-    def to(self, device) -> "Batch":
+    def to(self, device) -> Batch:
         """The batch on ``device``; to a GPU through pinned memory, without blocking the host."""
         import torch
 

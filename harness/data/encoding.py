@@ -8,8 +8,9 @@ sees at inference, for any tokenizer whose template renders prefixes consistentl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +55,7 @@ def _render(tokenizer, messages: Sequence[dict[str, str]], generation_prompt: bo
 
 
 def assistant_spans(
-    tokenizer, messages: Sequence[dict[str, str]], prompts: Optional[dict[int, str]] = None
+    tokenizer, messages: Sequence[dict[str, str]], prompts: dict[int, str] | None = None
 ) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character span of every assistant turn (content + end token).
 
@@ -132,7 +133,7 @@ def eval_items(tokenizer, examples: Sequence[Any], split: str) -> list[EvalItem]
     return items
 
 
-def position_limit(model_config) -> Optional[int]:
+def position_limit(model_config) -> int | None:
     """The longest sequence the model can take (learned positions: GPT-2's ``n_positions``; RoPE models'
     ``max_position_embeddings``), or None when its config states none."""
     for name in ("n_positions", "max_position_embeddings"):

@@ -20,8 +20,9 @@ for days without its images" bug on purpose.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -131,7 +132,7 @@ class VisionBatch(Batch):
     image_rows: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, text: Batch, pixels: Any, image_rows: tuple[int, ...]) -> "VisionBatch":
+    def of(cls, text: Batch, pixels: Any, image_rows: tuple[int, ...]) -> VisionBatch:
         """A text batch's tensors with the images of its ``image_rows``."""
         return cls(
             text.input_ids,
@@ -145,7 +146,7 @@ class VisionBatch(Batch):
             image_rows=image_rows,
         )
 
-    def row_slice(self, start: int, end: int) -> "VisionBatch":
+    def row_slice(self, start: int, end: int) -> VisionBatch:
         """Rows ``start:end`` with the images of those rows (a data-parallel rank's share keeps its pixels)."""
         text = super().row_slice(start, end)
         kept = [k for k, row in enumerate(self.image_rows) if start <= row < end]
@@ -156,7 +157,7 @@ class VisionBatch(Batch):
         """The stacked images, when the batch has any (the forward casts them to the model's dtype)."""
         return {} if self.pixel_values is None else {"pixel_values": self.pixel_values}
 
-    def to(self, device) -> "VisionBatch":
+    def to(self, device) -> VisionBatch:
         moved = super().to(device)
         if moved is self:
             return self

@@ -21,8 +21,8 @@ loss, per-task sums) adds the same numbers in the same order as the padded batch
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Optional, Sequence
 
 import numpy as np
 
@@ -48,7 +48,7 @@ def balanced_rows(lengths: Sequence[int], n_rows: int) -> list[list[int]]:
     return [sorted(row) for row in rows if row]
 
 
-def row_count(lengths: Sequence[int], factor: Optional[int] = ROW_WIDTH_FACTOR) -> int:
+def row_count(lengths: Sequence[int], factor: int | None = ROW_WIDTH_FACTOR) -> int:
     """Rows of about ``factor`` × the longest example (``None``: one row holding every example)."""
     if factor is None:
         return 1
@@ -59,7 +59,7 @@ def pack(
     examples: Sequence[tuple[np.ndarray, np.ndarray]],
     tasks: Sequence[str],
     pad_id: int,
-    factor: Optional[int] = ROW_WIDTH_FACTOR,
+    factor: int | None = ROW_WIDTH_FACTOR,
     varlen: bool = False,
 ) -> Batch:
     """A packed :class:`~harness.data.batches.Batch` of ``examples`` (``(input_ids, labels)`` per example, labels
@@ -106,9 +106,7 @@ def pack(
     )
 
 
-def pack_encoded(
-    examples: Sequence, pad_id: int, factor: Optional[int] = ROW_WIDTH_FACTOR, varlen: bool = False
-) -> Batch:
+def pack_encoded(examples: Sequence, pad_id: int, factor: int | None = ROW_WIDTH_FACTOR, varlen: bool = False) -> Batch:
     """:func:`pack` of encoded examples (:class:`harness.data.encoding.Encoded`)."""
     return pack([(e.input_ids, e.labels) for e in examples], [e.task for e in examples], pad_id, factor, varlen)
 

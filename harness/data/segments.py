@@ -8,8 +8,9 @@ the GPU (a device-to-host sync per step).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -45,7 +46,7 @@ class SegmentPlan:
     source: torch.Tensor
     tokens: int
 
-    def to(self, device) -> "SegmentPlan":
+    def to(self, device) -> SegmentPlan:
         """The plan on ``device`` (itself when already there)."""
         import torch
 

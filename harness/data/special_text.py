@@ -15,9 +15,10 @@ The strings checked are the tokenizer's special tokens plus its added tokens tha
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 SpecialTokenPolicy = Literal["error", "escape"]
 ESCAPE_CHAR = "\u200b"  # zero-width space: invisible when shown, and splits the string for the tokenizer

@@ -20,8 +20,9 @@ score must beat (:func:`harness.core.stats.above_rate_p`).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 CONSTANT = "constant_answer"
 MAJORITY_FIRST_TOKEN = "majority_first_token"
@@ -80,7 +81,7 @@ def _hits(candidates: Sequence[str], golds: Sequence[str], recipe: Any) -> list[
     return [sum(k for gold, k in counts.items() if recipe.is_correct(c, gold)) for c in candidates]
 
 
-def majority_first_token_baseline(gold_first_ids: Sequence[Optional[int]]) -> list[Baseline]:
+def majority_first_token_baseline(gold_first_ids: Sequence[int | None]) -> list[Baseline]:
     """``tf_first`` of always predicting the most common gold first token (ties: the smallest id) over the items
     that have a gold first token; empty when none has."""
     ids = [i for i in gold_first_ids if i is not None]
@@ -99,7 +100,7 @@ def chance_baseline(golds: Sequence[str], recipe: Any) -> list[Baseline]:
     return [Baseline("greedy", CHANCE, 1 / len(classes), len(golds))]
 
 
-def task_baselines(golds: Sequence[str], gold_first_ids: Sequence[Optional[int]], recipe: Any) -> list[Baseline]:
+def task_baselines(golds: Sequence[str], gold_first_ids: Sequence[int | None], recipe: Any) -> list[Baseline]:
     """Every baseline of one task × split pool: constant answer, majority first token, chance."""
     return [
         *constant_answer_baseline(golds, recipe),

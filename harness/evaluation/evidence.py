@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from harness.core.metrics import BASELINE_PREFIX, BENCH_TASK_PREFIX, SEESAW_TESTS_METRIC, is_benchmark_task
 from harness.core.seesaw import SEESAW_METRICS, change_tests, paired_seesaw_events, seesaw_events
@@ -148,9 +149,7 @@ def baselines_summary(baselines: dict[tuple[str, str], list[Baseline]]) -> dict[
     return out
 
 
-def format_score(
-    value: Optional[float], low: Optional[float] = None, high: Optional[float] = None, n: Optional[int] = None
-) -> str:
+def format_score(value: float | None, low: float | None = None, high: float | None = None, n: int | None = None) -> str:
     """``0.458 [0.28,0.65] n=24`` for a proportion with its interval; the bare value otherwise (``-`` if none)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +48,7 @@ REFERENCE_METRICS = ("ref_loss", "ref_ppl", "ref_loss_base", "ref_loss_delta")
 DEFAULT_DOCUMENTS = 64
 
 
-def is_reference_task(task: Optional[str]) -> bool:
+def is_reference_task(task: str | None) -> bool:
     return task is not None and task.startswith(REF_TASK_PREFIX)
 
 
@@ -72,7 +72,7 @@ def file_documents(path: str | Path) -> list[str]:
     return docs
 
 
-def encode_documents(tokenizer: Any, docs: list[str], max_length: Optional[int]) -> list[list[int]]:
+def encode_documents(tokenizer: Any, docs: list[str], max_length: int | None) -> list[list[int]]:
     """Each document as ``[eot, *tokens, eot]`` (eot: the tokenizer's end-of-text/eos token), cut to
     ``max_length`` tokens (the model's positions)."""
     eot = tokenizer.eos_token_id

@@ -17,7 +17,8 @@ No torch: only the tokenizer.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 MIN_PREFIX_CHARS = 2
 WORD_START_MARKERS = ("Ġ", "▁")

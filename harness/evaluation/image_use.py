@@ -24,8 +24,9 @@ one sample per item with its ``image_id`` and its 0/1 ``greedy`` outcome (the pa
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -280,7 +281,7 @@ class ImageEvalPlan:
     splits: tuple[str, ...]
     seed: int
     batch_size: int
-    max_new_tokens: Optional[int]
+    max_new_tokens: int | None
     drop_images: bool
     task_seeds: dict[str, int]
     train_items: dict[str, int]
@@ -344,7 +345,7 @@ class ImageEval:
         return rows, samples
 
 
-def image_eval(plan: ImageEvalPlan, data, io) -> Optional[ImageEval]:
+def image_eval(plan: ImageEvalPlan, data, io) -> ImageEval | None:
     """The run's :class:`ImageEval` through ``io``'s processor (:func:`harness.models.modality.model_io`; a text
     model's run has refused image tasks when it encoded them), or ``None`` when no task has images."""
     if not image_tasks(data):

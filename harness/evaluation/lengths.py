@@ -14,7 +14,8 @@ No torch here: ``harness.config``-level code may import it.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 _PROBE_ANSWER = "Xq7Zv"  # a marker that no template wraps specially, to find what follows an assistant turn
 

@@ -18,7 +18,8 @@ ends up in a module buffer would break the next backward pass.)
 from __future__ import annotations
 
 import inspect
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from harness.core.metrics import PROPORTION_METRICS
 
@@ -50,7 +50,7 @@ class EvalResult:
             out.setdefault(split, {}).setdefault(task, {})[metric] = value
         return out
 
-    def interval(self, task: str, split: str, metric: str) -> Optional["Interval"]:
+    def interval(self, task: str, split: str, metric: str) -> Interval | None:
         """The 95 % Wilson interval (with ``n``) of a proportion metric from its per-item outcomes, or the interval
         a component gave (``choice_auc``); None for other metrics or when no per-item values were kept."""
         from harness.core.stats import Interval, wilson_interval  # scipy: imported on use, not with evaluation

@@ -10,7 +10,7 @@ against it, and a row with any NaN or ±inf logit gets the worst rank (the vocab
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -121,7 +121,7 @@ def _config_class(model_type: str):
     return type(AutoConfig.for_model(model_type))
 
 
-def builtin_config(spec: "ModelSpec", tokenizer) -> Any:
+def builtin_config(spec: ModelSpec, tokenizer) -> Any:
     """The transformers config of a builtin model, sized to ``tokenizer``: one embedding row per token, or the config's
     ``vocab_size`` rows where it asks for more (rows the tokenizer never produces); fewer is an error."""
     arch = BUILTIN_MODELS.get(spec.builtin)
@@ -164,7 +164,7 @@ def builtin_unused_token_ids(tokenizer, corpus: list[str]) -> list[int]:
     return [i for i in range(len(tokenizer)) if i not in seen]
 
 
-def build_builtin(spec: "ModelSpec", tokenizer, seed: int):
+def build_builtin(spec: ModelSpec, tokenizer, seed: int):
     """A freshly initialised builtin model (deterministic for ``seed``)."""
     import torch
     from transformers import AutoModelForCausalLM

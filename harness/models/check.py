@@ -51,7 +51,7 @@ def size_errors(overrides: dict[str, Any], defaults: dict[str, Any]) -> Errors:
     ]
 
 
-def model_config_errors(spec: "ModelSpec", arch, config_class) -> Errors:
+def model_config_errors(spec: ModelSpec, arch, config_class) -> Errors:
     """Errors of ``spec.config`` (a builtin model whose override keys are known fields): sizes first, then whether
     transformers can build the config and the model from them."""
     # torch and transformers: transformers is already imported by the config class; torch comes with it.
@@ -74,7 +74,7 @@ def model_config_errors(spec: "ModelSpec", arch, config_class) -> Errors:
     return []
 
 
-def check_model_spec(spec: "ModelSpec") -> list[tuple[str, str]]:
+def check_model_spec(spec: ModelSpec) -> list[tuple[str, str]]:
     """Errors in the ``model`` section that the schema cannot see (unknown builtin, unknown config fields)."""
     errors: list[tuple[str, str]] = []
     if spec.builtin == VISION_BUILTIN or getattr(spec, "text", None) or getattr(spec, "vision", None):
@@ -142,10 +142,10 @@ class ModelCheck(Plugin):
     def __init__(self, params: Any = None):
         self.params = params if params is not None else self.Params()
 
-    def check(self, spec: "ModelSpec") -> Errors:
+    def check(self, spec: ModelSpec) -> Errors:
         raise NotImplementedError
 
-    def __call__(self, spec: "ModelSpec") -> Errors:
+    def __call__(self, spec: ModelSpec) -> Errors:
         return self.check(spec)
 
 
@@ -153,5 +153,5 @@ class ModelCheck(Plugin):
 class ModelSectionCheck(ModelCheck):
     """The builtin / HF / image-text checks of this module (:func:`check_model_spec`)."""
 
-    def check(self, spec: "ModelSpec") -> Errors:
+    def check(self, spec: ModelSpec) -> Errors:
         return check_model_spec(spec)

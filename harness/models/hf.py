@@ -10,7 +10,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from harness.config.schema import ModelSpec
 
 
-def load_hf(spec: "ModelSpec", return_added: bool = False):
+def load_hf(spec: ModelSpec, return_added: bool = False):
     """Load any causal LM and its tokenizer by hub id or local path (``trust_remote_code`` off unless asked).
 
     Returns ``(model, tokenizer)``, or ``(model, tokenizer, added_ids)`` with ``return_added=True``: the ids of the

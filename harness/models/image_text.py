@@ -17,7 +17,8 @@ model, and both reload with ``AutoModelForImageTextToText`` / ``AutoProcessor``.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from harness.config import ModelSpec
 from harness.models.builtin import builtin_config
@@ -241,7 +242,7 @@ VISION_BUILTIN = "llava-tiny"
 DEFAULT_TEXT = "qwen2-tiny"
 
 
-_PROCESSORS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_PROCESSORS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def register_processor(tokenizer, processor) -> None:
@@ -249,7 +250,7 @@ def register_processor(tokenizer, processor) -> None:
     _PROCESSORS[tokenizer] = processor
 
 
-def processor_for(tokenizer) -> Optional[Any]:
+def processor_for(tokenizer) -> Any | None:
     """The processor of an image-text model's tokenizer; ``None`` for a text model's."""
     try:
         return _PROCESSORS.get(tokenizer)

@@ -10,7 +10,8 @@ Code downstream calls these instead of asking the model or the batch whether ima
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from harness.data.batches import Batch, collate
 from harness.data.encoding import Encoded, encode_examples

@@ -27,8 +27,8 @@ evaluation, generation and padded batches keep the model's own attention and mas
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F

@@ -7,7 +7,7 @@ format intends). The result is a ``PreTrainedTokenizerFast`` that saves with ``s
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast

@@ -24,8 +24,9 @@ indicators); the confidence interval of rates comes from :mod:`harness.core.stat
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 from harness.core.stats import wilson_interval
 
@@ -42,7 +43,7 @@ class RowIndicators:
     norm_z: float
     mean_cos: float
     mean_cos_z: float
-    unused_score: Optional[float]  # None without known-unused reference rows
+    unused_score: float | None  # None without known-unused reference rows
     reasons: tuple[str, ...]
 
 
@@ -53,7 +54,7 @@ class TokenReport:
     token: str
     id: int
     input: RowIndicators
-    output: Optional[RowIndicators]  # None when the output embedding is tied to the input embedding
+    output: RowIndicators | None  # None when the output embedding is tied to the input embedding
     flagged: bool
     why: str
 
@@ -154,8 +155,8 @@ def _unused_scores(rows, mean_row, index, unused, reference):
 def detect_undertrained(
     model,
     tokenizer,
-    token_ids: Optional[Sequence[int]] = None,
-    unused_ids: Optional[Sequence[int]] = None,
+    token_ids: Sequence[int] | None = None,
+    unused_ids: Sequence[int] | None = None,
     norm_z: float = NORM_Z,
     mean_cos_z: float = MEAN_COS_Z,
 ) -> list[TokenReport]:
@@ -201,7 +202,7 @@ def flagged_summary(reports: Sequence[TokenReport]) -> list[dict]:
     ]
 
 
-def warning_line(reports: Sequence[TokenReport], added: Iterable[int], fate: str) -> Optional[str]:
+def warning_line(reports: Sequence[TokenReport], added: Iterable[int], fate: str) -> str | None:
     """One console line naming the flagged tokens (``None`` when none is), and ``fate``: what this run does with
     their rows (:func:`row_fate`). A ``warning`` when a flagged token is the base model's own (a chat template whose
     ``<|im_end|>`` never trained); a ``note`` when every flagged token is one the harness added (new rows: untrained
@@ -240,7 +241,7 @@ def row_fate(stages: Sequence[tuple[str, Any]], flagged_ids: Iterable[int], adde
     return "every stage trains their rows (full mode, unfreeze or trainable.new_token_rows)"
 
 
-def undertrained_tokens(spec, corpus: Sequence[str], model, tokenizer) -> Optional[list[TokenReport]]:
+def undertrained_tokens(spec, corpus: Sequence[str], model, tokenizer) -> list[TokenReport] | None:
     """The under-trained check of a base model's special-token rows (:func:`detect_undertrained`), one report per
     special / chat-template token; ``None`` for a builtin without ``pretrain`` (every row is at its initialisation:
     nothing to tell apart). ``spec``: the run's :class:`~harness.config.ModelSpec`; ``corpus``: the builtin's
@@ -258,8 +259,8 @@ def undertrained_tokens(spec, corpus: Sequence[str], model, tokenizer) -> Option
 
 
 def special_token_note(
-    reports: Optional[Sequence[TokenReport]], stages: Sequence[tuple[str, Any]], added: Iterable[int]
-) -> tuple[Optional[str], Optional[list[dict]]]:
+    reports: Sequence[TokenReport] | None, stages: Sequence[tuple[str, Any]], added: Iterable[int]
+) -> tuple[str | None, list[dict] | None]:
     """``(console line or None, summary.json's flagged tokens)`` of :func:`undertrained_tokens`' reports, the line
     saying what the run's ``stages`` (``(name, trainable spec)``) do with their rows; ``(None, None)`` unchecked."""
     if reports is None:

@@ -14,7 +14,6 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from harness.runs.stage_cache import META
 
@@ -67,7 +66,7 @@ class EntryInfo:
     path: Path
     size: int  # bytes
     last_used: float  # epoch seconds (the directory's mtime)
-    meta: Optional[dict]  # None: unreadable meta.json (a corrupt entry)
+    meta: dict | None  # None: unreadable meta.json (a corrupt entry)
 
     @property
     def label(self) -> str:
@@ -98,7 +97,7 @@ def list_entries(root: Path) -> list[EntryInfo]:
 
 
 def prune(
-    root: Path, older_than_s: Optional[float] = None, max_size: Optional[int] = None, now: Optional[float] = None
+    root: Path, older_than_s: float | None = None, max_size: int | None = None, now: float | None = None
 ) -> list[EntryInfo]:
     """Remove entries unused for ``older_than_s``, corrupt ones, then the least recently used until the rest total
     at most ``max_size`` bytes; also writers' temporary directories abandoned long ago. Returns what went."""

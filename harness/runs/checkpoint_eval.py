@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -20,7 +19,7 @@ from harness.runs.runner import RunResult, finish_run, log_baselines, open_run
 from harness.runs.tracking import Tracker
 
 
-def eval_output_dir(out: Optional[Path], exp: Experiment, root: Path = Path("runs")) -> Path:
+def eval_output_dir(out: Path | None, exp: Experiment, root: Path = Path("runs")) -> Path:
     """Where ``harness eval`` writes: ``out`` when it is new or empty, else a new ``eval-<time>-<hex>``
     subdirectory of it (so ``--out RUN`` never touches the training run's own files); default
     ``runs/<name>/eval-<time>-<hex>``."""

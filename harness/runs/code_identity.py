@@ -55,9 +55,10 @@ import json
 import os
 import tempfile
 import time
-from functools import lru_cache
+from collections.abc import Iterable, Sequence
+from functools import cache
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 import torch
 import yaml
@@ -213,7 +214,7 @@ def _write_memo(path: Path, memo: dict) -> None:
         pass
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cached(root: Path) -> str:
     return fingerprint_of(root, shaping_files(root))
 
@@ -279,7 +280,7 @@ def version(distribution: str) -> str:
         return "absent"
 
 
-def environment(device: str, benchmarks: Sequence = (), reference_text: Optional[str] = None) -> dict[str, Any]:
+def environment(device: str, benchmarks: Sequence = (), reference_text: str | None = None) -> dict[str, Any]:
     """What computes a stage besides the code (module docstring): the :data:`LIBRARIES`' versions, the CPU kernel
     path (:func:`kernel_path`), lm-eval's version and the content of each ``include_path`` when there are
     ``benchmarks`` (``eval.benchmarks``), the content of the forgetting probe's ``eval.reference_text`` file (the path

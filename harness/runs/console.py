@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any
 
 from rich.console import Console as RichConsole
 from rich.measure import Measurement
@@ -133,7 +134,7 @@ class Console:
             self.rich.print(message, markup=False, soft_wrap=True)
 
     def evaluation_hook(
-        self, items: Iterable[Any], then: Optional[Callable[[str, int, list], None]] = None
+        self, items: Iterable[Any], then: Callable[[str, int, list], None] | None = None
     ) -> Callable[[str, int, list], None]:
         """An ``on_evaluation(stage, step, rows)`` callback that prints :func:`evaluation_lines` (item counts from
         the eval ``items``), then calls ``then``."""

@@ -12,7 +12,7 @@ import re
 import sys
 import tempfile
 from functools import lru_cache
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -36,7 +36,7 @@ def kernel_path() -> dict[str, Any]:
     return path
 
 
-def mkl_path() -> Optional[dict[str, str]]:
+def mkl_path() -> dict[str, str] | None:
     """What MKL says of the code path it dispatches to: the first line of its verbose output (version, instruction
     set — ``MKL_ENABLE_INSTRUCTIONS`` as it took it —, threading layer; the clock speed dropped) and its conditional
     reproducibility mode (``CNR``, set by ``MKL_CBWR``), read from a tiny product run with verbose output on and the

@@ -18,7 +18,8 @@ Its rows are split ``loss_<split>`` (:func:`harness.core.metrics.loss_pool_split
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from data_recipes.split_check import HELD_OUT_SPLITS, prompt_digest
 from harness.config import Experiment, task_seed

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from harness.core.store import Row
 from harness.data.batches import collate
@@ -42,7 +43,7 @@ from harness.training.parallel import loop_hooks
 log = logging.getLogger(__name__)
 
 
-def decision(packed: bool, varlen: bool = False, factor: Optional[int] = None) -> dict[str, Any]:
+def decision(packed: bool, varlen: bool = False, factor: int | None = None) -> dict[str, Any]:
     """The layout a stage trains on, as a resume point keeps it (JSON): padded, or packed with ``varlen`` rows
     (example by example) or rows ``factor`` × the longest example wide (None: one row)."""
     return {"packed": packed, "varlen": packed and varlen, "factor": factor if packed else None}
@@ -57,8 +58,8 @@ def stage_layout(
     tasks: list[str],
     pad_id: int,
     step: int,
-    record: Optional[Callable[[list[Row], int], None]],
-    stored: Optional[dict[str, Any]] = None,
+    record: Callable[[list[Row], int], None] | None,
+    stored: dict[str, Any] | None = None,
 ) -> tuple[list, dict[str, Any]]:
     """``(batches, decision)``: the batches stage ``plan`` trains on and the :func:`decision` behind them. ``stored``:
     a resume point's decision, which is used as it is (no check). Otherwise the check's rows go to ``record(rows,
@@ -72,13 +73,13 @@ def stage_layout(
 
 
 def stage_batches(
-    plan: StagePlan, model, tasks: list[str], pad_id: int, step: int, record: Optional[Callable[[list[Row], int], None]]
+    plan: StagePlan, model, tasks: list[str], pad_id: int, step: int, record: Callable[[list[Row], int], None] | None
 ) -> list:
     """The batches of :func:`stage_layout` for a stage that begins (its decision made now)."""
     return stage_layout(plan, model, tasks, pad_id, step, record)[0]
 
 
-def _decide(plan: StagePlan, model, tasks: list[str], pad_id: int, step: int, record) -> Optional[tuple[list, dict]]:
+def _decide(plan: StagePlan, model, tasks: list[str], pad_id: int, step: int, record) -> tuple[list, dict] | None:
     """``(packed batches, decision)`` when the check proved a packed layout exact on ``model`` on every rank; None:
     padded. Each rank checks its own slice (:func:`_rank_slices`), then the ranks agree (:func:`_agreed`)."""
     stage = plan.stage
@@ -129,7 +130,7 @@ def _decide(plan: StagePlan, model, tasks: list[str], pad_id: int, step: int, re
     return None
 
 
-def _rank_slices(plan: StagePlan, hooks, pad_id: int, factor: Optional[int], varlen: bool) -> tuple[list, list]:
+def _rank_slices(plan: StagePlan, hooks, pad_id: int, factor: int | None, varlen: bool) -> tuple[list, list]:
     """``(padded, packed)`` for the check: of the first :data:`~harness.training.packing_check.CHECK_BATCHES` batches
     packed with ``(factor, varlen)``, this rank's slice as the loop will train it (``hooks.shard``: whole rows of
     the step's packed batch), and the same examples padded, in the same order. A rank holds its share of the
@@ -144,7 +145,7 @@ def _rank_slices(plan: StagePlan, hooks, pad_id: int, factor: Optional[int], var
     return padded, packed
 
 
-def _agreed(hooks, result, stage: str) -> Optional[tuple[str, Any]]:
+def _agreed(hooks, result, stage: str) -> tuple[str, Any] | None:
     """Every rank's check of one layout, exchanged (one object collective, which every rank calls as often as the
     others), and the one all ranks act on: ``(where, check)``, the check of the rank closest to failing — a
     failing one when any fails, so all ranks pad, or all stop with the same message — with ``where`` naming that
@@ -164,7 +165,7 @@ def _agreed(hooks, result, stage: str) -> Optional[tuple[str, Any]]:
     return (f" (on rank {rank}'s slice, of {len(results)} ranks)" if len(results) > 1 else ""), check
 
 
-def layouts(model, compiled: bool = False) -> list[tuple[bool, Optional[int]]]:
+def layouts(model, compiled: bool = False) -> list[tuple[bool, int | None]]:
     """The packed layouts to try, best first, as ``(varlen, row factor)``: under sdpa or eager attention, one row
     attended example by example (:mod:`harness.models.packed_attention`: no padding, no mask; not in a compiled
     forward, whose graph would be traced through the per-step plan), then rows of

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,7 +50,7 @@ class TaskData:
     splits: dict[str, dict[str, list]]  # task -> split -> [Example]
     corpus: list[str]
     world: Any = None  # the synthetic world (the shipped benchmarks ask about it)
-    reference: Optional[tuple[str, list[str]]] = None  # the forgetting probe's reference text: (name, documents)
+    reference: tuple[str, list[str]] | None = None  # the forgetting probe's reference text: (name, documents)
     loss_splits: dict[str, dict[str, list]] = field(default_factory=dict)  # task -> loss_<split> -> [Example]
     loss_dropped: dict[str, int] = field(default_factory=dict)  # task -> loss-pool items dropped (trained prompts)
 
@@ -91,7 +92,7 @@ def build_task_data(exp: Experiment) -> TaskData:
     return data
 
 
-def reference_text(exp: Experiment, world: Any, pretraining: list[str]) -> Optional[tuple[str, list[str]]]:
+def reference_text(exp: Experiment, world: Any, pretraining: list[str]) -> tuple[str, list[str]] | None:
     """The forgetting probe's reference text as ``(name, documents)`` when ``eval.probes`` names ``forgetting``
     (None otherwise): the user's file (``eval.reference_text``), else a held-out sample of the world corpus
     (:func:`data_recipes.world.heldout_corpus`). A missing or empty file, and an HF base without one, are refused by
@@ -116,7 +117,7 @@ def with_system(task: str, splits: dict[str, list], text: str) -> dict[str, list
         ) from None
 
 
-def after_progress(on_progress: Optional[Callable[[], None]], then: Optional[Callable[..., Any]]) -> Optional[Callable]:
+def after_progress(on_progress: Callable[[], None] | None, then: Callable[..., Any] | None) -> Callable | None:
     """``then`` (an ``on_evaluation`` or a progress bar's ``advance``) preceded by ``on_progress()`` (a sweep
     trial's heartbeat); ``then`` itself when there is no ``on_progress``."""
     if on_progress is None:
@@ -130,7 +131,7 @@ def after_progress(on_progress: Optional[Callable[[], None]], then: Optional[Cal
 
 
 def load_base(
-    exp: Experiment, data: TaskData, console=None, on_progress: Optional[Callable[[], None]] = None
+    exp: Experiment, data: TaskData, console=None, on_progress: Callable[[], None] | None = None
 ) -> tuple[Any, Any, list[int], dict[str, Any]]:
     """The base model (on the GPU when there is one) and tokenizer — a hub/local model, or a builtin one,
     pretrained and cached, text or image-text (:func:`harness.models.modality.base_kind`) — the ids of the tokens
@@ -155,11 +156,11 @@ class Base:
     tokenizer: Any
     added: list[int]
     info: dict[str, Any]
-    undertrained: Optional[list[dict]]
-    max_positions: Optional[int]
+    undertrained: list[dict] | None
+    max_positions: int | None
 
 
-def build_base(exp: Experiment, data: TaskData, console, on_progress: Optional[Callable[[], None]] = None) -> Base:
+def build_base(exp: Experiment, data: TaskData, console, on_progress: Callable[[], None] | None = None) -> Base:
     """:func:`load_base`, timed, with its size and the under-trained check of its special-token rows
     (:func:`harness.models.undertrained.undertrained_tokens`) said on the console."""
     started = time.perf_counter()
@@ -290,7 +291,7 @@ class EncodedData:
 _last_encoding: dict[str, tuple[dict[str, dict[str, list]], EncodedData]] = {}
 
 
-def encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: Optional[int] = None) -> EncodedData:
+def encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: int | None = None) -> EncodedData:
     """The training pools, tokenised with their label masks (image tasks through the processor), and the fixed eval
     items of every task and split.
 
@@ -337,7 +338,7 @@ def _fresh_lists(encoded: EncodedData) -> EncodedData:
     )
 
 
-def _encoding_key(exp: Experiment, data: TaskData, tokenizer, max_positions: Optional[int]) -> Optional[str]:
+def _encoding_key(exp: Experiment, data: TaskData, tokenizer, max_positions: int | None) -> str | None:
     """A hash of everything :func:`_encode_task_data` reads: the task data's content, the tokenizer (its whole
     serialised state, chat template and special tokens), the experiment's data / eval / tasks sections, seeds,
     ``train.max_length`` and ``max_positions``. None — never reused — for a slow tokenizer or image tasks."""
@@ -366,7 +367,7 @@ def _encoding_key(exp: Experiment, data: TaskData, tokenizer, max_positions: Opt
     return content_hash(facts)
 
 
-def _encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: Optional[int]) -> EncodedData:
+def _encode_task_data(exp: Experiment, data: TaskData, tokenizer, max_positions: int | None) -> EncodedData:
     """:func:`encode_task_data`, computed."""
     _check_special_token_text(exp, data, tokenizer)
     train, io = {}, model_io(tokenizer)
@@ -439,7 +440,7 @@ def _check_special_token_text(exp: Experiment, data: TaskData, tokenizer) -> Non
                 raise DataError(f"tasks.{name}: {e}") from None
 
 
-def _fit_eval(exp: Experiment, items: list, max_positions: Optional[int]) -> tuple[list, dict[tuple[str, str], int]]:
+def _fit_eval(exp: Experiment, items: list, max_positions: int | None) -> tuple[list, dict[tuple[str, str], int]]:
     """The eval items that fit the model and ``train.max_length``, and the dropped counts (see encode_task_data)."""
     limit = min(exp.train.max_length, max_positions or exp.train.max_length)
     # null max_new_tokens: what the longest answer needs (passes.py resolves it per evaluation, never longer)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 import numpy as np
 
@@ -31,9 +31,9 @@ def cache_root() -> Path:
 
 @dataclass
 class BaseModelInfo:
-    cache_dir: Optional[Path]
+    cache_dir: Path | None
     cache_hit: bool
-    final_loss: Optional[float]
+    final_loss: float | None
 
 
 def tokenizer_texts(corpus: list[str], train_examples: list) -> list[str]:
@@ -82,7 +82,7 @@ def builtin_base(
     corpus: list[str],
     train_examples: list,
     seed: int,
-    progress: Optional[Callable[[str, int], Callable[[int], None]]] = None,
+    progress: Callable[[str, int], Callable[[int], None]] | None = None,
 ):
     """(model, tokenizer, info) for a builtin architecture, pretrained and cached when ``spec.pretrain`` is set."""
     import torch

@@ -19,8 +19,8 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from harness.config import dump_yaml
 from harness.runs.prepare import warm_base

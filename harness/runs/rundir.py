@@ -22,7 +22,6 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Optional, Union
 
 LOCK_FILE = ".lock"
 # What a run writes into its directory: ``--force`` deletes exactly these (never a user's other files, so a mistaken
@@ -44,7 +43,7 @@ class RunDirError(Exception):
     """A run directory that cannot be claimed; the message is one line and names the directory."""
 
 
-def unique_run_name(prefix: str = "", *, now: Optional[float] = None) -> str:
+def unique_run_name(prefix: str = "", *, now: float | None = None) -> str:
     """``[prefix-]YYYYmmdd-HHMMSS-xxxxxx``: the local time to the second plus six random hex digits (24 bits), so
     runs started in the same second (``for s in 1 2 3; do harness run … & done``) get different names."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
@@ -52,7 +51,7 @@ def unique_run_name(prefix: str = "", *, now: Optional[float] = None) -> str:
     return f"{prefix}-{name}" if prefix else name
 
 
-def _holder_pid(lock_path: Path) -> Optional[int]:
+def _holder_pid(lock_path: Path) -> int | None:
     try:
         text = lock_path.read_text().strip()
     except OSError:
@@ -60,7 +59,7 @@ def _holder_pid(lock_path: Path) -> Optional[int]:
     return int(text) if text.isdigit() else None
 
 
-def _wait_for_holder_pid(lock_path: Path, patience_s: float = 0.5) -> Optional[int]:
+def _wait_for_holder_pid(lock_path: Path, patience_s: float = 0.5) -> int | None:
     """The lock holder's pid; it writes it just after taking the lock, so a run refused in that instant waits a
     moment for it (and says "another run" if it never comes)."""
     deadline = time.monotonic() + patience_s
@@ -74,16 +73,16 @@ def _wait_for_holder_pid(lock_path: Path, patience_s: float = 0.5) -> Optional[i
 class RunDirClaim:
     """An exclusive claim on a run directory; release with :meth:`release` or by leaving the ``with`` block."""
 
-    def __init__(self, path: Union[str, Path], *, resume: bool, force: bool):
+    def __init__(self, path: str | Path, *, resume: bool, force: bool):
         self.path = Path(path)
         self.resume, self.force = resume, force
-        self._fd: Optional[int] = None
+        self._fd: int | None = None
 
     @property
     def held(self) -> bool:
         return self._fd is not None
 
-    def acquire(self) -> "RunDirClaim":
+    def acquire(self) -> RunDirClaim:
         """Create the directory if needed, take the lock, then check it is empty (or resumable / forced).
 
         The lock is taken *before* the emptiness check: two runs started at once on an empty directory must not
@@ -137,14 +136,14 @@ class RunDirClaim:
                 os.close(self._fd)
                 self._fd = None
 
-    def __enter__(self) -> "RunDirClaim":
+    def __enter__(self) -> RunDirClaim:
         return self if self.held else self.acquire()
 
     def __exit__(self, *exc) -> None:
         self.release()
 
 
-def clear_run_outputs(path: Union[str, Path]) -> list[str]:
+def clear_run_outputs(path: str | Path) -> list[str]:
     """Delete the outputs of an earlier run (:data:`RUN_OUTPUTS`) from a directory this process has claimed with
     ``force=True``, so the new run's samples are not appended to the old ones; returns the names removed."""
     removed = []
@@ -160,7 +159,7 @@ def clear_run_outputs(path: Union[str, Path]) -> list[str]:
     return removed
 
 
-def claim_run_dir(path: Union[str, Path], *, resume: bool, force: bool) -> RunDirClaim:
+def claim_run_dir(path: str | Path, *, resume: bool, force: bool) -> RunDirClaim:
     """Claim ``path`` for one run (see the module docstring); raises :class:`RunDirError` when it cannot. The
     returned claim is already held; use it in a ``with`` block (or call ``release()``) to drop it."""
     return RunDirClaim(path, resume=resume, force=force).acquire()

@@ -13,10 +13,11 @@ import functools
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -76,10 +77,10 @@ def run_experiment(
     exp: Experiment,
     run_dir: Path,
     console=None,
-    on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None,
+    on_evaluation: Callable[[str, int, list[Row]], None] | None = None,
     resume: bool = False,
     force: bool = False,
-    on_progress: Optional[Callable[[], None]] = None,
+    on_progress: Callable[[], None] | None = None,
 ) -> RunResult:
     """Train and evaluate ``exp`` into ``run_dir``; returns the summary (also written to ``summary.json``).
 
@@ -107,9 +108,9 @@ def _run_claimed(
     exp: Experiment,
     run_dir: Path,
     console,
-    on_evaluation: Optional[Callable[[str, int, list[Row]], None]],
+    on_evaluation: Callable[[str, int, list[Row]], None] | None,
     resume: bool,
-    on_progress: Optional[Callable[[], None]] = None,
+    on_progress: Callable[[], None] | None = None,
 ) -> RunResult:
     """The body of :func:`run_experiment`, in a directory this process holds.
 
@@ -206,7 +207,7 @@ def _run_stage(
     step: int,
     loop_state: LoopState,
     injector: Injector | NoFaults,
-    on_progress: Optional[Callable[[], None]],
+    on_progress: Callable[[], None] | None,
 ) -> tuple[Any, int]:
     """Stage ``index`` from where ``loop_state`` left it (its first batch, or inside it on a resume) to its end:
     ``(model, step)`` after it."""
@@ -264,7 +265,7 @@ def open_run(exp: Experiment, run_dir: Path, **identity: str) -> str:
     return run_id
 
 
-def _reopen_run(exp: Experiment, run_dir: Path, console) -> tuple[str, Optional[Path]]:
+def _reopen_run(exp: Experiment, run_dir: Path, console) -> tuple[str, Path | None]:
     """The id of the killed run in ``run_dir`` (which must be of this very experiment) and its newest resume
     point, if it wrote one."""
     if not (run_dir / "config.resolved.yaml").exists():
@@ -305,7 +306,7 @@ def _close_run(
     stages: list[dict[str, Any]],
     base: dict[str, Any],
     started: float,
-    resumed_from: Optional[str],
+    resumed_from: str | None,
 ) -> dict[str, Any]:
     """Log the seesaw events of the whole run (under ``eval.seesaw_test``) and close the tracker; returns the run's
     summary."""
@@ -373,7 +374,7 @@ class _Run:
     evals: EvalLog
     init: InitStates
     baselines: dict[str, Any] = field(default_factory=dict)  # summary.json's "baselines"
-    undertrained: Optional[list[dict]] = None  # the base model's flagged special tokens (summary.json); None: unchecked
+    undertrained: list[dict] | None = None  # the base model's flagged special tokens (summary.json); None: unchecked
     too_long: dict[str, int] = field(default_factory=dict)  # eval items dropped as too long, per "task/split"
     steering: Any = None  # harness.runs.steering_split.SteeringSplits: the signal steering_error's items
 

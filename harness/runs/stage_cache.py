@@ -26,9 +26,10 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -81,7 +82,7 @@ def _file_sha256(path: Path) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def read_entry(path: Path, warn: Callable[[str], None] = log.warning) -> Optional[dict[str, Any]]:
+def read_entry(path: Path, warn: Callable[[str], None] = log.warning) -> dict[str, Any] | None:
     """The entry's meta when every file it lists is there with its size and SHA-256; None when there is no entry
     (silently) or a corrupt / partial one (with a warning: it will be rebuilt)."""
     if not path.is_dir():
@@ -123,7 +124,7 @@ def _publish(tmp: Path, target: Path, has_checkpoint: bool) -> bool:
     return True
 
 
-def _rng_states(device_states: Optional[list] = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def _rng_states(device_states: list | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(torch states for ``rng.pt``, numpy's and Python's global states as JSON). ``device_states``: with several
     data-parallel ranks, each rank's own CUDA generator state in rank order (``cuda_ranks``: rank r restores the
     r-th; rank 0's ``get_rng_state_all`` is only its own view of the other devices)."""
@@ -195,7 +196,7 @@ class StageCache:
         run_dir: Path,
         run_id: str,
         console,
-    ) -> "StageCache":
+    ) -> StageCache:
         """The cache handle of a run on ``data`` (:class:`harness.runs.prepare.TaskData`) from the base ``model``."""
         base, data_hash = base_key(base_info, model), task_data_hash(data.splits, data.corpus)
         keys = stage_keys(exp, base, data_hash, next(model.parameters()).device.type)
@@ -224,7 +225,7 @@ class StageCache:
         return Start(len(self.hits), self.hits[-1]["end_step"], weights=weights)
 
     def replay(
-        self, tracker, samples_path: Path, on_evaluation: Optional[Callable[[str, int, list[Row]], None]] = None
+        self, tracker, samples_path: Path, on_evaluation: Callable[[str, int, list[Row]], None] | None = None
     ) -> None:
         """Copy the cached stages' rows into ``tracker`` and their samples into ``samples_path`` (marked
         ``cached_from``), their checkpoints into the run, and set the global RNGs as the last one left them;
@@ -334,7 +335,7 @@ class StageCache:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
-    def _rank_zero_stores(self, stage: str) -> tuple[bool, Optional[list]]:
+    def _rank_zero_stores(self, stage: str) -> tuple[bool, list | None]:
         """Whether this process writes the entry, and every rank's own CUDA generator state (None in one process):
         in a data-parallel run only rank 0 writes (the run the summary and ``cached_from`` name), and only when
         every rank's torch CPU RNG state is the same — an entry holds one, which a replay gives every rank (they
@@ -362,7 +363,7 @@ def _write_entry(
     samples_from: int,
     checkpoint: Path,
     step: int,
-    device_states: Optional[list] = None,
+    device_states: list | None = None,
 ) -> list[str]:
     """Write a stage's outcome into ``tmp``; returns the optional parts written (``checkpoint``)."""
     save_model(model, str(tmp / "model.safetensors"))

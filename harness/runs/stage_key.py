@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 import transformers
@@ -93,7 +94,7 @@ def _ranks() -> int:
     return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
 
 
-def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str, code: Optional[str] = None) -> list[str]:
+def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str, code: str | None = None) -> list[str]:
     """One key per stage, each covering its stage and every earlier one (see the module docstring). ``code``: the
     hash of the code that shapes a stage (default :func:`harness.runs.code_identity.code_fingerprint`)."""
     resolved = exp.resolved_dict()

@@ -7,7 +7,7 @@ start (:mod:`harness.runs.packing_decision`); a plan that cannot be trained as a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +32,7 @@ class StagePlan:
     examples: list = field(default_factory=list)  # per batch, its encoded examples in sampler order
     has_images: bool = False
 
-    def recorded(self, rows: list) -> "StagePlan":
+    def recorded(self, rows: list) -> StagePlan:
         """This plan, an adaptive stage's composition read from its ``mix_*`` rows when the stage was not trained in
         this process (replayed from the stage cache, or finished before a resume point)."""
         if not isinstance(self.batches, list) and not any(c["examples"] for c in self.composition.values()):
@@ -113,7 +113,7 @@ def _adaptive_plan(
     return StagePlan(stage, stream, stream.composition)
 
 
-def reference_losses(spec, stage: str) -> Optional[dict[str, float]]:
+def reference_losses(spec, stage: str) -> dict[str, float] | None:
     """DoReMi's per-task reference (``adaptive.reference``): None for ``start`` (the stage's first losses), the
     numbers given, or an earlier run's last training loss of each task (its ``metrics.parquet``)."""
     params = dict(spec.params)

@@ -24,7 +24,8 @@ task's error (one minus the metric) with ``n`` and the Wilson interval of the er
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from harness.config import Experiment, ResolvedStage, task_seed
 from harness.data.encoding import eval_items, fit_eval_items
@@ -103,7 +104,7 @@ class SteeringSplits:
             items = [it for task in spec.tasks for it in eval_items(tokenizer, examples[task], "steering")]
             self.items[index] = self._fitted(items, stage, index, max_positions)
 
-    def _fitted(self, items: list, stage: ResolvedStage, index: int, max_positions: Optional[int]) -> list:
+    def _fitted(self, items: list, stage: ResolvedStage, index: int, max_positions: int | None) -> list:
         """``items``, refused when one does not fit the model and ``max_length`` or ``eval.max_new_tokens`` cuts one."""
         where = f"stages[{index}].mixture.adaptive.steering"
         cut = too_short_errors(self.exp.eval.max_new_tokens, needed_new_tokens(items))
@@ -116,7 +117,7 @@ class SteeringSplits:
             raise DataError(f"{where}: {n} steering items of task {task!r} are longer than the {limit} positions")
         return items
 
-    def measure(self, index: int, stage: ResolvedStage, model, shard) -> Optional[Callable[[], dict]]:
+    def measure(self, index: int, stage: ResolvedStage, model, shard) -> Callable[[], dict] | None:
         """Stage ``index``'s measurement, ``{task: (error, n, low, high)}`` of ``model`` now; None when it steers by
         no held-out signal. ``shard``: this process's share of data-parallel ranks (every rank calls it together)."""
         if index not in self.items:

@@ -8,14 +8,15 @@ under the metric contract's key: ``"{metric}/{split}/{task}"`` per task, ``"{spl
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 from harness.config import Experiment
 from harness.core.store import MetricsStore, Row
 
 
-def wandb_key(metric: str, split: str, task: Optional[str]) -> str:
+def wandb_key(metric: str, split: str, task: str | None) -> str:
     return f"{metric}/{split}/{task}" if task is not None else f"{split}/{metric}"
 
 
@@ -28,7 +29,7 @@ class Tracker:
         run_dir: Path,
         run_id: str,
         config: dict[str, Any],
-        resume_filter: Optional[Callable[[str, int, str], bool]] = None,
+        resume_filter: Callable[[str, int, str], bool] | None = None,
     ):
         """``resume_filter(stage, step, metric)``: continue a run, keeping the stored rows it accepts."""
         self.store = MetricsStore(run_dir, run_id)
@@ -60,7 +61,7 @@ class Tracker:
         """Rows already in the store (those kept from a resumed run)."""
         return self.store.rows()
 
-    def log(self, rows: Iterable[Row], step: int, cached_from: Optional[str] = None) -> None:
+    def log(self, rows: Iterable[Row], step: int, cached_from: str | None = None) -> None:
         """``cached_from``: the rows are copied from the stage cache, computed by that run."""
         rows = list(rows)
         self.store.log(rows, cached_from)

@@ -21,8 +21,9 @@ atomically); :func:`format_budget` is the table the command prints.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +59,7 @@ def budget_arms(sweep: Sweep, full: dict[str, Any], rows: list[dict[str, Any]], 
     train). A row's arm keeps the other swept values (a learning rate, a stage length) of *its own* in-sample winner,
     what a researcher who stopped after ``k`` trials would have; a row whose arm is an earlier one's uses it."""
     chosen = distinct_arms(arms(sweep, full, trials))
-    names: list[Optional[str]] = []
+    names: list[str | None] = []
     for row in rows:
         if row["mixture"] is None:  # no trial of the budget completed: nothing to train
             names.append(None)
@@ -80,9 +81,9 @@ def verify_budget(
     rows: list[dict[str, Any]],
     trials: list[dict[str, Any]],
     k: int,
-    launcher: Optional[Launcher] = None,
+    launcher: Launcher | None = None,
     echo: Callable[[str], None] = print,
-) -> Optional[dict[str, Any]]:
+) -> dict[str, Any] | None:
     """Train every row's mixture on the verification's ``k`` fresh seeds (finished runs reused: the verification,
     run first, trained the winner and the proposal), compare each with the full sweep's winner and write
     ``budget.json``; None when the launcher left the runs going."""
@@ -121,7 +122,7 @@ def verify_budget(
 
 def _compared(
     row: dict[str, Any],
-    name: Optional[str],
+    name: str | None,
     scores: dict[str, ArmScores],
     crossed: bool,
     adjusted: float,

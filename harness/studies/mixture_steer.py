@@ -18,9 +18,10 @@ table the command prints.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -127,9 +128,9 @@ def verify_steering(
     full: dict[str, Any],
     plan: SteeringPlan,
     trials: list[dict[str, Any]],
-    launcher: Optional[Launcher] = None,
+    launcher: Launcher | None = None,
     echo: Callable[[str], None] = print,
-) -> Optional[dict[str, Any]]:
+) -> dict[str, Any] | None:
     """Train ``plan``'s runs (finished runs reused; the winner's runs are the verification's), compare each steered
     arm with the winner and with its fixed start and write ``steer.json``; None when the runs were left going."""
     chosen, seeds, notes = plan.steered, plan.seeds, list(plan.notes)
@@ -182,7 +183,7 @@ def verify_steering(
     return report
 
 
-def _verdict(low: float, high: float, n_seeds: int) -> Optional[str]:
+def _verdict(low: float, high: float, n_seeds: int) -> str | None:
     """From the adjusted interval of (steered − winner), signed so that positive is better: better, worse or
     not distinguished; None with one seed (no interval)."""
     if n_seeds < 2:

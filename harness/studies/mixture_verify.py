@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -161,7 +162,7 @@ def run_arms(
     sweep: Sweep,
     sweep_dir: Path,
     plan: list[tuple[str, int, Experiment]],
-    launcher: Optional[Launcher] = None,
+    launcher: Launcher | None = None,
     echo: Callable[[str], None] = print,
 ) -> tuple[bool, dict[str, str]]:
     """Run every (arm, seed) not already finished with the same experiment; returns (all ended, {name: how})."""
@@ -207,7 +208,7 @@ def _task_weights(objective: Objective) -> dict[str, float]:
     return {t: 1.0 for t in objective.tasks}
 
 
-def item_columns(out: Path, objective: Objective) -> Optional[tuple[list[tuple[str, int, str]], np.ndarray]]:
+def item_columns(out: Path, objective: Objective) -> tuple[list[tuple[str, int, str]], np.ndarray] | None:
     """The run's per-item outcomes of the objective's tasks as (keys, weighted values): keys (task, index,
     prompt + gold) to check two runs scored the same items, values scaled so that their plain mean is the
     objective. None when the objective is not a (weighted) mean of a proportion or a loss target (``eval_loss``,
@@ -266,8 +267,8 @@ class ArmScores:
     outcomes whose row means are the seeds' values) and the items' keys."""
 
     values: list[float]
-    table: Optional[np.ndarray]
-    keys: Optional[list[tuple[str, int, str]]]
+    table: np.ndarray | None
+    keys: list[tuple[str, int, str]] | None
 
 
 def arm_scores(objective: Objective, sweep_dir: Path, arm: str, seeds: list[int], notes: list[str]) -> ArmScores:
@@ -376,9 +377,9 @@ def verify(
     proposal: dict[str, Any],
     trials: list[dict[str, Any]],
     k: int,
-    launcher: Optional[Launcher] = None,
+    launcher: Launcher | None = None,
     echo: Callable[[str], None] = print,
-) -> Optional[dict[str, Any]]:
+) -> dict[str, Any] | None:
     """Train both arms on ``k`` fresh seeds (one arm when the proposal is the winner's mixture; finished runs
     reused), compare them and write ``verify.json``; returns its content, or None when the launcher left the runs
     going (detached)."""
@@ -410,7 +411,7 @@ def verify(
     return report
 
 
-def format_ci(low: Optional[float], high: Optional[float]) -> str:
+def format_ci(low: float | None, high: float | None) -> str:
     """``[low, high]`` with signs, or ``[no interval]`` where a bound is missing or not finite."""
     if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return "[no interval]"

@@ -19,8 +19,8 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 from harness.config import Experiment
 from harness.core.metrics import GROUP_FILE
@@ -84,9 +84,9 @@ def run_group(
     seeds: Sequence[int],
     *,
     jobs: int = 1,
-    command: Optional[list[str]] = None,
+    command: list[str] | None = None,
     echo: Callable[[str], None] = print,
-    launcher: Optional[Launcher] = None,
+    launcher: Launcher | None = None,
 ) -> dict[int, int]:
     """Run every replicate; returns ``{seed: exit code}``.
 

@@ -41,7 +41,8 @@ import copy
 import re
 import sys
 import warnings
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -119,7 +120,7 @@ def weight_decay_exempt(param: torch.Tensor) -> bool:
     return hasattr(param, _ROWS)
 
 
-def masked_rows(param: torch.Tensor) -> Optional[list[int]]:
+def masked_rows(param: torch.Tensor) -> list[int] | None:
     """The rows a row-masked matrix trains (``new_token_rows``), or None for any other parameter."""
     return getattr(param, _ROWS, None)
 
@@ -140,7 +141,7 @@ def param_groups(model, weight_decay: float) -> list[dict[str, Any]]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def resolve_target_modules(model, names: Optional[Iterable[str]]) -> list[str]:
+def resolve_target_modules(model, names: Iterable[str] | None) -> list[str]:
     """The peft ``target_modules`` for this architecture (canonical names mapped, see :data:`TARGET_ALIASES`);
     raises ``ValueError`` naming any target that matches no module."""
     base = unwrap(model)
@@ -244,7 +245,7 @@ def prepare_stage_model(
     model,
     trainable: TrainableSpec,
     added_token_ids: Iterable[int],
-    previous: Optional[TrainableSpec] = None,
+    previous: TrainableSpec | None = None,
     undertrained_ids: Iterable[int] = (),
 ):
     """Set what trains in this stage; returns the model to train (a ``PeftModel`` in adapter modes).
@@ -291,7 +292,7 @@ def prepare_stage_model(
     return model
 
 
-def _carry_adapter(model, trainable: TrainableSpec, previous: Optional[TrainableSpec]) -> tuple[Any, bool]:
+def _carry_adapter(model, trainable: TrainableSpec, previous: TrainableSpec | None) -> tuple[Any, bool]:
     """``(model, continuing)``: a ``PeftModel`` left by the previous stage is merged into its weights
     (``adapter: merge``) or kept for this stage to train on (``adapter: continue``, same type and settings)."""
     if not is_peft_model(model):

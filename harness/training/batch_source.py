@@ -10,7 +10,7 @@ An adaptive stage whose signal is ``steering_error`` measures it on the model th
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -26,7 +26,7 @@ class StaticBatches:
     def __init__(self, batches: list[Batch], parallel):
         self.batches = [parallel.shard(b) for b in batches]
         self.shares = [task_share_max(b.tasks) for b in batches]  # of each global batch
-        self._upcoming: Optional[Batch] = None
+        self._upcoming: Batch | None = None
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -55,7 +55,7 @@ class StaticBatches:
     def after_step(self, index: int, step: int) -> list[Row]:
         return []
 
-    def resume_state(self) -> tuple[Optional[dict[str, Any]], Optional[dict[str, Any]]]:
+    def resume_state(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """``(stream, partial sums)`` for a resume point: nothing beyond the batch index for a static stage."""
         return None, None
 
@@ -94,7 +94,7 @@ class SteeredBatches:
     def after_step(self, index: int, step: int) -> list[Row]:
         return self.steering.after_step(index, step)
 
-    def resume_state(self) -> tuple[Optional[dict[str, Any]], Optional[dict[str, Any]]]:
+    def resume_state(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         return self.stream.state(), self.steering.state()
 
 

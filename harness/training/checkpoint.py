@@ -19,10 +19,10 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 from safetensors.torch import save_model
@@ -179,7 +179,7 @@ def save_resume_point(
         shutil.rmtree(old, ignore_errors=True)
 
 
-def latest_resume_point(run_dir: Path) -> Optional[Path]:
+def latest_resume_point(run_dir: Path) -> Path | None:
     points = sorted((run_dir / "checkpoints" / RESUME_DIR).glob("step-*"))
     return points[-1] if points else None
 
@@ -221,7 +221,7 @@ class SavedWeights:
     file: Path
     stage_index: int
     torch_rng: torch.Tensor
-    generators: Optional[dict] = None
+    generators: dict | None = None
 
     def restore_rng(self) -> None:
         """Set this process's generators as they were saved (call once the model is built: building an adapter
@@ -240,12 +240,12 @@ class Start:
     stage_index: int = 0
     step: int = 0  # the global step before the first batch still to train
     loop_state: LoopState = field(default_factory=LoopState)  # batch_index 0: the stage has not begun
-    weights: Optional[SavedWeights] = None  # None: the base model as loaded
-    keep: Optional[RowFilter] = None  # the rows (and samples) of the killed run that stay; None: a new run
-    resumed_from: Optional[str] = None  # the resume point's name
+    weights: SavedWeights | None = None  # None: the base model as loaded
+    keep: RowFilter | None = None  # the rows (and samples) of the killed run that stay; None: a new run
+    resumed_from: str | None = None  # the resume point's name
 
 
-def resume_start(point: Optional[Path], stages: Sequence[ResolvedStage], stage_lengths: Sequence[int]) -> Start:
+def resume_start(point: Path | None, stages: Sequence[ResolvedStage], stage_lengths: Sequence[int]) -> Start:
     """The :class:`Start` of a resumed run from its newest resume ``point`` (``stage_lengths``: batches per stage);
     without one, the run starts over and keeps nothing of the killed run."""
     if point is None:

@@ -25,7 +25,7 @@ the wrapped module's own forward); elsewhere the unchunked path runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -44,18 +44,18 @@ CHUNK_LOGITS_BYTES = 256 * 2**20
 class Chunking:
     """``train.loss_chunking`` (``auto`` | true | false) and ``train.loss_chunk_tokens`` (None: derived)."""
 
-    mode: Union[bool, str] = "auto"
-    tokens: Optional[int] = None
+    mode: bool | str = "auto"
+    tokens: int | None = None
 
     @classmethod
-    def of(cls, train: "TrainSpec") -> "Chunking":
+    def of(cls, train: TrainSpec) -> Chunking:
         return cls(train.loss_chunking, train.loss_chunk_tokens)
 
     def rows(self, vocab: int) -> int:
         """Supervised rows per chunk."""
         return self.tokens or max(1, CHUNK_LOGITS_BYTES // (4 * max(vocab, 1)))
 
-    def chunk_rows(self, n_supervised: int, vocab: int) -> Optional[int]:
+    def chunk_rows(self, n_supervised: int, vocab: int) -> int | None:
         """The rows per chunk when this step chunks; None when it runs unchunked (``false``; ``auto`` below the
         threshold; or one chunk would hold every row, where both paths are the same computation)."""
         if self.mode is False:
@@ -83,7 +83,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
         wants_hidden = ctx.needs_input_grad[0]
         wanted = [p for p, needed in zip(params, ctx.needs_input_grad[6:]) if needed]
         grad_hidden = torch.zeros_like(hidden) if wants_hidden else None
-        grads: list[Optional[torch.Tensor]] = [None] * len(wanted)
+        grads: list[torch.Tensor | None] = [None] * len(wanted)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         losses = torch.empty(n, dtype=torch.float32, device=hidden.device)
         ce = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -156,7 +156,7 @@ def _linear_gradients(term, logits, part, head, wanted, grads, grad_hidden, star
             grads[i] = bias if grads[i] is None else grads[i].add_(bias)
 
 
-def normalised_weights(weights: Optional[torch.Tensor], n: int, device) -> torch.Tensor:
+def normalised_weights(weights: torch.Tensor | None, n: int, device) -> torch.Tensor:
     """``w_i / Σ w`` (float32), the plain mean's ``1 / N`` when ``weights`` is None (every weight 1)."""
     if weights is None:
         return torch.full((n,), 1.0 / max(n, 1), dtype=torch.float32, device=device)
@@ -168,8 +168,8 @@ def chunked_head_loss(
     hidden: torch.Tensor,
     head: torch.nn.Module,
     targets: torch.Tensor,
-    weights: Optional[torch.Tensor],
-    spec: "LossSpec",
+    weights: torch.Tensor | None,
+    spec: LossSpec,
     rows: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss to back-propagate, per-token training loss, per-token plain CE)`` of ``head`` on ``hidden`` ``[N, H]``

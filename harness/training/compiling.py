@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 import weakref
-from typing import Iterator, Optional, Union
+from collections.abc import Iterator
 
 import torch
 
@@ -41,7 +41,7 @@ class CompileFailed(RuntimeError):
     """``train.compile: true`` and ``torch.compile`` failed."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def can_compile(device_type: str) -> bool:
     """Whether ``torch.compile``'s default backend has what it needs here (checked once, without compiling)."""
     try:
@@ -61,7 +61,7 @@ def can_compile(device_type: str) -> bool:
         return False
 
 
-def compile_decision(setting: Union[bool, str], steps: int, device_type: str) -> bool:
+def compile_decision(setting: bool | str, steps: int, device_type: str) -> bool:
     """Whether a stage of ``steps`` steps with ``train.compile: setting`` compiles its training forward; raises
     :class:`CompileFailed` for ``true`` where no toolchain is found (before any training, not at the first step of
     a stage hours in)."""
@@ -79,7 +79,7 @@ def compile_decision(setting: Union[bool, str], steps: int, device_type: str) ->
 # Inside a compiled stage (``compiled_stage``), and the deterministic-algorithms settings found before turning
 # them on (restored at the stage's end, or on a fallback).
 _in_compiled_stage = False
-_before: Optional[tuple[bool, bool, bool]] = None
+_before: tuple[bool, bool, bool] | None = None
 
 
 @contextlib.contextmanager
@@ -179,10 +179,10 @@ def _describe(error: Exception) -> str:
 
 # One compiled wrapper per module, reused by every stage (a weak map, not an attribute: an attribute would register
 # the wrapper as a submodule and put it in state dicts and checkpoints).
-_COMPILED: "weakref.WeakKeyDictionary[torch.nn.Module, _Compiled]" = weakref.WeakKeyDictionary()
+_COMPILED: weakref.WeakKeyDictionary[torch.nn.Module, _Compiled] = weakref.WeakKeyDictionary()
 
 
-def forward_of(module: torch.nn.Module, compiled: Union[bool, str]):
+def forward_of(module: torch.nn.Module, compiled: bool | str):
     """``module``'s training forward: itself (``compiled`` false), or its compiled wrapper, which falls back to
     eager on a compile failure under ``"auto"`` and raises :class:`CompileFailed` under ``True``."""
     if not compiled:

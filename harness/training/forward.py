@@ -5,7 +5,7 @@ text and image-text models alike (an image batch's pixels come as :meth:`harness
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 
@@ -20,7 +20,7 @@ _HEAD_ONLY_TYPES = {"qwen2", "qwen3", "llama", "mistral", "gpt2", "qwen3_5", "qw
 
 
 def model_inputs(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: Optional[torch.Tensor] = None
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None
 ) -> dict:
     """The keyword arguments of the model's forward: a padded batch's mask, or a packed batch's restarting
     positions with no mask and no cache — transformers' padding-free format (a cache, or any 2-D mask, turns off
@@ -42,10 +42,10 @@ def supervised_logits(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     selected: torch.Tensor,
-    compiled: Union[bool, str] = False,
-    position_ids: Optional[torch.Tensor] = None,
+    compiled: bool | str = False,
+    position_ids: torch.Tensor | None = None,
     segments: Any = None,
-    extra_inputs: Optional[dict] = None,
+    extra_inputs: dict | None = None,
 ) -> torch.Tensor:
     """Logits ``[N, V]`` at the ``selected`` flat positions (row × T + t, as
     :attr:`harness.data.batches.Batch.supervised`) only; they gather without a host sync. ``compiled``: run the
@@ -90,7 +90,7 @@ def _prepared(model, input_ids, attention_mask, compiled, position_ids, segments
     return inputs, compiled, attending
 
 
-def output_head(model) -> Optional[torch.nn.Module]:
+def output_head(model) -> torch.nn.Module | None:
     """The head module whose output on the last hidden state is the model's logits (a peft LoRA / HiRA layer when
     an adapter wraps it), or None where the logits are more than that (see ``_HEAD_ONLY_TYPES``)."""
     return model.get_output_embeddings() if _head_only(model) else None
@@ -101,10 +101,10 @@ def supervised_hidden(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     selected: torch.Tensor,
-    compiled: Union[bool, str] = False,
-    position_ids: Optional[torch.Tensor] = None,
+    compiled: bool | str = False,
+    position_ids: torch.Tensor | None = None,
     segments: Any = None,
-    extra_inputs: Optional[dict] = None,
+    extra_inputs: dict | None = None,
 ) -> torch.Tensor:
     """The last hidden state ``[N, H]`` at the ``selected`` flat positions: what :func:`supervised_logits` hands the
     head, for a model with an :func:`output_head` (the chunked loss, :mod:`harness.training.chunked_loss`)."""
@@ -116,7 +116,7 @@ def supervised_hidden(
     return hidden.flatten(0, 1).index_select(0, selected)
 
 
-def batch_logits(model, batch, selected: Optional[torch.Tensor] = None) -> torch.Tensor:
+def batch_logits(model, batch, selected: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`supervised_logits` of a whole :class:`~harness.data.batches.Batch` (images included), at ``selected``
     (default: its supervised positions), eager."""
     selected = batch.supervised if selected is None else selected

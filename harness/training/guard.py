@@ -22,7 +22,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 import torch
 
@@ -54,7 +54,7 @@ def format_nonfinite_report(report: dict[str, Any]) -> str:
     )
 
 
-def first_nonfinite_module(model, run_forward) -> Optional[str]:
+def first_nonfinite_module(model, run_forward) -> str | None:
     """Run ``run_forward()`` with hooks on every module; the name of the first whose output is non-finite."""
     found: list[str] = []
     handles = []
@@ -103,10 +103,10 @@ class Verdict:
     """One step's outcome as the guard knows it: the host's flags (``loss_bad``, ``grad_bad``, the ranks where it
     began) when read before the update, else the device's flag, read on :meth:`read`."""
 
-    host: Optional[tuple[bool, bool, list[int]]] = None
-    found: Optional[torch.Tensor] = None
-    loss: Optional[torch.Tensor] = None
-    grad_norm: Optional[torch.Tensor] = None
+    host: tuple[bool, bool, list[int]] | None = None
+    found: torch.Tensor | None = None
+    loss: torch.Tensor | None = None
+    grad_norm: torch.Tensor | None = None
 
     def read(self) -> tuple[bool, bool, list[int]]:
         if self.host is None:  # a finite step costs one read of one number; a flagged one says which was bad
@@ -184,7 +184,7 @@ class Injector:
     where: str  # forward | grad
     module: str  # regex over module (forward) or parameter (grad) names
     repeat: int = 1
-    rank: Optional[int] = None  # data-parallel runs: only this rank injects
+    rank: int | None = None  # data-parallel runs: only this rank injects
     _handle: Any = field(default=None, repr=False)
 
     def active(self, step: int) -> bool:
@@ -222,7 +222,7 @@ class Injector:
         raise ValueError(f"debug.inject_nonfinite.module: no parameter with a gradient matches {self.module!r}")
 
 
-def write_report(run_dir: Optional[Path], report: dict[str, Any]) -> None:
+def write_report(run_dir: Path | None, report: dict[str, Any]) -> None:
     if run_dir is None:
         return
     from harness.core.store import atomic_write_text

@@ -29,8 +29,9 @@ import math
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any
 
 import torch
 
@@ -68,7 +69,7 @@ def batch_loss(
     task_ids: torch.Tensor,
     tasks: list[str],
     precision: str = "fp32",
-    compiled: Union[bool, str] = False,
+    compiled: bool | str = False,
     parallel: distributed.DataParallel | SingleProcess = ONE_PROCESS,
     chunking: Chunking = AUTO,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -135,14 +136,14 @@ class LoopState:
 
     batch_index: int = 0  # batches of this stage already consumed
     consecutive_skips: int = 0
-    window: Optional[dict[str, Any]] = None
-    optimizer: Optional[dict[str, Any]] = None
-    scheduler: Optional[dict[str, Any]] = None
-    mixture: Optional[dict[str, Any]] = None  # an adaptive stage's stream (the same on every rank)
-    steer: Optional[dict[str, Any]] = None  # its per-task loss sums since the last update (this rank's own)
+    window: dict[str, Any] | None = None
+    optimizer: dict[str, Any] | None = None
+    scheduler: dict[str, Any] | None = None
+    mixture: dict[str, Any] | None = None  # an adaptive stage's stream (the same on every rank)
+    steer: dict[str, Any] | None = None  # its per-task loss sums since the last update (this rank's own)
     # packed or padded, as decided when the stage began (harness.runs.packing_decision.decision): a resume trains
     # the same batches
-    packing: Optional[dict[str, Any]] = None
+    packing: dict[str, Any] | None = None
 
 
 @dataclass(init=False)
@@ -167,8 +168,8 @@ class StageLoop:
     injector: Injector | NoFaults
     save_checkpoint: Callable[[int, LoopState], None]
     progress: Callable[[int], None]
-    kill_at: Optional[int]  # debug.kill_rank: the global step at which this process SIGKILLs itself
-    measure_steering: Optional[Callable[[], dict[str, tuple[float, int, float, float]]]]  # steering_error's signal
+    kill_at: int | None  # debug.kill_rank: the global step at which this process SIGKILLs itself
+    measure_steering: Callable[[], dict[str, tuple[float, int, float, float]]] | None  # steering_error's signal
 
     def __init__(
         self,
@@ -177,15 +178,15 @@ class StageLoop:
         tasks: list[str],
         log: Callable[[list[Row], int], None],
         evaluate: Callable[[int], None],
-        train: Optional[TrainSpec] = None,
+        train: TrainSpec | None = None,
         *,
         eval_every: int = 10**9,
-        special_tokens: Optional[dict[str, int]] = None,
-        injector: Optional[Injector] = None,
-        save_checkpoint: Optional[Callable[[int, LoopState], None]] = None,
-        progress: Optional[Callable[[int], None]] = None,
-        kill_at: Optional[int] = None,
-        measure_steering: Optional[Callable[[], dict[str, tuple[float, int, float, float]]]] = None,
+        special_tokens: dict[str, int] | None = None,
+        injector: Injector | None = None,
+        save_checkpoint: Callable[[int, LoopState], None] | None = None,
+        progress: Callable[[int], None] | None = None,
+        kill_at: int | None = None,
+        measure_steering: Callable[[], dict[str, tuple[float, int, float, float]]] | None = None,
         **train_settings: Any,
     ):
         unknown = sorted(set(train_settings) - set(TrainSpec.model_fields))
@@ -266,7 +267,7 @@ class Trained:
     grad_norm: torch.Tensor
     share: float
     verdict: Verdict
-    grads: list[Optional[torch.Tensor]]
+    grads: list[torch.Tensor | None]
 
 
 def _settle(
@@ -303,8 +304,8 @@ def _window_rows(
     window: Window,
     lr: float,
     groups: GroupStats | Unmeasured,
-    before: Optional[dict],
-    group_grads: Optional[dict[str, float]],
+    before: dict | None,
+    group_grads: dict[str, float] | None,
 ) -> list[Row]:
     """The window's training metrics, with the per-module-group update ratios and grad norms when measured."""
     out = window.rows(loop.tasks, loop.stage, step, lr)
@@ -316,7 +317,7 @@ def _window_rows(
     return out
 
 
-def train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState] = None) -> int:
+def train_stage(model, batches, loop: StageLoop, resume: LoopState | None = None) -> int:
     """Train ``model`` on ``batches`` (one optimiser step each), from ``resume`` if given; returns the global
     step at the end. ``batches`` is a list, or an adaptive mixture's stream
     (:class:`harness.data.steering.stream.AdaptiveStream`), which draws each step's batch as the stage trains.
@@ -352,7 +353,7 @@ def _skip_or_stop(report: dict[str, Any], state: LoopState, loop: StageLoop, win
     loop.log([Row(loop.stage, step, None, "train", "nonfinite_skip", 1.0)], step)
 
 
-def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState], compiled: Union[bool, str]) -> int:
+def _train_stage(model, batches, loop: StageLoop, resume: LoopState | None, compiled: bool | str) -> int:
     train, task_index = loop.train, {t: i for i, t in enumerate(loop.tasks)}
     parallel = distributed.loop_hooks(train.parallel)  # SingleProcess in one process
     state = resume or LoopState()
@@ -370,7 +371,7 @@ def _train_stage(model, batches, loop: StageLoop, resume: Optional[LoopState], c
     max_norm = train.optim.grad_clip if train.optim.grad_clip is not None else float("inf")
     # An adaptive stage's controller hears each step's losses before its next draw: its verdicts are read at once.
     guard = StepGuard(train.nonfinite.action, parallel, optimizer, may_defer=isinstance(source, StaticBatches))
-    pending: Optional[Trained] = None  # a step whose device-side verdict the host has not read yet
+    pending: Trained | None = None  # a step whose device-side verdict the host has not read yet
     trained.train()
     source.begin(state.batch_index, device)
 

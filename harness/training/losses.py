@@ -34,7 +34,8 @@ for ``h = linear`` and can be negative); that is why plain CE is always logged n
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -67,7 +68,7 @@ def gem_token_losses(logits: torch.Tensor, targets: torch.Tensor, beta: float = 
     return -(q * weights * (log_p_label - log_p)).sum(dim=-1)
 
 
-def token_losses_from_logits(logits: torch.Tensor, targets: torch.Tensor, spec: "LossSpec") -> torch.Tensor:
+def token_losses_from_logits(logits: torch.Tensor, targets: torch.Tensor, spec: LossSpec) -> torch.Tensor:
     """The per-token training loss ``[N]`` (``spec.name``: ``ce`` | ``gem``), in float32."""
     if spec.name == "ce":
         return F.cross_entropy(logits.float(), targets, reduction="none")
@@ -77,7 +78,7 @@ def token_losses_from_logits(logits: torch.Tensor, targets: torch.Tensor, spec: 
 
 
 def token_losses_and_ce(
-    logits: torch.Tensor, targets: torch.Tensor, spec: "LossSpec"
+    logits: torch.Tensor, targets: torch.Tensor, spec: LossSpec
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(training loss [N], plain CE [N] detached)`` — CE is what the loop logs whatever the training loss."""
     losses = token_losses_from_logits(logits, targets, spec)
@@ -99,12 +100,12 @@ def first_answer_tokens(labels: torch.Tensor) -> torch.Tensor:
 
 def token_weights(
     task_of_token: torch.Tensor,
-    is_first_token: Optional[torch.Tensor],
-    spec: "LossSpec",
-    tasks: Optional[Sequence[str]] = None,
-    example_of_token: Optional[torch.Tensor] = None,
+    is_first_token: torch.Tensor | None,
+    spec: LossSpec,
+    tasks: Sequence[str] | None = None,
+    example_of_token: torch.Tensor | None = None,
     n_examples: int = 0,
-) -> Optional[torch.Tensor]:
+) -> torch.Tensor | None:
     """Per-token weights ``[N]`` (float32), or ``None`` when every weight is 1.
 
     ``spec.task_weights`` maps a task name (resolved through ``tasks``, the task list whose indices
@@ -131,8 +132,8 @@ def token_weights(
 
 
 def _task_weight_per_token(
-    task_of_token: torch.Tensor, spec: "LossSpec", tasks: Optional[Sequence[str]]
-) -> Optional[torch.Tensor]:
+    task_of_token: torch.Tensor, spec: LossSpec, tasks: Sequence[str] | None
+) -> torch.Tensor | None:
     """``spec.task_weights`` per token (float32), or ``None`` when none is set."""
     if not spec.task_weights:
         return None
@@ -158,10 +159,10 @@ def _task_weight_per_token(
 def weighted_mean(
     per_token: torch.Tensor,
     task_of_token: torch.Tensor,
-    is_first_token: Optional[torch.Tensor],
-    spec: "LossSpec",
-    tasks: Optional[Sequence[str]] = None,
-    example_of_token: Optional[torch.Tensor] = None,
+    is_first_token: torch.Tensor | None,
+    spec: LossSpec,
+    tasks: Sequence[str] | None = None,
+    example_of_token: torch.Tensor | None = None,
     n_examples: int = 0,
 ) -> torch.Tensor:
     """The scalar to back-propagate: ``Σ w_i l_i / Σ w_i`` (the plain mean when every weight is 1).

@@ -38,8 +38,8 @@ positions — ``positions``. Those losses are held to their own measured noise a
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -72,7 +72,7 @@ class PackingCheck:
     max_rel_diff: float
     noise: float
     floor: float
-    leaked: Optional[str] = None  # "attention" | "positions" (None while exact)
+    leaked: str | None = None  # "attention" | "positions" (None while exact)
     loss_noise: float = 0.0  # the part of ``noise`` measured on per-example losses (gradients left out)
     roundoff: float = 0.0  # one rounding of a stored result in the compute precision: the least tolerance
 

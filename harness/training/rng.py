@@ -15,18 +15,18 @@ it back (numpy's key array is stored as a list).
 from __future__ import annotations
 
 import random
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
 
 
-def device_state() -> Optional[torch.Tensor]:
+def device_state() -> torch.Tensor | None:
     """The state of this process's own CUDA generator (its current device), None without CUDA."""
     return torch.cuda.get_rng_state() if torch.cuda.is_available() else None
 
 
-def set_device_state(state: Optional[torch.Tensor]) -> None:
+def set_device_state(state: torch.Tensor | None) -> None:
     """Set this process's own CUDA generator (its current device); nothing when ``state`` is None or no CUDA."""
     if state is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state)

@@ -8,9 +8,9 @@ and restores a resume point; :func:`stage_model` gives a stage its starting weig
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
 from safetensors.torch import load_model
 
@@ -35,7 +35,7 @@ class InitStates:
         return True
 
 
-def inherited(stages: Sequence[ResolvedStage], index: int) -> Optional[TrainableSpec]:
+def inherited(stages: Sequence[ResolvedStage], index: int) -> TrainableSpec | None:
     """What trained in the stage whose weights stage ``index`` starts from (``init: previous``), else None."""
     return stages[index - 1].train.trainable if index > 0 and stages[index].init == "previous" else None
 

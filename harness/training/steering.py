@@ -11,7 +11,8 @@ its slice of it (``parallel.shard``), exactly as with a precomputed static strea
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,11 +35,11 @@ class Steering:
         stage: str,
         parallel,
         device: torch.device,
-        state: Optional[dict[str, Any]] = None,
-        measure: Optional[Callable[[], dict[str, tuple[float, int, float, float]]]] = None,
+        state: dict[str, Any] | None = None,
+        measure: Callable[[], dict[str, tuple[float, int, float, float]]] | None = None,
     ):
         self.stream, self.stage, self.parallel, self.measure = stream, stage, parallel, measure
-        self.global_share: Optional[float] = None  # the last global batch's largest task share (next_batch)
+        self.global_share: float | None = None  # the last global batch's largest task share (next_batch)
         self.columns = [loop_tasks.index(t) for t in stream.tasks]  # the stream's tasks among the loop's
         zeros = [0.0] * len(loop_tasks)
         # On the training device from the start, a resumed stage's too: an update may come before any trained step

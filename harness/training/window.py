@@ -86,7 +86,7 @@ class Window:
         }
 
     @classmethod
-    def from_state(cls, n_tasks: int, state: dict[str, Any]) -> "Window":
+    def from_state(cls, n_tasks: int, state: dict[str, Any]) -> Window:
         return cls(
             n_tasks,
             torch.tensor(state["loss_sum"]),

@@ -189,11 +189,11 @@ def test_same_output_in_another_process():
     """No dependence on str hashing (set order) or global random state: PYTHONHASHSEED must not matter."""
     code = (
         "import hashlib, json, data_recipes as dr; w = dr.build_world(60, 0); h = hashlib.sha256()\n"
-        "for n in %r:\n"
+        f"for n in {GENERATED!r}:\n"
         "    c = dr.get_recipe(n); s = c(world=w if c.needs_world else None).build(n, 50, 5, 0)\n"
         "    h.update(json.dumps({k: [[e.messages, e.meta] for e in v] for k, v in s.items()}).encode())\n"
         "h.update(json.dumps(dr.corpus(w, 0)).encode()); print(h.hexdigest())"
-    ) % (GENERATED,)
+    )
     outs = {
         subprocess.run(
             [sys.executable, "-c", code],

@@ -17,8 +17,8 @@ from __future__ import annotations
 import ast
 import sys
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 from tests.conftest import ROOT
 
@@ -73,7 +73,7 @@ def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def _deepest_known(name: str, modules: dict[str, Path]) -> Optional[str]:
+def _deepest_known(name: str, modules: dict[str, Path]) -> str | None:
     """``name`` or its longest prefix that is one of ``modules`` (None for a module from outside the packages)."""
     parts = name.split(".")
     for n in range(len(parts), 0, -1):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
-from typing import Optional
 
 import pytest
 import yaml
@@ -26,7 +25,7 @@ EXPERIMENT_KEY = "stages"
 REPRO_KEY = "arms"  # experiments/repro/NAME/repro.yaml (harness.studies.repro.plan)
 
 
-def config_kind(path: Path) -> Optional[str]:
+def config_kind(path: Path) -> str | None:
     """``sweep``, ``experiment``, ``repro``, or None for a YAML file that is none of them."""
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict):

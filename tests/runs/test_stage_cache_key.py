@@ -15,7 +15,7 @@ import shutil
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Union
 
 import pytest
 import torch
@@ -113,11 +113,11 @@ def _explicit(path: tuple) -> Any:
 def _strip_optional(annotation: Any) -> Any:
     if typing.get_origin(annotation) is Union:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return args[0] if len(args) == 1 else Union[tuple(args)]
+        return args[0] if len(args) == 1 else Union[tuple(args)]  # noqa: UP007 — a union of a runtime tuple
     return annotation
 
 
-def _model_of(annotation: Any) -> Optional[type[BaseModel]]:
+def _model_of(annotation: Any) -> type[BaseModel] | None:
     inner = _strip_optional(annotation)
     return inner if isinstance(inner, type) and issubclass(inner, BaseModel) else None
 
@@ -218,7 +218,7 @@ def cases() -> list[Case]:
     return out
 
 
-def _listed(path: tuple) -> Optional[str]:
+def _listed(path: tuple) -> str | None:
     """The NOT_SHAPING entry covering ``path`` (a stage's train field is listed as ``train.<field>``)."""
     names = [str(p) for p in path if not isinstance(p, int)]
     if names[0] == "stages":

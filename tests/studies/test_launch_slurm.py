@@ -197,7 +197,7 @@ def test_a_sweep_on_slurm_ends_with_exactly_n_trials_in_postgres(tmp_path, fake_
     for key in ("1000_0", "1000_1", "1000_2"):
         env = fake_slurm_cluster.env(key)
         assert env["HARNESS_STORAGE"] == postgres_url and env["SLURM_CPUS_PER_TASK"] == "1"  # its torch threads
-        assert "job {} (worker {}): done".format(key, key[-1]) in output  # each worker ran to its end
+        assert f"job {key} (worker {key[-1]}): done" in output  # each worker ran to its end
     assert "postgresql://harness:***@" in output and password not in output
     for f in out.rglob("*"):
         if f.is_file():

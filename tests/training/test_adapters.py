@@ -266,12 +266,12 @@ def test_new_token_rows_auto_trains_added_and_flagged_rows_when_the_mode_freezes
         model = prepare_stage_model(_model(tok), TrainableSpec(mode="lora", r=2), added, undertrained_ids=flagged)
     assert not any("new_token_rows" in str(w.message) for w in caught)
     emb = model.get_input_embeddings().weight
-    assert emb.requires_grad and sorted(getattr(emb, "_harness_trainable_rows")) == sorted(added + flagged)
+    assert emb.requires_grad and sorted(emb._harness_trainable_rows) == sorted(added + flagged)
     # true keeps its meaning (the added rows only); full trains everything whatever the setting
     model = prepare_stage_model(
         _model(tok), TrainableSpec(mode="lora", r=2, new_token_rows=True), added, undertrained_ids=flagged
     )
-    assert getattr(model.get_input_embeddings().weight, "_harness_trainable_rows") == added
+    assert model.get_input_embeddings().weight._harness_trainable_rows == added
     model = prepare_stage_model(_model(tok), TrainableSpec(mode="full"), added, undertrained_ids=flagged)
     assert not hasattr(model.get_input_embeddings().weight, "_harness_trainable_rows")
 

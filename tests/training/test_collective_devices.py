@@ -228,7 +228,7 @@ def _collective_calls() -> set[tuple[str, str, str]]:
     for path in sorted((ROOT / "harness").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
 
-        def visit(node: ast.AST, function: str) -> None:
+        def visit(node: ast.AST, function: str, rel: str = rel) -> None:
             for child in ast.iter_child_nodes(node):
                 inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
                 if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):

@@ -15,7 +15,7 @@ adaptive tasks) and reported at ``stages[i].mixture.adaptive.<key>``; it registe
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -49,7 +49,7 @@ class Controller(Plugin):
         super().__init_subclass__(**kwargs)
         cls.defaults = {key: field.default for key, field in cls.Params.model_fields.items()}
 
-    def __init__(self, start: np.ndarray, params: dict[str, Any], reference: Optional[np.ndarray] = None):
+    def __init__(self, start: np.ndarray, params: dict[str, Any], reference: np.ndarray | None = None):
         self.start = np.asarray(start, dtype=np.float64) / np.sum(start)
         self.params = params
         self.reference = None if reference is None else np.asarray(reference, dtype=np.float64)
@@ -61,7 +61,7 @@ class Controller(Plugin):
     def probs(self) -> np.ndarray:
         raise NotImplementedError
 
-    def update(self, losses: np.ndarray, examples: np.ndarray, sampled: Optional[np.ndarray] = None) -> None:
+    def update(self, losses: np.ndarray, examples: np.ndarray, sampled: np.ndarray | None = None) -> None:
         raise NotImplementedError
 
     def state(self) -> dict[str, Any]:
@@ -71,7 +71,7 @@ class Controller(Plugin):
         raise NotImplementedError
 
 
-def positive_number(value: Any, what: str, upper: Optional[float] = None) -> Optional[str]:
+def positive_number(value: Any, what: str, upper: float | None = None) -> str | None:
     """A message unless ``value`` is a finite number > 0 (and < ``upper`` when given)."""
     if (
         isinstance(value, bool)
@@ -85,7 +85,7 @@ def positive_number(value: Any, what: str, upper: Optional[float] = None) -> Opt
     return None
 
 
-def require_positive(value: Any, what: str, upper: Optional[float] = None) -> Any:
+def require_positive(value: Any, what: str, upper: float | None = None) -> Any:
     """``value`` if :func:`positive_number` accepts it, else ``ValueError`` with its message (for ``Params``)."""
     problem = positive_number(value, what, upper)
     if problem:

@@ -20,7 +20,7 @@ reference gains.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 from pydantic import Field, ValidationInfo, field_validator
@@ -79,7 +79,7 @@ class DoReMi(Controller):
 
     Params = DoReMiParams
 
-    def __init__(self, start: np.ndarray, params: dict[str, Any], reference: Optional[np.ndarray] = None):
+    def __init__(self, start: np.ndarray, params: dict[str, Any], reference: np.ndarray | None = None):
         super().__init__(start, params, reference)
         self.log_alpha = np.log(self.start)
         self.from_start = self.reference is None
@@ -90,7 +90,7 @@ class DoReMi(Controller):
     def probs(self) -> np.ndarray:
         return np.exp(self.log_alpha)
 
-    def update(self, losses: np.ndarray, examples: np.ndarray, sampled: Optional[np.ndarray] = None) -> None:
+    def update(self, losses: np.ndarray, examples: np.ndarray, sampled: np.ndarray | None = None) -> None:
         # ``sampled`` is unused: DoReMi's step is the excess loss itself, not weighted by the chance of a draw
         seen = (examples > 0) & np.isfinite(losses)
         ready = seen & (self.seen >= START_UPDATES) if self.from_start else seen

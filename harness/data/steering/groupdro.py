@@ -28,7 +28,7 @@ lagging one: both keep a high error.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -61,7 +61,7 @@ class GroupDROParams(PluginParams):
         return value if value == "hedge" else require_positive(value, "eta (the step size, or hedge)")
 
     @model_validator(mode="after")
-    def _hedge_needs_errors(self, info: ValidationInfo) -> "GroupDROParams":
+    def _hedge_needs_errors(self, info: ValidationInfo) -> GroupDROParams:
         if self.eta == "hedge" and (info.context or {}).get("signal") == "train_loss":
             raise ValueError(
                 "eta: hedge is the rate for errors in [0, 1]; a training loss is unbounded: give eta a number"
@@ -76,7 +76,7 @@ class GroupDRO(Controller):
     Params = GroupDROParams
     signals = ("steering_error", "train_loss")
 
-    def __init__(self, start: np.ndarray, params: dict[str, Any], reference: Optional[np.ndarray] = None):
+    def __init__(self, start: np.ndarray, params: dict[str, Any], reference: np.ndarray | None = None):
         super().__init__(start, params, reference)
         self.log_q = np.log(self.start)
         self.eta = None if params["eta"] == "hedge" else float(params["eta"])
@@ -88,7 +88,7 @@ class GroupDRO(Controller):
     def probs(self) -> np.ndarray:
         return np.exp(self.log_q)
 
-    def update(self, losses: np.ndarray, examples: np.ndarray, sampled: Optional[np.ndarray] = None) -> None:
+    def update(self, losses: np.ndarray, examples: np.ndarray, sampled: np.ndarray | None = None) -> None:
         # Under steering_error every task is measured at every update (examples do not matter); under train_loss a
         # task not drawn since the last update has a nan loss, taken as 0 as the paper's absent group (others gain)
         self.log_q = groupdro_step(self.log_q, np.asarray(losses, dtype=np.float64), self.eta)

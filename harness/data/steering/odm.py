@@ -26,7 +26,7 @@ sampling it (the unit tests show both sides: a learnable lagging task gains, and
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -77,7 +77,7 @@ class OnlineDataMixing(Controller):
 
     Params = OdmParams
 
-    def __init__(self, start: np.ndarray, params: dict[str, Any], reference: Optional[np.ndarray] = None):
+    def __init__(self, start: np.ndarray, params: dict[str, Any], reference: np.ndarray | None = None):
         super().__init__(start, params, reference)
         self.rewards = np.zeros(len(self.start))
         self.t = 0  # updates made
@@ -86,7 +86,7 @@ class OnlineDataMixing(Controller):
     def probs(self) -> np.ndarray:
         return self.policy
 
-    def update(self, losses: np.ndarray, examples: np.ndarray, sampled: Optional[np.ndarray] = None) -> None:
+    def update(self, losses: np.ndarray, examples: np.ndarray, sampled: np.ndarray | None = None) -> None:
         # Exp3's importance weight is 1 / the probability the arm was actually drawn with (Albalak et al. 2023,
         # "Efficient Online Data Mixing For Language Model Pre-Training", Algorithm 1: L_i / π_i, π being what it
         # samples from). The stream samples the floored policy, which lifts a task near 0 to the floor: dividing

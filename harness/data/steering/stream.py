@@ -10,7 +10,8 @@ stage has none (the config refuses ``length_grouping`` > 1 there).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ class AdaptiveStream:
         rng: np.random.Generator,
         collate: Callable[[list], Any],
         dropped: dict[str, int],
-        reference: Optional[dict[str, float]] = None,
+        reference: dict[str, float] | None = None,
     ):
         self.spec, self.tasks, self.pools = spec, list(spec.tasks), pools
         self.steps, self.batch_size, self.rng, self.collate = steps, batch_size, rng, collate

@@ -28,7 +28,7 @@ import numbers
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from data_recipes.world_bench import WORLD_BENCHMARKS
 from harness.core.metrics import BENCH_SPLIT, BENCH_TASK_PREFIX
@@ -100,7 +100,7 @@ class Benchmarks:
             if s.task not in known
         ]
 
-    def run(self, model, specs: Optional[list] = None) -> BenchmarkResult:
+    def run(self, model, specs: list | None = None) -> BenchmarkResult:
         """Every spec of ``specs`` (default: all) on ``model``; the model's modes and every global RNG are as they
         were afterwards (``simple_evaluate`` seeds python, numpy and torch: training must not feel that)."""
         from lm_eval import simple_evaluate
@@ -141,7 +141,7 @@ class Benchmarks:
         return out
 
 
-def _max_length(model) -> Optional[int]:
+def _max_length(model) -> int | None:
     config = getattr(model, "config", None)
     for name in ("max_position_embeddings", "n_positions", "n_ctx"):
         if isinstance(getattr(config, name, None), int):

@@ -36,9 +36,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Set
+from collections.abc import Iterator, Set
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 from harness.core.metrics import METRICS, Metric, continuous, proportion
 from harness.core.plugins import Plugin

@@ -17,8 +17,8 @@ A new command builds its tasks and calls ``make_launcher(resolve_launcher(sectio
 on_done=…)``; nothing here knows about sweeps or reproductions.
 """
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping, Optional
 
 from harness.studies.launch.base import JobsFailed, Launcher, Task
 from harness.studies.launch.spec import CLUSTER_EXTRA, LauncherError, LauncherSpec, resolve_launcher
@@ -31,7 +31,7 @@ def make_launcher(
     jobs: int = 1,
     echo: Callable[[str], None] = print,
     job_name: str = "harness",
-    env: Optional[Mapping[str, str]] = None,
+    env: Mapping[str, str] | None = None,
     detach: bool = False,
 ) -> Launcher:
     """The launcher ``spec`` names. ``jobs``: local tasks at once; ``folder``: where a cluster launcher keeps its

@@ -14,8 +14,9 @@ import contextlib
 import signal
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 OnDone = Callable[["Task", Any], None]
 OnFailed = Callable[["Task", str], None]
@@ -50,9 +51,9 @@ class Launcher(ABC):
     def run(
         self,
         tasks: Sequence[Task],
-        on_done: Optional[OnDone] = None,
-        on_failed: Optional[OnFailed] = None,
-        tick: Optional[Callable[[], None]] = None,
+        on_done: OnDone | None = None,
+        on_failed: OnFailed | None = None,
+        tick: Callable[[], None] | None = None,
     ) -> bool:
         """Run every task: ``on_done(task, value)`` after each success, ``on_failed(task, why)`` after each failure,
         ``tick()`` while waiting. Returns True once every task has ended, False when the tasks were left running

@@ -26,9 +26,10 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError, pickle_load
@@ -54,7 +55,7 @@ class Followed:
     task: Task
     job: Any  # a submitit Job
     state: str = ""
-    ended_at: Optional[float] = None  # when the scheduler first said it ended without a result
+    ended_at: float | None = None  # when the scheduler first said it ended without a result
 
 
 @contextlib.contextmanager
@@ -93,7 +94,7 @@ class SubmititLauncher(Launcher):
         folder: Path,
         echo: Callable[[str], None] = print,
         job_name: str = "harness",
-        env: Optional[Mapping[str, str]] = None,
+        env: Mapping[str, str] | None = None,
         detach: bool = False,
         cluster: str = "slurm",
     ):
@@ -186,9 +187,9 @@ class SubmititLauncher(Launcher):
     def run(
         self,
         tasks: Sequence[Task],
-        on_done: Optional[OnDone] = None,
-        on_failed: Optional[OnFailed] = None,
-        tick: Optional[Callable[[], None]] = None,
+        on_done: OnDone | None = None,
+        on_failed: OnFailed | None = None,
+        tick: Callable[[], None] | None = None,
     ) -> bool:
         names = [task.name for task in tasks]
         if len(set(names)) != len(names):
@@ -241,7 +242,7 @@ class SubmititLauncher(Launcher):
                 raise
         return failures
 
-    def _ended(self, f: Followed) -> Optional[tuple[bool, Any]]:
+    def _ended(self, f: Followed) -> tuple[bool, Any] | None:
         """None while the job runs; else ``(True, its value)`` or ``(False, why it failed)``."""
         state = str(f.job.state)
         if state != f.state:
@@ -264,7 +265,7 @@ class SubmititLauncher(Launcher):
         return False, f"ended {state} without a result"
 
     @staticmethod
-    def _result(job) -> Optional[tuple[str, Any]]:
+    def _result(job) -> tuple[str, Any] | None:
         path = job.paths.result_pickle
         with contextlib.suppress(OSError):  # a shared file system shows a new file sooner once its folder is touched
             path.parent.chmod(path.parent.stat().st_mode)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from harness.studies.launch.base import Launcher, OnDone, OnFailed, Task, sigterm_as_interrupt
 
@@ -26,9 +27,9 @@ class LocalLauncher(Launcher):
     def run(
         self,
         tasks: Sequence[Task],
-        on_done: Optional[OnDone] = None,
-        on_failed: Optional[OnFailed] = None,
-        tick: Optional[Callable[[], None]] = None,
+        on_done: OnDone | None = None,
+        on_failed: OnFailed | None = None,
+        tick: Callable[[], None] | None = None,
     ) -> bool:
         on_done = on_done or (lambda task, value: None)
         if self.jobs <= 1 or len(tasks) <= 1:
@@ -53,7 +54,7 @@ class LocalLauncher(Launcher):
             raise errors[0]
         return True
 
-    def _failed(self, task: Task, error: BaseException, on_failed: Optional[OnFailed]) -> None:
+    def _failed(self, task: Task, error: BaseException, on_failed: OnFailed | None) -> None:
         self.echo(f"{task.name}: failed ({type(error).__name__})")
         if on_failed is not None:
             on_failed(task, f"{type(error).__name__}: {error}")

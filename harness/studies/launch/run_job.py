@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 
 def restart_count() -> int:
@@ -87,7 +87,7 @@ class RunJob(RequeueBudget):
             run_experiment(exp, run_dir, force=force)
         return str(run_dir)
 
-    def checkpoint(self, exp, run_dir: Path, force: bool = False, resume: bool = False) -> Optional[Any]:
+    def checkpoint(self, exp, run_dir: Path, force: bool = False, resume: bool = False) -> Any | None:
         """The call submitit requeues: the same run, resumed; None (not requeued) past ``max_requeues``."""
         from submitit.helpers import DelayedSubmission
 

@@ -23,7 +23,7 @@ value is one line naming ``launcher.<field>`` or ``--slurm <field>``, exit 2 (:c
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
@@ -78,18 +78,18 @@ class LauncherSpec(Strict):
     (ignored by the local launcher)."""
 
     kind: Literal["local", "slurm"] = Field("local", description="The default of --launcher.")
-    partition: Optional[str] = Field(None, description="sbatch --partition.")
+    partition: str | None = Field(None, description="sbatch --partition.")
     time: int = Field(240, description="Time limit per job in minutes (also H:MM:SS, D-HH:MM:SS); sbatch --time.")
-    cpus_per_task: Optional[int] = Field(None, ge=1, description="sbatch --cpus-per-task (the job's torch threads).")
-    gpus_per_job: Optional[int] = Field(None, ge=0, description="GPUs per job: sbatch --gpus-per-node.")
-    mem_gb: Optional[float] = Field(None, gt=0, description="Memory per job in GB: sbatch --mem.")
-    account: Optional[str] = Field(None, description="sbatch --account.")
-    sbatch: dict[str, Union[str, int, float, bool]] = Field(
+    cpus_per_task: int | None = Field(None, ge=1, description="sbatch --cpus-per-task (the job's torch threads).")
+    gpus_per_job: int | None = Field(None, ge=0, description="GPUs per job: sbatch --gpus-per-node.")
+    mem_gb: float | None = Field(None, gt=0, description="Memory per job in GB: sbatch --mem.")
+    account: str | None = Field(None, description="sbatch --account.")
+    sbatch: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="Other sbatch options by long name: {qos: normal, constraint: a100}."
     )
     setup: list[str] = Field(default_factory=list, description="Shell commands each job runs first.")
     max_requeues: int = Field(3, ge=0, description="Times a job preempted or timed out is requeued, at most.")
-    array_parallelism: Optional[int] = Field(None, ge=1, description="Jobs of the array running at once, at most.")
+    array_parallelism: int | None = Field(None, ge=1, description="Jobs of the array running at once, at most.")
     poll: float = Field(30.0, gt=0, description="Seconds between the launching command's looks at its jobs.")
 
     @field_validator("time", mode="before")
@@ -150,7 +150,7 @@ def _cli_fields(items: list[str]) -> dict[str, Any]:
     return fields
 
 
-def resolve_launcher(section: Optional[LauncherSpec], kind: Optional[str], items: Optional[list[str]]) -> LauncherSpec:
+def resolve_launcher(section: LauncherSpec | None, kind: str | None, items: list[str] | None) -> LauncherSpec:
     """The launcher a command uses: the file's ``launcher:`` section (or the defaults), ``--slurm`` items over it,
     ``--launcher`` over its kind. Raises :class:`LauncherError` (one line) for a bad item, for SLURM settings given
     to the local launcher, and for ``slurm`` without submitit installed."""

@@ -8,9 +8,9 @@ cache key holds, so entries written under ``--jobs N`` are replayed by runs with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from harness.config import Experiment
 from harness.studies.launch import Launcher, Task

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -60,7 +61,7 @@ class Arm(BaseModel):
     model_config = ConfigDict(extra="forbid")
     file: str = Field(description="Experiment file, relative to the reproduction's directory.")
     set: list[str] = Field(default_factory=list, description="--set overrides for this arm.")
-    x: Optional[float] = Field(
+    x: float | None = Field(
         None, description="Position on the figure's x axis (a swept value); arms without one are drawn as bars."
     )
     micro: list[str] = Field(default_factory=list, description="Extra overrides for this arm at the micro size.")
@@ -79,13 +80,13 @@ class ReproSpec(BaseModel):
     source: str
     published: str
     metrics: list[MetricRef] = Field(min_length=1)
-    arms: dict[str, Union[str, Arm]] = Field(min_length=1)
+    arms: dict[str, str | Arm] = Field(min_length=1)
     scale: list[str] = Field(default_factory=list, description="Integer fields multiplied by --scale.")
     micro: list[str] = Field(default_factory=list, description="Overrides giving the micro size (tests).")
-    expect: Optional[Expect] = None
-    x_label: Optional[str] = None
+    expect: Expect | None = None
+    x_label: str | None = None
     x_log: bool = False
-    launcher: Optional[LauncherSpec] = Field(None, description="Where the runs go with --launcher slurm.")
+    launcher: LauncherSpec | None = Field(None, description="Where the runs go with --launcher slurm.")
 
     def arm(self, name: str) -> Arm:
         value = self.arms[name]
@@ -180,7 +181,7 @@ class RunOutcome:
     run_dir: str = ""
     # greedy metrics: item index → correct, from samples.jsonl (for paired item-level tests between arms)
     items: dict[str, dict[int, bool]] = field(default_factory=dict)
-    data_seed: Optional[int] = None  # the task data's seed: runs with the same one were scored on the same items
+    data_seed: int | None = None  # the task data's seed: runs with the same one were scored on the same items
 
 
 def _final_samples(run_dir: Path) -> list[dict[str, Any]]:
@@ -221,11 +222,11 @@ def run_repro(
     out: Path,
     scale: float = 1.0,
     micro: bool = False,
-    arms: Optional[list[str]] = None,
+    arms: list[str] | None = None,
     echo: Callable[[str], None] = print,
     jobs: int = 1,
-    launcher: Optional[Launcher] = None,
-) -> Optional[list[RunOutcome]]:
+    launcher: Launcher | None = None,
+) -> list[RunOutcome] | None:
     """Run every arm for every seed into ``out/runs``, reusing finished runs; returns one outcome per run, seed-major
     (all arms of seed 0 first), or None when ``launcher`` left its jobs running (detached). Experiments are all
     validated before the first run starts. ``jobs > 1`` runs that many at once, each in its own process;

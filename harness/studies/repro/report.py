@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -147,7 +147,7 @@ def _across_text(m: dict[str, Any]) -> str:
     return f"{_fmt(m['mean'])} [{_fmt(m['low'])}, {_fmt(m['high'])}]"
 
 
-def markdown(result: dict[str, Any], command: str, figure: Optional[str]) -> str:
+def markdown(result: dict[str, Any], command: str, figure: str | None) -> str:
     """The reproduction's table as Markdown."""
     lines = [
         f"# {result['title']}",
@@ -185,7 +185,7 @@ def markdown(result: dict[str, Any], command: str, figure: Optional[str]) -> str
     return "\n".join(lines) + "\n"
 
 
-def figure(result: dict[str, Any], path: Path, x_label: Optional[str] = None, x_log: bool = False) -> Path:
+def figure(result: dict[str, Any], path: Path, x_label: str | None = None, x_log: bool = False) -> Path:
     """One panel per metric: arms with an ``x`` as a line over x, the others as bars; mean with its interval across
     seeds and each seed's value as a dot."""
     import matplotlib  # plotting only when a figure is written

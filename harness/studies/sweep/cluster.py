@@ -16,8 +16,9 @@ fails its running trial (``fail_reason: worker lost: its job was requeued …``)
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from harness.core.redact import STORAGE_ENV, mask_url
 from harness.studies.launch import JobsFailed, LauncherError, LauncherSpec, Task
@@ -49,7 +50,7 @@ def _marker(sweep_dir: Path, index: int) -> Path:
     return Path(sweep_dir) / JOBS_DIR / "workers" / str(index)
 
 
-def _worker_of(sweep_dir: Path, index: int) -> Optional[str]:
+def _worker_of(sweep_dir: Path, index: int) -> str | None:
     """The worker id (``host:pid``) the job of worker ``index`` last ran as."""
     try:
         return json.loads(_marker(sweep_dir, index).read_text())["worker"]
@@ -82,7 +83,7 @@ class WorkerJob(RequeueBudget):
         marker.write_text(json.dumps({"worker": worker_id()}))
         return run_worker(sweep_dir, index, log=lambda m: print(m, flush=True), launch=launch)
 
-    def checkpoint(self, sweep_dir: str, index: int, launch: int, storage: str) -> Optional[Any]:
+    def checkpoint(self, sweep_dir: str, index: int, launch: int, storage: str) -> Any | None:
         """The job is about to be stopped: fail its running trial, then requeue the worker (None: not requeued,
         past ``max_requeues``)."""
         from submitit.helpers import DelayedSubmission

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import optuna
@@ -72,7 +73,7 @@ class SimplexDesignSampler(optuna.samplers.BaseSampler):
         simplexes: Sequence[tuple[list[str], Sequence[float]]],
         others: Sequence[str],
         seed: int,
-        concentrations: Optional[Sequence[float]] = None,
+        concentrations: Sequence[float] | None = None,
     ):
         if design not in DESIGNS:
             raise ValueError(f"unknown design {design!r}: one of {', '.join(DESIGNS)}")

@@ -17,7 +17,7 @@ import os
 import socket
 import sys
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
@@ -26,7 +26,7 @@ HEARTBEAT_ATTR = "harness:heartbeat"
 WORKER_ATTR = "worker"
 
 
-def worker_id(pid: Optional[int] = None) -> str:
+def worker_id(pid: int | None = None) -> str:
     """``host:pid``: who runs a trial (user attribute ``worker``), so a dead worker's trials can be found."""
     return f"{socket.gethostname()}:{pid or os.getpid()}"
 
@@ -39,7 +39,7 @@ class Heartbeat:
 
     def __init__(self, storage, trial_id: int, interval: float, clock: Callable[[], float] = time.monotonic):
         self.storage, self.trial_id, self.interval, self.clock = storage, trial_id, interval, clock
-        self.last: Optional[float] = None  # clock() of the last write
+        self.last: float | None = None  # clock() of the last write
         self.finished = False  # the trial was finished elsewhere (failed as stale): stop writing
 
     def beat(self) -> bool:
@@ -62,7 +62,7 @@ class Heartbeat:
         if self.last is None or self.clock() - self.last >= self.interval:
             self.beat()
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         self.beat()
         return self
 
@@ -80,7 +80,7 @@ def fail_trial(study, trial, reason: str) -> bool:
         return False
 
 
-def fail_stale_trials(study, grace: float, now: Optional[float] = None) -> list[int]:
+def fail_stale_trials(study, grace: float, now: float | None = None) -> list[int]:
     """Fail RUNNING trials whose heartbeat (or start, before the first beat) is older than ``grace`` seconds;
     returns their numbers."""
     now = time.time() if now is None else now

@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from harness.config import Experiment, TaskSpec, set_path
 from harness.core.redact import mask_url, storage_url_from_env
@@ -51,7 +51,7 @@ class Objective:
     split: str
     tasks: list[str]
     reduce: str
-    weights: Optional[dict[str, float]]
+    weights: dict[str, float] | None
     stage: str
     stage_index: int
     direction: str
@@ -144,7 +144,7 @@ class Sweep:
 
     # -- applying values ----------------------------------------------------------------------------------------
 
-    def experiment_raw(self, values: dict[str, Any], trial_number: Optional[int] = None) -> dict[str, Any]:
+    def experiment_raw(self, values: dict[str, Any], trial_number: int | None = None) -> dict[str, Any]:
         """The base experiment with ``values`` ({param path: value; simplex → {task: w}; fraction → k}) applied,
         and the sweep's per-trial settings (no console, wandb group = study, checkpoints per ``checkpoints``)."""
         raw = copy.deepcopy(self.base_raw)

@@ -34,7 +34,7 @@ may also be named (``stages.assistant.mixture``).
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
@@ -54,7 +54,7 @@ class SimplexSpace(Strict):
     simplex: list[str] = Field(..., min_length=2, description="Tasks of the stage's mixture.")
 
     @model_validator(mode="after")
-    def _unique(self) -> "SimplexSpace":
+    def _unique(self) -> SimplexSpace:
         dupes = sorted({t for t in self.simplex if self.simplex.count(t) > 1})
         if dupes:
             raise ValueError(f"tasks listed twice: {', '.join(dupes)}")
@@ -74,10 +74,10 @@ class FloatSpace(Strict):
 
     range: tuple[float, float] = Field(..., alias="float", description="[lo, hi]")
     log: bool = False
-    step: Optional[float] = Field(None, gt=0)
+    step: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
-    def _ok(self) -> "FloatSpace":
+    def _ok(self) -> FloatSpace:
         _check_range(*self.range, self.log)
         if self.log and self.step is not None:
             raise ValueError("give either log or step, not both")
@@ -92,7 +92,7 @@ class IntSpace(Strict):
     step: int = Field(1, ge=1)
 
     @model_validator(mode="after")
-    def _ok(self) -> "IntSpace":
+    def _ok(self) -> IntSpace:
         _check_range(*self.range, self.log)
         if self.log and self.step != 1:
             raise ValueError("give either log or step, not both")
@@ -102,7 +102,7 @@ class IntSpace(Strict):
 class ChoiceSpace(Strict):
     """``suggest_categorical(path, choices)``."""
 
-    choices: list[Union[bool, int, float, str, None]] = Field(..., alias="choice", min_length=1)
+    choices: list[bool | int | float | str | None] = Field(..., alias="choice", min_length=1)
 
 
 class FractionSpace(Strict):
@@ -110,12 +110,12 @@ class FractionSpace(Strict):
 
     range: tuple[float, float] = Field(..., alias="fraction", description="[lo, hi] with 0 <= lo < hi")
     log: bool = False
-    of: Optional[str] = Field(
+    of: str | None = Field(
         None, description="The task whose pool the fraction is of (default: the path's last element)."
     )
 
     @model_validator(mode="after")
-    def _ok(self) -> "FractionSpace":
+    def _ok(self) -> FractionSpace:
         _check_range(*self.range, self.log)
         if self.range[0] < 0:
             raise ValueError("a fraction is >= 0")
@@ -131,7 +131,7 @@ SPACE_KINDS = {
 }
 
 
-def space_kind(value: Any) -> Optional[str]:
+def space_kind(value: Any) -> str | None:
     """The kind of a space entry: its one kind key (raw mapping) or its class (validated); None when ambiguous."""
     if isinstance(value, dict):
         kinds = [k for k in SPACE_KINDS if k in value]
@@ -140,7 +140,7 @@ def space_kind(value: Any) -> Optional[str]:
 
 
 SpaceSpec = Annotated[
-    Union[tuple(Annotated[cls, Tag(kind)] for kind, cls in SPACE_KINDS.items())],  # type: ignore[misc]
+    Union[tuple(Annotated[cls, Tag(kind)] for kind, cls in SPACE_KINDS.items())],  # type: ignore[misc]  # noqa: UP007
     Discriminator(
         space_kind,
         custom_error_type="space_kind",
@@ -155,16 +155,16 @@ class ObjectiveSpec(Strict):
 
     metric: str = Field("greedy", description="greedy, mode_ok, tf_first, loss, ft_hijack, …")
     split: str = Field("heldout", description="An evaluation split of the experiment.")
-    tasks: Optional[list[str]] = Field(None, min_length=1, description="Tasks reduced over (default: every task).")
+    tasks: list[str] | None = Field(None, min_length=1, description="Tasks reduced over (default: every task).")
     reduce: Literal["mean", "min", "max", "weighted"] = "mean"
-    weights: Optional[dict[str, float]] = Field(None, description="Per-task weights for reduce: weighted.")
-    stage: Optional[str] = Field(None, description="Stage whose end is read (default: the last).")
-    direction: Optional[Literal["maximize", "minimize"]] = Field(
+    weights: dict[str, float] | None = Field(None, description="Per-task weights for reduce: weighted.")
+    stage: str | None = Field(None, description="Stage whose end is read (default: the last).")
+    direction: Literal["maximize", "minimize"] | None = Field(
         None, description="Default: minimize for loss, ft_rank_*, ft_hijack; maximize otherwise."
     )
 
     @model_validator(mode="after")
-    def _weights(self) -> "ObjectiveSpec":
+    def _weights(self) -> ObjectiveSpec:
         if self.reduce == "weighted":
             if not self.weights:
                 raise ValueError("reduce: weighted needs weights: {task: w}")
@@ -189,7 +189,7 @@ class HeartbeatSpec(Strict):
     )
 
     @model_validator(mode="after")
-    def _ok(self) -> "HeartbeatSpec":
+    def _ok(self) -> HeartbeatSpec:
         if self.grace <= self.interval:
             raise ValueError("grace must be longer than interval")
         return self
@@ -198,12 +198,12 @@ class HeartbeatSpec(Strict):
 class StudySpec(Strict):
     """The optuna study: its name and storage, sampler and pruner, trial budget and worker heartbeats."""
 
-    name: Optional[str] = Field(
+    name: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9_.-]+$",
         description="Study name (default: the sweep file's stem); also the wandb group.",
     )
-    storage: Optional[str] = Field(
+    storage: str | None = Field(
         None,
         description="An optuna storage URL (sqlite:///x.db, postgresql://…, mysql://…) or a journal file path "
         "relative to the sweep directory; default: $HARNESS_STORAGE if set, else <sweep dir>/journal.log. "
@@ -218,13 +218,13 @@ class StudySpec(Strict):
     pruner: Literal["none", "median", "hyperband"] = "none"
     pruner_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the pruner.")
     n_trials: int = Field(20, ge=1, description="Global budget: trials started (any state) over every worker.")
-    timeout: Optional[float] = Field(None, gt=0, description="Seconds after which a worker starts no new trial.")
+    timeout: float | None = Field(None, gt=0, description="Seconds after which a worker starts no new trial.")
     seed: int = Field(0, description="Sampler seed; worker i uses seed + i (a continued sweep: fresh seeds).")
     heartbeat: HeartbeatSpec = Field(default_factory=HeartbeatSpec)
 
     @field_validator("name")
     @classmethod
-    def _safe_name(cls, name: Optional[str]) -> Optional[str]:
+    def _safe_name(cls, name: str | None) -> str | None:
         # the pattern lets "." and ".." through: runs/sweeps/<name> would be runs/sweeps itself, or runs/
         return name if name is None else check_safe_name(name, "study name")
 
@@ -238,14 +238,14 @@ class SweepSpec(Strict):
     )
     study: StudySpec = Field(default_factory=StudySpec)
     space: dict[str, SpaceSpec] = Field(..., min_length=1)  # type: ignore[valid-type]
-    objective: Optional[ObjectiveSpec] = None
-    objectives: Optional[list[ObjectiveSpec]] = Field(None, min_length=1)
+    objective: ObjectiveSpec | None = None
+    objectives: list[ObjectiveSpec] | None = Field(None, min_length=1)
     seed_trials: bool = Field(True, description="Enqueue uniform and natural mixture weights as the first trials.")
     checkpoints: bool = Field(False, description="Save stage checkpoints in every trial (off: trials keep none).")
-    launcher: Optional[LauncherSpec] = Field(None, description="Where the workers run with --launcher slurm.")
+    launcher: LauncherSpec | None = Field(None, description="Where the workers run with --launcher slurm.")
 
     @model_validator(mode="after")
-    def _one_objective(self) -> "SweepSpec":
+    def _one_objective(self) -> SweepSpec:
         if (self.objective is None) == (self.objectives is None):
             raise ValueError("give either objective: {…} or objectives: [{…}, …]")
         return self

@@ -12,7 +12,6 @@ import os
 import threading
 import warnings
 from pathlib import Path
-from typing import Optional
 
 import optuna
 import sqlalchemy
@@ -43,7 +42,7 @@ class FlockJournalLock:
     or a disk filled mid-append) is cut off before the next append, which would otherwise glue a new record to it
     and make the line unparseable for every later reader (optuna skips a bad *last* line, not a bad middle one)."""
 
-    def __init__(self, path: str, journal: Optional[str] = None):
+    def __init__(self, path: str, journal: str | None = None):
         self.path, self.journal = path, journal
         self._held = threading.local()  # a descriptor per thread: flock excludes between descriptors
 

@@ -5,8 +5,6 @@ behind one set of hooks, :class:`DataParallel`. :func:`current` is the process g
 
 from __future__ import annotations
 
-from typing import Optional
-
 from harness.training.parallel.ddp import DataParallel, ParallelError, active_ddp
 from harness.training.parallel.fsdp import FullyShardedDataParallel
 from harness.training.parallel.single import SingleProcess
@@ -22,7 +20,7 @@ __all__ = [
 ]
 
 
-def current(parallel: str = "ddp") -> Optional[DataParallel]:
+def current(parallel: str = "ddp") -> DataParallel | None:
     """The data-parallel hooks when this process is one of several ranks, else None; ``parallel="fsdp"`` (a
     stage's ``train.parallel``): new hooks for one FSDP stage (:mod:`harness.training.parallel.fsdp`)."""
     here = active_ddp()
@@ -36,7 +34,7 @@ def loop_hooks(parallel: str = "ddp") -> DataParallel | SingleProcess:
     return current(parallel) or SingleProcess()
 
 
-def kill_step(spec) -> Optional[int]:
+def kill_step(spec) -> int | None:
     """``debug.kill_rank``'s step when it names this process's rank (0 in a single process), else None."""
     here = current()
     return spec.step if spec is not None and spec.rank == (here.rank if here is not None else 0) else None

@@ -29,7 +29,7 @@ import contextlib
 import datetime
 import os
 import weakref
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -82,7 +82,7 @@ class DataParallel(WholeModelHooks):
 
     def __init__(self):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self._wrapped: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+        self._wrapped: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
         # Where the hooks' own tensors live; :meth:`trained_module` sets it to the model's device at each stage.
         self.device = (
             torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -132,7 +132,7 @@ class DataParallel(WholeModelHooks):
         """This rank's term of the global weighted token mean (the loss's weights: :func:`token_weights`)."""
         return self.global_mean(per_token, token_weights(task_of_token, first, spec, tasks, by_example, n_examples))
 
-    def global_mean(self, per_token: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
+    def global_mean(self, per_token: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
         """This rank's term of the global weighted token mean, scaled by the world size (DDP averages gradients)."""
         weights = torch.ones_like(per_token) if weights is None else weights.to(per_token.dtype)
         total = weights.sum().detach().float()
@@ -173,7 +173,7 @@ class DataParallel(WholeModelHooks):
         values = flags.tolist()
         return [r for r, f in enumerate(values) if f >= 2] or [r for r, f in enumerate(values) if f]
 
-    def gather(self, obj) -> Optional[list]:
+    def gather(self, obj) -> list | None:
         """``obj`` of every rank, in rank order, on rank 0 (None on the others): resume points' per-rank state."""
         out = [None] * self.world if self.rank == 0 else None
         dist.gather_object(obj, out, dst=0)
@@ -193,7 +193,7 @@ class DataParallel(WholeModelHooks):
         return {**box[0], "rank": rank}
 
 
-_CURRENT: Optional[DataParallel] = None
+_CURRENT: DataParallel | None = None
 
 
 @contextlib.contextmanager
@@ -224,6 +224,6 @@ def active() -> Iterator[DataParallel]:
         _CURRENT = None
 
 
-def active_ddp() -> Optional[DataParallel]:
+def active_ddp() -> DataParallel | None:
     """This rank's hooks while :func:`active`, else None (one process)."""
     return _CURRENT
