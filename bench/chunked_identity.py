@@ -56,7 +56,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this tree's harness, in the children too
@@ -93,7 +92,7 @@ def child(arm: str, config: str, out: Path, overrides: list[str]) -> None:
 
         print(f"base: {warm_base(load_experiment(config))}")
         return
-    calls: list[tuple[int, Optional[int]]] = []
+    calls: list[tuple[int, int | None]] = []
     decide = chunked_loss.Chunking.chunk_rows
 
     def counted(self, n_supervised: int, vocab: int):
@@ -157,7 +156,7 @@ def chunk_summary(out: Path, arm: str) -> str:
     return text
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config", nargs="?", default="tests/data/micro.yaml")
     ap.add_argument("--out", type=Path, help="where the runs go (default runs/chunked-identity/<name>-<time>)")

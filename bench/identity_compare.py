@@ -15,7 +15,7 @@ import re
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 TIMING = ("tokens_per_s",)
 KEY = ["stage", "step", "task", "split", "metric"]  # unique per row; ``text`` is a value (ft_top1's counts)
@@ -149,7 +149,7 @@ def first_token_flips(left: list[dict], right: list[dict], reference: dict[tuple
     return flips
 
 
-def fmt(x: Optional[float]) -> str:
+def fmt(x: float | None) -> str:
     return "—" if x is None else "inf" if math.isinf(x) else f"{x:.3g}"
 
 
@@ -241,7 +241,7 @@ def judge_continuous(on_stage: dict, ref_stage: dict) -> bool:
     return not outside_run
 
 
-def judge_discrete(off: list[dict], on: list[dict], ref: list[dict], on_s: dict, ref_s: dict) -> Optional[bool]:
+def judge_discrete(off: list[dict], on: list[dict], ref: list[dict], on_s: dict, ref_s: dict) -> bool | None:
     """Item by item while the reordered run stays near ``off`` (every first token it flips was in off's top 5 and
     within 2Δ): True when every first token on flips is within 2Δ. None once the reordered run has itself moved
     items past their margins: then no item-level tolerance follows from it (which items flip, and how many, is one
