@@ -12,6 +12,7 @@ import copy
 import importlib.metadata
 import json
 import shutil
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,8 +111,11 @@ def _explicit(path: tuple) -> Any:
     return copy.deepcopy(EXPLICIT[_short(path)])
 
 
+UNIONS = (Union, types.UnionType)  # Optional[X] and X | None
+
+
 def _strip_optional(annotation: Any) -> Any:
-    if typing.get_origin(annotation) is Union:
+    if typing.get_origin(annotation) in UNIONS:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         return args[0] if len(args) == 1 else Union[tuple(args)]  # noqa: UP007 — a union of a runtime tuple
     return annotation
@@ -125,7 +129,7 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
 def _candidates(annotation: Any, current: Any) -> list[Any]:
     """Generic values of ``annotation`` to try in order (the first valid one different from ``current`` is used)."""
     inner = _strip_optional(annotation)
-    options = typing.get_args(inner) if typing.get_origin(inner) is Union else (inner,)
+    options = typing.get_args(inner) if typing.get_origin(inner) in UNIONS else (inner,)
     out: list[Any] = []
     for option in options:
         if typing.get_origin(option) is Literal:
