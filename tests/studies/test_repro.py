@@ -38,7 +38,8 @@ def test_every_arm_validates_at_default_and_micro_size(name):
             assert m.task in full.tasks, f"{name}/{arm}: metric task {m.task} not in the experiment"
 
 
-@pytest.mark.parametrize("name", NAMES)
+# DMT's micro run is the longest (~16 s: five arms); the others cover the report in the default suite.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "dmt" else n for n in NAMES])
 def test_micro_run_writes_table_figure_and_results(name, tmp_path):
     repro = load_repro(name)
     if repro.spec.expect:

@@ -129,6 +129,8 @@ def test_gpus_are_dealt_in_consecutive_groups():
     assert device_groups([], 2) == []
 
 
+@pytest.mark.slow  # three worker processes train (~40 s); PostgreSQL stays in the default suite through
+# tests/studies/test_launch_slurm.py (a SLURM sweep on a PostgreSQL study)
 def test_two_machines_share_one_postgres_study(tmp_path, postgres_url, monkeypatch):
     n_trials = 4  # more than the three workers: one trial at least goes to whichever worker frees up first
     path = _sweep(tmp_path, "pg", study={"n_trials": n_trials})
