@@ -152,6 +152,16 @@ def mixture(
     _from_sweep(sweep_dir, holdout, predict, out, options, verify, budget, steer, jobs, launcher, slurm, detach)
 
 
+def _say_proxies(config: dict, held_config: dict | None) -> None:
+    """Say when the trials fitted on (or held out) are proxies of the experiment (the sweep file's ``proxy:``)."""
+    for what, cfg in (("fitted on", config), ("held out", held_config)):
+        if cfg and cfg.get("proxy"):
+            said = ", ".join(f"{k}={v}" for k, v in cfg["proxy"].items())
+            typer.echo(f"{what}: proxy trials ({said})")
+        elif cfg is held_config and cfg is not None and config.get("proxy"):
+            typer.echo("held out: full-size trials (no proxy)")
+
+
 def _from_sweep(sweep_dir, holdout, predict, out, options, verify, budget, steer, jobs, launcher, slurm, detach):
     """The proposal from a sweep directory, then ``--verify`` / ``--budget`` / ``--steer`` as asked."""
     from analysis.loading import AnalysisError, is_sweep_dir, load_sweep, read_sweep_config
@@ -173,6 +183,7 @@ def _from_sweep(sweep_dir, holdout, predict, out, options, verify, budget, steer
             f"harness mixture: --budget {too_many[0]}: a budget is fewer trials than the sweep's {len(trials)} (all "
             "of them is the full sweep's row)"
         )
+    _say_proxies(config, read_sweep_config(holdout) if holdout is not None else None)
     try:
         data = sweep_law_data(trials, config, str(sweep_dir))
         held = sweep_law_data(load_sweep(holdout), config, str(holdout)) if holdout is not None else None

@@ -57,6 +57,8 @@ def sweep(
         raise_usage("--detach leaves SLURM jobs running: it needs --launcher slurm")
     sweep_dir = out or Path("runs") / "sweeps" / spec.name
     typer.echo(f"sweep {spec.name} → {sweep_dir} (storage {mask_url(spec.storage_url(sweep_dir))})")
+    if spec.spec.proxy:
+        typer.echo("proxy trials: " + ", ".join(f"{k}={v}" for k, v in spec.spec.proxy.items()))
     try:
         if choice.kind == "slurm":
             from harness.studies.sweep.cluster import run_sweep_on_cluster  # submitit: only for the cluster

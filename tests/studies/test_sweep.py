@@ -383,3 +383,23 @@ def test_every_shipped_sweep_file_loads_and_names_tasks_of_its_base(path):
     for param in sweep.params:
         if param.kind == "simplex":
             assert set(param.spec.simplex) <= tasks, (path.name, param.spec.simplex)
+
+
+def test_a_proxy_applies_after_the_overrides_and_never_shares_a_full_size_study(tmp_path):
+    """``proxy:`` makes every trial a cheap stand-in; ``--set proxy=null`` is the full-size sweep of the same space,
+    which must not continue the proxy study (their trials would be mixed in one law)."""
+    from harness.studies.sweep.study import prepare_study
+
+    path = _sweep(tmp_path, "px", overrides={"stages.b.steps": 6}, proxy={"stages.b.steps": 3, "tasks.math.eval": 8})
+    proxy = load_sweep(path)
+    assert proxy.base_raw["stages"][1]["steps"] == 3 and proxy.base_raw["tasks"]["math"]["eval"] == 8
+    full = load_sweep(path, ["proxy=null"])
+    assert full.base_raw["stages"][1]["steps"] == 6 and full.spec.proxy is None
+    assert proxy.fingerprint() != full.fingerprint()
+    prepare_study(proxy, tmp_path / "sweep")
+    again = load_resolved(tmp_path / "sweep")  # what workers read: the proxy recorded, applied once more (same values)
+    assert again.spec.proxy == proxy.spec.proxy and again.base_raw["stages"][1]["steps"] == 3
+    with pytest.raises(ConfigError, match="another space, objectives or proxy"):
+        prepare_study(full, tmp_path / "sweep")
+    with pytest.raises(ConfigError, match=r"proxy\.stages\.zz\.steps"):
+        load_sweep(_sweep(tmp_path, "bad", proxy={"stages.zz.steps": 3}))

@@ -37,12 +37,13 @@ from harness.studies.sweep.study import make_pruner, make_sampler
 
 Errors = list[tuple[str, str]]
 # errors come in this order
-SECTION_ORDER = ["experiment", "overrides", "study", "space", "objective", "objectives", "launcher"]
+SECTION_ORDER = ["experiment", "overrides", "proxy", "study", "space", "objective", "objectives", "launcher"]
 
 
 def _split_overrides(items: list[str] | None) -> tuple[list[str], dict[str, dict[str, Any]]]:
-    """``--set`` items for the sweep file; ``space.<path>=…`` and ``overrides.<path>=…`` keep ``<path>`` whole."""
-    plain, keyed = [], {"space": {}, "overrides": {}}
+    """``--set`` items for the sweep file; ``space.<path>=…``, ``overrides.<path>=…`` and ``proxy.<path>=…`` keep
+    ``<path>`` whole."""
+    plain, keyed = [], {"space": {}, "overrides": {}, "proxy": {}}
     for item in items or []:
         key, sep, text = item.partition("=")
         head, dot, rest = key.strip().partition(".")
@@ -74,23 +75,24 @@ def _read_spec(path: Path, overrides: list[str] | None) -> SweepSpec:
 
 
 def _read_base(path: Path, spec: SweepSpec) -> tuple[dict[str, Any], Experiment]:
-    """The base experiment (read relative to the sweep file) with the sweep's ``overrides``, raw and validated. Its
-    ``plugins:`` files and data paths are made absolute against the experiment file's directory, as for a plain
-    experiment, so every trial and verification run finds them wherever it starts."""
+    """The base experiment (read relative to the sweep file) with the sweep's ``overrides`` and then its ``proxy``,
+    raw and validated. Its ``plugins:`` files and data paths are made absolute against the experiment file's
+    directory, as for a plain experiment, so every trial and verification run finds them wherever it starts."""
     source = str(path)
     exp_path = path.parent / spec.experiment
     if not exp_path.is_file():
         raise ConfigError(source, [("experiment", f"experiment file not found: {exp_path}")])
     base_raw = load_raw(exp_path)
     errors: Errors = []
-    for key, value in spec.overrides.items():
-        try:
-            set_path(base_raw, resolve_path(base_raw, parse_path(key)), copy.deepcopy(value))
-        except PathError as e:
-            errors.append((f"overrides.{key}", str(e)))
+    for section, items in (("overrides", spec.overrides), ("proxy", spec.proxy or {})):
+        for key, value in items.items():
+            try:
+                set_path(base_raw, resolve_path(base_raw, parse_path(key)), copy.deepcopy(value))
+            except PathError as e:
+                errors.append((f"{section}.{key}", str(e)))
     if errors:
         raise ConfigError(source, errors)
-    described = f"{exp_path} (the experiment of {source}, overrides applied)"
+    described = f"{exp_path} (the experiment of {source}, overrides{' and proxy' if spec.proxy else ''} applied)"
     try:
         base_raw = resolve_file_paths(base_raw, exp_path.resolve().parent, described)
         base = validate_data(base_raw, described)

@@ -140,6 +140,8 @@ class Sweep:
             "space": {p.path: p.spec.model_dump(by_alias=True) for p in self.params},
             "objectives": [o.to_yaml() for o in self.objectives],
         }
+        if self.spec.proxy:  # proxy and full-size trials never share a study (only when set: older keys unchanged)
+            data["proxy"] = self.spec.proxy
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     # -- applying values ----------------------------------------------------------------------------------------
@@ -169,8 +171,10 @@ class Sweep:
         study["name"] = self.name
         if study.get("storage"):
             study["storage"] = mask_url(study["storage"])  # workers get the password through $HARNESS_STORAGE
-        out: dict[str, Any] = {
-            "experiment": BASE_EXPERIMENT_NAME,
+        out: dict[str, Any] = {"experiment": BASE_EXPERIMENT_NAME}
+        if self.spec.proxy:  # already applied to the experiment's copy (again when read back: the same values)
+            out["proxy"] = self.spec.proxy
+        out |= {
             "study": study,
             "space": {
                 p.path: p.spec.model_dump(mode="json", by_alias=True, exclude_defaults=True) for p in self.params

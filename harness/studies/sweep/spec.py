@@ -236,6 +236,12 @@ class SweepSpec(Strict):
     overrides: dict[str, Any] = Field(
         default_factory=dict, description="--set style overrides of the experiment: {path: value}."
     )
+    proxy: dict[str, Any] | None = Field(
+        None,
+        description="Overrides that make every trial a cheap stand-in of the experiment (fewer steps, fewer "
+        "evaluations, a smaller model): {path: value}, applied after overrides. A law fitted on proxy trials is "
+        "tested on full-size ones: the same file with --set proxy=null.",
+    )
     study: StudySpec = Field(default_factory=StudySpec)
     space: dict[str, SpaceSpec] = Field(..., min_length=1)  # type: ignore[valid-type]
     objective: ObjectiveSpec | None = None

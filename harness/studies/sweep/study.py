@@ -221,7 +221,7 @@ def prepare_study(sweep: Sweep, sweep_dir: Path):
                 (
                     "study.name",
                     f"study {sweep.name!r} already exists in {mask_url(url)} "
-                    "with another space or objectives; choose another study.name "
+                    "with another space, objectives or proxy; choose another study.name "
                     "or --out",
                 )
             ],
