@@ -1,0 +1,93 @@
+"""Rank transfer from proxy trials to full-size runs (issue 52, item 2), from three directories of runs:
+
+- ``--proxy SWEEP_DIR``: the proxy sweep a law is fitted on (a sweep file with ``proxy:``);
+- ``--full SWEEP_DIR``: full-size trials of the same space, the held-out mixtures (``--set proxy=null``);
+- ``--proxy-at-full DIR``: one proxy run per held-out mixture (``DIR/<trial number>/``), the raw proxy outcome there.
+
+It writes ``OUT/transfer.csv``: one row per run, a ``w_<task>`` column per weight of the swept simplex, a column per
+target (``<split>/<task>/<metric>`` at the last stage, read from each run's ``summary.json``) and ``held_out`` (1 for
+the full-size trials), for ``harness mixture --table OUT/transfer.csv --holdout-column held_out`` — (a), the law
+fitted on the proxies predicting the held-out full-size outcomes, per target. It prints (b): per target, Spearman's
+ρ between the proxy's own outcome at each held-out mixture and the full-size one, with its 95 % percentile
+bootstrap interval over the mixtures (``analysis.mixture_holdout.agreement``), and each directory's trials per hour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from analysis.loading import load_sweep, read_sweep_config
+from analysis.mixture_holdout import agreement
+from analysis.trials import complete, simplex_groups
+
+
+def last_stage_targets(run_dir: Path, metric: str) -> dict[str, float]:
+    stages = json.loads((run_dir / "summary.json").read_text())["stages"]
+    return {
+        f"{split}/{task}/{metric}": values[metric]
+        for split, tasks in stages[-1]["metrics"].items()
+        if split.startswith("loss_")
+        for task, values in tasks.items()
+        if values.get(metric) is not None
+    }
+
+
+def sweep_rows(sweep_dir: Path, metric: str, held_out: int) -> list[dict]:
+    trials = complete(load_sweep(sweep_dir))
+    path, tasks = list(simplex_groups(trials, read_sweep_config(sweep_dir).get("space")).items())[-1]
+    rows = []
+    for t in trials.iter_rows(named=True):
+        weights = {f"w_{task}": t[f"param/{path}.{task}"] for task in tasks}
+        rows.append(
+            {"run": f"{sweep_dir.name}/{t['number']}", **weights, "held_out": held_out}
+            | last_stage_targets(sweep_dir / "trials" / str(t["number"]), metric)
+        )
+    return rows
+
+
+def per_hour(sweep_dir: Path) -> str:
+    trials = complete(load_sweep(sweep_dir))
+    if "duration_s" not in trials.columns or not trials.height:
+        return "?"
+    seconds = float(np.median(trials["duration_s"].to_numpy()))
+    return f"median {seconds / 60:.1f} min per trial, {3600 / seconds:.1f} trials per hour per worker"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--proxy", type=Path, required=True)
+    ap.add_argument("--full", type=Path, required=True)
+    ap.add_argument("--proxy-at-full", type=Path, required=True)
+    ap.add_argument("--metric", default="eval_loss")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--resamples", type=int, default=2000)
+    args = ap.parse_args()
+    fit, full = sweep_rows(args.proxy, args.metric, 0), sweep_rows(args.full, args.metric, 1)
+    table = pl.DataFrame(fit + full)
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.write_csv(args.out / "transfer.csv")
+    targets = sorted(c for c in table.columns if "/" in c)
+    print(f"{len(fit)} proxy trials (fit), {len(full)} full-size trials (held out); targets: {len(targets)}")
+    print(f"proxy: {per_hour(args.proxy)}; full: {per_hour(args.full)}")
+    print("(b) the proxy's own outcome at each held-out mixture against the full-size one: Spearman rho [95 %]")
+    for target in targets:
+        pairs = [
+            (last_stage_targets(args.proxy_at_full / r["run"].split("/")[-1], args.metric).get(target), r[target])
+            for r in full
+            if (args.proxy_at_full / r["run"].split("/")[-1] / "summary.json").is_file()
+        ]
+        pairs = [(p, f) for p, f in pairs if p is not None and f is not None]
+        if len(pairs) < 4:
+            print(f"  {target:<40} fewer than 4 mixtures with both")
+            continue
+        a = agreement(*map(np.array, zip(*pairs)), resamples=args.resamples, seed=0)
+        print(f"  {target:<40} {a['rho']:6.3f} [{a['rho_low']:.3f}, {a['rho_high']:.3f}]  n {len(pairs)}")
+
+
+if __name__ == "__main__":
+    main()
