@@ -36,6 +36,7 @@ from harness.data.encoding import Encoded
 from harness.data.packed_batches import ROW_WIDTH_FACTOR, examples_of, pack_encoded
 from harness.models.packed_attention import UnsupportedAttention, can_replace
 from harness.runs.stage_plan import StagePlan
+from harness.training.chunked_loss import Chunking
 from harness.training.compiling import compile_decision
 from harness.training.packing_check import CHECK_BATCHES, PackingError, check_packing
 from harness.training.parallel import loop_hooks
@@ -100,7 +101,9 @@ def _decide(plan: StagePlan, model, tasks: list[str], pad_id: int, step: int, re
     for varlen, factor in layouts(model, compiled):
         padded, packed = _rank_slices(plan, hooks, pad_id, factor, varlen)
         try:
-            result = check_packing(model, padded, packed, stage.train.loss, tasks, stage.train.precision)
+            result = check_packing(
+                model, padded, packed, stage.train.loss, tasks, stage.train.precision, chunking=Chunking.of(stage.train)
+            )
         except UnsupportedAttention as error:  # the model's attention asks for more than harness_varlen does
             log.info("stage %r: example-by-example attention unavailable (%s); trying masked rows", stage.name, error)
             result = None

@@ -49,6 +49,7 @@ from harness.data.batches import Batch, Layout, collate
 from harness.data.encoding import IGNORE_INDEX, Encoded
 from harness.data.packed_batches import examples_of, pack_like
 from harness.data.segments import segment_plan
+from harness.training.chunked_loss import AUTO, Chunking
 from harness.training.loop import batch_loss
 
 SAFETY = 4.0
@@ -203,15 +204,18 @@ def _rotated_first(batch: Batch) -> tuple[Batch, list[int]]:
     return pack_like(batch, changed, batch.tasks), others
 
 
-def _outcome(model, batch: Batch, spec: LossSpec, tasks: list[str], precision: str) -> torch.Tensor:
-    """Per-example mean CE (float64, sampler order) of a forward and backward pass of ``batch``, from cleared
-    gradients; the gradients stay in ``.grad`` for the caller (:func:`_grads`, :func:`_grad_rel`)."""
+def _outcome(
+    model, batch: Batch, spec: LossSpec, tasks: list[str], precision: str, chunking: Chunking = AUTO
+) -> torch.Tensor:
+    """Per-example mean CE (float64, sampler order) of a forward and backward pass of ``batch`` through the loss
+    path the stage trains with (``chunking``: ``train.loss_chunking``), from cleared gradients; the gradients stay
+    in ``.grad`` for the caller (:func:`_grads`, :func:`_grad_rel`)."""
     device = next(model.parameters()).device
     batch = batch.to(device)
     index = {t: i for i, t in enumerate(tasks)}
     task_ids = torch.tensor([index[t] for t in batch.tasks], device=device)
     model.zero_grad(set_to_none=True)
-    loss, ce, _ = batch_loss(model, batch, spec, task_ids, tasks, precision)
+    loss, ce, _ = batch_loss(model, batch, spec, task_ids, tasks, precision, chunking=chunking)
     loss.backward()
     n = len(batch.tasks)
     sums = torch.zeros(n, dtype=torch.float64, device=device).index_add_(0, batch.example_of_token, ce.double())
@@ -238,12 +242,14 @@ def check_packing(
     tasks: list[str],
     precision: str = "fp32",
     compare: LossComparison = relative_loss_diff,
+    chunking: Chunking = AUTO,
 ) -> PackingCheck:
     """Compare the first :data:`CHECK_BATCHES` batches packed and padded on ``model`` (left as it was: eval mode
     for the check, gradients cleared, no RNG drawn), against the layout noise measured on the same batches (the
     padded rows reversed and wider, and one example per row through the packed forward: module docstring).
     ``compare`` measures per-example losses against the padded batch's (default :func:`relative_loss_diff`;
-    ``bench/packing_check_null.py`` passes the comparison it replaced)."""
+    ``bench/packing_check_null.py`` passes the comparison it replaced). ``chunking``: the stage's
+    ``train.loss_chunking``, so the check sees the losses and gradients of the path that trains."""
     was_training = model.training
     model.eval()  # no dropout: the two layouts must see the same function
     watched = _watched(model)
@@ -252,14 +258,14 @@ def check_packing(
     cap = max(rounding_floor(model), roundoff)  # the most a correct kernel's rounding may differ by
     try:
         for pad_batch, pack_batch in list(zip(padded, packed))[:CHECK_BATCHES]:
-            base_losses = _outcome(model, pad_batch, spec, tasks, precision)
+            base_losses = _outcome(model, pad_batch, spec, tasks, precision, chunking)
             base_grads = _grads(watched)
             relaid, order = _relaid(pad_batch)
-            losses = _outcome(model, relaid, spec, tasks, precision)
+            losses = _outcome(model, relaid, spec, tasks, precision, chunking)
             relaid_grads = _grad_rel(watched, base_grads)
             restored = torch.empty_like(losses)
             restored[torch.tensor(order)] = losses
-            alone = _outcome(model, _one_per_row(pad_batch, pack_batch), spec, tasks, precision)
+            alone = _outcome(model, _one_per_row(pad_batch, pack_batch), spec, tasks, precision, chunking)
             alone_all = _grad_rel(watched, base_grads)
             # The packed path on rows that cannot leak is noise only up to what a kernel's own rounding can be
             # (``cap``): beyond it, a defect of the packed path that does not depend on an example's place in its
@@ -269,7 +275,7 @@ def check_packing(
             alone_losses = compare(alone, base_losses)
             loss_noise = max(loss_noise, compare(restored, base_losses), min(alone_losses, cap))
             noise = max(noise, loss_noise, relaid_grads, min(alone_all, cap))
-            losses = _outcome(model, pack_batch, spec, tasks, precision)
+            losses = _outcome(model, pack_batch, spec, tasks, precision, chunking)
             diff = max(diff, compare(losses, base_losses), _grad_rel(watched, base_grads), alone_losses, alone_all)
             del base_grads
         result = PackingCheck(_model_type(model), diff, noise, rounding_floor(model), None, loss_noise, roundoff)
@@ -278,7 +284,7 @@ def check_packing(
             # up to the losses' own noise: the stored-result roundoff (which the gradients need) does not apply.
             losses_tolerance = SAFETY * max(loss_noise, result.floor)
             result.leaked = _what_leaked(
-                model, packed[:CHECK_BATCHES], spec, tasks, precision, losses_tolerance, compare
+                model, packed[:CHECK_BATCHES], spec, tasks, precision, losses_tolerance, compare, chunking
             )
         return result
     finally:
@@ -294,6 +300,7 @@ def _what_leaked(
     precision: str,
     tolerance: float,
     compare: LossComparison = relative_loss_diff,
+    chunking: Chunking = AUTO,
 ) -> str:
     """``attention`` when an example's loss depends on the content of another example in its row, else
     ``positions``."""
@@ -301,8 +308,8 @@ def _what_leaked(
         rotated, others = _rotated_first(batch)
         if not others:
             continue
-        before = _outcome(model, batch, spec, tasks, precision)
-        after = _outcome(model, rotated, spec, tasks, precision)
+        before = _outcome(model, batch, spec, tasks, precision, chunking)
+        after = _outcome(model, rotated, spec, tasks, precision, chunking)
         if compare(after[others], before[others]) > tolerance:
             return "attention"
     return "positions"

@@ -511,3 +511,20 @@ def test_the_check_measures_losses_with_the_comparison_it_is_given(tok, groups):
     calls = []
     check_packing(model, padded, packed, LossSpec(), TASKS, compare=lambda a, b: calls.append(a.shape) or 0.0)
     assert len(calls) == 3 * min(len(groups), 3)  # per batch: rows reversed, one example per row, packed
+
+
+@pytest.mark.parametrize("mode", [True, False])
+def test_the_check_sees_the_loss_path_the_stage_trains_with(tok, groups, mode, monkeypatch):  # noqa: F811
+    """``train.loss_chunking`` forced on, the check's losses and gradients come from the chunked head (and still
+    pass); forced off, from the full logits: the path that trains is the path that is checked."""
+    from harness.training import loop
+    from harness.training.chunked_loss import Chunking
+
+    calls = []
+    chunked = loop.chunked_head_loss
+    monkeypatch.setattr(loop, "chunked_head_loss", lambda *a, **k: calls.append(1) or chunked(*a, **k))
+    model = build_builtin(ModelSpec(builtin="qwen2-tiny", config=SMALL["qwen2-tiny"]), tok, seed=0)
+    padded = [collate(g, tok.pad_token_id) for g in groups]
+    packed = [pack_encoded(g, tok.pad_token_id, factor=2) for g in groups]
+    result = check_packing(model, padded, packed, LossSpec(), TASKS, chunking=Chunking(mode, 16))
+    assert result.exact and (len(calls) > 0) is mode
