@@ -10,6 +10,8 @@ the full-size trials), for ``harness mixture --table OUT/transfer.csv --holdout-
 fitted on the proxies predicting the held-out full-size outcomes, per target. It prints (b): per target, Spearman's
 ρ between the proxy's own outcome at each held-out mixture and the full-size one, with its 95 % percentile
 bootstrap interval over the mixtures (``analysis.mixture_holdout.agreement``), and each directory's trials per hour.
+Only the rank correlations carry over: a proxy's losses sit on another scale than the full-size ones, so the RMSE
+that ``harness mixture --holdout-column`` prints beside (a)'s ρ measures that offset, not the law.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def main() -> None:
     print("(b) the proxy's own outcome at each held-out mixture against the full-size one: Spearman rho [95 %]")
     for target in targets:
         pairs = [
-            (last_stage_targets(args.proxy_at_full / r["run"].split("/")[-1], args.metric).get(target), r[target])
+            (last_stage_targets(args.proxy_at_full / r["run"].split("/")[-1], args.metric).get(target), r.get(target))
             for r in full
             if (args.proxy_at_full / r["run"].split("/")[-1] / "summary.json").is_file()
         ]

@@ -39,7 +39,7 @@ from harness.runs.stage_plan import StagePlan
 from harness.training.chunked_loss import Chunking
 from harness.training.compiling import compile_decision
 from harness.training.packing_check import CHECK_BATCHES, PackingError, check_packing
-from harness.training.parallel import loop_hooks
+from harness.training.parallel import SingleProcess, loop_hooks
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +97,14 @@ def _decide(plan: StagePlan, model, tasks: list[str], pad_id: int, step: int, re
         return None
     # This rank's share of a batch (an fsdp stage's hooks shard batches as these do) and the verdicts' exchange.
     hooks = loop_hooks()
+    # The loss path the stage trains with: chunked only in one process (harness.training.loop.batch_loss).
+    chunking = Chunking.of(stage.train) if isinstance(hooks, SingleProcess) else Chunking(False)
     agreed, layout = None, (False, None)
     for varlen, factor in layouts(model, compiled):
         padded, packed = _rank_slices(plan, hooks, pad_id, factor, varlen)
         try:
             result = check_packing(
-                model, padded, packed, stage.train.loss, tasks, stage.train.precision, chunking=Chunking.of(stage.train)
+                model, padded, packed, stage.train.loss, tasks, stage.train.precision, chunking=chunking
             )
         except UnsupportedAttention as error:  # the model's attention asks for more than harness_varlen does
             log.info("stage %r: example-by-example attention unavailable (%s); trying masked rows", stage.name, error)

@@ -142,8 +142,9 @@ def test_fsdp_predictions_differ_only_at_near_ties(micro_pair):
     differing: dict[int, list[tuple[str, str, int]]] = {}
     for a, b in zip(*rows):
         assert (a["step"], a["task"], a["split"], a["index"]) == (b["step"], b["task"], b["split"], b["index"])
-        # The 0/1 outcomes only: the continuous ones (answer loss, gold log-probability) move with rounding and are
-        # held to the reordered run's drift in test_fsdp_trains_like_one_process (eval_loss).
+        # The 0/1 outcomes only: the continuous per-item ones (answer loss, gold log-probability) move with rounding;
+        # their aggregate, each evaluation's eval_loss, is held to the reordered run's drift in
+        # test_fsdp_trains_like_one_process (per item they are compared under DDP, tests/runs/test_distributed.py).
         if (a["pred"], a["correct"], a["tf_first"], proportion_outcomes(a)["outcomes"]) != (
             b["pred"],
             b["correct"],

@@ -108,3 +108,19 @@ def test_the_loss_pool_rows_join_the_trial_table_of_the_stage_s_last_evaluation(
     table = reporter.stage_metrics()["b"]
     assert table == {"heldout": {"math": {"greedy": 0.5}}, "loss_heldout": {"math": {"eval_loss": 1.5}}}
     assert trial.reported == [(0.25, 4), (0.5, 8)]
+
+
+def test_a_loss_pool_objective_reaches_the_pruner_once_at_the_stage_end(tmp_path):
+    """The objective's rows arrive with the loss pool, after the stage's last evaluation at the same step: that step is
+    reported then, once; the next stage's repeat of it at its start is not reported again."""
+    from harness.core.store import Row
+    from harness.studies.sweep.worker import Reporter
+
+    sweep = load_sweep(_sweep(tmp_path, {"metric": "eval_loss", "split": "loss_heldout", "tasks": ["math"]}))
+    trial = _Trial()
+    reporter = Reporter(trial, sweep)
+    reporter("b", 8, [Row("b", 8, "math", "heldout", "greedy", 0.5)])
+    assert trial.reported == []  # no loss-pool row yet: nothing to report
+    reporter("b", 8, [Row("b", 8, "math", "loss_heldout", "eval_loss", 1.5)])
+    reporter("b", 8, [Row("b", 8, "math", "loss_heldout", "eval_loss", 1.5)])
+    assert trial.reported == [(1.5, 8)]

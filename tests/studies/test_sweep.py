@@ -403,3 +403,5 @@ def test_a_proxy_applies_after_the_overrides_and_never_shares_a_full_size_study(
         prepare_study(full, tmp_path / "sweep")
     with pytest.raises(ConfigError, match=r"proxy\.stages\.zz\.steps"):
         load_sweep(_sweep(tmp_path, "bad", proxy={"stages.zz.steps": 3}))
+    with pytest.raises(ConfigError, match=r"proxy\.stages\.b\.mixture\.math: also set by space\.stages\.b\.mixture"):
+        load_sweep(_sweep(tmp_path, "swept", proxy={"stages.b.mixture.math": 1.0}))

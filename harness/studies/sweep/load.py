@@ -84,7 +84,9 @@ def _read_base(path: Path, spec: SweepSpec) -> tuple[dict[str, Any], Experiment]
         raise ConfigError(source, [("experiment", f"experiment file not found: {exp_path}")])
     base_raw = load_raw(exp_path)
     errors: Errors = []
-    for section, items in (("overrides", spec.overrides), ("proxy", spec.proxy or {})):
+    # A resolved sweep's experiment copy has the proxy applied already (its paths made absolute): not again.
+    proxy = spec.proxy if path.name != RESOLVED_NAME else None
+    for section, items in (("overrides", spec.overrides), ("proxy", proxy or {})):
         for key, value in items.items():
             try:
                 set_path(base_raw, resolve_path(base_raw, parse_path(key)), copy.deepcopy(value))
@@ -274,6 +276,17 @@ def _study_errors(sweep: Sweep) -> Errors:
     return errors
 
 
+def _proxy_overlaps(spec: SweepSpec) -> Errors:
+    """A proxy path that a space path also sets (or lies inside, or contains): the space's value would replace the
+    proxy's in every trial, or the proxy would be half applied."""
+    errors: Errors = []
+    for key in spec.proxy or {}:
+        for path in spec.space:
+            if key == path or key.startswith(path + ".") or path.startswith(key + "."):
+                errors.append((f"proxy.{key}", f"also set by space.{path}: a proxy may not change what is swept"))
+    return errors
+
+
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
     """Load and validate a sweep file (``--set`` items applied); raises :class:`ConfigError` listing every error.
 
@@ -296,6 +309,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
             source, [("study.name", f"{e} (the default: the sweep file's stem; set study.name)")]
         ) from None
     params = _resolve_params(spec, base_raw, errors)
+    errors += _proxy_overlaps(spec)
     objectives = _resolve_objectives(spec, base, errors)
     sweep = Sweep(spec, source, name, base_raw, base, params, objectives)
     for p in params:

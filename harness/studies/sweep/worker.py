@@ -75,7 +75,8 @@ class Reporter:
         self.stage_index = {s.name: i for i, s in enumerate(sweep.base.stages)}
         self.tables: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
         self.table_steps: dict[str, int] = {}
-        self.seen: set[int] = set()
+        self.first_stage_at: dict[int, str] = {}  # the stage that evaluated at a step first
+        self.reported: set[int] = set()  # steps told to the pruner
         self.step = 0
 
     def __call__(self, stage: str, step: int, rows: list) -> None:
@@ -84,8 +85,9 @@ class Reporter:
             if r.task is not None and r.text is None:
                 table.setdefault(r.split, {}).setdefault(r.task, {})[r.metric] = r.value
         self.tables[stage], self.table_steps[stage] = table, step
-        repeated = step in self.seen  # a stage starting where the previous one ended: nothing new
-        self.seen.add(step)
+        # A stage starting where the previous one ended repeats that evaluation: nothing new. Rows the same stage
+        # sends again at its step (the loss pool's, after its last evaluation) may complete the objective: told once.
+        repeated = self.first_stage_at.setdefault(step, stage) != stage or step in self.reported
         self.step = max(self.step, step)
         objective = self.sweep.objectives[0]
         index = self.stage_index.get(stage, 0)
@@ -98,6 +100,7 @@ class Reporter:
         if not math.isfinite(value):
             return
         self.trial.report(value, step)
+        self.reported.add(step)
         if self.trial.should_prune():
             raise optuna.TrialPruned(f"pruned at step {step}")
 
