@@ -29,11 +29,13 @@ from analysis.trials import complete, simplex_groups
 
 
 def last_stage_targets(run_dir: Path, metric: str) -> dict[str, float]:
+    """``{<split>/<task>/<metric>: value}`` at the run's last stage: the loss pool's splits for a loss target, the
+    evaluation splits (heldout, heldout_template) for greedy."""
     stages = json.loads((run_dir / "summary.json").read_text())["stages"]
     return {
         f"{split}/{task}/{metric}": values[metric]
         for split, tasks in stages[-1]["metrics"].items()
-        if split.startswith("loss_")
+        if split.startswith("loss_") is (metric != "greedy") and not split.startswith(("train", "bench"))
         for task, values in tasks.items()
         if values.get(metric) is not None
     }
@@ -65,14 +67,14 @@ def main() -> None:
     ap.add_argument("--proxy", type=Path, required=True)
     ap.add_argument("--full", type=Path, required=True)
     ap.add_argument("--proxy-at-full", type=Path, required=True)
-    ap.add_argument("--metric", default="eval_loss")
+    ap.add_argument("--metric", default="eval_loss", help="eval_loss, gold_logprob or greedy")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--resamples", type=int, default=2000)
     args = ap.parse_args()
     fit, full = sweep_rows(args.proxy, args.metric, 0), sweep_rows(args.full, args.metric, 1)
     table = pl.DataFrame(fit + full)
     args.out.mkdir(parents=True, exist_ok=True)
-    table.write_csv(args.out / "transfer.csv")
+    table.write_csv(args.out / f"transfer_{args.metric}.csv")
     targets = sorted(c for c in table.columns if "/" in c)
     print(f"{len(fit)} proxy trials (fit), {len(full)} full-size trials (held out); targets: {len(targets)}")
     print(f"proxy: {per_hour(args.proxy)}; full: {per_hour(args.full)}")

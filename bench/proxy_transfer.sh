@@ -71,9 +71,15 @@ sys.exit(max(codes, default=0))
 PY
 echo "proxy at the held-out mixtures: $(($(date +%s) - start)) s" | tee -a "$out/times.txt"
 
-"$py" bench/proxy_transfer.py --proxy "$out/proxy" --full "$out/sweep" --proxy-at-full "$out/proxy_at_full" \
-  --out "$out/transfer" | tee "$out/transfer.txt"
-targets=$("$py" -c "import polars as pl, sys; print(','.join(c for c in pl.read_csv(sys.argv[1]).columns if '/' in c))" \
-  "$out/transfer/transfer.csv")
-harness mixture --table "$out/transfer/transfer.csv" --weights 'w_*' --objective "mean($targets)" \
-  --direction minimize --holdout-column held_out --out "$out/transfer/proposal.json" | tee -a "$out/transfer.txt"
+: > "$out/transfer.txt"
+for metric in eval_loss greedy; do
+  "$py" bench/proxy_transfer.py --proxy "$out/proxy" --full "$out/sweep" --proxy-at-full "$out/proxy_at_full" \
+    --metric "$metric" --out "$out/transfer" | tee -a "$out/transfer.txt"
+  table="$out/transfer/transfer_$metric.csv"
+  # every target with a value in every row (a greedy rate stuck at 0 everywhere has nothing to rank)
+  targets=$("$py" -c "import polars as pl, sys; t = pl.read_csv(sys.argv[1]); print(','.join(c for c in t.columns
+if '/' in c and t[c].null_count() == 0 and t[c].n_unique() > 1))" "$table")
+  if [ "$metric" = greedy ]; then direction=maximize; kind=--proportion; else direction=minimize; kind=; fi
+  harness mixture --table "$table" --weights 'w_*' --objective "mean($targets)" --direction "$direction" $kind \
+    --holdout-column held_out --out "$out/transfer/proposal_$metric.json" | tee -a "$out/transfer.txt"
+done
