@@ -65,7 +65,9 @@ def _plan(setting="auto"):
     from harness.data.batches import collate
     from harness.runs.stage_plan import StagePlan
 
-    train = SimpleNamespace(packing=setting, compile=False, loss=LossSpec(), precision="fp32")
+    train = SimpleNamespace(
+        packing=setting, compile=False, loss=LossSpec(), precision="fp32", loss_chunking="auto", loss_chunk_tokens=None
+    )
     examples = _examples()
     return StagePlan(SimpleNamespace(name="s", train=train), [collate(e, PAD) for e in examples], {}, examples)
 

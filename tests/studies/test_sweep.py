@@ -276,6 +276,8 @@ def test_stale_trials_are_failed(tmp_path):
     assert states[fresh.number].state.name == "RUNNING"
 
 
+@pytest.mark.slow  # a worker killed mid-trial, then the sweep finished (~28 s); a killed lock holder and a cut
+# journal line stay in the default suite (test_journal_lock_is_released_when_its_holder_is_killed, test_sweep_faults)
 def test_killed_worker_leaves_the_study_consistent(tmp_path):
     # Long enough trials (several seconds each) that the poll below catches one mid-training on a fast machine.
     path = _sweep(tmp_path, "kill", steps=80, study={"n_trials": 3, "heartbeat": {"interval": 1, "grace": 30}})

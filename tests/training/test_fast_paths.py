@@ -243,6 +243,7 @@ def _losses(rows) -> dict:
     return {(r.step, r.task): r.value for r in rows if r.metric == "loss"}
 
 
+@pytest.mark.slow  # inductor's cold compile dominates (~35 s on 2 cores); compile's refusals stay in the default suite
 def test_compiled_training_matches_eager_and_keeps_plain_state_dicts(tiny_model):
     """``train.compile``: the same updates as eager to rounding (fused kernels reorder float sums: within
     DRIFT_FACTOR × what eager with every batch's rows reversed gives, tests/conftest.py), the compiled forward
