@@ -169,12 +169,13 @@ def _stage_values(run_dir: Path, stage: str | None) -> dict[str, dict[str, dict[
     return chosen.get("metrics") or {}
 
 
-def _items(run_dir: Path, split: str, task: str) -> int | None:
-    samples = load_samples(run_dir)
+def _item_counts(run_dir: Path | None) -> dict[tuple[str, str], int]:
+    """``{(split, task): items}`` of the run's last evaluation step (read once, for every row of the table)."""
+    samples = load_samples(run_dir) if run_dir is not None else pl.DataFrame()
     if samples.is_empty():
-        return None
-    last = samples.filter(pl.col("step") == samples["step"].max(), pl.col("split") == split, pl.col("task") == task)
-    return last.height or None
+        return {}
+    last = samples.filter(pl.col("step") == samples["step"].max()).group_by("split", "task").len()
+    return {(split, task): n for split, task, n in last.iter_rows()}
 
 
 def snr_table(
@@ -190,8 +191,9 @@ def snr_table(
     are read from the loss pool (``loss_<split>``) where the runs have one, else from the split itself."""
     runs = list(replicate_runs(group_dir).values())
     replicates = [_stage_values(d, stage) for d in runs]
-    first = runs[0] if runs else None
-    parsed = metric_columns(complete(trials))
+    items = _item_counts(runs[0] if runs else None)
+    done = complete(trials)
+    parsed = metric_columns(done)
     rows: list[dict[str, Any]] = []
     for split in splits:
         for metric in SNR_METRICS:
@@ -205,7 +207,7 @@ def snr_table(
                 chosen = chosen.filter(pl.col("stage") == chosen["stage"][-1])
             for r in chosen.iter_rows(named=True):
                 seeds = [v.get(read, {}).get(r["task"], {}).get(metric) for v in replicates]
-                result = snr(complete(trials)[r["column"]].to_list(), seeds, resamples)
+                result = snr(done[r["column"]].to_list(), seeds, resamples)
                 rows.append(
                     {
                         "task": r["task"],
@@ -219,7 +221,7 @@ def snr_table(
                         "sd_seeds": result.sd_seeds,
                         "trials": result.n_mixtures,
                         "seeds": result.n_seeds,
-                        "items": _items(first, read, r["task"]) if first is not None else None,
+                        "items": items.get((read, r["task"])),
                     }
                 )
     if not rows:

@@ -41,21 +41,17 @@ def last_stage_targets(run_dir: Path, metric: str) -> dict[str, float]:
     }
 
 
-def sweep_rows(sweep_dir: Path, metric: str, held_out: int) -> list[dict]:
-    trials = complete(load_sweep(sweep_dir))
+def sweep_rows(sweep_dir: Path, trials: pl.DataFrame, metric: str, held_out: int) -> list[dict]:
+    """A row per complete trial: ``run`` (the trial number), its weights, ``held_out`` and its targets."""
     path, tasks = list(simplex_groups(trials, read_sweep_config(sweep_dir).get("space")).items())[-1]
-    rows = []
-    for t in trials.iter_rows(named=True):
-        weights = {f"w_{task}": t[f"param/{path}.{task}"] for task in tasks}
-        rows.append(
-            {"run": f"{sweep_dir.name}/{t['number']}", **weights, "held_out": held_out}
-            | last_stage_targets(sweep_dir / "trials" / str(t["number"]), metric)
-        )
-    return rows
+    return [
+        {"run": t["number"], **{f"w_{task}": t[f"param/{path}.{task}"] for task in tasks}, "held_out": held_out}
+        | last_stage_targets(sweep_dir / "trials" / str(t["number"]), metric)
+        for t in trials.iter_rows(named=True)
+    ]
 
 
-def per_hour(sweep_dir: Path) -> str:
-    trials = complete(load_sweep(sweep_dir))
+def per_hour(trials: pl.DataFrame) -> str:
     if "duration_s" not in trials.columns or not trials.height:
         return "?"
     seconds = float(np.median(trials["duration_s"].to_numpy()))
@@ -71,20 +67,23 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--resamples", type=int, default=2000)
     args = ap.parse_args()
-    fit, full = sweep_rows(args.proxy, args.metric, 0), sweep_rows(args.full, args.metric, 1)
+    proxy_trials, full_trials = complete(load_sweep(args.proxy)), complete(load_sweep(args.full))
+    fit = sweep_rows(args.proxy, proxy_trials, args.metric, 0)
+    full = sweep_rows(args.full, full_trials, args.metric, 1)
     table = pl.DataFrame(fit + full)
     args.out.mkdir(parents=True, exist_ok=True)
     table.write_csv(args.out / f"transfer_{args.metric}.csv")
     targets = sorted(c for c in table.columns if "/" in c)
     print(f"{len(fit)} proxy trials (fit), {len(full)} full-size trials (held out); targets: {len(targets)}")
-    print(f"proxy: {per_hour(args.proxy)}; full: {per_hour(args.full)}")
+    print(f"proxy: {per_hour(proxy_trials)}; full: {per_hour(full_trials)}")
     print("(b) the proxy's own outcome at each held-out mixture against the full-size one: Spearman rho [95 %]")
+    at_full = {  # the proxy's targets at each held-out mixture (by the full-size trial's number), read once
+        r["run"]: last_stage_targets(args.proxy_at_full / str(r["run"]), args.metric)
+        for r in full
+        if (args.proxy_at_full / str(r["run"]) / "summary.json").is_file()
+    }
     for target in targets:
-        pairs = [
-            (last_stage_targets(args.proxy_at_full / r["run"].split("/")[-1], args.metric).get(target), r.get(target))
-            for r in full
-            if (args.proxy_at_full / r["run"].split("/")[-1] / "summary.json").is_file()
-        ]
+        pairs = [(at_full[r["run"]].get(target), r.get(target)) for r in full if r["run"] in at_full]
         pairs = [(p, f) for p, f in pairs if p is not None and f is not None]
         if len(pairs) < 4:
             print(f"  {target:<40} fewer than 4 mixtures with both")

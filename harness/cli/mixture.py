@@ -154,12 +154,16 @@ def mixture(
 
 def _say_proxies(config: dict, held_config: dict | None) -> None:
     """Say when the trials fitted on (or held out) are proxies of the experiment (the sweep file's ``proxy:``)."""
-    for what, cfg in (("fitted on", config), ("held out", held_config)):
-        if cfg and cfg.get("proxy"):
-            said = ", ".join(f"{k}={v}" for k, v in cfg["proxy"].items())
-            typer.echo(f"{what}: proxy trials ({said})")
-        elif cfg is held_config and cfg is not None and config.get("proxy"):
-            typer.echo("held out: full-size trials (no proxy)")
+    from harness.studies.sweep.spec import proxy_text
+
+    if config.get("proxy"):
+        typer.echo(f"fitted on: proxy trials ({proxy_text(config['proxy'])})")
+    if held_config is None:
+        return
+    if held_config.get("proxy"):
+        typer.echo(f"held out: proxy trials ({proxy_text(held_config['proxy'])})")
+    elif config.get("proxy"):
+        typer.echo("held out: full-size trials (no proxy)")
 
 
 def _from_sweep(sweep_dir, holdout, predict, out, options, verify, budget, steer, jobs, launcher, slurm, detach):

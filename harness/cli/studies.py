@@ -43,6 +43,7 @@ def sweep(
     from harness.studies.launch import JobsFailed, LauncherError
     from harness.studies.sweep import load_sweep
     from harness.studies.sweep.results import status_text
+    from harness.studies.sweep.spec import proxy_text
     from harness.studies.sweep.worker import load_worker_study, run_sweep, stop_on_sigterm
 
     stop_on_sigterm()  # SIGTERM stops the workers as Ctrl-C does (they would otherwise run on alone)
@@ -58,7 +59,7 @@ def sweep(
     sweep_dir = out or Path("runs") / "sweeps" / spec.name
     typer.echo(f"sweep {spec.name} → {sweep_dir} (storage {mask_url(spec.storage_url(sweep_dir))})")
     if spec.spec.proxy:
-        typer.echo("proxy trials: " + ", ".join(f"{k}={v}" for k, v in spec.spec.proxy.items()))
+        typer.echo(f"proxy trials: {proxy_text(spec.spec.proxy)}")
     try:
         if choice.kind == "slurm":
             from harness.studies.sweep.cluster import run_sweep_on_cluster  # submitit: only for the cluster

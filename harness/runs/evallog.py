@@ -122,13 +122,8 @@ class EvalLog:
             ref_rows, ref_samples = self.reference.evaluate(model)
             bench_rows, bench_samples = bench_rows + ref_rows, bench_samples + ref_samples
         rows += [Row(stage, step, *row[:4], None, *row[4:]) for row in bench_rows]
-        samples = [{"stage": stage, "step": step, **sample} for sample in samples + bench_samples]
-        # One write + flush + fsync per evaluation: a kill leaves at most an unfinished last line, which readers skip.
-        append_jsonl(self.samples_path, samples, run_id=self.run_id)
-        self.outcomes.extend(outcome_rows(samples))
         self._log_tables(result, step)
-        self.seconds += time.perf_counter() - started
-        self._record(rows, step)
+        self._store(stage, step, rows, samples + bench_samples, started)
 
     def run_loss_pool(self, model, stage: str, step: int) -> None:
         """Score the loss pool (``eval.loss_items``) teacher-forced only and record its loss targets, split
@@ -141,7 +136,13 @@ class EvalLog:
         spec = self.exp.eval.model_copy(update={"evaluators": ["teacher_forced"], "probes": []})
         result = run_evaluation(model, self.tokenizer, self.loss_items, self.recipes, spec, set(), shard=self.shard)
         rows = [Row(stage, step, t, s, m, v) for t, s, m, v in result.metrics if m in LOSS_POOL_METRICS]
-        samples = [{"stage": stage, "step": step, **sample} for sample in result.samples]
+        self._store(stage, step, rows, result.samples, started)
+
+    def _store(self, stage: str, step: int, rows: list[Row], samples: list[dict], started: float) -> None:
+        """Write an evaluation's samples (tagged with its stage and step) and per-item outcomes, count its time
+        since ``started``, and record its rows."""
+        samples = [{"stage": stage, "step": step, **sample} for sample in samples]
+        # One write + flush + fsync per evaluation: a kill leaves at most an unfinished last line, which readers skip.
         append_jsonl(self.samples_path, samples, run_id=self.run_id)
         self.outcomes.extend(outcome_rows(samples))
         self.seconds += time.perf_counter() - started

@@ -407,3 +407,17 @@ def test_a_proxy_applies_after_the_overrides_and_never_shares_a_full_size_study(
         load_sweep(_sweep(tmp_path, "bad", proxy={"stages.zz.steps": 3}))
     with pytest.raises(ConfigError, match=r"proxy\.stages\.b\.mixture\.math: also set by space\.stages\.b\.mixture"):
         load_sweep(_sweep(tmp_path, "swept", proxy={"stages.b.mixture.math": 1.0}))
+
+
+def test_harness_mixture_says_which_trials_are_proxies(capsys):
+    from harness.cli.mixture import _say_proxies
+
+    proxy = {"proxy": {"stages.b.steps": 3, "eval.every": 100}}
+    _say_proxies(proxy, {})
+    _say_proxies({}, proxy)
+    _say_proxies({}, None)
+    assert capsys.readouterr().out.splitlines() == [
+        "fitted on: proxy trials (stages.b.steps=3, eval.every=100)",
+        "held out: full-size trials (no proxy)",
+        "held out: proxy trials (stages.b.steps=3, eval.every=100)",
+    ]

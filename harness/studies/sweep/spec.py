@@ -229,6 +229,11 @@ class StudySpec(Strict):
         return name if name is None else check_safe_name(name, "study name")
 
 
+def proxy_text(proxy: dict[str, Any]) -> str:
+    """A sweep's ``proxy:`` as the commands say it: ``path=value, …``."""
+    return ", ".join(f"{path}={value}" for path, value in proxy.items())
+
+
 class SweepSpec(Strict):
     """An optuna sweep over an experiment."""
 
