@@ -5,7 +5,7 @@ far against the same run summed in another order.
 Three runs of ``CONFIG``, each in a fresh process at one torch thread (``OMP_NUM_THREADS=1``, ``MKL_NUM_THREADS=1``,
 ``torch.set_num_threads(1)``: ``harness run`` has no thread setting of its own), without the stage cache
 (``train.stage_cache=false``: each stage trains) and with wandb off, through
-:func:`harness.runs.runner.run_experiment` as ``harness run CONFIG --set ...`` calls it:
+:func:`harness.runs.execution.runner.run_experiment` as ``harness run CONFIG --set ...`` calls it:
 
 - ``off``: ``train.loss_chunking=false`` (the unchunked path);
 - ``on``: ``train.loss_chunking=true``, ``train.loss_chunk_tokens=K`` (``--chunk-tokens``; a step whose N
@@ -15,7 +15,7 @@ Three runs of ``CONFIG``, each in a fresh process at one torch thread (``OMP_NUM
   and the same loss, each sum over tokens taken in another order) — the reference for how far rounding alone moves
   this run on this CPU, as ``tests/conftest.py``'s ``rows_reversed_run`` is for the data-parallel tests. (Reversing
   only the padded collation leaves a packed run bit-identical: its batches are built by
-  :func:`harness.data.packing.pack_encoded`, which this reverses too.)
+  :func:`harness.data.packed_batches.pack_encoded`, which this reverses too.)
 
 Comparison of ``on`` and of ``reordered`` against ``off``: metrics rows matched on stage, step, task, split and
 metric (``tokens_per_s``, a timing, left out), their value, n, interval and text compared; per metric the rows
@@ -82,13 +82,13 @@ def child(arm: str, config: str, out: Path, overrides: list[str]) -> None:
 
     from harness.config.load import load_experiment
     from harness.data import images
-    from harness.runs import packing
-    from harness.runs.runner import run_experiment
+    from harness.runs.execution import packing_decision as packing  # where a stage's rows are packed
+    from harness.runs.execution.runner import run_experiment
     from harness.training import chunked_loss
 
     torch.set_num_threads(1)
     if arm == "warm":
-        from harness.runs.prepare import warm_base
+        from harness.runs.planning.prepare import warm_base
 
         print(f"base: {warm_base(load_experiment(config))}")
         return

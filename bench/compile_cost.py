@@ -63,8 +63,8 @@ def child(steps: int, compile_mode: bool, nondeterministic: bool = False) -> dic
 
     warnings.filterwarnings("ignore")
     from harness.config import validate_data
-    from harness.runs.prepare import build_task_data, encode_task_data, load_base
-    from harness.runs.stage_plan import plan_stage
+    from harness.runs.planning.prepare import build_task_data, encode_task_data, load_base
+    from harness.runs.planning.stage_plan import plan_stage
     from harness.training import loop as train_module
     from harness.training.loop import StageLoop, train_stage
     from harness.training.special_tokens import stage_special_tokens

@@ -51,8 +51,8 @@ def stage_inputs(args):
     """The bench's model, its first stage, and that stage's first ``--steps`` batches as the runner makes them."""
     from bench.train_speed import arguments as bench_arguments
     from bench.train_speed_inputs import load_inputs, load_model, prepare, quiet
-    from harness.runs.packing_decision import stage_batches
-    from harness.runs.stage_plan import plan_stage
+    from harness.runs.execution.packing_decision import stage_batches
+    from harness.runs.planning.stage_plan import plan_stage
 
     quiet()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="guard-cost-"))

@@ -37,7 +37,7 @@ default) export ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDN
 esac
 
 if [[ $1 == --show ]]; then
-    exec "${PYTHON:-python}" -c 'import json; from harness.runs.kernel_path import kernel_path
+    exec "${PYTHON:-python}" -c 'import json; from harness.runs.planning.kernel_path import kernel_path
 print(json.dumps(kernel_path(), indent=2))'
 fi
 [[ $1 == -- && $# -ge 2 ]] || usage

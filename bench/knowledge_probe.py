@@ -9,8 +9,8 @@ common value's share. Accuracy is reported per attribute, for the people SFT tra
 separately, with the count and a 95 % Wilson interval.
 
 The probe is hand-written (no library scores cloze candidates over this synthetic world); intervals come from
-:mod:`harness.core.stats`. The base comes from the harness's own cache (``harness.runs.prepare.load_base``: trained
-on a miss).
+:mod:`harness.core.stats`. The base comes from the harness's own cache (``harness.runs.planning.prepare.load_base``:
+trained on a miss).
 
 Run from the repository root::
 
@@ -33,7 +33,7 @@ from data_recipes.knowledge import KnowledgeRecipe
 from data_recipes.world import Person, article
 from harness.config import load_experiment
 from harness.core.stats import wilson_interval
-from harness.runs.prepare import build_task_data, load_base
+from harness.runs.planning.prepare import build_task_data, load_base
 
 
 def _cloze_items(world) -> dict[str, tuple[Callable[[Person], str], Callable[[Person], str], list[str]]]:

@@ -7,12 +7,12 @@ steps ``--eval-at``, for
   answer and EOS only, a ``Qwen2ForCausalLM`` built from a config (untied embeddings, as many KV heads as heads),
   random batches (a fresh shuffle of the pool per pass), right-padded, AdamW on every parameter, linear warmup
   then cosine to 0, gradient clipping at 1.0, token-mean cross-entropy;
-- ``harness``: ``harness.runs.runner.run_experiment`` on a dict experiment (``builtin: qwen2-tiny`` with the same shape,
-  no pretraining, recipe ``math_reversed`` digits 3, the same optimiser and schedule numbers), at the harness's
-  defaults for everything else.
+- ``harness``: ``harness.runs.execution.runner.run_experiment`` on a dict experiment (``builtin: qwen2-tiny`` with
+  the same shape, no pretraining, recipe ``math_reversed`` digits 3, the same optimiser and schedule numbers), at the
+  harness's defaults for everything else.
 
-Both read the items of ``harness.runs.prepare.build_task_data`` for one experiment: the same training pool and the same
-held-out operand pairs (neither order trained). One factor at a time is flipped with ``ARM+flip[+flip…]``:
+Both read the items of ``harness.runs.planning.prepare.build_task_data`` for one experiment: the same training pool and
+the same held-out operand pairs (neither order trained). One factor at a time is flipped with ``ARM+flip[+flip…]``:
 
   harness+nogroup   train.length_grouping: 1 (random batches: the default since this diagnosis)
   harness+grouped   train.length_grouping: 50 (windows of 50 batches sorted by length: the default before it)
@@ -230,7 +230,7 @@ def _decay_everything(make_optimizer: Callable) -> Callable:
 
 def run_harness(s: Setup, flips: set[str], arm: str) -> list[dict[str, Any]]:
     from harness.config import validate_data
-    from harness.runs.runner import run_experiment
+    from harness.runs.execution.runner import run_experiment
 
     exp = validate_data(experiment_dict(s, flips), arm)
     results, started = [], time.perf_counter()
@@ -278,7 +278,7 @@ def plain_encoding(data, flips: set[str], s: Setup):
     train, heldout = data.splits[TASK]["train"], data.splits[TASK]["heldout"]
     if "chat" in flips:
         from harness.models.tokenizer import train_tokenizer
-        from harness.runs.pretrain import tokenizer_texts
+        from harness.runs.planning.pretrain import tokenizer_texts
 
         tok = train_tokenizer(tokenizer_texts(data.corpus, train), s.vocab_size)
         items = eval_items(tok, heldout, "heldout")
@@ -372,7 +372,7 @@ def run_plain(s: Setup, flips: set[str], arm: str) -> list[dict[str, Any]]:
     import torch.nn.functional as F
 
     from harness.config import validate_data
-    from harness.runs.prepare import build_task_data
+    from harness.runs.planning.prepare import build_task_data
 
     started = time.perf_counter()
     data = build_task_data(validate_data(experiment_dict(s, set()), arm))

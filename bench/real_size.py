@@ -69,7 +69,7 @@ def parameters(cfg: dict) -> int:
 def step_tokens(exp_path: Path, overrides: list[str]) -> tuple[int, int]:
     """``(T, N)``: the tokens and the answer tokens of the ``batch_size`` longest training examples."""
     from harness.config import load_experiment
-    from harness.runs.prepare import build_task_data, builtin_tokenizer
+    from harness.runs.planning.prepare import build_task_data, builtin_tokenizer
 
     exp = load_experiment(exp_path, overrides)
     data = build_task_data(exp)

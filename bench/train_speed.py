@@ -6,10 +6,12 @@ labels), trained for ``--steps`` optimiser steps of ``--batch-size`` examples, f
 / eps / weight decay, constant schedule, no warmup, gradient clipping at 1.0, the same initial weights and the same
 examples, by:
 
-- ``harness``: the code path ``harness run`` takes at its defaults — :func:`harness.runs.prepare.plan_stage` (mixture
-  stream, collation), :func:`harness.runs.packing_decision.stage_batches` (``train.packing: auto``: the exactness check,
-  then packed batches) and :func:`harness.training.loop.train_stage` (the loop, with its default non-finite guard and
-  health metrics), logging into a :class:`harness.runs.tracking.Tracker` (wandb disabled, as TRL reports to nothing);
+- ``harness``: the code path ``harness run`` takes at its defaults —
+  :func:`harness.runs.planning.stage_plan.plan_stage` (mixture stream, collation),
+  :func:`harness.runs.execution.packing_decision.stage_batches` (``train.packing: auto``: the exactness check, then
+  packed batches) and :func:`harness.training.loop.train_stage` (the loop, with its default non-finite guard and
+  health metrics), logging into a :class:`harness.runs.execution.tracking.Tracker` (wandb disabled, as TRL reports
+  to nothing);
 - ``harness-nopacking``: the same with ``train.packing: false`` (the defaults before packing); ``harness-grouped``:
   no packing, length grouping on (window 50, stratified by task: the bench's configuration before packing);
 - ``harness-noguard`` / ``harness-nodiag`` / ``harness-bare``: the same with ``train.nonfinite: off``,

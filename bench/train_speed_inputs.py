@@ -87,7 +87,7 @@ def prepare(workdir: Path, args) -> dict:
     import torch
 
     from harness.config import validate_data
-    from harness.runs.prepare import build_task_data, encode_task_data, load_base
+    from harness.runs.planning.prepare import build_task_data, encode_task_data, load_base
 
     exp_dict = experiment(args)
     exp = validate_data(exp_dict)

@@ -143,7 +143,7 @@ def harness_flops(workdir: Path, args) -> dict:
     """FLOPs of one pass of the harness's plan (per real token, so any window scales)."""
     from transformers import AutoTokenizer
 
-    from harness.runs.stage_plan import plan_stage
+    from harness.runs.planning.stage_plan import plan_stage
 
     exp, pools = load_inputs(workdir)
     tokenizer = AutoTokenizer.from_pretrained(workdir / "tokenizer")

@@ -20,18 +20,18 @@ from bench.train_speed_inputs import load_inputs, load_model
 
 def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None = None, log_every: int | None = None):
     """Plan the stage and train it with :func:`harness.training.loop.train_stage` as
-    :func:`harness.runs.runner.run_experiment` does. Returns ``(per-step end times, (real, padded, supervised) tokens
-    per batch, logged rows, the model)``."""
+    :func:`harness.runs.execution.runner.run_experiment` does. Returns ``(per-step end times, (real, padded,
+    supervised) tokens per batch, logged rows, the model)``."""
     from harness.core.store import Row
-    from harness.runs.packing_decision import stage_batches
-    from harness.runs.stage_plan import plan_stage
-    from harness.runs.tracking import Tracker
+    from harness.runs.execution.packing_decision import stage_batches
+    from harness.runs.execution.tracking import Tracker
+    from harness.runs.planning.stage_plan import plan_stage
     from harness.training.loop import StageLoop, train_stage
     from harness.training.special_tokens import stage_special_tokens
 
     overrides = dict(overrides)
     if "row_factor" in overrides:  # masked packed rows of another width instead of the runner's choice of layout
-        from harness.runs import packing_decision
+        from harness.runs.execution import packing_decision
 
         factor = overrides.pop("row_factor")
         packing_decision.layouts = lambda model, compiled=False: [(False, factor)]
@@ -42,7 +42,7 @@ def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None
     if steps:
         plan.batches, plan.examples = plan.batches[:steps], plan.examples[:steps]
     run_dir = Path(tempfile.mkdtemp(prefix="harness-bench-run-"))
-    tracker = Tracker(exp, run_dir, "bench", exp.resolved_dict())
+    tracker = Tracker(exp.tracking.wandb, run_dir, "bench", exp.resolved_dict())
     rows: list[Row] = []
 
     def log(new_rows, step):
@@ -102,8 +102,8 @@ def trl_dataset(exp, pools, order=None):
 
 
 def plan_examples(exp, stage, pools, pad_id):
-    """The examples of :func:`harness.runs.prepare.plan_stage`'s batches, in batch order."""
-    from harness.runs.stage_plan import plan_stage
+    """The examples of :func:`harness.runs.planning.stage_plan.plan_stage`'s batches, in batch order."""
+    from harness.runs.planning.stage_plan import plan_stage
 
     plan = plan_stage(exp, stage, 0, pools, pad_id)
     by_ids = {}

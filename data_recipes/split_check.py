@@ -1,7 +1,7 @@
 """The split check every recipe's output passes before a run or ``harness validate`` uses it (issue 51, item 7).
 
 Two breaches make the held-out scores meaningless, and each is refused (:class:`SplitBreach`, one line naming the
-split, the count and the first offending item; :func:`harness.runs.prepare.build_task_data` adds the task):
+split, the count and the first offending item; :func:`harness.runs.planning.prepare.build_task_data` adds the task):
 
 - **a held-out item that is a training item**: an item of ``heldout`` or ``heldout_template`` whose prompt — every
   turn before the gold answer, and the image (its ``meta["image_id"]``, or its pixels) — is also a ``train`` item's.

@@ -35,7 +35,12 @@ from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 # What `harness run` imports on its way to training (the heavy part: torch, transformers and the model classes).
-PRELOAD = ["harness.cli.app", "harness.config.load", "harness.runs.process_ranks", "harness.runs.runner"]
+PRELOAD = [
+    "harness.cli.app",
+    "harness.config.load",
+    "harness.runs.execution.process_ranks",
+    "harness.runs.execution.runner",
+]
 # Read when a run needs them, never at import: a forked process honours them like a fresh one.
 RUNTIME_ENV = {"HARNESS_CACHE", "HARNESS_STORAGE", "HARNESS_DIST_TIMEOUT", "HARNESS_DEBUG", "WANDB_MODE",
                "WANDB_SILENT", "PYTEST_CURRENT_TEST"}  # fmt: skip

@@ -258,7 +258,7 @@ def rows_reversed_run(config: Path, out: Path, overrides: list[str]) -> Path:
 
     from harness.config.load import load_experiment
     from harness.data import batches, images
-    from harness.runs.runner import run_experiment
+    from harness.runs.execution.runner import run_experiment
 
     def reversed_rows(examples, pad_id):
         return batches.collate(list(examples)[::-1], pad_id)

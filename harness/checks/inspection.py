@@ -6,7 +6,8 @@ and dtype on a sample batch (forward hooks) — for an experiment file or a chec
 - a checkpoint directory is loaded with ``AutoModelForCausalLM`` / ``AutoTokenizer``; the sample batch is a short
   chat rendered with its template (plain text without one); everything is reported as loaded (trainable);
 - an experiment YAML builds the base model as the run would, without pretraining
-  (:func:`harness.runs.prepare.untrained_base`, beside the run's own :func:`~harness.runs.prepare.load_base`:
+  (:func:`harness.runs.planning.prepare.untrained_base`, beside the run's own
+  :func:`~harness.runs.planning.prepare.load_base`:
   builtin: the tokenizer trained on the world corpus and the task data, then the architecture; ``model.hf``:
   :func:`harness.models.hf.load_hf`), applies the trainable set of one stage (the first, or ``--stage``) through
   :func:`harness.training.adapters.prepare_stage_model`, and runs two of that stage's training examples through it
@@ -33,7 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from harness.config import load_experiment
 from harness.models.modality import base_kind, model_io
 from harness.models.undertrained import undertrained_tokens
-from harness.runs.prepare import build_task_data, untrained_base
+from harness.runs.planning.prepare import build_task_data, untrained_base
 from harness.training.adapters import prepare_stage_model, trainable_report, unwrap, weight_decay_exempt
 
 
@@ -229,8 +230,8 @@ class TokenInspection:
 def inspect_tokens(target: Path, overrides: list[str] | None = None) -> TokenInspection:
     """The under-trained check of a checkpoint directory's or an experiment's base model (see the module docstring)."""
     from harness.models.undertrained import detect_undertrained
-    from harness.runs.console import Console as HarnessConsole
-    from harness.runs.prepare import load_base
+    from harness.runs.execution.console import Console as HarnessConsole
+    from harness.runs.planning.prepare import load_base
 
     target = Path(target)
     if target.is_dir():

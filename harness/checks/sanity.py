@@ -24,7 +24,7 @@ from harness.data.batches import collate
 from harness.data.encoding import IGNORE_INDEX, encode_examples, eval_items
 from harness.data.images import collate_mixed
 from harness.evaluation import run_evaluation
-from harness.runs.prepare import build_task_data, load_base
+from harness.runs.planning.prepare import build_task_data, load_base
 from harness.training.loop import StageLoop, train_stage
 
 

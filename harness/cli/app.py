@@ -8,7 +8,7 @@
   these two live in :mod:`harness.cli.studies`; they, ``run --seeds`` and ``mixture --verify K`` take ``--launcher
   local|slurm`` (this machine, or one SLURM job array: :mod:`harness.studies.launch`);
 - analysis: ``report`` (report.html for a run or a sweep), ``compare`` (per-task deltas between two runs);
-- ``cache ls | du | prune``: the stage cache (:mod:`harness.runs.stage_cache`).
+- ``cache ls | du | prune``: the stage cache (:mod:`harness.runs.execution.stage_cache`).
 
 Exit codes: 0 success; 2 invalid input: experiment / sweep file (every error printed with its YAML path), a
 ``--set`` value, task data, a run directory that is not empty or in use; 3 stopped by the non-finite guard; 4 a
@@ -59,7 +59,7 @@ def validate(file: Path = typer.Argument(..., help="Experiment YAML."), set_: li
     size and the smallest change it can detect."""
     exp = _load(file, set_)  # first: a broken file is reported without importing torch
     from harness.checks.pools import pool_report
-    from harness.runs.prepare import DataError
+    from harness.runs.planning.prepare import DataError
 
     stages = exp.resolved_stages()
     try:
@@ -113,9 +113,9 @@ def run(
     """Train and evaluate an experiment (exit 3 when the non-finite guard stops it)."""
     exp = _load(file, set_)  # first: a broken file is reported without importing torch
     from harness.config import ConfigError
-    from harness.runs import process_ranks
-    from harness.runs.prepare import DataError
-    from harness.runs.runner import default_run_dir, run_experiment
+    from harness.runs.execution import process_ranks
+    from harness.runs.execution.runner import default_run_dir, run_experiment
+    from harness.runs.planning.prepare import DataError
     from harness.training.checkpoint import WorldSizeError
     from harness.training.guard import NonFiniteError
     from harness.training.parallel import ParallelError
@@ -157,7 +157,7 @@ def _run_refusals(exp, seeds, out, resume, force, nproc, nodes, jobs, kind: str,
     together (one line, exit 2)."""
     import os
 
-    from harness.runs import process_ranks
+    from harness.runs.execution import process_ranks
     from harness.studies.replicates import SeedsError, parse_seeds
     from harness.training.checkpoint import WorldSizeError, check_resume_world
 
@@ -229,8 +229,8 @@ def eval_(
 ):
     """Evaluate a saved checkpoint alone, with the experiment's evaluators, probes and outputs."""
     from harness.config import ConfigError
-    from harness.runs.checkpoint_eval import eval_output_dir, evaluate_checkpoint
-    from harness.runs.prepare import DataError
+    from harness.runs.execution.checkpoint_eval import eval_output_dir, evaluate_checkpoint
+    from harness.runs.planning.prepare import DataError
 
     exp = _load(experiment, set_)
     run_dir = eval_output_dir(out, exp)
@@ -254,7 +254,7 @@ def sanity(
     """Overfit n examples, then check that predictions depend on the prompt (and, for image tasks, on the image).
     Exit 0 only if every check passes."""
     from harness.checks.sanity import run_sanity
-    from harness.runs.console import Console
+    from harness.runs.execution.console import Console
 
     exp = _load(file, set_)
     results = run_sanity(
@@ -368,7 +368,7 @@ def inspect_command(
     """One row per module: name, type, parameters, trainable, output shape and dtype on a sample batch."""
     from harness.checks.inspection import inspect_target, inspect_tokens, render, render_tokens
     from harness.config import ConfigError
-    from harness.runs.prepare import DataError
+    from harness.runs.planning.prepare import DataError
 
     if not target.exists():
         _fail(f"{target}: no such file or directory")
@@ -390,7 +390,7 @@ def inspect_command(
         render(result)
 
 
-# ---- the stage cache ($HARNESS_CACHE/stages, harness.runs.stage_cache) ---------------------------------------------
+# ---- the stage cache ($HARNESS_CACHE/stages, harness.runs.execution.stage_cache) ---------------------------
 
 cache_app = typer.Typer(no_args_is_help=True, help="The stage cache under $HARNESS_CACHE/stages: ls, du, prune.")
 app.add_typer(cache_app, name="cache")
@@ -401,8 +401,8 @@ def cache_ls():
     """Every entry, least recently used first: key, size, last use, experiment/stage."""
     from datetime import datetime
 
-    from harness.runs.cache_housekeeping import human_size, list_entries
-    from harness.runs.stage_cache import stages_root
+    from harness.runs.execution.cache_housekeeping import human_size, list_entries
+    from harness.runs.execution.stage_cache import stages_root
 
     for e in list_entries(stages_root()):
         used = datetime.fromtimestamp(e.last_used).strftime("%Y-%m-%d %H:%M")
@@ -412,8 +412,8 @@ def cache_ls():
 @cache_app.command("du")
 def cache_du():
     """Entries and total size of the stage cache."""
-    from harness.runs.cache_housekeeping import human_size, list_entries
-    from harness.runs.stage_cache import stages_root
+    from harness.runs.execution.cache_housekeeping import human_size, list_entries
+    from harness.runs.execution.stage_cache import stages_root
 
     entries = list_entries(stages_root())
     typer.echo(f"{stages_root()}: {len(entries)} entries, {human_size(sum(e.size for e in entries))}")
@@ -427,8 +427,8 @@ def cache_prune(
     ),
 ):
     """Remove old entries, corrupt ones, and the least recently used beyond a size (exit 2 on a bad value)."""
-    from harness.runs.cache_housekeeping import human_size, parse_age, parse_size, prune
-    from harness.runs.stage_cache import stages_root
+    from harness.runs.execution.cache_housekeeping import human_size, parse_age, parse_size, prune
+    from harness.runs.execution.stage_cache import stages_root
 
     try:
         age = parse_age(older_than) if older_than else None

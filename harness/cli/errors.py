@@ -32,8 +32,8 @@ DEBUG_ENV = "HARNESS_DEBUG"
 # ``harness validate`` of a broken file should not pay for it.
 USER_ERRORS = (
     ("harness.config.errors", "ConfigError"),
-    ("harness.runs.prepare", "DataError"),
-    ("harness.runs.rundir", "RunDirError"),
+    ("harness.runs.planning.prepare", "DataError"),
+    ("harness.runs.execution.rundir", "RunDirError"),
     ("harness.core.jsonl", "JsonlError"),
     ("yaml.error", "YAMLError"),
     ("harness.training.compiling", "CompileFailed"),  # train.compile: true where this machine cannot compile

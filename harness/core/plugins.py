@@ -11,7 +11,7 @@ what the kind does: :class:`data_recipes.Recipe`, :class:`harness.evaluation.Com
 imported from ``sys.path`` as usual) or the path of a ``.py`` file (relative paths against the experiment file's
 directory), loaded under a module name of its own and imported once per process. :func:`plugin_module` names the
 module an entry was loaded as, so the stage cache's code hash can cover the plug-ins a run uses and the modules they
-import (:mod:`harness.core.plugin_sources`, :mod:`harness.runs.code_identity`).
+import (:mod:`harness.core.plugin_sources`, :mod:`harness.runs.planning.code_identity`).
 """
 
 from __future__ import annotations

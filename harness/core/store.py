@@ -4,8 +4,8 @@ Columns (the metric contract of docs/design.md): ``run_id, stage, step, task, sp
 ``text`` for values that are tables (``ft_top1`` as JSON), ``n, ci_low, ci_high`` for proportions (the item
 count and the 95 % Wilson interval of ``greedy``, ``mode_ok``, ``tf_first``…; null for every other metric), and
 ``cached_from`` (the id of the run that computed a row this run copied from the stage cache,
-:mod:`harness.runs.stage_cache`; null otherwise). Run-level metrics have ``task = null``. Stores written before a column
-existed load with it null (:func:`with_schema_columns`).
+:mod:`harness.runs.execution.stage_cache`; null otherwise). Run-level metrics have ``task = null``. Stores written
+before a column existed load with it null (:func:`with_schema_columns`).
 
 The file is rewritten atomically (temporary file, then rename) at every flush, so a reader — a notebook polling
 a run in progress — always sees a complete file, and a crash never leaves a half-written one.

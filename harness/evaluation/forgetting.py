@@ -9,7 +9,8 @@ was pretrained on. The reference text is fixed for the run:
   corpus left out: the base read these facts, never these documents. Drawing them touches no random state the run uses;
 - **a user's file** (``eval.reference_text``): one document per non-blank line (UTF-8), in file order.
 
-The run's data preparation chooses the documents (``harness.runs.prepare.reference_text``); this module measures them.
+The run's data preparation chooses the documents (``harness.runs.planning.prepare.reference_text``); this module
+measures them.
 
 Per document: the mean token cross-entropy (nats) of its tokens and a closing end-of-text token, each predicted from
 the document's own prefix after a leading end-of-text token (how the pretraining stream joins documents). Rows, task

@@ -14,7 +14,7 @@ of the gold answer (end-of-turn token included). Metrics per group:
 
 Every proportion comes with its ``n`` and a 95 % Wilson interval; the gap with a paired t interval and the
 paired t-test's p-value (``scipy.stats``). Greedy decoding uses ``model.generate`` (which passes the images
-on the prefill only); the harness's own decoder in ``evaluation/runner.py`` takes no images.
+on the prefill only); the harness's own decoder (``evaluation/passes.py``, ``greedy_decode``) takes no images.
 
 :class:`ImageEval` runs it on every image task and eval split at each evaluation of a run: ``greedy`` (accuracy with
 the real image, so image tasks sit next to text tasks in reports and seesaw detection) and the ``img_*`` rows, and

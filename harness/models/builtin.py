@@ -1,9 +1,9 @@
 """Builtin tiny architectures built from transformers configs (any HF causal LM loads through :mod:`harness.models.hf`).
 
 Builtin models get the harness's own tokenizer (trained on the world corpus and the experiment's task data) and,
-with ``model.pretrain``, are pretrained on the world corpus and cached (see :mod:`harness.runs.pretrain`). Their
-embedding has one row per token unless the config asks for more rows (``vocab_size``, as ``qwen2.5-0.5b`` does): the
-rows past the tokenizer are never produced by it, like a released model's padded vocabulary.
+with ``model.pretrain``, are pretrained on the world corpus and cached (see :mod:`harness.runs.planning.pretrain`).
+Their embedding has one row per token unless the config asks for more rows (``vocab_size``, as ``qwen2.5-0.5b`` does):
+the rows past the tokenizer are never produced by it, like a released model's padded vocabulary.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ sweep's trials).
 
 A method that reads the signal ``steering_error`` (``groupdro``) steers by the sweep's own objective — its metric on
 a steering split imitating the objective's split, disjoint from every pool the run reports
-(:mod:`harness.runs.steering_split`); the others read the training loss. Runs go to
+(:mod:`harness.runs.planning.steering_split`); the others read the training loss. Runs go to
 ``SWEEP_DIR/verify/steer-<method>/seed-<s>/`` (the fixed start's to ``verify/start-uniform/``); the report to
 ``steer.json`` (atomic); :func:`format_steering` is the
 table the command prints.

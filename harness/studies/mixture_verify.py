@@ -166,8 +166,8 @@ def run_arms(
     echo: Callable[[str], None] = print,
 ) -> tuple[bool, dict[str, str]]:
     """Run every (arm, seed) not already finished with the same experiment; returns (all ended, {name: how})."""
-    from harness.runs.rundir import LOCK_FILE
-    from harness.runs.runner import changed_sections  # torch and transformers: only when something runs
+    from harness.runs.execution.rundir import LOCK_FILE
+    from harness.runs.execution.runner import changed_sections  # torch and transformers: only when something runs
 
     how, todo = {}, []
     for arm, seed, exp in plan:

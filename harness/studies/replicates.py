@@ -102,7 +102,9 @@ def run_group(
     if launcher is not None:
         return _run_launched(exp, group_dir, seeds, launcher, status)
     if jobs == 1:
-        from harness.runs.runner import run_experiment  # torch and transformers: only when replicates run here
+        from harness.runs.execution.runner import (
+            run_experiment,  # torch and transformers: only when replicates run here
+        )
 
         for seed in seeds:
             echo(f"replicate seed {seed} → {replicate_dir(group_dir, seed)}")

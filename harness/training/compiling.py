@@ -6,7 +6,8 @@ compile (TorchDynamo supports this Python, and Inductor's C++ compiler is there)
 ``true`` always compiles (and stops at once, before training, when no toolchain is found: a C++ compiler on a CPU,
 Triton on a GPU), ``false`` never. The decision is a function of the stage's spec and
 the machine only, never of timing, so a run and its ``--resume`` (and a stage-cache key,
-:func:`harness.runs.stage_key.stage_keys`) agree on it: compiled kernels reorder float sums, so a compiled stage's
+:func:`harness.runs.planning.stage_key.stage_keys`) agree on it: compiled kernels reorder float sums, so a compiled
+stage's
 numbers differ from an eager one's in the last bits.
 
 The threshold is where compiling pays for its one-off cost on a CPU, from ``bench/compile_cost.py`` and

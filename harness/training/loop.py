@@ -141,7 +141,8 @@ class LoopState:
     scheduler: dict[str, Any] | None = None
     mixture: dict[str, Any] | None = None  # an adaptive stage's stream (the same on every rank)
     steer: dict[str, Any] | None = None  # its per-task loss sums since the last update (this rank's own)
-    # packed or padded, as decided when the stage began (harness.runs.packing_decision.decision): a resume trains
+    # packed or padded, as decided when the stage began (harness.runs.execution.packing_decision.decision): a resume
+    # trains
     # the same batches
     packing: dict[str, Any] | None = None
 

@@ -29,7 +29,7 @@ def tiny_run(tmp_path_factory) -> Path:
     """The tiny experiment with three stages (the last restarts from the base weights) and the train split
     evaluated too: a real run directory in seconds."""
     from harness.config import validate_data
-    from harness.runs.runner import run_experiment
+    from harness.runs.execution.runner import run_experiment
 
     data = copy.deepcopy(TINY)
     data["eval"]["splits"] = ["heldout", "train"]
@@ -109,7 +109,7 @@ def test_the_report_counts_every_family_of_the_runs_events_as_the_console_does(t
     from analysis.report.run_data import load_run_data
     from analysis.report.run_findings import findings
     from harness.core.seesaw_families import REF_FAMILY, describe_counts
-    from harness.runs.console import _seesaw_header
+    from harness.runs.execution.console import _seesaw_header
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("checkpoints", "wandb"))

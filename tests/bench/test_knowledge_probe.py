@@ -29,7 +29,7 @@ def _tiny_knowledge(tiny: dict) -> dict:
 def test_scores_are_the_continuations_log_probabilities(tiny, tmp_path):
     bench = _bench()
     from harness.config import load_experiment
-    from harness.runs.prepare import build_task_data, load_base
+    from harness.runs.planning.prepare import build_task_data, load_base
 
     exp = load_experiment(write_yaml(tmp_path / "k.yaml", _tiny_knowledge(tiny)), [])
     model, tokenizer, _, _ = load_base(exp, build_task_data(exp))

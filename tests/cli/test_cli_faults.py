@@ -394,7 +394,7 @@ def test_control_token_answer_is_rejected_or_escaped(tiny, tmp_path, policy):
     result = invoke("run", str(exp_file), "--out", str(tmp_path / "run"))  # in process: the run is read back below
     assert result.exit_code == 0, result.output[-3000:]
     from harness.config import load_experiment
-    from harness.runs.prepare import build_task_data, encode_task_data, load_base
+    from harness.runs.planning.prepare import build_task_data, encode_task_data, load_base
 
     exp = load_experiment(tmp_path / "x.yaml")
     data = build_task_data(exp)

@@ -111,7 +111,7 @@ def test_a_plugin_proportion_gets_its_interval_outcomes_and_mcnemar(tmp_path):
     from harness.config import load_experiment
     from harness.core.seesaw import change_tests
     from harness.core.store import read_metrics
-    from harness.runs.runner import run_experiment
+    from harness.runs.execution.runner import run_experiment
 
     run_dir = tmp_path / "run"
     run_experiment(load_experiment(_experiment(tmp_path)), run_dir)

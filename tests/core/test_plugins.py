@@ -18,7 +18,7 @@ from harness.core import plugins as plugin_imports
 from harness.core import registry as registry_module
 from harness.core.plugins import Plugin
 from harness.core.registry import PLUGIN_REGISTRIES, RECIPES
-from harness.runs.code_identity import run_plugins
+from harness.runs.planning.code_identity import run_plugins
 from tests.conftest import ROOT, invoke
 
 EXAMPLE = ROOT / "docs" / "extending"
@@ -94,7 +94,7 @@ def test_every_plugin_kind_is_covered():
 def test_a_user_recipe_and_evaluator_named_in_plugins_run_end_to_end(lab, tmp_path, monkeypatch):
     from harness.config import load_experiment
     from harness.core.store import read_metrics
-    from harness.runs.runner import run_experiment
+    from harness.runs.execution.runner import run_experiment
 
     monkeypatch.chdir(tmp_path)  # the .py path is relative to the experiment file, not to the current directory
     exp = load_experiment(lab / "experiment.yaml")

@@ -279,7 +279,7 @@ def test_defaults_alone_work_and_every_setting_is_resolved():
 
 def test_the_adaptive_settings_are_in_the_stage_cache_key(tmp_path):
     from harness.config import load_experiment
-    from harness.runs.stage_cache import stage_keys
+    from harness.runs.planning.stage_key import stage_keys
 
     def keys(mixture):
         exp = load_experiment(write_yaml(tmp_path / "k.yaml", _micro_with(mixture)))
@@ -453,8 +453,8 @@ def test_doremi_reads_its_reference_from_an_earlier_run(tmp_path):
     """``reference: <run dir>``: each task's last training loss in that run's store; a run without one, or no run
     there, is a DataError naming the stage and the setting (before any training)."""
     from harness.core.store import MetricsStore, Row
-    from harness.runs.prepare import DataError
-    from harness.runs.stage_plan import reference_losses
+    from harness.runs.planning.prepare import DataError
+    from harness.runs.planning.stage_plan import reference_losses
 
     store = MetricsStore(tmp_path / "ref", "r")
     (tmp_path / "ref").mkdir()

@@ -18,8 +18,8 @@ from harness.config import load_experiment, parse_mixture, update_interval
 from harness.core.store import read_metrics
 from harness.data.steering import GroupDRO, floored
 from harness.data.steering.groupdro import groupdro_step, hedge_rate
-from harness.runs.prepare import DataError, build_task_data
-from harness.runs.steering_split import SteeringSplits, steering_examples
+from harness.runs.planning.prepare import DataError, build_task_data
+from harness.runs.planning.steering_split import SteeringSplits, steering_examples
 from tests.conftest import TINY, invoke, write_yaml
 
 # the shipped regime: a 700-step stage, every: auto = 50 steps, the last batch's update skipped (13 updates); 32 items

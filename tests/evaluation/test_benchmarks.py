@@ -186,7 +186,7 @@ def test_missing_lm_eval_exits_2_with_one_line(tmp_path):
 def test_unknown_task_names_its_field(tmp_path):
     from data_recipes import build_world
     from harness.config import validate_data as validate
-    from harness.runs.evallog import make_benchmarks
+    from harness.runs.execution.evallog import make_benchmarks
 
     exp = validate(
         _experiment(
@@ -194,7 +194,7 @@ def test_unknown_task_names_its_field(tmp_path):
         )
     )
     with pytest.raises(ConfigError) as e:
-        make_benchmarks(exp, build_world(10, 0), None, tmp_path / "run", [4, 4])
+        make_benchmarks(exp.eval, exp.name, build_world(10, 0), None, tmp_path / "run", [4, 4])
     assert e.value.errors == [("eval.benchmarks[1].task", "unknown lm-eval task 'my_fact' (did you mean 'my_facts'?)")]
 
 

@@ -23,7 +23,7 @@ def pretrained():
     tokens that never occur in that corpus (the known-unused reference rows)."""
     from data_recipes import build_world, corpus
     from harness.config import ModelSpec
-    from harness.runs.pretrain import builtin_base
+    from harness.runs.planning.pretrain import builtin_base
 
     docs = corpus(build_world(60, 0), 0)
     spec = ModelSpec(

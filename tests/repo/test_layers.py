@@ -70,12 +70,18 @@ def test_no_import_cycles():
         ("harness/core/stats.py", "from harness.evaluation import passes  # planted: core importing a layer above\n"),
         (
             "harness/data/stream.py",
-            "def _planted():\n    from harness.runs import runner  # planted, inside a function\n",
+            "def _planted():\n    from harness.runs.execution import runner  # planted, inside a function\n",
         ),
         ("analysis/trials.py", "def _planted():\n    from harness.config import Experiment  # planted\n"),
         # a slice's internals reached past its face: allowed by the layers, refused by the slice's own contract
-        ("harness/checks/inspection.py", "def _planted():\n    from harness.runs.pretrain import builtin_base\n"),
-        ("harness/runs/runner.py", "def _planted():\n    from harness.training.packing_check import check_packing\n"),
+        (
+            "harness/checks/inspection.py",
+            "def _planted():\n    from harness.runs.planning.pretrain import builtin_base\n",
+        ),
+        (
+            "harness/runs/execution/runner.py",
+            "def _planted():\n    from harness.training.packing_check import check_packing\n",
+        ),
         ("harness/training/loop.py", "def _planted():\n    from harness.training.steering import Steering\n"),
     ],
 )

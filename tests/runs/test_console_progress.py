@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
-from harness.runs.console import PlainProgress, evaluation_lines
+from harness.runs.execution.console import PlainProgress, evaluation_lines
 from tests.conftest import run_cli, write_yaml
 
 
@@ -107,7 +107,7 @@ def _summary(task: str, run_dir: str) -> dict:
 def test_the_final_table_is_printed_whole_when_stderr_is_not_a_terminal(capsys):
     """In a log, rich would lay the table out in 80 (or any fixed number of) columns and cut the cells ("assist…",
     "[0.00,0…"): every cell, event line and the run directory must be there in full."""
-    from harness.runs.console import Console
+    from harness.runs.execution.console import Console
 
     task = "assistant_qa_with_a_name_long_enough_to_need_a_wide_table"
     run_dir = "/a/run/directory/" + "deep/" * 30 + "run"

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from harness.core.store import read_metrics
-from harness.runs.process_ranks import torchrun_command
+from harness.runs.execution.process_ranks import torchrun_command
 from tests.conftest import (
     MICRO,
     PARALLEL_ENV,
@@ -295,7 +295,7 @@ def test_the_first_failure_is_the_rank_that_caused_the_others():
     torchrun stopped (SIGTERM)."""
     from types import SimpleNamespace
 
-    from harness.runs.process_ranks import _first_failure
+    from harness.runs.execution.process_ranks import _first_failure
 
     same_second = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=-9)}
     assert _first_failure(same_second) == (1, -9)
@@ -309,8 +309,8 @@ def test_the_first_failure_is_the_rank_that_caused_the_others():
 
 
 def test_a_rank_that_cannot_see_the_run_directory_says_so_in_one_line(tmp_path):
-    from harness.runs.process_ranks import _scratch_for_resume
-    from harness.runs.rundir import RunDirError
+    from harness.runs.execution.process_ranks import _scratch_for_resume
+    from harness.runs.execution.rundir import RunDirError
 
     with pytest.raises(RunDirError) as info:
         _scratch_for_resume(tmp_path / "elsewhere", tmp_path / "scratch" / "run")

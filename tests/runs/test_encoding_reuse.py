@@ -1,4 +1,5 @@
-"""Encoding reuse (harness.runs.prepare.encode_task_data): a process asking again for the same encoding (a sweep
+"""Encoding reuse (harness.runs.planning.prepare.encode_task_data): a process asking again for the same encoding (a
+sweep
 worker's next trial) gets the previous one without tokenising again — equal to a fresh encoding, its arrays read-only —
 and anything the encoding reads (data, tokenizer, settings) encodes afresh."""
 
@@ -10,8 +11,8 @@ import pytest
 
 from harness.config import Experiment
 from harness.models.tokenizer import train_tokenizer
-from harness.runs import prepare
-from harness.runs.prepare import build_task_data, encode_task_data
+from harness.runs.planning import prepare
+from harness.runs.planning.prepare import build_task_data, encode_task_data
 
 
 @pytest.fixture(autouse=True)

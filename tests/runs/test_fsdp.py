@@ -170,7 +170,7 @@ def _check_near_ties(runs, differing: dict[int, list[tuple[str, str, int]]], see
     from harness.config import load_experiment
     from harness.data.encoding import position_limit
     from harness.evaluation.lengths import default_max_new_tokens, stop_token_ids
-    from harness.runs.prepare import build_task_data, encode_task_data
+    from harness.runs.planning.prepare import build_task_data, encode_task_data
 
     final = runs[0] / "checkpoints" / "assistant"  # the architecture and tokenizer (weights: each resume point)
     tokenizer = AutoTokenizer.from_pretrained(final)
@@ -311,7 +311,7 @@ def test_fsdp_nan_on_one_rank_stops_both_and_names_it(tiny, tmp_path):
 def test_rank_0_alone_stores_the_data_parallel_stages(micro_pair):
     """Every rank ends each stage, but only rank 0 (the run the directory holds) writes the stage-cache entry: a
     rank-1 entry would name a scratch run that no longer exists as its source."""
-    from harness.runs.stage_cache import META, stages_root
+    from harness.runs.execution.stage_cache import META, stages_root
 
     _, two = micro_pair
     run_id = json.loads((two / "run.json").read_text())["run_id"]

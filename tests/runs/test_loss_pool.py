@@ -11,8 +11,8 @@ import pytest
 from data_recipes.split_check import prompt_digest
 from harness.config import load_experiment
 from harness.core.store import read_metrics
-from harness.runs.prepare import build_task_data
-from harness.runs.runner import run_experiment
+from harness.runs.execution.runner import run_experiment
+from harness.runs.planning.prepare import build_task_data
 from tests.conftest import write_yaml
 
 

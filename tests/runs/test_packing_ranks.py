@@ -1,4 +1,5 @@
-"""The packing check on several ranks (:mod:`harness.runs.packing_decision`): each rank checks only its own slice of
+"""The packing check on several ranks (:mod:`harness.runs.execution.packing_decision`): each rank checks only its own
+slice of
 each batch (the rows the loop trains on that rank, and the same examples padded), and the ranks act on one verdict — all
 pack with the same layout, all pad, or under ``train.packing: true`` all stop with the same one-line error — even when
 their own checks disagree (planted here: rank 1's check fails, rank 0's passes). Two gloo ranks, spawned once for
@@ -63,7 +64,7 @@ def _model():
 
 def _plan(setting="auto"):
     from harness.data.batches import collate
-    from harness.runs.stage_plan import StagePlan
+    from harness.runs.planning.stage_plan import StagePlan
 
     train = SimpleNamespace(
         packing=setting, compile=False, loss=LossSpec(), precision="fp32", loss_chunking="auto", loss_chunk_tokens=None
@@ -73,8 +74,9 @@ def _plan(setting="auto"):
 
 
 def _with_check(fake, action):
-    """Run ``action()`` with :func:`harness.runs.packing_decision.check_packing` replaced by ``fake(real, *args)``."""
-    from harness.runs import packing_decision
+    """Run ``action()`` with :func:`harness.runs.execution.packing_decision.check_packing` replaced by ``fake(real,
+    *args)``."""
+    from harness.runs.execution import packing_decision
 
     real = packing_decision.check_packing
     packing_decision.check_packing = lambda *args, **kwargs: fake(real, *args, **kwargs)
@@ -98,7 +100,7 @@ def _planted(fails_on: int, layouts=("varlen", "rows")):
 
 
 def _layout(plan, model, stored=None):
-    from harness.runs.packing_decision import stage_layout
+    from harness.runs.execution.packing_decision import stage_layout
 
     rows = []
     batches, decision = stage_layout(plan, model, TASKS, PAD, 0, lambda r, s: rows.extend(r), stored)
@@ -174,7 +176,7 @@ def _error_on_one_rank(parallel) -> dict:
 
 
 def _resumed(parallel) -> dict:
-    from harness.runs.packing_decision import decision
+    from harness.runs.execution.packing_decision import decision
 
     calls = []
 

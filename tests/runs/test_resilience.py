@@ -15,8 +15,8 @@ import pytest
 
 from harness.config import validate_data
 from harness.core.store import read_metrics
-from harness.runs.prepare import DataError
-from harness.runs.runner import run_experiment
+from harness.runs.execution.runner import run_experiment
+from harness.runs.planning.prepare import DataError
 from tests.conftest import ROOT, invoke, run_cli, write_yaml
 
 
@@ -173,7 +173,7 @@ def _train_rows(run_dir, after: int) -> list:
 def test_a_resumed_stage_trains_the_layout_it_began_with_without_checking_again(tiny, tmp_path, monkeypatch):
     """The packed/padded decision is in the resume point: resumed, the stage trains the layout it began with, where
     the check on the partly trained model would now decide the other way, and the check does not run again."""
-    from harness.runs import packing_decision
+    from harness.runs.execution import packing_decision
 
     tiny["stages"] = [{"name": "a", "steps": 6, "mixture": {"repeat": 0.5, "math": 0.5}}]
     tiny["train"].update(checkpoint_every=2, keep_checkpoints=5, log_every=1, stage_cache=False, packing="auto")

@@ -10,7 +10,7 @@ import yaml
 
 from harness.config import validate_data
 from harness.core.store import read_metrics
-from harness.runs.runner import run_experiment
+from harness.runs.execution.runner import run_experiment
 
 
 def test_micro_run_writes_resolved_config_and_store(micro_run):
@@ -145,7 +145,7 @@ def test_micro_store_has_every_contract_metric_at_every_evaluation(micro_run):
 
 
 def test_micro_wandb_offline_run_holds_the_store_values(micro_run):
-    from harness.runs.tracking import wandb_key
+    from harness.runs.execution.tracking import wandb_key
     from tests.wandb_records import history
 
     logged: dict[tuple[int, str], float] = {}

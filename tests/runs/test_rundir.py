@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.runs.rundir import LOCK_FILE, RunDirError, claim_run_dir, unique_run_name
+from harness.runs.execution.rundir import LOCK_FILE, RunDirError, claim_run_dir, unique_run_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # A process that claims DIR, writes a file into it, says "claimed" and then waits (for the test to kill it).
 HOLDER = textwrap.dedent("""
     import sys, time
-    from harness.runs.rundir import RunDirError, claim_run_dir
+    from harness.runs.execution.rundir import RunDirError, claim_run_dir
     try:
         claim = claim_run_dir(sys.argv[1], resume=False, force=False)
     except RunDirError as e:

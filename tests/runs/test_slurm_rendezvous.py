@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from harness.runs.process_ranks import RendezvousError, torchrun_command
+from harness.runs.execution.process_ranks import RendezvousError, torchrun_command
 from tests.conftest import invoke, write_yaml
 from tests.studies import fake_slurm
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from harness.config import load_experiment
 from harness.core.store import read_metrics
-from harness.runs import evallog
-from harness.runs.runner import run_experiment
+from harness.runs.execution import evallog
+from harness.runs.execution.runner import run_experiment
 from tests.conftest import write_yaml
 
 

@@ -1,4 +1,5 @@
-"""The stage cache (harness.runs.stage_cache): a run that starts from cached stages gives bit-identical store values,
+"""The stage cache (harness.runs.execution.stage_cache): a run that starts from cached stages gives bit-identical store
+values,
 samples and checkpoints to the same run computed whole (a LoRA adapter continued across the cache boundary, an
 ``init: <stage>``, and a run interrupted after a replayed stage and resumed included); a field that shapes a stage
 misses (every field of the schema: tests/runs/test_stage_cache_key.py); corrupt entries are rebuilt; concurrent writers
@@ -20,10 +21,11 @@ from safetensors.torch import load_file
 
 from harness.config import Experiment
 from harness.core.store import read_metrics
-from harness.runs.cache_housekeeping import list_entries, prune
-from harness.runs.prepare import build_task_data
-from harness.runs.runner import run_experiment
-from harness.runs.stage_cache import _publish, read_entry, stage_keys, task_data_hash
+from harness.runs.execution.cache_housekeeping import list_entries, prune
+from harness.runs.execution.runner import run_experiment
+from harness.runs.execution.stage_cache import _publish, read_entry
+from harness.runs.planning.prepare import build_task_data
+from harness.runs.planning.stage_key import stage_keys, task_data_hash
 from harness.training import compiling
 from tests.conftest import invoke
 

@@ -1,4 +1,5 @@
-"""What the stage-cache key covers (harness.runs.stage_key.stage_keys): every field of the schema, changed one at a
+"""What the stage-cache key covers (harness.runs.planning.stage_key.stage_keys): every field of the schema, changed one
+at a
 time to a valid different value, misses from the stage it affects on — or is one of the documented ``NOT_SHAPING``
 fields and shares the entries; the code that shapes a stage is in the key (an edited copy of one module misses) and
 nothing else of the tree (editor leftovers, modules run after training); and so is what else computes a stage: the
@@ -23,10 +24,10 @@ import torch
 from pydantic import BaseModel
 
 from harness.config import Experiment, TrainSpec
-from harness.runs import code_identity
-from harness.runs.code_identity import AFTER_TRAINING
-from harness.runs.prepare import build_task_data
-from harness.runs.stage_key import NOT_SHAPING, STAGE_NOT_SHAPING, stage_keys, task_data_hash
+from harness.runs.planning import code_identity
+from harness.runs.planning.code_identity import AFTER_TRAINING
+from harness.runs.planning.prepare import build_task_data
+from harness.runs.planning.stage_key import NOT_SHAPING, STAGE_NOT_SHAPING, stage_keys, task_data_hash
 from harness.training import compiling
 from tests.conftest import ROOT, TINY
 
@@ -296,7 +297,7 @@ def code_copy(tmp_path) -> Path:
     for rel in code_identity.shaping_files():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(code_identity.REPO / rel, root / rel)
-    for rel in ("harness/runs/console.py", *AFTER_TRAINING):
+    for rel in ("harness/runs/execution/console.py", *AFTER_TRAINING):
         shutil.copy2(code_identity.REPO / rel, root / rel)
     return root
 
@@ -328,7 +329,9 @@ def test_an_edited_copy_of_a_shaping_module_misses_and_a_comment_does_not(code_c
     code_identity._cached.cache_clear()
     assert _keys_of_code(code_copy, spec) == before
 
-    _edit(code_copy / "harness" / "runs" / "console.py", "PLAIN_EVERY_S = 30.0", "PLAIN_EVERY_S = 31.0")  # prints only
+    _edit(
+        code_copy / "harness" / "runs" / "execution" / "console.py", "PLAIN_EVERY_S = 30.0", "PLAIN_EVERY_S = 31.0"
+    )  # prints only
     code_identity._cached.cache_clear()
     assert _keys_of_code(code_copy, spec) == before
 
@@ -367,17 +370,18 @@ def test_the_code_hash_names_the_layers_that_shape_numbers():
     assert {
         "harness/training/losses.py",
         "harness/evaluation/passes.py",
-        "harness/runs/prepare.py",
-        "harness/runs/runner.py",
+        "harness/runs/planning/prepare.py",
+        "harness/runs/execution/runner.py",
         "harness/core/stats.py",
         "harness/config/schema.py",
         "data_recipes/count.py",
     } <= files
-    assert not {"harness/runs/console.py", "harness/runs/tracking.py", "harness/cli/app.py"} & files
+    assert not {"harness/runs/execution/console.py", "harness/runs/execution/tracking.py", "harness/cli/app.py"} & files
 
 
 def test_every_run_module_is_placed_in_or_out_of_the_code_hash():
-    modules = {p.stem for p in (ROOT / "harness" / "runs").glob("*.py")}
+    runs = ROOT / "harness" / "runs"
+    modules = {p.relative_to(runs).with_suffix("").as_posix() for p in runs.rglob("*.py")}
     shaping, not_shaping = set(code_identity.SHAPING_RUN_MODULES), set(code_identity.NOT_SHAPING_RUN_MODULES)
     assert not shaping & not_shaping
     assert modules == shaping | not_shaping, "place each module of harness/runs in one list of code_identity"

@@ -24,10 +24,10 @@ from harness.config import Experiment
 from harness.core import plugins
 from harness.core.plugin_sources import plugin_source
 from harness.core.registry import PLUGIN_REGISTRIES
-from harness.runs import code_identity
-from harness.runs import kernel_path as kernel_path_module
-from harness.runs.prepare import warm_base
-from harness.runs.stage_key import stage_keys
+from harness.runs.planning import code_identity
+from harness.runs.planning import kernel_path as kernel_path_module
+from harness.runs.planning.prepare import warm_base
+from harness.runs.planning.stage_key import stage_keys
 from tests.conftest import ROOT, TINY
 
 JUDGE = "def judged(answer):\n    return answer.strip()\n"

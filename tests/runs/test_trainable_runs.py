@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from harness.config import apply_overrides, validate_data
 from harness.core.store import read_metrics
-from harness.runs.runner import run_experiment
+from harness.runs.execution.runner import run_experiment
 from tests.conftest import MICRO
 
 SHRINK = [

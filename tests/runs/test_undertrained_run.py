@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from harness.config import ModelSpec, load_experiment
 from harness.models.builtin import build_builtin, builtin_unused_token_ids
 from harness.models.tokenizer import ENDOFTEXT, IM_END, IM_START, PAD, SPECIAL_TOKENS, train_tokenizer
-from harness.runs.console import Console
-from harness.runs.runner import run_experiment
+from harness.runs.execution.console import Console
+from harness.runs.execution.runner import run_experiment
 from tests.conftest import invoke, write_yaml
 
 TEXTS = [f"user\nRepeat after me: word{i} and more words" for i in range(60)]

@@ -19,7 +19,7 @@ from harness.data.images import collate_mixed, encode_image_examples
 from harness.evaluation.evidence import outcome_rows
 from harness.models.image_text import build_llava_tiny, model_part
 from harness.models.tokenizer import train_tokenizer
-from harness.runs.runner import run_experiment
+from harness.runs.execution.runner import run_experiment
 from harness.training.adapters import prepare_stage_model
 from tests.conftest import write_yaml
 

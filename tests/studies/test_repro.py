@@ -13,7 +13,7 @@ import pytest
 from data_recipes import build_world, corpus
 from harness.config import ConfigError
 from harness.core import stats
-from harness.runs.prepare import build_task_data
+from harness.runs.planning.prepare import build_task_data
 from harness.studies.repro import plan as repro_mod
 from harness.studies.repro.plan import arm_experiment, available, load_repro, parse_seeds, run_repro
 from harness.studies.repro.report import across_seeds, markdown, paired_difference, paired_items, write_outputs
@@ -68,7 +68,7 @@ def test_finished_runs_are_reused_not_rerun(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a finished run was run again")
 
-    monkeypatch.setattr("harness.runs.runner.run_experiment", fail)
+    monkeypatch.setattr("harness.runs.execution.runner.run_experiment", fail)
     lines: list[str] = []
     again = run_repro(repro, [0], tmp_path, micro=True, arms=["reversed"], echo=lines.append)
     assert "reused" in lines[0] and again[0].n["math/heldout/greedy"] == 16
@@ -103,7 +103,7 @@ def test_a_finished_run_of_another_configuration_is_run_again(tmp_path):
 
 
 def test_a_run_in_use_by_another_process_is_left_alone(tmp_path):
-    from harness.runs.rundir import RunDirError, claim_run_dir
+    from harness.runs.execution.rundir import RunDirError, claim_run_dir
 
     run_dir = tmp_path / "runs" / "reversed" / "seed0"
     run_dir.mkdir(parents=True)
@@ -142,7 +142,7 @@ def test_jobs_run_in_parallel_processes_with_the_sequential_results(tmp_path, mo
 
 
 def test_jobs_report_a_failed_run_finish_those_going_and_start_no_more(tmp_path):
-    from harness.runs.rundir import RunDirError, claim_run_dir
+    from harness.runs.execution.rundir import RunDirError, claim_run_dir
 
     locked = tmp_path / "runs" / "reversed" / "seed0"
     locked.mkdir(parents=True)
@@ -184,7 +184,9 @@ def test_scale_multiplies_the_listed_fields():
 
 def test_optional_arms_run_only_when_named(tmp_path, monkeypatch):
     ran = []
-    monkeypatch.setattr("harness.runs.runner.run_experiment", lambda exp, d, **kw: ran.append(exp.name) or 1 / 0)
+    monkeypatch.setattr(
+        "harness.runs.execution.runner.run_experiment", lambda exp, d, **kw: ran.append(exp.name) or 1 / 0
+    )
     with pytest.raises(ZeroDivisionError):
         run_repro(load_repro("reversed_addition"), [0], tmp_path, echo=lambda _: None)
     assert ran == ["repro_reversed_addition_reversed"]

@@ -92,7 +92,7 @@ def test_cut_journal_line_leaves_the_study_usable(tmp_path):
 
 def test_pretraining_its_own_base_keeps_a_trial_alive(tiny, tmp_path, monkeypatch):
     from harness.config import load_experiment
-    from harness.runs.prepare import build_task_data, load_base
+    from harness.runs.planning.prepare import build_task_data, load_base
     from tests.conftest import write_yaml
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))  # a cold base: it pretrains here

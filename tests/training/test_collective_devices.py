@@ -202,11 +202,12 @@ def _holds_a_tensor(value) -> bool:
 
 
 def test_packing_verdicts_are_exchanged_as_plain_values(meta_hooks, monkeypatch):
-    """Ranks agree on the packing check (:mod:`harness.runs.packing_decision`) through the hooks' ``all_gather``, an
+    """Ranks agree on the packing check (:mod:`harness.runs.execution.packing_decision`) through the hooks'
+    ``all_gather``, an
     object collective: what it pickles must hold no tensor (a tensor on the GPU would be pickled from there, one on the
     CPU would be fine under gloo and is not what the inventory above allows for), and it is the only collective the
     stage's decision calls. Two real ranks agreeing: tests/runs/test_packing_ranks.py."""
-    from harness.runs.packing_decision import stage_layout
+    from harness.runs.execution.packing_decision import stage_layout
     from harness.training.parallel import ddp
     from tests.runs.test_packing_ranks import PAD, TASKS, _model, _plan
 

@@ -252,14 +252,14 @@ def _resume_generators(parallel, root: Path) -> dict:
 def _stage_cache_generators(parallel, root: Path) -> dict:
     """The stage cache's entry from two ranks whose device generators differ: replayed, each rank's device
     generator continues from its own state (rank 0 writes the entry; every rank reads it)."""
-    from harness.runs.stage_cache import StageCache, _rng_states, _set_global_rng
+    from harness.runs.execution.stage_cache import StageCache, _rng_states, _set_global_rng
     from harness.training import rng
 
     device = FakeDeviceGenerator(0)
     rng.device_state, rng.set_device_state = device.state, device.set_state
     torch.manual_seed(5)  # the torch CPU states agree (the entry holds one), the device generators do not
     device.generator.manual_seed(200 + parallel.rank)
-    cache = StageCache(None, [], [], root, "run", SimpleNamespace(info=lambda line: None), root=root / "stages")
+    cache = StageCache("exp", [], [], root, "run", SimpleNamespace(info=lambda line: None), root=root / "stages")
     stores, device_states = cache._rank_zero_stores("a")
     entry = root / "entry"
     if stores:

@@ -22,7 +22,7 @@ import torch
 from harness.config import LossSpec, OptimSpec, TrainSpec, validate_data
 from harness.data.batches import Batch, collate
 from harness.data.encoding import IGNORE_INDEX, Encoded
-from harness.runs.stage_plan import plan_stage
+from harness.runs.planning.stage_plan import plan_stage
 from harness.training import compiling
 from harness.training.loop import StageLoop, batch_loss, make_optimizer, train_stage
 from tests.conftest import TINY, drift_bound, relative

@@ -340,7 +340,7 @@ def test_a_packed_batch_with_fewer_rows_than_ranks_is_sliced_by_example(tok, gro
 
 def _run(tmp_path, data, name):
     from harness.core.store import read_metrics
-    from harness.runs.runner import run_experiment
+    from harness.runs.execution.runner import run_experiment
 
     exp = load_experiment(write_yaml(tmp_path / f"{name}.yaml", data))
     run_experiment(exp, tmp_path / name)
@@ -370,9 +370,9 @@ def test_a_run_packs_by_default_and_trains_as_padded(tiny, tmp_path):
 def test_auto_pads_a_model_that_leaks_with_one_warning(tiny, tmp_path, caplog):
     tiny["model"] = {"builtin": "qwen3_5-tiny", "config": SMALL["qwen3_5-tiny"], "tokenizer": {"vocab_size": 400}}
     tiny["stages"] = tiny["stages"][:1]
-    with caplog.at_level(logging.WARNING, logger="harness.runs.packing_decision"):
+    with caplog.at_level(logging.WARNING, logger="harness.runs.execution.packing_decision"):
         frame = _run(tmp_path, tiny, "hybrid")
-    warnings = [r.getMessage() for r in caplog.records if r.name == "harness.runs.packing_decision"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "harness.runs.execution.packing_decision"]
     assert len(warnings) == 1 and "qwen3_5_text" in warnings[0] and "attention" in warnings[0]
     assert _values(frame, "packed") == [0.0]
     assert _values(frame, "packing_max_rel_diff")[0] > _values(frame, "packing_tolerance")[0]
@@ -422,9 +422,9 @@ def test_packing_stays_out_of_dumps_unless_set(tiny, tmp_path):
 def test_image_batches_are_padded_and_packing_true_is_refused(tiny, tmp_path):
     from types import SimpleNamespace
 
-    from harness.runs.packing_decision import stage_batches
-    from harness.runs.prepare import DataError
-    from harness.runs.stage_plan import plan_stage
+    from harness.runs.execution.packing_decision import stage_batches
+    from harness.runs.planning.prepare import DataError
+    from harness.runs.planning.stage_plan import plan_stage
 
     def example(i):
         ids = np.arange(5 + i % 3, dtype=np.int64)
@@ -452,8 +452,8 @@ def test_image_batches_are_padded_and_packing_true_is_refused(tiny, tmp_path):
 
 
 def test_auto_pads_a_compiled_stage(tok, groups, tiny, tmp_path, monkeypatch):  # noqa: F811
-    from harness.runs import packing_decision
-    from harness.runs.stage_plan import StagePlan
+    from harness.runs.execution import packing_decision
+    from harness.runs.planning.stage_plan import StagePlan
 
     exp = load_experiment(write_yaml(tmp_path / "x.yaml", tiny))
     plan = StagePlan(exp.resolved_stages()[0], [collate(g, tok.pad_token_id) for g in groups], {}, groups)

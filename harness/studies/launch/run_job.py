@@ -73,7 +73,7 @@ class RunJob(RequeueBudget):
     def __call__(self, exp, run_dir: Path, force: bool = False, resume: bool = False) -> str:
         self.check_start()
         prepare_job_process()
-        from harness.runs.runner import run_experiment  # torch and transformers: in the process that trains
+        from harness.runs.execution.runner import run_experiment  # torch and transformers: in the process that trains
 
         import_job_plugins(exp)
         run_dir = Path(run_dir)

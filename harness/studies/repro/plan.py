@@ -231,8 +231,8 @@ def run_repro(
     (all arms of seed 0 first), or None when ``launcher`` left its jobs running (detached). Experiments are all
     validated before the first run starts. ``jobs > 1`` runs that many at once, each in its own process;
     ``launcher`` (default: this machine, ``jobs`` at a time) may send them to a cluster instead."""
-    from harness.runs.rundir import LOCK_FILE
-    from harness.runs.runner import changed_sections  # torch and transformers: only when something runs
+    from harness.runs.execution.rundir import LOCK_FILE
+    from harness.runs.execution.runner import changed_sections  # torch and transformers: only when something runs
 
     names = list(dict.fromkeys(arms or [a for a in repro.spec.arms if not repro.spec.arm(a).optional]))
     unknown = [a for a in names if a not in repro.spec.arms]

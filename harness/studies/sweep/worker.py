@@ -1,7 +1,8 @@
 """Sweep workers, each running trials of the shared study until the global budget is used, and their launcher
 (:func:`run_sweep`: ``python -m harness.studies.sweep.worker`` processes, followed until they all exit).
 
-A trial is a full :func:`harness.runs.runner.run_experiment` in ``<sweep dir>/trials/<number>/``. It reports its
+A trial is a full :func:`harness.runs.execution.runner.run_experiment` in ``<sweep dir>/trials/<number>/``. It reports
+its
 objective to the pruner at every evaluation (step = global step) and ends as
 
 - COMPLETE with the objective(s) read at the end of the objective's stage;
@@ -130,9 +131,9 @@ def cached_steps(trial_dir: Path) -> int:
 def run_trial(study, trial, sweep: Sweep, sweep_dir: Path, run: Callable[..., Any] | None = None) -> str:
     """Run one asked trial to its end and tell the study; returns the final state's name."""
     if run is None:
-        # harness.runs.runner pulls in torch and transformers (seconds): imported when a trial runs, so that
+        # harness.runs.execution.runner pulls in torch and transformers (seconds): imported when a trial runs, so that
         # ``harness sweep-status`` and the launcher, which only read the study, stay quick to start.
-        from harness.runs.runner import run_experiment as run
+        from harness.runs.execution.runner import run_experiment as run
     trial_dir = (Path(sweep_dir) / "trials" / str(trial.number)).resolve()
     trial.set_user_attr(WORKER_ATTR, worker_id())
     trial.set_user_attr("trial_dir", str(trial_dir))
@@ -428,7 +429,7 @@ def warm_base_model(sweep: Sweep, echo: Callable[[str], None] = print) -> None:
     # torch and transformers (seconds to import) only when there is a base model to pretrain; see run_trial.
     import transformers
 
-    from harness.runs.prepare import warm_base
+    from harness.runs.planning.prepare import warm_base
 
     transformers.utils.logging.disable_progress_bar()
     started = time.perf_counter()

@@ -1,5 +1,6 @@
 """Data-parallel training over torch.distributed: the process group and the few hooks the training loop calls when
-there is more than one rank (launching the ranks and running a rank's experiment is :mod:`harness.runs.process_ranks`).
+there is more than one rank (launching the ranks and running a rank's experiment is
+:mod:`harness.runs.execution.process_ranks`).
 
 - the data pipeline and the seeded mixture sampler are global and identical on every rank; each rank trains on
   its contiguous slice of the rows of every global batch (:meth:`DataParallel.shard`), so ``batch_size`` is the
@@ -181,7 +182,7 @@ class DataParallel(WholeModelHooks):
 
     def all_gather(self, obj):
         """``obj`` of every rank, in rank order (sharded evaluation's per-item results, the packing check's verdicts:
-        :mod:`harness.runs.packing_decision`)."""
+        :mod:`harness.runs.execution.packing_decision`)."""
         out = [None] * self.world
         dist.all_gather_object(out, obj)
         return out

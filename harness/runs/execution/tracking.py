@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from harness.config import Experiment
+from harness.config import WandbSpec
 from harness.core.store import MetricsStore, Row
 
 
@@ -25,19 +25,20 @@ class Tracker:
 
     def __init__(
         self,
-        exp: Experiment,
+        wandb_spec: WandbSpec,
         run_dir: Path,
         run_id: str,
         config: dict[str, Any],
         resume_filter: Callable[[str, int, str], bool] | None = None,
     ):
-        """``resume_filter(stage, step, metric)``: continue a run, keeping the stored rows it accepts."""
+        """``wandb_spec``: the experiment's ``tracking.wandb``; ``config``: the resolved experiment wandb records;
+        ``resume_filter(stage, step, metric)``: continue a run, keeping the stored rows it accepts."""
         self.store = MetricsStore(run_dir, run_id)
         if resume_filter is not None:
             self.store.load_existing(resume_filter)
         self.run_dir = run_dir
         self.wandb_run = None
-        spec = exp.tracking.wandb
+        spec = wandb_spec
         if spec.mode != "disabled":
             os.environ.setdefault("WANDB_SILENT", "true")
             import wandb

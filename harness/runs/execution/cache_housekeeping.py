@@ -1,6 +1,6 @@
 """Housekeeping of the stage cache (``harness cache ls | du | prune``): list its entries, add up their sizes, and
 remove the least recently used ones by age and total size. An entry's last use is its directory's mtime, which a
-run touches when it replays the entry (:meth:`harness.runs.stage_cache.StageCache.replay`).
+run touches when it replays the entry (:meth:`harness.runs.execution.stage_cache.StageCache.replay`).
 
 Names starting with ``.`` under ``stages/`` are writers' temporary directories; prune removes those older than
 :data:`ABANDONED_AFTER_S` (a writer that died), never younger ones (a writer at work).
@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.runs.stage_cache import META
+from harness.runs.execution.stage_cache import META
 
 ABANDONED_AFTER_S = 6 * 3600
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

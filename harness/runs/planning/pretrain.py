@@ -47,7 +47,7 @@ def tokenizer_texts(corpus: list[str], train_examples: list) -> list[str]:
 
 def content_hash(obj) -> str:
     """The cache key of a JSON-able description (keys sorted; other values by ``str``): the pretrained base's, a
-    stage's (:mod:`harness.runs.stage_cache`), a reused encoding's (:mod:`harness.runs.prepare`)."""
+    stage's (:mod:`harness.runs.execution.stage_cache`), a reused encoding's (:mod:`harness.runs.planning.prepare`)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -89,7 +89,7 @@ def builtin_base(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from harness.models.builtin import build_builtin, builtin_config
-    from harness.runs.kernel_path import kernel_path
+    from harness.runs.planning.kernel_path import kernel_path
     from harness.training.loop import StageLoop, train_stage
 
     tokenizer = train_tokenizer(

@@ -1,6 +1,6 @@
 """The stage cache's key (:func:`stage_keys`): one key per stage, each covering its stage and every earlier one, so a
 run replays the longest prefix of stages computed before from the same input, code and machine, and never one that
-different input, code or kernels would compute otherwise (:mod:`harness.runs.stage_cache` keeps the entries).
+different input, code or kernels would compute otherwise (:mod:`harness.runs.execution.stage_cache` keeps the entries).
 
 The key chains: stage k's key hashes stage k-1's key with stage k's resolved spec (every train field except those
 that only say what to keep on disk: ``checkpoint``, ``checkpoint_every``, ``keep_checkpoints``, ``stage_cache``;
@@ -10,11 +10,11 @@ and stage 0's hashes what every stage depends on: the whole resolved experiment 
 :data:`NOT_SHAPING` (each listed with why it cannot change a stage's numbers; a field added to the schema is in the
 key unless it is added there), so the top-level ``train`` section too (evaluation items are fitted with its
 ``max_length``); the base model's key, the content of the task data, the hash of the code that shapes a stage's
-numbers (:func:`harness.runs.code_identity.code_fingerprint`, with the plug-ins the run uses and the modules they
-import), the harness, torch and transformers versions and the device (on a CPU, with its torch thread count; with
+numbers (:func:`harness.runs.planning.code_identity.code_fingerprint`, with the plug-ins the run uses and the modules
+they import), the harness, torch and transformers versions and the device (on a CPU, with its torch thread count; with
 several data-parallel ranks, their number) (numerics differ across them), and what else computes a stage
-(:func:`harness.runs.code_identity.environment`: peft's and the optional kernels' versions, the CPU kernel path —
-torch's CPU capability, the BLAS's and oneDNN's instruction sets —, the GPU's model; with benchmarks, lm-eval's
+(:func:`harness.runs.planning.code_identity.environment`: peft's and the optional kernels' versions, the CPU kernel path
+— torch's CPU capability, the BLAS's and oneDNN's instruction sets —, the GPU's model; with benchmarks, lm-eval's
 version and the content of each ``include_path``).
 """
 
@@ -31,8 +31,8 @@ import transformers
 
 import harness
 from harness.config import Experiment, computing_debug
-from harness.runs.code_identity import code_fingerprint, environment, run_plugins
-from harness.runs.pretrain import content_hash
+from harness.runs.planning.code_identity import code_fingerprint, environment, run_plugins
+from harness.runs.planning.pretrain import content_hash
 from harness.training.compiling import compile_decision
 
 # Bump when an entry's layout or what a key covers changes (2: samples carry per-item outcomes for the paired seesaw;
@@ -96,7 +96,7 @@ def _ranks() -> int:
 
 def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str, code: str | None = None) -> list[str]:
     """One key per stage, each covering its stage and every earlier one (see the module docstring). ``code``: the
-    hash of the code that shapes a stage (default :func:`harness.runs.code_identity.code_fingerprint`)."""
+    hash of the code that shapes a stage (default :func:`harness.runs.planning.code_identity.code_fingerprint`)."""
     resolved = exp.resolved_dict()
     shared = {k: v for k, v in resolved.items() if k not in NOT_SHAPING and k != "stages"}
     shared["train"] = {k: v for k, v in resolved["train"].items() if f"train.{k}" not in NOT_SHAPING}

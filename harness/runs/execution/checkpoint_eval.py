@@ -11,12 +11,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from harness.config import ConfigError, Experiment
 from harness.data.encoding import position_limit
 from harness.evaluation.evidence import pool_baselines
-from harness.runs.console import Console
-from harness.runs.evallog import EvalLog, make_benchmarks
-from harness.runs.prepare import build_task_data, encode_task_data
-from harness.runs.rundir import claim_run_dir, unique_run_name
-from harness.runs.runner import RunResult, finish_run, log_baselines, open_run
-from harness.runs.tracking import Tracker
+from harness.runs.execution.console import Console
+from harness.runs.execution.evallog import EvalLog, make_benchmarks
+from harness.runs.execution.rundir import claim_run_dir, unique_run_name
+from harness.runs.execution.runner import RunResult, finish_run, log_baselines, open_run
+from harness.runs.execution.tracking import Tracker
+from harness.runs.planning.prepare import build_task_data, encode_task_data
 
 
 def eval_output_dir(out: Path | None, exp: Experiment, root: Path = Path("runs")) -> Path:
@@ -33,7 +33,7 @@ def eval_output_dir(out: Path | None, exp: Experiment, root: Path = Path("runs")
 def evaluate_checkpoint(exp: Experiment, checkpoint: Path, run_dir: Path, console=None) -> RunResult:
     """Evaluate a saved checkpoint alone with the experiment's evaluators, probes and splits; writes the same
     outputs as a run (store, samples.jsonl, summary.json, wandb) into ``run_dir``, which it claims (a non-empty or
-    busy directory raises :class:`~harness.runs.rundir.RunDirError`)."""
+    busy directory raises :class:`~harness.runs.execution.rundir.RunDirError`)."""
     if not (checkpoint / "config.json").exists():
         raise ConfigError(str(checkpoint), [("", "not a Hugging Face checkpoint directory (no config.json)")])
     with claim_run_dir(run_dir, resume=False, force=False):
@@ -51,9 +51,9 @@ def _evaluate_claimed(exp: Experiment, checkpoint: Path, run_dir: Path, console)
     encoded = encode_task_data(exp, data, tokenizer, position_limit(model.config))
     for note in encoded.notes():
         console.info(note)
-    tracker = Tracker(exp, run_dir, run_id, {**exp.resolved_dict(), "checkpoint": str(checkpoint)})
+    tracker = Tracker(exp.tracking.wandb, run_dir, run_id, {**exp.resolved_dict(), "checkpoint": str(checkpoint)})
     evals = EvalLog(
-        exp,
+        exp.eval,
         encoded.eval_items,
         data.recipes,
         tokenizer,
@@ -61,7 +61,7 @@ def _evaluate_claimed(exp: Experiment, checkpoint: Path, run_dir: Path, console)
         run_dir / "samples.jsonl",
         console.evaluation_hook(encoded.eval_items),
         run_id=run_id,
-        benchmarks=make_benchmarks(exp, data.world, tokenizer, run_dir, [step]),
+        benchmarks=make_benchmarks(exp.eval, exp.name, data.world, tokenizer, run_dir, [step]),
     )
     try:
         baselines = log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stage)
@@ -87,4 +87,4 @@ def _evaluate_claimed(exp: Experiment, checkpoint: Path, run_dir: Path, console)
         "too_long": encoded.too_long_counts(),
         "timing": {"total_s": evals.seconds, "eval_s": evals.seconds, "eval_share": 1.0},
     }
-    return finish_run(exp, run_dir, summary, console)
+    return finish_run(run_dir, summary, console, exp.eval.splits)

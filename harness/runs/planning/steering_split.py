@@ -32,7 +32,7 @@ from harness.data.encoding import eval_items, fit_eval_items
 from harness.data.special_text import apply_special_token_policy
 from harness.evaluation import run_evaluation
 from harness.evaluation.lengths import default_max_new_tokens, needed_new_tokens, too_short_errors
-from harness.runs.prepare import DataError, TaskData, with_system
+from harness.runs.planning.prepare import DataError, TaskData, with_system
 
 EVALUATOR_OF = {"greedy": "greedy", "tf_exact": "teacher_forced", "tf_first": "teacher_forced"}
 
@@ -94,7 +94,7 @@ class SteeringSplits:
     ``max_positions``: the model's position limit (None: none), as for every evaluation item."""
 
     def __init__(self, exp: Experiment, data: TaskData, stages: list[ResolvedStage], tokenizer, max_positions=None):
-        self.exp, self.recipes, self.tokenizer = exp, data.recipes, tokenizer
+        self.eval_spec, self.recipes, self.tokenizer = exp.eval, data.recipes, tokenizer
         self.items: dict[int, list] = {}
         for index, stage in enumerate(stages):
             spec = stage.mixture.adaptive
@@ -107,11 +107,11 @@ class SteeringSplits:
     def _fitted(self, items: list, stage: ResolvedStage, index: int, max_positions: int | None) -> list:
         """``items``, refused when one does not fit the model and ``max_length`` or ``eval.max_new_tokens`` cuts one."""
         where = f"stages[{index}].mixture.adaptive.steering"
-        cut = too_short_errors(self.exp.eval.max_new_tokens, needed_new_tokens(items))
+        cut = too_short_errors(self.eval_spec.max_new_tokens, needed_new_tokens(items))
         if cut:
             raise DataError(f"{where}: {cut[0]}")
         limit = min(stage.train.max_length, max_positions or stage.train.max_length)
-        _, dropped = fit_eval_items(items, limit, self.exp.eval.max_new_tokens or default_max_new_tokens(items))
+        _, dropped = fit_eval_items(items, limit, self.eval_spec.max_new_tokens or default_max_new_tokens(items))
         if dropped:
             (task, _), n = next(iter(dropped.items()))
             raise DataError(f"{where}: {n} steering items of task {task!r} are longer than the {limit} positions")
@@ -123,7 +123,7 @@ class SteeringSplits:
         if index not in self.items:
             return None
         metric = stage.mixture.adaptive.steering.metric
-        spec = self.exp.eval.model_copy(update={"evaluators": [EVALUATOR_OF[metric]], "probes": []})
+        spec = self.eval_spec.model_copy(update={"evaluators": [EVALUATOR_OF[metric]], "probes": []})
         items, recipes, tokenizer = self.items[index], self.recipes, self.tokenizer
 
         def measured() -> dict[str, tuple[float, int, float, float]]:

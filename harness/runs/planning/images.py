@@ -1,8 +1,8 @@
 """The base model of an image-text run: ``model.builtin: llava-tiny`` (with ``text`` — a builtin text architecture,
 ``qwen2-tiny`` by default —, ``config`` — overrides of that text config — and ``vision`` — overrides of the SigLIP
 tower's config) builds :func:`harness.models.image_text.build_llava_tiny`, its text model from
-:func:`harness.runs.pretrain.builtin_base` first (so ``model.pretrain`` pretrains the language model on the world
-corpus, cached as for text builtins) and its weights copied into the language model; ``model.hf`` naming an
+:func:`harness.runs.planning.pretrain.builtin_base` first (so ``model.pretrain`` pretrains the language model on the
+world corpus, cached as for text builtins) and its weights copied into the language model; ``model.hf`` naming an
 image-text-to-text architecture loads through :func:`harness.models.image_text.load_image_text_model`.
 """
 
@@ -21,7 +21,7 @@ from harness.models.image_text import (
     text_spec,
 )
 from harness.models.tokenizer import train_tokenizer
-from harness.runs.pretrain import builtin_base, tokenizer_texts
+from harness.runs.planning.pretrain import builtin_base, tokenizer_texts
 
 
 def load_vision_base(exp, data, console=None) -> tuple[Any, Any, list[int], dict[str, Any]]:

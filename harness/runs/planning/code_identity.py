@@ -1,18 +1,19 @@
 """The code a stage's numbers depend on, as one hash (:func:`code_fingerprint`), and what else computes them
 (:func:`environment`: library versions, the GPU, the files of a user's lm-eval tasks): parts of every stage-cache key
-(:mod:`harness.runs.stage_cache`), so a commit, an upgrade or an edited task that changes what a stage computes misses
-the entries made before it, without anyone bumping a version.
+(:mod:`harness.runs.execution.stage_cache`), so a commit, an upgrade or an edited task that changes what a stage
+computes misses the entries made before it, without anyone bumping a version.
 
 Which source counts, by layer (``docs/design.md``, "Layers"):
 
 - every module of ``harness.core`` (statistics, store rows), ``harness.config`` (resolution of stages, seeds),
   ``harness.data`` (encoding, batches), ``harness.models``, ``harness.training`` and ``harness.evaluation``: the
   layers a stage's training and evaluation run through;
-- the modules of ``harness.runs`` that shape numbers: ``prepare`` (task data, encoding, which eval items fit, the stage
-  plan), ``pretrain`` and ``images`` (the base model), ``packing_decision`` (packed or padded batches), ``runner`` (the
-  stage loop, the evaluation schedule), ``evallog`` (the rows and per-item outcomes an evaluation stores),
-  ``process_ranks`` (a distributed run's session), ``stage_cache`` itself (what an entry holds and how a replay restores
-  RNG state) and ``stage_key`` (what its key holds);
+- the modules of ``harness.runs`` that shape numbers (:data:`SHAPING_RUN_MODULES`): in ``planning``, ``plan`` (what
+  the run executes), ``prepare`` (task data, encoding, which eval items fit), ``stage_plan`` (each stage's batches),
+  ``pretrain`` and ``images`` (the base model), ``loss_pool``, ``steering_split`` and ``stage_key`` (what a key
+  holds); in ``execution``, ``packing_decision`` (packed or padded batches), ``runner`` (the stage loop, the
+  evaluation schedule), ``evallog`` (the rows and per-item outcomes an evaluation stores), ``process_ranks`` (a
+  distributed run's session) and ``stage_cache`` itself (what an entry holds and how a replay restores RNG state);
 - every file under ``data_recipes/`` (a recipe makes the task data and scores its answers);
 - the plug-ins the run uses (:func:`run_plugins`: its ``plugins:`` entries and the modules of the components it
   names), each with every module it imports from its own package or directory, named relative to that root and
@@ -23,20 +24,20 @@ Of those directories, only source-looking files count: ``*.py`` and the data fil
 lm-eval task YAMLs), never hidden files or editor leftovers (swap files, backups), and not the few modules that run
 only after the last stage is stored (:data:`AFTER_TRAINING`).
 
-Left out, because they cannot change a stored number: ``runs.console`` (prints), ``runs.tracking`` (forwards the
-rows it is given to the store and wandb), ``runs.rundir`` (claims directories), ``runs.cache_housekeeping`` (lists
-and prunes entries), ``runs.code_identity`` (this file), and the layers above ``runs`` — ``cli``, ``checks``,
-``studies`` — which start runs but do not compute inside one.
+Left out, because they cannot change a stored number (:data:`NOT_SHAPING_RUN_MODULES`): ``execution.console``
+(prints), ``execution.tracking`` (forwards the rows it is given to the store and wandb), ``execution.rundir`` (claims
+directories), ``execution.cache_housekeeping`` (lists and prunes entries), ``execution.checkpoint_eval`` (stores no
+entry), ``planning.code_identity`` (this file) and ``planning.kernel_path`` (the key holds what it reports), and the
+layers above ``runs`` — ``cli``, ``checks``, ``studies`` — which start runs but do not compute inside one.
 
 Beyond the code (:func:`environment`): the versions of the libraries that compute a stage besides torch and
 transformers (which the key names itself) — peft, and the optional kernels a model runs through when installed
 (flash-attn, fla, causal-conv1d; ``absent`` when not) — lm-eval's when the run has benchmarks, the CPU kernel path
-(:func:`harness.runs.kernel_path.kernel_path`: torch's CPU capability, the BLAS's and oneDNN's instruction sets —
-AVX2 and AVX-512 kernels round differently, and a tiny model trained from scratch turns a last bit into another
+(:func:`harness.runs.planning.kernel_path.kernel_path`: torch's CPU capability, the BLAS's and oneDNN's instruction
+sets — AVX2 and AVX-512 kernels round differently, and a tiny model trained from scratch turns a last bit into another
 run), the GPU's model on CUDA (kernels and their float order differ across GPUs, as the CPU thread count, keyed too,
-changes sums), and the
-content of every ``include_path`` of ``eval.benchmarks``: its task YAMLs, their Python and data files, and the local
-data files they name elsewhere (the path alone misses an edited task).
+changes sums), and the content of every ``include_path`` of ``eval.benchmarks``: its task YAMLs, their Python and
+data files, and the local data files they name elsewhere (the path alone misses an edited task).
 
 Python files are hashed as their syntax tree without docstrings (``ast.dump``), so editing a comment, a docstring
 or the layout does not invalidate the cache; any change to the code does. Other files are hashed as bytes. Parsing
@@ -67,10 +68,10 @@ from harness.config import Experiment
 from harness.core.plugin_sources import HARNESS_PACKAGES, plugin_source
 from harness.core.plugins import plugin_module
 from harness.core.registry import EVALUATORS, MIXTURE_CONTROLLERS, PROBES, RECIPES
-from harness.runs.kernel_path import kernel_path
-from harness.runs.pretrain import cache_root
+from harness.runs.planning.kernel_path import kernel_path
+from harness.runs.planning.pretrain import cache_root
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SHAPING_PACKAGES = (
     "harness/core",
     "harness/config",
@@ -80,31 +81,34 @@ SHAPING_PACKAGES = (
     "harness/evaluation",
     "data_recipes",
 )
-SHAPING_RUN_MODULES = (
-    "prepare",
-    "stage_plan",
-    "pretrain",
-    "images",
-    "packing_decision",
-    "runner",
-    "evallog",
-    "process_ranks",
-    "loss_pool",
-    "stage_cache",
-    "stage_key",
-    "steering_split",
+SHAPING_RUN_MODULES = (  # under harness/runs
+    "planning/plan",
+    "planning/prepare",
+    "planning/stage_plan",
+    "planning/pretrain",
+    "planning/images",
+    "planning/loss_pool",
+    "planning/stage_key",
+    "planning/steering_split",
+    "execution/packing_decision",
+    "execution/runner",
+    "execution/evallog",
+    "execution/process_ranks",
+    "execution/stage_cache",
 )
 # The other modules of harness/runs, each with why it cannot change a stored number (a new module must be placed in
 # one list or the other: tests/runs/test_stage_cache_key.py)
 NOT_SHAPING_RUN_MODULES = {
     "__init__": "the package's docstring",
-    "console": "prints",
-    "tracking": "forwards the rows it is given to the store and wandb",
-    "rundir": "claims run directories",
-    "cache_housekeeping": "lists and prunes cache entries",
-    "checkpoint_eval": "harness eval: evaluates a checkpoint outside any stage, stores no cache entry",
-    "code_identity": "this file",
-    "kernel_path": "reports the CPU kernel path the key holds (the key changes with what it reports)",
+    "planning/__init__": "the package's docstring",
+    "execution/__init__": "the package's docstring",
+    "execution/console": "prints",
+    "execution/tracking": "forwards the rows it is given to the store and wandb",
+    "execution/rundir": "claims run directories",
+    "execution/cache_housekeeping": "lists and prunes cache entries",
+    "execution/checkpoint_eval": "harness eval: evaluates a checkpoint outside any stage, stores no cache entry",
+    "planning/code_identity": "this file",
+    "planning/kernel_path": "reports the CPU kernel path the key holds (the key changes with what it reports)",
 }
 # Files of the shaping packages that run only once the last stage is stored, each with why (a replayed stage cannot
 # differ for them: the run computes them again, after its stages).

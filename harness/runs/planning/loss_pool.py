@@ -13,7 +13,8 @@ prompt of the run's actual training split is dropped (the split check's rule, :m
 and the count dropped is said. Image tasks have no loss pool.
 
 Its rows are split ``loss_<split>`` (:func:`harness.core.metrics.loss_pool_split`), metrics ``eval_loss`` and
-``gold_logprob`` only, recorded at the end of every stage (:meth:`harness.runs.evallog.EvalLog.run_loss_pool`).
+``gold_logprob`` only, recorded at the end of every stage
+(:meth:`harness.runs.execution.evallog.EvalLog.run_loss_pool`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ data-parallel ranks, each rank's own device generator);
 (``checkpoint/``: later ``init: <stage>`` stages and ``train.checkpoint`` read it). ``meta.json`` lists every file
 with its size and SHA-256; an entry that does not match it is ignored with a warning and rebuilt.
 
-An entry is found by its key (:func:`harness.runs.stage_key.stage_keys`: the stage, every earlier one, and what
+An entry is found by its key (:func:`harness.runs.planning.stage_key.stage_keys`: the stage, every earlier one, and what
 computes them). A run replays cached stages in order and stops at the first miss.
 
 Entries are written into a temporary sibling and renamed into place: a reader sees none or a whole one; when two
@@ -37,12 +37,12 @@ import torch
 from safetensors.torch import save_model
 
 import harness
-from harness.config import Experiment, ResolvedStage
+from harness.config import ResolvedStage
 from harness.core.metrics import is_benchmark_task
 from harness.core.store import Row
 from harness.evaluation import EVAL_METRICS
-from harness.runs.pretrain import cache_root
-from harness.runs.stage_key import base_key, stage_keys, task_data_hash
+from harness.runs.planning.plan import RunPlan
+from harness.runs.planning.pretrain import cache_root
 from harness.training import compiling, rng
 from harness.training import parallel as distributed
 from harness.training.checkpoint import SavedWeights, Start
@@ -171,14 +171,16 @@ class _Began:
 
 @dataclass
 class StageCache:
-    """What one run reads from and writes to the stage cache. ``keys``: one per stage (:func:`stage_keys`)."""
+    """What one run reads from and writes to the stage cache. ``keys``: one per stage
+    (:func:`harness.runs.planning.stage_key.stage_keys`, computed by the planner)."""
 
-    exp: Experiment
+    experiment: str  # the experiment's name, written into each entry's meta
     stages: list[ResolvedStage]
     keys: list[str]
     run_dir: Path
     run_id: str
     console: Any
+    faults: bool = False  # debug.inject_nonfinite: a run that injects faults neither reads nor writes the cache
     root: Path = field(default_factory=stages_root)
     hits: list[dict[str, Any]] = field(default_factory=list)  # metas of the stages replayed, in order
     began: dict[int, _Began] = field(default_factory=dict)
@@ -186,24 +188,20 @@ class StageCache:
     fallbacks: int = field(default_factory=lambda: compiling.fallbacks)
 
     @classmethod
-    def for_run(
-        cls,
-        exp: Experiment,
-        stages: list[ResolvedStage],
-        data,
-        base_info: dict[str, Any],
-        model,
-        run_dir: Path,
-        run_id: str,
-        console,
-    ) -> StageCache:
-        """The cache handle of a run on ``data`` (:class:`harness.runs.prepare.TaskData`) from the base ``model``."""
-        base, data_hash = base_key(base_info, model), task_data_hash(data.splits, data.corpus)
-        keys = stage_keys(exp, base, data_hash, next(model.parameters()).device.type)
-        return cls(exp, stages, keys, run_dir, run_id, console)
+    def for_run(cls, plan: RunPlan, run_dir: Path, run_id: str, console) -> StageCache:
+        """The cache handle of the run ``plan`` compiled (its stages and their keys) in ``run_dir``."""
+        return cls(
+            plan.name,
+            list(plan.stages),
+            list(plan.stage_keys),
+            run_dir,
+            run_id,
+            console,
+            bool(plan.debug.inject_nonfinite),
+        )
 
     def _mode(self, index: int):
-        return False if self.exp.debug.inject_nonfinite else self.stages[index].train.stage_cache
+        return False if self.faults else self.stages[index].train.stage_cache
 
     def start(self) -> Start:
         """The run's :class:`Start`: after the longest prefix of stages with valid entries (each allowed to read
@@ -323,7 +321,7 @@ class StageCache:
                 "end_step": step,
                 "steps": stage.steps,
                 "source_run_id": self.run_id,
-                "experiment": self.exp.name,
+                "experiment": self.experiment,
                 "created": time.time(),
                 "harness": harness.__version__,
                 "parts": parts,

@@ -14,15 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.config import Experiment, task_seed
+from harness.config import EvalSpec
 from harness.core.jsonl import append_jsonl, read_jsonl
 from harness.core.metrics import LOSS_POOL_METRICS, is_benchmark_task
 from harness.core.store import Row, atomic_write_text
 from harness.evaluation import EVAL_METRICS, hijack_token_ids, run_evaluation
 from harness.evaluation.evidence import outcome_rows
 from harness.evaluation.forgetting import ReferenceText, is_reference_task
-from harness.evaluation.image_use import ImageEvalPlan, image_eval
+from harness.evaluation.image_use import image_eval
 from harness.models.modality import model_io
+from harness.runs.planning.plan import RunPlan
 from harness.training import parallel as distributed
 
 
@@ -35,7 +36,7 @@ class EvalLog:
     evaluation rows already in the tracker's store.
     """
 
-    exp: Experiment
+    spec: EvalSpec  # the experiment's eval section
     items: list
     recipes: dict[str, Any]
     tokenizer: Any
@@ -44,18 +45,20 @@ class EvalLog:
     on_evaluation: Callable[[str, int, list[Row]], None] | None = None
     resume_filter: Callable[[str, int, str], bool] | None = None
     run_id: str | None = None  # written first on every sample line
-    image_eval: Callable[[Any], tuple[list, list]] | None = None  # harness.runs.images.ImageEval
+    image_eval: Callable[[Any], tuple[list, list]] | None = None  # harness.evaluation.image_use.ImageEval
     shard: Any = None  # data-parallel ranks share out the eval batches (harness.evaluation.sharding.Shard)
     benchmarks: Any = None  # eval.benchmarks (harness.evaluation.benchmarks.Benchmarks): lm-eval tasks, when due
     reference: Any = None  # the forgetting probe's reference text (harness.evaluation.forgetting.ReferenceText)
-    loss_items: list = field(default_factory=list)  # the loss pool's items (eval.loss_items; harness.runs.loss_pool)
+    loss_items: list = field(
+        default_factory=list
+    )  # the loss pool's items (eval.loss_items; harness.runs.planning.loss_pool)
     history: list[Row] = field(default_factory=list)  # every evaluation row, in order
     outcomes: list[dict] = field(default_factory=list)  # per-item outcome rows (evidence.outcome_rows), in order
     seconds: float = 0.0
     bench_seconds: float = 0.0  # the part of ``seconds`` spent in benchmarks
 
     def __post_init__(self):
-        self.hijack_ids = hijack_token_ids(self.tokenizer, self.exp.eval.hijack_words)
+        self.hijack_ids = hijack_token_ids(self.tokenizer, self.spec.hijack_words)
         if self.resume_filter is not None:
             _truncate_samples(self.samples_path, self.resume_filter)
         self.history = [r for r in self.tracker.existing_rows() if _is_eval_row(r)]
@@ -65,30 +68,25 @@ class EvalLog:
     @classmethod
     def for_run(
         cls,
-        exp: Experiment,
-        data,
-        items: list,
-        tokenizer,
+        plan: RunPlan,
         tracker,
         run_dir: Path,
         on_evaluation: Callable[[str, int, list[Row]], None] | None,
-        stage_steps: list[int],
         run_id: str,
         resume_filter: Callable[[str, int, str], bool] | None = None,
-        base_model: Any = None,
     ) -> EvalLog:
-        """The log of a run in ``run_dir`` over ``data`` (:class:`harness.runs.prepare.TaskData`) whose stages train
-        ``stage_steps`` steps: its evaluators too — the image tasks' (:func:`harness.evaluation.image_use.image_eval`),
-        the benchmarks (:func:`make_benchmarks`), the forgetting probe's reference text (``data.reference``) with
-        ``base_model``'s losses on it — and this process's share of the evaluation
-        batches."""
-        benchmarks = make_benchmarks(exp, data.world, tokenizer, run_dir, stage_steps)
+        """The log of the run ``plan`` compiled, in ``run_dir``: its eval items and evaluators — the image tasks'
+        (:func:`harness.evaluation.image_use.image_eval`), the benchmarks (:func:`make_benchmarks`), the forgetting
+        probe's reference text (``plan.data.reference``) with the base model's losses on it, measured here before
+        any stage trains it — the loss pool, and this process's share of the evaluation batches."""
+        data, tokenizer = plan.data, plan.base.tokenizer
+        benchmarks = make_benchmarks(plan.eval, plan.name, data.world, tokenizer, run_dir, plan.stage_steps)
         reference = None
-        if data.reference is not None and base_model is not None:
-            reference = ReferenceText(*data.reference, tokenizer, base_model, exp.eval.batch_size)
+        if data.reference is not None:
+            reference = ReferenceText(*data.reference, tokenizer, plan.base.model, plan.eval.batch_size)
         return cls(
-            exp,
-            items,
+            plan.eval,
+            plan.encoded.eval_items,
             data.recipes,
             tokenizer,
             tracker,
@@ -96,16 +94,17 @@ class EvalLog:
             on_evaluation,
             resume_filter=resume_filter,
             run_id=run_id,
-            image_eval=image_eval(image_eval_plan(exp), data, model_io(tokenizer)),
+            image_eval=image_eval(plan.images, data, model_io(tokenizer)),
             shard=distributed.current(),
             benchmarks=benchmarks,
             reference=reference,
+            loss_items=plan.encoded.loss_items,  # eval.loss_items: scored at the end of every stage
         )
 
     def run(self, model, stage: str, step: int) -> None:
         started = time.perf_counter()
         result = run_evaluation(
-            model, self.tokenizer, self.items, self.recipes, self.exp.eval, self.hijack_ids, shard=self.shard
+            model, self.tokenizer, self.items, self.recipes, self.spec, self.hijack_ids, shard=self.shard
         )
         metrics, samples = list(result.metrics), list(result.samples)
         if self.image_eval is not None:  # image tasks: greedy with their images and the image_use probe
@@ -133,7 +132,7 @@ class EvalLog:
         if not self.loss_items:
             return
         started = time.perf_counter()
-        spec = self.exp.eval.model_copy(update={"evaluators": ["teacher_forced"], "probes": []})
+        spec = self.spec.model_copy(update={"evaluators": ["teacher_forced"], "probes": []})
         result = run_evaluation(model, self.tokenizer, self.loss_items, self.recipes, spec, set(), shard=self.shard)
         rows = [Row(stage, step, t, s, m, v) for t, s, m, v in result.metrics if m in LOSS_POOL_METRICS]
         self._store(stage, step, rows, result.samples, started)
@@ -183,7 +182,7 @@ class EvalLog:
         data = []
         for s in result.samples:
             key = (s["task"], s["split"])
-            if per_key.get(key, 0) >= self.exp.eval.samples:
+            if per_key.get(key, 0) >= self.spec.samples:
                 continue
             per_key[key] = per_key.get(key, 0) + 1
             top5 = " ".join(f"{t['token']!r}:{t['prob']:.2f}" for t in s.get("top5", []))
@@ -266,38 +265,25 @@ def _truncate_samples(path: Path, keep: Callable[[str, int, str], bool]) -> None
     atomic_write_text(path, "".join(kept))
 
 
-def make_benchmarks(exp: Experiment, world: Any, tokenizer: Any, run_dir: Path, stage_steps: list[int]):
+def make_benchmarks(spec: EvalSpec, experiment: str, world: Any, tokenizer: Any, run_dir: Path, stage_steps: list[int]):
     """The run's :class:`harness.evaluation.benchmarks.Benchmarks` (None without ``eval.benchmarks``): the shipped
     world tasks written into ``run_dir/benchmarks``, the stage edges from each stage's step count, and every task
-    name checked against lm-eval's index — an unknown one is a :class:`ConfigError` naming its field, before any
-    training."""
-    if not exp.eval.benchmarks:
+    name checked against lm-eval's index — an unknown one is a :class:`ConfigError` naming its field (in experiment
+    ``experiment``), before any training."""
+    if not spec.benchmarks:
         return None
     from harness.config import ConfigError
     from harness.evaluation.benchmarks import Benchmarks, materialise
 
-    include = [str(materialise(exp.eval.benchmarks, world, run_dir / "benchmarks"))]
-    include += list(dict.fromkeys(s.include_path for s in exp.eval.benchmarks if s.include_path))
+    include = [str(materialise(spec.benchmarks, world, run_dir / "benchmarks"))]
+    include += list(dict.fromkeys(s.include_path for s in spec.benchmarks if s.include_path))
     edges = {0}
     for steps in stage_steps:
         edges.add(max(edges) + steps)
     benchmarks = Benchmarks(
-        exp.eval.benchmarks, include, tokenizer, batch_size=exp.eval.batch_size, stage_edges=frozenset(edges)
+        spec.benchmarks, include, tokenizer, batch_size=spec.batch_size, stage_edges=frozenset(edges)
     )
     unknown = benchmarks.unknown()
     if unknown:
-        raise ConfigError(exp.name, [(f"eval.benchmarks[{i}].task", m) for i, m in unknown])
+        raise ConfigError(experiment, [(f"eval.benchmarks[{i}].task", m) for i, m in unknown])
     return benchmarks
-
-
-def image_eval_plan(exp: Experiment) -> ImageEvalPlan:
-    """What the image tasks' evaluation takes of the experiment (evaluation takes no whole experiment)."""
-    return ImageEvalPlan(
-        splits=tuple(exp.eval.splits),
-        seed=exp.seed,
-        batch_size=exp.eval.batch_size,
-        max_new_tokens=exp.eval.max_new_tokens,
-        drop_images=exp.debug.drop_images,
-        task_seeds={name: task_seed(exp, name) for name in exp.tasks},
-        train_items={name: spec.eval for name, spec in exp.tasks.items()},
-    )

@@ -1,6 +1,6 @@
 """The CPU kernel path a stage's float operations take (:func:`kernel_path`), as the stage-cache key holds it
-(:func:`harness.runs.code_identity.environment`): torch's own kernels' instruction set, the BLAS's (MKL's, as MKL
-reports it) and oneDNN's settings. ``docs/kernel_paths.md`` says which switch moves which numbers, and
+(:func:`harness.runs.planning.code_identity.environment`): torch's own kernels' instruction set, the BLAS's (MKL's, as
+MKL reports it) and oneDNN's settings. ``docs/kernel_paths.md`` says which switch moves which numbers, and
 ``bench/kernel_path.sh`` moves them together (``--show`` prints this module's report).
 
 It imports only torch, so a shell can ask for the path cheaply."""

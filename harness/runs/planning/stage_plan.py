@@ -1,7 +1,7 @@
 """A stage's plan, made before any training: its batches — a list drawn from the mixture and length-grouped, or for an
 adaptive mixture an :class:`~harness.data.steering.stream.AdaptiveStream` that draws them as the stage trains — and its
 effective composition (examples, tokens and too-long drops per task). The packed/padded choice is made at the stage's
-start (:mod:`harness.runs.packing_decision`); a plan that cannot be trained as asked is a :class:`DataError`.
+start (:mod:`harness.runs.execution.packing_decision`); a plan that cannot be trained as asked is a :class:`DataError`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from harness.data.batches import length_grouped_batches
 from harness.data.images import stage_collator
 from harness.data.steering.stream import AdaptiveStream
 from harness.data.stream import mixture_stream
-from harness.runs.prepare import DataError
+from harness.runs.planning.prepare import DataError
 
 
 @dataclass
@@ -25,7 +25,8 @@ class StagePlan:
     that draws them as the stage trains — and its effective composition (an adaptive stream's fills as it draws)."""
 
     stage: ResolvedStage
-    # list[Batch], padded (harness.runs.packing_decision decides at the stage's start whether it trains them packed), or
+    # list[Batch], padded (harness.runs.execution.packing_decision decides at the stage's start whether it trains them
+    # packed), or
     # an AdaptiveStream (always padded: its batches are drawn as the stage trains)
     batches: Any
     composition: dict[str, dict[str, float]]

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from harness.config import dump_yaml
-from harness.runs.prepare import warm_base
-from harness.runs.rundir import RunDirError  # one line, exit 2 (harness.cli.errors)
+from harness.runs.execution.rundir import RunDirError  # one line, exit 2 (harness.cli.errors)
+from harness.runs.planning.prepare import warm_base
 from harness.training.parallel import ddp
 
 SCRATCH_ENV = "HARNESS_RANK_SCRATCH"  # where ranks other than 0 make their scratch run directories

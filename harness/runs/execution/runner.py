@@ -1,10 +1,13 @@
-"""Run an experiment end to end: data → base model → stages (train, evaluate, checkpoint) → summary, continuing a
-killed run from its newest resume point; and evaluate a saved checkpoint alone.
+"""Run an experiment end to end — open (or reopen) its run directory, compile it into its plan
+(:func:`harness.runs.planning.plan.plan_run`), then execute the plan: stages trained, evaluated and checkpointed,
+then the summary — continuing a killed run from its newest resume point.
 
-This module wires components together: the pipeline steps are :mod:`harness.runs.prepare`, the loop is
-:func:`harness.training.loop.train_stage`, the evaluations :class:`harness.runs.evallog.EvalLog`, checkpoints and the
-:class:`~harness.training.checkpoint.Start` a run begins from :mod:`harness.training.checkpoint`, and what goes where
-:mod:`harness.runs.tracking`.
+Only the steps that open the run directory (:func:`open_run`, :func:`_reopen_run`: the resolved config, the run id,
+a resume's check that the experiment is the same) read the experiment; from :func:`_execute` on, everything reads the
+:class:`RunPlan` (the loop is
+:func:`harness.training.loop.train_stage`, the evaluations :class:`harness.runs.execution.evallog.EvalLog`, the
+stage cache :class:`harness.runs.execution.stage_cache.StageCache`, where results go
+:mod:`harness.runs.execution.tracking`).
 """
 
 from __future__ import annotations
@@ -22,25 +25,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.config import ConfigError, Experiment, ResolvedStage, computing_debug, dump_yaml, safe_load
+from harness.config import ConfigError, Experiment, computing_debug, dump_yaml, safe_load
 from harness.core.store import Row, atomic_write_text
 from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_baselines, run_seesaw, seesaw_rows
 from harness.models.modality import model_io
-from harness.runs.console import Console
-from harness.runs.evallog import EvalLog
-from harness.runs.packing_decision import stage_layout
-from harness.runs.prepare import (
-    DataError,
-    after_progress,
-    build_base,
-    build_task_data,
-    encode_task_data,
-)
-from harness.runs.rundir import claim_run_dir, clear_run_outputs, unique_run_name
-from harness.runs.stage_cache import StageCache
-from harness.runs.stage_plan import StagePlan, plan_stage
-from harness.runs.steering_split import SteeringSplits
-from harness.runs.tracking import Tracker
+from harness.runs.execution.console import Console
+from harness.runs.execution.evallog import EvalLog
+from harness.runs.execution.packing_decision import stage_layout
+from harness.runs.execution.rundir import claim_run_dir, clear_run_outputs, unique_run_name
+from harness.runs.execution.stage_cache import StageCache
+from harness.runs.execution.tracking import Tracker
+from harness.runs.planning.plan import RunPlan, plan_run
+from harness.runs.planning.prepare import DataError, after_progress
+from harness.runs.planning.stage_plan import StagePlan
 from harness.training import parallel as distributed
 from harness.training.adapters import (
     format_trainable_report,
@@ -87,9 +84,9 @@ def run_experiment(
     ``on_progress()`` is called after every training step and every evaluation (a sweep trial's heartbeat: a run
     that stops progressing, hung in a step, stops calling it).
 
-    ``run_dir`` is claimed first (:func:`harness.runs.rundir.claim_run_dir`): a directory in use by another run, or
-    holding files without ``resume`` / ``force``, raises :class:`~harness.runs.rundir.RunDirError`; ``force`` deletes
-    the earlier run's outputs before starting.
+    ``run_dir`` is claimed first (:func:`harness.runs.execution.rundir.claim_run_dir`): a directory in use by another
+    run, or holding files without ``resume`` / ``force``, raises
+    :class:`~harness.runs.execution.rundir.RunDirError`; ``force`` deletes the earlier run's outputs before starting.
     """
     with claim_run_dir(run_dir, resume=resume, force=force):
         if force and not resume:
@@ -128,66 +125,58 @@ def _run_claimed(
         console.info(f"run {run_id} → {run_dir}")
     torch.manual_seed(exp.seed)
     np.random.seed(exp.seed % 2**32)  # third-party code that uses the global numpy RNG stays deterministic
+    plan = plan_run(exp, console, on_progress)  # every data error surfaces here, before any training
+    return _execute(plan, run_dir, run_id, point, console, on_evaluation, resume, on_progress, started)
 
-    # -- data and base model (all data errors surface here, before any training) -------------------------------
-    data = build_task_data(exp)
-    base = build_base(exp, data, console, on_progress)
-    model, tokenizer = base.model, base.tokenizer
-    encoded = encode_task_data(exp, data, tokenizer, base.max_positions)
-    for note in encoded.notes():
-        console.info(note)
-    too_long = encoded.too_long_counts()
-    stages = exp.resolved_stages()
-    plans = [plan_stage(exp, s, i, encoded.train, tokenizer.pad_token_id) for i, s in enumerate(stages)]
-    steering = SteeringSplits(exp, data, stages, tokenizer, base.max_positions)  # stages steered by a held-out score
 
-    # -- where to start, decided once: after the stages the stage cache holds, or where a resume point left off
-    cache = StageCache.for_run(exp, stages, data, base.info, model, run_dir, run_id, console)
-    start = resume_start(point, stages, [len(p.batches) for p in plans]) if resume else cache.start()
-    tracker = Tracker(exp, run_dir, run_id, exp.resolved_dict(), resume_filter=start.keep)
-    baselines = log_baselines(tracker, pool_baselines(encoded.eval_items, data.recipes), stages[0].name)
+def _execute(
+    plan: RunPlan,
+    run_dir: Path,
+    run_id: str,
+    point: Path | None,
+    console,
+    on_evaluation: Callable[[str, int, list[Row]], None] | None,
+    resume: bool,
+    on_progress: Callable[[], None] | None,
+    started: float,
+) -> RunResult:
+    """Run ``plan`` in ``run_dir``: decide once where to start (after the stages the stage cache holds, or where the
+    resume point ``point`` left off), log the baselines, replay the cached stages, train the rest, close the run."""
+    cache = StageCache.for_run(plan, run_dir, run_id, console)
+    start = resume_start(point, list(plan.stages), plan.stage_steps) if resume else cache.start()
+    tracker = Tracker(plan.tracking.wandb, run_dir, run_id, plan.resolved, resume_filter=start.keep)
+    baselines = log_baselines(tracker, pool_baselines(plan.encoded.eval_items, plan.data.recipes), plan.stages[0].name)
     cache.replay(tracker, run_dir / "samples.jsonl", on_evaluation)  # after the baselines: the order of a whole run
-    said = console.evaluation_hook(encoded.eval_items, on_evaluation)
-    evals = EvalLog.for_run(
-        exp,
-        data,
-        encoded.eval_items,
-        tokenizer,
-        tracker,
-        run_dir,
-        said,
-        [len(p.batches) for p in plans],
-        run_id,
-        start.keep,
-        base_model=model,  # the forgetting probe's base losses: measured here, on the base, before any stage
-    )
-    evals.loss_items = encoded.loss_items  # eval.loss_items: scored at the end of every stage (_end_stage)
+    said = console.evaluation_hook(plan.encoded.eval_items, on_evaluation)
+    evals = EvalLog.for_run(plan, tracker, run_dir, said, run_id, start.keep)
     summary_stages = [
-        _stage_summary(plans[i].recorded(tracker.store.rows()), evals, i, plans) for i in range(start.stage_index)
+        _stage_summary(plan.stage_plans[i].recorded(tracker.store.rows()), evals, i, plan.stage_plans)
+        for i in range(start.stage_index)
     ]
     cache.annotate(summary_stages)
-    flagged = [t["id"] for t in base.undertrained or []]
-    model, init = starting_model(model, start, stages, run_dir, base.added, flagged)
-    run = _Run(exp, run_dir, run_id, console, stages, plans, tokenizer, base.added, tracker, evals, init)
-    run.baselines, run.undertrained, run.too_long, run.steering = baselines, base.undertrained, too_long, steering
+    model, init = starting_model(
+        plan.base.model, start, list(plan.stages), run_dir, plan.base.added, plan.undertrained_ids
+    )
+    run = _Run(plan, run_dir, run_id, console, tracker, evals, init, baselines)
     step = _train_stages(run, model, start, cache, summary_stages, on_progress)
-    summary = _close_run(run, step, summary_stages, base.info, started, start.resumed_from)
-    return finish_run(exp, run_dir, summary, console)
+    summary = _close_run(run, step, summary_stages, started, start.resumed_from)
+    return finish_run(run_dir, summary, console, plan.eval.splits)
 
 
 def _train_stages(run: _Run, model, start: Start, cache: StageCache, summary_stages: list, on_progress) -> int:
     """Every stage from where ``start`` says to the last, each computed and stored through the stage cache, its
     summary appended to ``summary_stages``; the global step at the end. A non-finite stop leaves its report beside
     the last good checkpoint; on any failure the store is flushed and the wandb run closed as failed."""
-    exp, tracker = run.exp, run.tracker
-    injector = Injector(**exp.debug.inject_nonfinite.model_dump()) if exp.debug.inject_nonfinite else NoFaults()
+    plan, tracker = run.plan, run.tracker
+    faults = plan.debug.inject_nonfinite
+    injector = Injector(**faults.model_dump()) if faults else NoFaults()
     step, loop_state, exit_code = start.step, start.loop_state, 1
     try:
-        for index in range(start.stage_index, len(run.stages)):
+        for index in range(start.stage_index, len(plan.stages)):
             run_stage = functools.partial(_run_stage, run, model, index, step, loop_state, injector, on_progress)
             begins = loop_state.batch_index == 0  # a resumed run may continue inside a stage
             model, step = cache.computed(index, run_stage, tracker, run.run_dir / "samples.jsonl", begins)
-            summary_stages.append(_stage_summary(run.plans[index], run.evals, index, run.plans))
+            summary_stages.append(_stage_summary(plan.stage_plans[index], run.evals, index, plan.stage_plans))
             loop_state = LoopState()  # the next stage begins at its first batch
         exit_code = 0
     except NonFiniteError as e:
@@ -211,14 +200,15 @@ def _run_stage(
 ) -> tuple[Any, int]:
     """Stage ``index`` from where ``loop_state`` left it (its first batch, or inside it on a resume) to its end:
     ``(model, step)`` after it."""
-    exp, stage, plan, tracker = run.exp, run.stages[index], run.plans[index], run.tracker
+    run_plan, tracker = run.plan, run.tracker
+    stage, plan = run_plan.stages[index], run_plan.stage_plans[index]
     if loop_state.batch_index == 0:  # the stage begins here (a resumed run may continue inside one)
         model = _begin_stage(run, model, index, step)
     batches, loop_state.packing = stage_layout(  # a resumed stage keeps the layout it began with (no check)
         plan,
         model,
-        list(exp.tasks),
-        run.tokenizer.pad_token_id,
+        list(run_plan.tasks),
+        run_plan.base.tokenizer.pad_token_id,
         step,
         tracker.log if loop_state.batch_index == 0 else None,
         loop_state.packing,
@@ -232,17 +222,17 @@ def _run_stage(
             StageLoop(
                 stage=stage.name,
                 start_step=step - loop_state.batch_index,
-                tasks=list(exp.tasks),
+                tasks=list(run_plan.tasks),
                 log=tracker.log,
                 evaluate=lambda s, name=stage.name: run.evals.run(model, name, s),
                 train=stage.train,
-                special_tokens=stage_special_tokens(run.tokenizer, plan.token_batches()),
-                eval_every=exp.eval.every,
+                special_tokens=stage_special_tokens(run_plan.base.tokenizer, plan.token_batches()),
+                eval_every=run_plan.eval.every,
                 injector=injector,
                 save_checkpoint=save_resume_point_at,
                 progress=after_progress(on_progress, advance),
-                kill_at=distributed.kill_step(exp.debug.kill_rank),
-                measure_steering=run.steering.measure(index, stage, model, distributed.current()),
+                kill_at=distributed.kill_step(run_plan.debug.kill_rank),
+                measure_steering=run_plan.steering.measure(index, stage, model, distributed.current()),
             ),
             resume=loop_state,
         )
@@ -304,28 +294,27 @@ def _close_run(
     run: _Run,
     step: int,
     stages: list[dict[str, Any]],
-    base: dict[str, Any],
     started: float,
     resumed_from: str | None,
 ) -> dict[str, Any]:
     """Log the seesaw events of the whole run (under ``eval.seesaw_test``) and close the tracker; returns the run's
     summary."""
-    spec = run.exp.eval
+    plan, spec = run.plan, run.plan.eval
     events, n_tests = run_seesaw(
         run.evals.outcomes,
         run.evals.history_dicts(),
         test=spec.seesaw_test,
         delta=spec.seesaw_delta,
         alpha=spec.seesaw_alpha,
-        seed=run.exp.seed,
+        seed=plan.seed,
     )
-    run.tracker.log(seesaw_rows(events, n_tests, spec, run.stages[-1].name, step), step)
+    run.tracker.log(seesaw_rows(events, n_tests, spec, plan.stages[-1].name, step), step)
     total = time.perf_counter() - started
     summary = {
         "run_id": run.run_id,
-        "experiment": run.exp.name,
+        "experiment": plan.name,
         "run_dir": str(run.run_dir),
-        "base": base,
+        "base": plan.base.info,
         "stages": stages,
         "baselines": run.baselines,
         "seesaw_events": events,
@@ -333,23 +322,24 @@ def _close_run(
         "timing": {
             "total_s": total,
             "eval_s": run.evals.seconds,
-            "base_s": base["seconds"],
+            "base_s": plan.base.info["seconds"],
             "eval_share": run.evals.seconds / total if total else 0.0,
             # of eval_s: the lm-eval benchmarks (eval.benchmarks), so their overhead reads off one run
-            **({"bench_s": run.evals.bench_seconds} if run.exp.eval.benchmarks else {}),
+            **({"bench_s": run.evals.bench_seconds} if spec.benchmarks else {}),
         },
         "resumed_from": resumed_from,
-        "undertrained_tokens": run.undertrained,
-        "too_long": run.too_long,  # evaluation items dropped as too long for the model, per "task/split"
+        "undertrained_tokens": plan.base.undertrained,
+        "too_long": plan.encoded.too_long_counts(),  # eval items dropped as too long for the model, per "task/split"
     }
     run.tracker.summary({"final/" + k: v for k, v in summary["timing"].items()})
     run.tracker.close(0)
     return summary
 
 
-def finish_run(exp: Experiment, run_dir: Path, summary: dict[str, Any], console) -> RunResult:
+def finish_run(run_dir: Path, summary: dict[str, Any], console, splits: list[str]) -> RunResult:
+    """Write ``summary.json`` and say the final report (``splits``: the evaluation splits, in order)."""
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
-    console.final_report(summary, exp.eval.splits)
+    console.final_report(summary, splits)
     return RunResult(run_dir, summary)
 
 
@@ -360,33 +350,23 @@ def finish_run(exp: Experiment, run_dir: Path, summary: dict[str, Any], console)
 
 @dataclass
 class _Run:
-    """What the stages of one run share."""
+    """A run as it executes: its plan (read only) and what the stages share besides it."""
 
-    exp: Experiment
+    plan: RunPlan
     run_dir: Path
     run_id: str
     console: Any
-    stages: list[ResolvedStage]
-    plans: list[StagePlan]
-    tokenizer: Any
-    added: list[int]  # ids of the tokens the harness added to the vocabulary
     tracker: Tracker
     evals: EvalLog
     init: InitStates
     baselines: dict[str, Any] = field(default_factory=dict)  # summary.json's "baselines"
-    undertrained: list[dict] | None = None  # the base model's flagged special tokens (summary.json); None: unchecked
-    too_long: dict[str, int] = field(default_factory=dict)  # eval items dropped as too long, per "task/split"
-    steering: Any = None  # harness.runs.steering_split.SteeringSplits: the signal steering_error's items
-
-    @property
-    def undertrained_ids(self) -> list[int]:
-        return [t["id"] for t in self.undertrained or []]
 
 
 def _begin_stage(run: _Run, model, index: int, step: int):
     """The stage's starting weights and trainable set, logged; then the evaluation of its starting point."""
-    stage, plan = run.stages[index], run.plans[index]
-    model = stage_model(model, run.stages, index, run.init, run.added, run.undertrained_ids)
+    stages, plan = run.plan.stages, run.plan.stage_plans[index]
+    stage = stages[index]
+    model = stage_model(model, list(stages), index, run.init, run.plan.base.added, run.plan.undertrained_ids)
     report = trainable_report(model)
     run.tracker.log(
         [
@@ -397,7 +377,7 @@ def _begin_stage(run: _Run, model, index: int, step: int):
     )
     run.console.info(f"stage {stage.name}: {format_trainable_report(report)}")
     run.console.info(
-        f"stage {stage.name} ({index + 1}/{len(run.stages)}): {len(plan.batches)} steps, init "
+        f"stage {stage.name} ({index + 1}/{len(stages)}): {len(plan.batches)} steps, init "
         f"{stage.init}, mixture {_mixture_said(stage.mixture)}: "
         + ", ".join(f"{t} {c['share']:.2f}" for t, c in sorted(plan.composition.items()))
     )
@@ -418,7 +398,7 @@ def _mixture_said(mixture) -> str:
 def _resume_saver(run: _Run, model, index: int) -> Callable[[int, LoopState], None]:
     """``save(step, loop_state)``: a resume point in stage ``index`` (the store flushed first, so the rows a
     resume keeps are on disk)."""
-    stage = run.stages[index]
+    stage = run.plan.stages[index]
 
     def save(at_step: int, loop_state: LoopState) -> None:
         run.tracker.flush()
@@ -430,7 +410,7 @@ def _resume_saver(run: _Run, model, index: int) -> Callable[[int, LoopState], No
 def _end_stage(run: _Run, model, index: int, step: int, save_resume_point_at) -> None:
     """Log the stage's effective composition; keep its weights when a later stage starts from them; write its
     Hugging Face checkpoint and a resume point at its end (as the stage asks); score the loss pool, if any."""
-    stage, plan = run.stages[index], run.plans[index]
+    stage, plan = run.plan.stages[index], run.plan.stage_plans[index]
     run.evals.run_loss_pool(model, stage.name, step)  # inside the stage: the stage cache stores and replays it
     run.tracker.log(
         [
@@ -443,9 +423,9 @@ def _end_stage(run: _Run, model, index: int, step: int, save_resume_point_at) ->
     if run.init.keep(stage.name, model) or stage.train.checkpoint:
         save_stage_checkpoint(
             model,
-            model_io(run.tokenizer).saved_with_weights(),
+            model_io(run.plan.base.tokenizer).saved_with_weights(),
             run.run_dir / "checkpoints" / stage.name,
-            {"run_id": run.run_id, "stage": stage.name, "step": step, "experiment": run.exp.name},
+            {"run_id": run.run_id, "stage": stage.name, "step": step, "experiment": run.plan.name},
         )
     if stage.train.checkpoint_every:
         save_resume_point_at(step, LoopState(len(plan.batches)))

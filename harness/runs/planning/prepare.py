@@ -30,9 +30,9 @@ from harness.models.hf import count_parameters, load_hf
 from harness.models.modality import TextOnlyModel, base_kind, model_io
 from harness.models.tokenizer import train_tokenizer
 from harness.models.undertrained import special_token_note, undertrained_tokens
-from harness.runs.images import load_vision_base, untrained_vision_base
-from harness.runs.loss_pool import loss_pool_splits
-from harness.runs.pretrain import builtin_base, content_hash, tokenizer_texts
+from harness.runs.planning.images import load_vision_base, untrained_vision_base
+from harness.runs.planning.loss_pool import loss_pool_splits
+from harness.runs.planning.pretrain import builtin_base, content_hash, tokenizer_texts
 
 
 class DataError(Exception):
@@ -342,7 +342,7 @@ def _encoding_key(exp: Experiment, data: TaskData, tokenizer, max_positions: int
     """A hash of everything :func:`_encode_task_data` reads: the task data's content, the tokenizer (its whole
     serialised state, chat template and special tokens), the experiment's data / eval / tasks sections, seeds,
     ``train.max_length`` and ``max_positions``. None — never reused — for a slow tokenizer or image tasks."""
-    from harness.runs.stage_cache import task_data_hash
+    from harness.runs.planning.stage_key import task_data_hash
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or any(recipe.has_images for recipe in data.recipes.values()):
