@@ -8,6 +8,8 @@ import json
 import operator
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,29 @@ def test_a_job_warned_by_its_signal_requeues_itself_and_resumes_its_run(tmp_path
     assert summary["resumed_from"].startswith("step-")  # the second attempt continued from the resume point
     log = next((tmp_path / "jobs").glob("*_0_log.out")).read_text()
     assert f"attempt 2: resuming {run_dir}" in log
+
+
+def test_a_failure_report_waits_for_the_traceback_printed_after_the_result(tmp_path):
+    # submitit writes a failed job's result, then re-raises: the traceback reaches the log after the result does (under
+    # load, after the launcher has read it: the report then lacked it). The tail waits for the traceback's last line.
+    from types import SimpleNamespace
+
+    from harness.studies.launch.cluster import settled_log_tail
+
+    stderr = tmp_path / "job.err"
+    stderr.write_text("progress 1\nprogress 2\n")
+    job = SimpleNamespace(paths=SimpleNamespace(stderr=stderr, stdout=tmp_path / "job.out"))
+
+    def print_traceback_late() -> None:
+        time.sleep(0.5)
+        with stderr.open("a") as log:
+            log.write("Traceback (most recent call last):\nZeroDivisionError: division by zero\n")
+
+    late = threading.Thread(target=print_traceback_late)
+    late.start()
+    tail = settled_log_tail(job, "ZeroDivisionError: division by zero", settle=10.0, poll=0.05)
+    late.join()
+    assert tail.splitlines()[-1] == "ZeroDivisionError: division by zero"
+    started = time.monotonic()  # a line that never comes: the tail as it is, after the settle time
+    assert settled_log_tail(job, "KeyError: 'x'", settle=0.3, poll=0.05).endswith("division by zero")
+    assert 0.3 <= time.monotonic() - started < 5.0

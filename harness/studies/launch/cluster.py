@@ -41,6 +41,11 @@ from harness.studies.launch.spec import LauncherError, LauncherSpec
 
 JOBS_FILE = "jobs.json"
 LOG_TAIL_LINES = 15
+# A failed job's result is written before its traceback reaches the log: submitit dumps the error, then re-raises it
+# and the interpreter prints it on the way out (and a cluster filesystem may show the file later still). A report
+# waits up to this long for the log to stop changing before it quotes the tail.
+LOG_SETTLE_S = 5.0
+LOG_SETTLE_POLL_S = 0.25
 # sacct states after which a job runs no more (PREEMPTED too: unless SLURM requeues it, when it moves on)
 SLURM_ENDED = {
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
@@ -56,6 +61,7 @@ class Followed:
     job: Any  # a submitit Job
     state: str = ""
     ended_at: float | None = None  # when the scheduler first said it ended without a result
+    raised: str | None = None  # the last line of the traceback its result holds, when it failed with one
 
 
 @contextlib.contextmanager
@@ -81,6 +87,17 @@ def log_tail(job, lines: int = LOG_TAIL_LINES) -> str:
             if text:
                 return mask_urls_in_text("\n".join(text[-lines:]))
     return ""
+
+
+def settled_log_tail(job, last_line: str, settle: float = LOG_SETTLE_S, poll: float = LOG_SETTLE_POLL_S) -> str:
+    """:func:`log_tail` once it holds ``last_line`` (the traceback's last line, which the interpreter prints after
+    submitit has written the result), or after ``settle`` seconds (see :data:`LOG_SETTLE_S`)."""
+    deadline = time.monotonic() + settle
+    while True:
+        tail = log_tail(job)
+        if last_line in tail or time.monotonic() >= deadline:
+            return tail
+        time.sleep(poll)
 
 
 class SubmititLauncher(Launcher):
@@ -254,7 +271,8 @@ class SubmititLauncher(Launcher):
             if outcome == "success":
                 return True, value
             lines = [line for line in str(value).splitlines() if line.strip()]
-            return False, mask_urls_in_text(lines[-1] if lines else "failed")
+            f.raised = mask_urls_in_text(lines[-1]) if lines else None
+            return False, f.raised or "failed"
         if not self._has_ended(f.job, state):
             f.ended_at = None
             return None
@@ -277,7 +295,7 @@ class SubmititLauncher(Launcher):
             return None
 
     def _report(self, f: Followed, why: str) -> None:
-        tail = log_tail(f.job)
+        tail = settled_log_tail(f.job, f.raised) if f.raised else log_tail(f.job)
         lines = [f"job {f.job.job_id} ({f.task.name}) failed: {why}", f"  log: {f.job.paths.stderr}"]
         lines += [f"  | {line}" for line in tail.splitlines()]
         self.echo("\n".join(lines))
