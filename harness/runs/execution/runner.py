@@ -143,7 +143,7 @@ def _execute(
     """Run ``plan`` in ``run_dir``: decide once where to start (after the stages the stage cache holds, or where the
     resume point ``point`` left off), log the baselines, replay the cached stages, train the rest, close the run."""
     cache = StageCache.for_run(plan, run_dir, run_id, console)
-    start = resume_start(point, list(plan.stages), plan.stage_steps) if resume else cache.start()
+    start = resume_start(point, plan.stages, plan.stage_steps) if resume else cache.start()
     tracker = Tracker(plan.tracking.wandb, run_dir, run_id, plan.resolved, resume_filter=start.keep)
     baselines = log_baselines(tracker, pool_baselines(plan.encoded.eval_items, plan.data.recipes), plan.stages[0].name)
     cache.replay(tracker, run_dir / "samples.jsonl", on_evaluation)  # after the baselines: the order of a whole run
@@ -154,9 +154,7 @@ def _execute(
         for i in range(start.stage_index)
     ]
     cache.annotate(summary_stages)
-    model, init = starting_model(
-        plan.base.model, start, list(plan.stages), run_dir, plan.base.added, plan.undertrained_ids
-    )
+    model, init = starting_model(plan.base.model, start, plan.stages, run_dir, plan.base.added, plan.undertrained_ids)
     run = _Run(plan, run_dir, run_id, console, tracker, evals, init, baselines)
     step = _train_stages(run, model, start, cache, summary_stages, on_progress)
     summary = _close_run(run, step, summary_stages, started, start.resumed_from)
@@ -200,21 +198,21 @@ def _run_stage(
 ) -> tuple[Any, int]:
     """Stage ``index`` from where ``loop_state`` left it (its first batch, or inside it on a resume) to its end:
     ``(model, step)`` after it."""
-    run_plan, tracker = run.plan, run.tracker
-    stage, plan = run_plan.stages[index], run_plan.stage_plans[index]
+    plan, tracker = run.plan, run.tracker
+    stage, stage_plan = plan.stages[index], plan.stage_plans[index]
     if loop_state.batch_index == 0:  # the stage begins here (a resumed run may continue inside one)
         model = _begin_stage(run, model, index, step)
     batches, loop_state.packing = stage_layout(  # a resumed stage keeps the layout it began with (no check)
-        plan,
+        stage_plan,
         model,
-        list(run_plan.tasks),
-        run_plan.base.tokenizer.pad_token_id,
+        list(plan.tasks),
+        plan.base.tokenizer.pad_token_id,
         step,
         tracker.log if loop_state.batch_index == 0 else None,
         loop_state.packing,
     )
     save_resume_point_at = _resume_saver(run, model, index)
-    with run.console.stage_progress(stage.name, len(plan.batches)) as advance:
+    with run.console.stage_progress(stage.name, len(stage_plan.batches)) as advance:
         advance(loop_state.batch_index)
         step = train_stage(
             model,
@@ -222,17 +220,17 @@ def _run_stage(
             StageLoop(
                 stage=stage.name,
                 start_step=step - loop_state.batch_index,
-                tasks=list(run_plan.tasks),
+                tasks=list(plan.tasks),
                 log=tracker.log,
                 evaluate=lambda s, name=stage.name: run.evals.run(model, name, s),
                 train=stage.train,
-                special_tokens=stage_special_tokens(run_plan.base.tokenizer, plan.token_batches()),
-                eval_every=run_plan.eval.every,
+                special_tokens=stage_special_tokens(plan.base.tokenizer, stage_plan.token_batches()),
+                eval_every=plan.eval.every,
                 injector=injector,
                 save_checkpoint=save_resume_point_at,
                 progress=after_progress(on_progress, advance),
-                kill_at=distributed.kill_step(run_plan.debug.kill_rank),
-                measure_steering=run_plan.steering.measure(index, stage, model, distributed.current()),
+                kill_at=distributed.kill_step(plan.debug.kill_rank),
+                measure_steering=plan.steering.measure(index, stage, model, distributed.current()),
             ),
             resume=loop_state,
         )
@@ -364,9 +362,9 @@ class _Run:
 
 def _begin_stage(run: _Run, model, index: int, step: int):
     """The stage's starting weights and trainable set, logged; then the evaluation of its starting point."""
-    stages, plan = run.plan.stages, run.plan.stage_plans[index]
+    stages, stage_plan = run.plan.stages, run.plan.stage_plans[index]
     stage = stages[index]
-    model = stage_model(model, list(stages), index, run.init, run.plan.base.added, run.plan.undertrained_ids)
+    model = stage_model(model, stages, index, run.init, run.plan.base.added, run.plan.undertrained_ids)
     report = trainable_report(model)
     run.tracker.log(
         [
@@ -377,9 +375,9 @@ def _begin_stage(run: _Run, model, index: int, step: int):
     )
     run.console.info(f"stage {stage.name}: {format_trainable_report(report)}")
     run.console.info(
-        f"stage {stage.name} ({index + 1}/{len(stages)}): {len(plan.batches)} steps, init "
+        f"stage {stage.name} ({index + 1}/{len(stages)}): {len(stage_plan.batches)} steps, init "
         f"{stage.init}, mixture {_mixture_said(stage.mixture)}: "
-        + ", ".join(f"{t} {c['share']:.2f}" for t, c in sorted(plan.composition.items()))
+        + ", ".join(f"{t} {c['share']:.2f}" for t, c in sorted(stage_plan.composition.items()))
     )
     if index > 0 and stage.init == "previous":
         run.evals.repeat_last(stage.name)
@@ -410,12 +408,12 @@ def _resume_saver(run: _Run, model, index: int) -> Callable[[int, LoopState], No
 def _end_stage(run: _Run, model, index: int, step: int, save_resume_point_at) -> None:
     """Log the stage's effective composition; keep its weights when a later stage starts from them; write its
     Hugging Face checkpoint and a resume point at its end (as the stage asks); score the loss pool, if any."""
-    stage, plan = run.plan.stages[index], run.plan.stage_plans[index]
+    stage, stage_plan = run.plan.stages[index], run.plan.stage_plans[index]
     run.evals.run_loss_pool(model, stage.name, step)  # inside the stage: the stage cache stores and replays it
     run.tracker.log(
         [
             Row(stage.name, step, task, "train", f"mix_{key}", value)
-            for task, c in plan.composition.items()
+            for task, c in stage_plan.composition.items()
             for key, value in c.items()
         ],
         step,
@@ -428,7 +426,7 @@ def _end_stage(run: _Run, model, index: int, step: int, save_resume_point_at) ->
             {"run_id": run.run_id, "stage": stage.name, "step": step, "experiment": run.plan.name},
         )
     if stage.train.checkpoint_every:
-        save_resume_point_at(step, LoopState(len(plan.batches)))
+        save_resume_point_at(step, LoopState(len(stage_plan.batches)))
 
 
 def _stage_summary(plan: StagePlan, evals: EvalLog, index: int, plans: list[StagePlan]) -> dict[str, Any]:

@@ -26,8 +26,8 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from safetensors.torch import save_model
 import harness
 from harness.config import ResolvedStage
 from harness.core.metrics import is_benchmark_task
+from harness.core.store import SCHEMA as STORE_SCHEMA
 from harness.core.store import Row
 from harness.evaluation import EVAL_METRICS
 from harness.runs.planning.plan import RunPlan
@@ -49,19 +50,9 @@ from harness.training.checkpoint import SavedWeights, Start
 
 META = "meta.json"
 CHECKPOINT = "checkpoint"
-# Every field of a Row: a replayed row must equal the computed one (n and the interval included)
-_ROW_SCHEMA = {
-    "stage": pl.Utf8,
-    "step": pl.Int64,
-    "task": pl.Utf8,
-    "split": pl.Utf8,
-    "metric": pl.Utf8,
-    "value": pl.Float64,
-    "text": pl.Utf8,
-    "n": pl.Int64,
-    "ci_low": pl.Float64,
-    "ci_high": pl.Float64,
-}
+# Every field of a Row, typed as the store types it: a replayed row must equal the computed one (n and the interval
+# included)
+_ROW_SCHEMA = {f.name: STORE_SCHEMA[f.name] for f in fields(Row)}
 log = logging.getLogger(__name__)
 
 
@@ -175,8 +166,8 @@ class StageCache:
     (:func:`harness.runs.planning.stage_key.stage_keys`, computed by the planner)."""
 
     experiment: str  # the experiment's name, written into each entry's meta
-    stages: list[ResolvedStage]
-    keys: list[str]
+    stages: Sequence[ResolvedStage]
+    keys: Sequence[str]
     run_dir: Path
     run_id: str
     console: Any
@@ -192,8 +183,8 @@ class StageCache:
         """The cache handle of the run ``plan`` compiled (its stages and their keys) in ``run_dir``."""
         return cls(
             plan.name,
-            list(plan.stages),
-            list(plan.stage_keys),
+            plan.stages,
+            plan.stage_keys,
             run_dir,
             run_id,
             console,

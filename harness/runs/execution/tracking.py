@@ -38,17 +38,16 @@ class Tracker:
             self.store.load_existing(resume_filter)
         self.run_dir = run_dir
         self.wandb_run = None
-        spec = wandb_spec
-        if spec.mode != "disabled":
+        if wandb_spec.mode != "disabled":
             os.environ.setdefault("WANDB_SILENT", "true")
             import wandb
 
             self.wandb_run = wandb.init(
-                mode=spec.mode,
-                project=spec.project,
-                entity=spec.entity,
-                group=spec.group,
-                tags=spec.tags,
+                mode=wandb_spec.mode,
+                project=wandb_spec.project,
+                entity=wandb_spec.entity,
+                group=wandb_spec.group,
+                tags=wandb_spec.tags,
                 name=run_id,
                 id=run_id,
                 dir=str(run_dir),

@@ -43,7 +43,7 @@ JOBS_FILE = "jobs.json"
 LOG_TAIL_LINES = 15
 # A failed job's result is written before its traceback reaches the log: submitit dumps the error, then re-raises it
 # and the interpreter prints it on the way out (and a cluster filesystem may show the file later still). A report
-# waits up to this long for the log to stop changing before it quotes the tail.
+# polls the log until it holds the traceback's last line, for at most this long, before it quotes the tail.
 LOG_SETTLE_S = 5.0
 LOG_SETTLE_POLL_S = 0.25
 # sacct states after which a job runs no more (PREEMPTED too: unless SLURM requeues it, when it moves on)
