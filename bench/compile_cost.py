@@ -63,8 +63,8 @@ def child(steps: int, compile_mode: bool, nondeterministic: bool = False) -> dic
 
     warnings.filterwarnings("ignore")
     from harness.config import validate_data
-    from harness.runs.planning.prepare import build_task_data, encode_task_data, load_base
-    from harness.runs.planning.stage_plan import plan_stage
+    from harness.data.stage_batches import plan_stage
+    from harness.runs.planning.prepare import build_task_data, encode_task_data, load_base, stage_batching
     from harness.training import loop as train_module
     from harness.training.loop import StageLoop, train_stage
     from harness.training.special_tokens import stage_special_tokens
@@ -77,7 +77,7 @@ def child(steps: int, compile_mode: bool, nondeterministic: bool = False) -> dic
     model, tokenizer, _, _ = load_base(exp, data)
     encoded = encode_task_data(exp, data, tokenizer)
     stage = exp.resolved_stages()[0]
-    plan = plan_stage(exp, stage, 0, encoded.train, tokenizer.pad_token_id)
+    plan = plan_stage(stage_batching(exp), stage, 0, encoded.train, tokenizer.pad_token_id)
     losses, times = [], [time.perf_counter()]
     train_stage(
         model,

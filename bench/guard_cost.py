@@ -51,8 +51,9 @@ def stage_inputs(args):
     """The bench's model, its first stage, and that stage's first ``--steps`` batches as the runner makes them."""
     from bench.train_speed import arguments as bench_arguments
     from bench.train_speed_inputs import load_inputs, load_model, prepare, quiet
+    from harness.data.stage_batches import plan_stage
     from harness.runs.execution.packing_decision import stage_batches
-    from harness.runs.planning.stage_plan import plan_stage
+    from harness.runs.planning.prepare import stage_batching
 
     quiet()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="guard-cost-"))
@@ -61,7 +62,7 @@ def stage_inputs(args):
     exp, pools = load_inputs(workdir, {})
     model, tokenizer = load_model(workdir, "cpu")
     stage = exp.resolved_stages()[0]
-    plan = plan_stage(exp, stage, 0, pools, tokenizer.pad_token_id)
+    plan = plan_stage(stage_batching(exp), stage, 0, pools, tokenizer.pad_token_id)
     plan.batches, plan.examples = plan.batches[: args.steps], plan.examples[: args.steps]
     batches = stage_batches(plan, model, list(exp.tasks), tokenizer.pad_token_id, 0, lambda rows, step: None)
     return model, stage, list(exp.tasks), batches

@@ -7,7 +7,7 @@ labels), trained for ``--steps`` optimiser steps of ``--batch-size`` examples, f
 examples, by:
 
 - ``harness``: the code path ``harness run`` takes at its defaults —
-  :func:`harness.runs.planning.stage_plan.plan_stage` (mixture stream, collation),
+  :func:`harness.data.stage_batches.plan_stage` (mixture stream, collation),
   :func:`harness.runs.execution.packing_decision.stage_batches` (``train.packing: auto``: the exactness check, then
   packed batches) and :func:`harness.training.loop.train_stage` (the loop, with its default non-finite guard and
   health metrics), logging into a :class:`harness.runs.execution.tracking.Tracker` (wandb disabled, as TRL reports

@@ -143,11 +143,12 @@ def harness_flops(workdir: Path, args) -> dict:
     """FLOPs of one pass of the harness's plan (per real token, so any window scales)."""
     from transformers import AutoTokenizer
 
-    from harness.runs.planning.stage_plan import plan_stage
+    from harness.data.stage_batches import plan_stage
+    from harness.runs.planning.prepare import stage_batching
 
     exp, pools = load_inputs(workdir)
     tokenizer = AutoTokenizer.from_pretrained(workdir / "tokenizer")
-    plan = plan_stage(exp, exp.resolved_stages()[0], 0, pools, tokenizer.pad_token_id)
+    plan = plan_stage(stage_batching(exp), exp.resolved_stages()[0], 0, pools, tokenizer.pad_token_id)
     real = sum(b.n_real_tokens for b in plan.batches)
     supervised = sum(b.supervised.numel() for b in plan.batches)
     seq_sq = sum(float((b.attention_mask.sum(1).double() ** 2).sum()) for b in plan.batches)

@@ -23,9 +23,10 @@ def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None
     :func:`harness.runs.execution.runner.run_experiment` does. Returns ``(per-step end times, (real, padded,
     supervised) tokens per batch, logged rows, the model)``."""
     from harness.core.store import Row
+    from harness.data.stage_batches import plan_stage
     from harness.runs.execution.packing_decision import stage_batches
     from harness.runs.execution.tracking import Tracker
-    from harness.runs.planning.stage_plan import plan_stage
+    from harness.runs.planning.prepare import stage_batching
     from harness.training.loop import StageLoop, train_stage
     from harness.training.special_tokens import stage_special_tokens
 
@@ -38,7 +39,7 @@ def harness_train(workdir: Path, device: str, overrides: dict, steps: int | None
     exp, pools = load_inputs(workdir, overrides)
     model, tokenizer = load_model(workdir, device)
     stage = exp.resolved_stages()[0]
-    plan = plan_stage(exp, stage, 0, pools, tokenizer.pad_token_id)
+    plan = plan_stage(stage_batching(exp), stage, 0, pools, tokenizer.pad_token_id)
     if steps:
         plan.batches, plan.examples = plan.batches[:steps], plan.examples[:steps]
     run_dir = Path(tempfile.mkdtemp(prefix="harness-bench-run-"))
@@ -102,10 +103,11 @@ def trl_dataset(exp, pools, order=None):
 
 
 def plan_examples(exp, stage, pools, pad_id):
-    """The examples of :func:`harness.runs.planning.stage_plan.plan_stage`'s batches, in batch order."""
-    from harness.runs.planning.stage_plan import plan_stage
+    """The examples of :func:`harness.data.stage_batches.plan_stage`'s batches, in batch order."""
+    from harness.data.stage_batches import plan_stage
+    from harness.runs.planning.prepare import stage_batching
 
-    plan = plan_stage(exp, stage, 0, pools, pad_id)
+    plan = plan_stage(stage_batching(exp), stage, 0, pools, pad_id)
     by_ids = {}
     for task in exp.tasks:
         for e in pools[task]:

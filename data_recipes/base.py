@@ -71,6 +71,12 @@ class Example:
         return replace(self, messages=({"role": "system", "content": text},) + tuple(self.messages))
 
 
+def with_system_turn(splits: dict[str, list[Example]], text: str) -> dict[str, list[Example]]:
+    """Every split's examples with the system turn ``text`` first (``tasks.<task>.system``); ``ValueError`` when an
+    example already has one (a data file's ``system`` column)."""
+    return {split: [ex.with_system(text) for ex in examples] for split, examples in splits.items()}
+
+
 class RecipeParams(PluginParams):
     """Base for each recipe's ``params``; unknown keys are errors (reported at ``tasks.<name>.params.<key>``)."""
 

@@ -1,7 +1,7 @@
 """What ``harness validate`` checks and prints about the eval pools, before any training.
 
 - the task data is built and tokenised (the builtin tokenizer trains in well under a second; an ``hf`` tokenizer
-  is loaded without its model), so the checks of :func:`harness.runs.planning.prepare.encode_task_data` — answers that
+  is loaded without its model), so the checks of :func:`harness.data.task_encoding.encode_tasks` — answers that
   tokenise to nothing, an ``eval.max_new_tokens`` that cuts a gold answer — fail here as they would at run start;
 - per task × split, the pool size ``n`` and the smallest change in a proportion metric between two evaluations
   that the pool detects with 80 % power (:func:`harness.core.stats.min_detectable_difference`: exact McNemar at α = 0.05
@@ -18,8 +18,8 @@ from collections import Counter
 
 from harness.config import Experiment
 from harness.core.stats import min_detectable_difference
+from harness.data.answer_lengths import default_max_new_tokens, needed_new_tokens
 from harness.evaluation.image_use import IMAGE_MAX_NEW_TOKENS
-from harness.evaluation.lengths import default_max_new_tokens, needed_new_tokens
 from harness.models.image_text import with_processor
 from harness.models.modality import base_kind
 from harness.runs.planning.prepare import build_task_data, builtin_tokenizer, encode_task_data
@@ -58,7 +58,7 @@ def _tokenizer(exp: Experiment, data):
 
 
 def pool_report(exp: Experiment) -> list[str]:
-    """Lines for ``harness validate``; raises :class:`harness.runs.planning.prepare.DataError` on bad task data
+    """Lines for ``harness validate``; raises :class:`harness.data.task_data.DataError` on bad task data
     or lengths."""
     data = build_task_data(exp)
     tokenizer = _tokenizer(exp, data)

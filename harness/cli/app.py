@@ -59,7 +59,7 @@ def validate(file: Path = typer.Argument(..., help="Experiment YAML."), set_: li
     size and the smallest change it can detect."""
     exp = _load(file, set_)  # first: a broken file is reported without importing torch
     from harness.checks.pools import pool_report
-    from harness.runs.planning.prepare import DataError
+    from harness.data.task_data import DataError
 
     stages = exp.resolved_stages()
     try:
@@ -113,9 +113,9 @@ def run(
     """Train and evaluate an experiment (exit 3 when the non-finite guard stops it)."""
     exp = _load(file, set_)  # first: a broken file is reported without importing torch
     from harness.config import ConfigError
+    from harness.data.task_data import DataError
     from harness.runs.execution import process_ranks
     from harness.runs.execution.runner import default_run_dir, run_experiment
-    from harness.runs.planning.prepare import DataError
     from harness.training.checkpoint import WorldSizeError
     from harness.training.guard import NonFiniteError
     from harness.training.parallel import ParallelError
@@ -229,8 +229,8 @@ def eval_(
 ):
     """Evaluate a saved checkpoint alone, with the experiment's evaluators, probes and outputs."""
     from harness.config import ConfigError
+    from harness.data.task_data import DataError
     from harness.runs.execution.checkpoint_eval import eval_output_dir, evaluate_checkpoint
-    from harness.runs.planning.prepare import DataError
 
     exp = _load(experiment, set_)
     run_dir = eval_output_dir(out, exp)
@@ -368,7 +368,7 @@ def inspect_command(
     """One row per module: name, type, parameters, trainable, output shape and dtype on a sample batch."""
     from harness.checks.inspection import inspect_target, inspect_tokens, render, render_tokens
     from harness.config import ConfigError
-    from harness.runs.planning.prepare import DataError
+    from harness.data.task_data import DataError
 
     if not target.exists():
         _fail(f"{target}: no such file or directory")

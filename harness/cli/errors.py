@@ -32,7 +32,7 @@ DEBUG_ENV = "HARNESS_DEBUG"
 # ``harness validate`` of a broken file should not pay for it.
 USER_ERRORS = (
     ("harness.config.errors", "ConfigError"),
-    ("harness.runs.planning.prepare", "DataError"),
+    ("harness.data.task_data", "DataError"),
     ("harness.runs.execution.rundir", "RunDirError"),
     ("harness.core.jsonl", "JsonlError"),
     ("yaml.error", "YAMLError"),

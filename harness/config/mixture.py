@@ -26,7 +26,7 @@ STEERING_UPDATES = 14  # every: auto (steering_error's default) → ⌊steps/14�
 class SteeringSplit:
     """The items a ``steering_error`` signal is measured on: ``items`` per steered task, drawn like the task's
     ``split`` (another draw of its recipe) but never one of the examples of any pool the run trains on or reports
-    (:mod:`harness.runs.planning.steering_split`); ``metric``: the proportion measured on them (greedy exact match, or a
+    (:mod:`harness.data.steering_items`); ``metric``: the proportion measured on them (greedy exact match, or a
     teacher-forced one)."""
 
     split: str = "heldout_template"

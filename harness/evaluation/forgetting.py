@@ -3,14 +3,14 @@
 The forgetting measure PEFT and others log: how much worse the fine-tuned model predicts ordinary text of the kind it
 was pretrained on. The reference text is fixed for the run:
 
-- **default** (builtin base): a held-out sample of the world corpus — :data:`DEFAULT_DOCUMENTS` documents drawn
-  by :func:`data_recipes.world.heldout_corpus` from the run's world with a seed of their own (fresh phrasings and
-  fact orders of the same people, and fresh filler prose), every document that also occurs in the pretraining
-  corpus left out: the base read these facts, never these documents. Drawing them touches no random state the run uses;
+- **default** (builtin base): a held-out sample of the world corpus — 64 documents
+  (:data:`data_recipes.reference_text.DEFAULT_DOCUMENTS`) drawn by :func:`data_recipes.world.heldout_corpus` from the
+  run's world with a seed of their own (fresh phrasings and fact orders of the same people, and fresh filler prose),
+  every document that also occurs in the pretraining corpus left out: the base read these facts, never these
+  documents. Drawing them touches no random state the run uses;
 - **a user's file** (``eval.reference_text``): one document per non-blank line (UTF-8), in file order.
 
-The run's data preparation chooses the documents (``harness.runs.planning.prepare.reference_text``); this module
-measures them.
+The run's task building reads the documents (:mod:`data_recipes.reference_text`); this module measures them.
 
 Per document: the mean token cross-entropy (nats) of its tokens and a closing end-of-text token, each predicted from
 the document's own prefix after a leading end-of-text token (how the pretraining stream joins documents). Rows, task
@@ -33,7 +33,6 @@ seesaw test reads it (:func:`reference_family`), so a rise of the reference loss
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,32 +44,10 @@ REF_SPLIT = "ref"
 #: The per-document outcome the seesaw reads: minus the document's mean token cross-entropy (nats), higher is better.
 REF_OUTCOME = "ref_loglik"
 REFERENCE_METRICS = ("ref_loss", "ref_ppl", "ref_loss_base", "ref_loss_delta")
-#: Documents of the default (world) reference text: enough for a paired interval, one small forward pass each.
-DEFAULT_DOCUMENTS = 64
 
 
 def is_reference_task(task: str | None) -> bool:
     return task is not None and task.startswith(REF_TASK_PREFIX)
-
-
-class ReferenceTextError(ValueError):
-    """A reference text file that cannot be used; ``str()`` is one line naming the path."""
-
-
-def file_documents(path: str | Path) -> list[str]:
-    """The documents of a user's reference text: one per non-blank line. Raises :class:`ReferenceTextError` (one
-    line, naming the path) for a missing, unreadable or empty file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ReferenceTextError(f"no reference text file '{path}'")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ReferenceTextError(f"cannot read reference text file '{path}': {type(e).__name__}") from None
-    docs = [line.strip() for line in lines if line.strip()]
-    if not docs:
-        raise ReferenceTextError(f"reference text file '{path}' has no documents (one per non-blank line)")
-    return docs
 
 
 def encode_documents(tokenizer: Any, docs: list[str], max_length: int | None) -> list[list[int]]:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.core.metrics import PROPORTION_METRICS
+from harness.data.answer_lengths import default_max_new_tokens
 from harness.data.encoding import IGNORE_INDEX
 from harness.evaluation.components import (
     EVALUATORS,
@@ -38,7 +39,7 @@ from harness.evaluation.components import (
     ItemRecord,
 )
 from harness.evaluation.hijack import hijack_token_ids
-from harness.evaluation.lengths import default_max_new_tokens, stop_token_ids
+from harness.evaluation.lengths import stop_token_ids
 from harness.evaluation.result import EvalResult
 from harness.evaluation.sharding import Shard, computed_fields, merge_computed
 from harness.evaluation.token_ranks import first_token_facts

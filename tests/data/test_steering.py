@@ -453,8 +453,8 @@ def test_doremi_reads_its_reference_from_an_earlier_run(tmp_path):
     """``reference: <run dir>``: each task's last training loss in that run's store; a run without one, or no run
     there, is a DataError naming the stage and the setting (before any training)."""
     from harness.core.store import MetricsStore, Row
-    from harness.runs.planning.prepare import DataError
-    from harness.runs.planning.stage_plan import reference_losses
+    from harness.data.stage_batches import reference_losses
+    from harness.data.task_data import DataError
 
     store = MetricsStore(tmp_path / "ref", "r")
     (tmp_path / "ref").mkdir()

@@ -18,8 +18,10 @@ from harness.config import load_experiment, parse_mixture, update_interval
 from harness.core.store import read_metrics
 from harness.data.steering import GroupDRO, floored
 from harness.data.steering.groupdro import groupdro_step, hedge_rate
-from harness.runs.planning.prepare import DataError, build_task_data
-from harness.runs.planning.steering_split import SteeringSplits, steering_examples
+from harness.data.steering_items import steering_examples
+from harness.data.task_data import DataError
+from harness.runs.planning.prepare import build_task_data
+from harness.runs.planning.steering_split import SteeringSplits, steering_draw
 from tests.conftest import TINY, invoke, write_yaml
 
 # the shipped regime: a 700-step stage, every: auto = 50 steps, the last batch's update skipped (13 updates); 32 items
@@ -166,7 +168,7 @@ def test_the_steering_split_is_disjoint_from_every_pool_and_deterministic(imitat
     exp = load_experiment(write_yaml(tmp_path / "s.yaml", _steered_tiny(split=imitated, tasks=tasks)))
     data = build_task_data(exp)
     stage = exp.resolved_stages()[1]
-    split = steering_examples(exp, data, stage, 1)
+    split = steering_examples(data, steering_draw(exp, stage, 1))
     assert set(split) == set(tasks)
     for task, examples in split.items():
         taken = {_prompt(ex) for pool in data.splits[task].values() for ex in pool}
@@ -174,7 +176,7 @@ def test_the_steering_split_is_disjoint_from_every_pool_and_deterministic(imitat
         assert not {_prompt(ex) for ex in examples} & taken
         trained = {ex.meta["item"] for ex in data.splits[task]["train"]}
         assert all((ex.meta["item"] in trained) == (imitated == "heldout_template") for ex in examples), task
-    again = steering_examples(exp, build_task_data(exp), stage, 1)
+    again = steering_examples(build_task_data(exp), steering_draw(exp, stage, 1))
     assert {t: [_prompt(e) for e in ex] for t, ex in again.items()} == {
         t: [_prompt(e) for e in ex] for t, ex in split.items()
     }
@@ -183,12 +185,12 @@ def test_the_steering_split_is_disjoint_from_every_pool_and_deterministic(imitat
 def test_a_steering_split_a_recipe_cannot_give_is_refused_by_yaml_path(tmp_path):
     exp = load_experiment(write_yaml(tmp_path / "s.yaml", _steered_tiny(items=5000)))
     with pytest.raises(DataError, match=r"stages\[1\]\.mixture\.adaptive\.steering\.items: task 'repeat'"):
-        SteeringSplits(exp, build_task_data(exp), exp.resolved_stages(), tokenizer=None)
+        steering_examples(build_task_data(exp), steering_draw(exp, exp.resolved_stages()[1], 1))
     # math's train split changes with how many eval items are drawn: a larger draw's heldout_template items are
     # another train split's, and none is an item this run trains on
     exp = load_experiment(write_yaml(tmp_path / "m.yaml", _steered_tiny(split="heldout_template")))
     with pytest.raises(DataError, match="task 'math' gives only 0 heldout_template items that no pool holds"):
-        steering_examples(exp, build_task_data(exp), exp.resolved_stages()[1], 1)
+        steering_examples(build_task_data(exp), steering_draw(exp, exp.resolved_stages()[1], 1))
 
 
 def test_a_steered_run_logs_its_errors_and_its_weights_follow_them(tmp_path, monkeypatch):

@@ -11,8 +11,9 @@ from data_recipes.base import Example
 from harness.config import Experiment
 from harness.data.encoding import IGNORE_INDEX
 from harness.data.images import chat_messages
+from harness.data.task_data import DataError
 from harness.models.tokenizer import train_tokenizer
-from harness.runs.planning.prepare import DataError, build_task_data, encode_task_data
+from harness.runs.planning.prepare import build_task_data, encode_task_data
 
 INSTRUCTION = "Answer yes or no."
 

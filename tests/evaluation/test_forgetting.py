@@ -15,19 +15,13 @@ import numpy as np
 import polars as pl
 import pytest
 
+from data_recipes.reference_text import DEFAULT_DOCUMENTS, file_documents
 from harness.config import ConfigError, validate_data
 from harness.core.seesaw_sim import Schedule, simulate_outcomes
 from harness.core.seesaw_sim import outcome_rows as simulated_rows
 from harness.core.stats import wilson_interval
 from harness.evaluation.evidence import run_seesaw
-from harness.evaluation.forgetting import (
-    DEFAULT_DOCUMENTS,
-    REF_FAMILY,
-    REF_OUTCOME,
-    ReferenceText,
-    encode_documents,
-    file_documents,
-)
+from harness.evaluation.forgetting import REF_FAMILY, REF_OUTCOME, ReferenceText, encode_documents
 from tests.conftest import TINY, invoke, run_cli, write_yaml
 
 KEEP = ["stage", "step", "task", "split", "metric", "value"]

@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from harness.config import EvalSpec, validate_data
+from harness.data.answer_lengths import default_max_new_tokens, length_margin, needed_new_tokens
+from harness.data.task_data import DataError
 from harness.evaluation import run_evaluation
-from harness.evaluation.lengths import default_max_new_tokens, length_margin, needed_new_tokens, stop_token_ids
+from harness.evaluation.lengths import stop_token_ids
 from harness.models.tokenizer import ENDOFTEXT, IM_END, IM_START, train_tokenizer
-from harness.runs.planning.prepare import DataError, build_task_data, encode_task_data
+from harness.runs.planning.prepare import build_task_data, encode_task_data
 from tests.conftest import invoke, write_yaml
 from tests.evaluation.test_evaluation import Bigram, ExactRecipe, item
 

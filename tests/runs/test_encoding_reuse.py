@@ -1,5 +1,4 @@
-"""Encoding reuse (harness.runs.planning.prepare.encode_task_data): a process asking again for the same encoding (a
-sweep
+"""Encoding reuse (harness.data.task_encoding.encode_tasks): a process asking again for the same encoding (a sweep
 worker's next trial) gets the previous one without tokenising again — equal to a fresh encoding, its arrays read-only —
 and anything the encoding reads (data, tokenizer, settings) encodes afresh."""
 
@@ -10,14 +9,14 @@ import copy
 import pytest
 
 from harness.config import Experiment
+from harness.data import task_encoding
 from harness.models.tokenizer import train_tokenizer
-from harness.runs.planning import prepare
 from harness.runs.planning.prepare import build_task_data, encode_task_data
 
 
 @pytest.fixture(autouse=True)
 def no_previous_encoding(monkeypatch):
-    monkeypatch.setattr(prepare, "_last_encoding", {})
+    monkeypatch.setattr(task_encoding, "_last_encoding", {})
 
 
 def _tokenizer(data, vocab_size: int = 300):
@@ -33,13 +32,13 @@ def _plain(encoded) -> tuple:
 
 def _count_calls(monkeypatch) -> list[int]:
     calls = [0]
-    compute = prepare._encode_task_data
+    compute = task_encoding._encoded
 
     def counted(*args, **kwargs):
         calls[0] += 1
         return compute(*args, **kwargs)
 
-    monkeypatch.setattr(prepare, "_encode_task_data", counted)
+    monkeypatch.setattr(task_encoding, "_encoded", counted)
     return calls
 
 
@@ -52,7 +51,7 @@ def test_the_same_encoding_again_is_reused_and_equals_a_fresh_one(tiny, monkeypa
     again_data = build_task_data(exp)  # the next trial: its own data objects, the same content
     again = encode_task_data(exp, again_data, tokenizer)
     assert calls[0] == 1, "the second trial tokenised again"
-    prepare._last_encoding.clear()
+    task_encoding._last_encoding.clear()
     fresh = encode_task_data(exp, build_task_data(exp), tokenizer)
     assert _plain(again) == _plain(fresh) == _plain(first)
     assert again.train is not first.train and again.eval_items is not first.eval_items  # lists of its own

@@ -168,8 +168,9 @@ def _check_near_ties(runs, differing: dict[int, list[tuple[str, str, int]]], see
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from harness.config import load_experiment
+    from harness.data.answer_lengths import default_max_new_tokens
     from harness.data.encoding import position_limit
-    from harness.evaluation.lengths import default_max_new_tokens, stop_token_ids
+    from harness.evaluation.lengths import stop_token_ids
     from harness.runs.planning.prepare import build_task_data, encode_task_data
 
     final = runs[0] / "checkpoints" / "assistant"  # the architecture and tokenizer (weights: each resume point)

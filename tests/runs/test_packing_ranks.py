@@ -64,7 +64,7 @@ def _model():
 
 def _plan(setting="auto"):
     from harness.data.batches import collate
-    from harness.runs.planning.stage_plan import StagePlan
+    from harness.data.stage_batches import StagePlan
 
     train = SimpleNamespace(
         packing=setting, compile=False, loss=LossSpec(), precision="fp32", loss_chunking="auto", loss_chunk_tokens=None

@@ -15,8 +15,8 @@ import pytest
 
 from harness.config import validate_data
 from harness.core.store import read_metrics
+from harness.data.task_data import DataError
 from harness.runs.execution.runner import run_experiment
-from harness.runs.planning.prepare import DataError
 from tests.conftest import ROOT, invoke, run_cli, write_yaml
 
 

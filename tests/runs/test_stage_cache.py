@@ -21,11 +21,12 @@ from safetensors.torch import load_file
 
 from harness.config import Experiment
 from harness.core.store import read_metrics
+from harness.data.task_data import task_data_hash
 from harness.runs.execution.cache_housekeeping import list_entries, prune
 from harness.runs.execution.runner import run_experiment
 from harness.runs.execution.stage_cache import _publish, read_entry
 from harness.runs.planning.prepare import build_task_data
-from harness.runs.planning.stage_key import stage_keys, task_data_hash
+from harness.runs.planning.stage_key import stage_keys
 from harness.training import compiling
 from tests.conftest import invoke
 

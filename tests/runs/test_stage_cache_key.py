@@ -24,10 +24,11 @@ import torch
 from pydantic import BaseModel
 
 from harness.config import Experiment, TrainSpec
+from harness.data.task_data import task_data_hash
 from harness.runs.planning import code_identity
 from harness.runs.planning.code_identity import AFTER_TRAINING
 from harness.runs.planning.prepare import build_task_data
-from harness.runs.planning.stage_key import NOT_SHAPING, STAGE_NOT_SHAPING, stage_keys, task_data_hash
+from harness.runs.planning.stage_key import NOT_SHAPING, STAGE_NOT_SHAPING, stage_keys
 from harness.training import compiling
 from tests.conftest import ROOT, TINY
 

@@ -22,7 +22,8 @@ import torch
 from harness.config import LossSpec, OptimSpec, TrainSpec, validate_data
 from harness.data.batches import Batch, collate
 from harness.data.encoding import IGNORE_INDEX, Encoded
-from harness.runs.planning.stage_plan import plan_stage
+from harness.data.stage_batches import plan_stage
+from harness.runs.planning.prepare import stage_batching
 from harness.training import compiling
 from harness.training.loop import StageLoop, batch_loss, make_optimizer, train_stage
 from tests.conftest import TINY, drift_bound, relative
@@ -76,12 +77,12 @@ def test_grouped_batches_follow_the_mixture_and_pad_less():
     pools, mixture = _mixed_pools(), {"repeat": 0.4, "yesno": 0.3, "math": 0.3}
     grouped, ungrouped = _experiment(length_grouping=50), _experiment()  # the default is off
     for index, stage in enumerate(grouped.resolved_stages()):
-        plan = plan_stage(grouped, stage, index, pools, pad_id=0)
+        plan = plan_stage(stage_batching(grouped), stage, index, pools, pad_id=0)
         assert len(plan.batches) == stage.steps
         assert all(len(b.tasks) == 32 for b in plan.batches), "batch_size examples per optimiser step"
     stage = grouped.resolved_stages()[0]
-    with_grouping = plan_stage(grouped, stage, 0, pools, pad_id=0).batches
-    without = plan_stage(ungrouped, ungrouped.resolved_stages()[0], 0, pools, pad_id=0).batches
+    with_grouping = plan_stage(stage_batching(grouped), stage, 0, pools, pad_id=0).batches
+    without = plan_stage(stage_batching(ungrouped), ungrouped.resolved_stages()[0], 0, pools, pad_id=0).batches
     deviation = [np.mean([_max_share_deviation(b, mixture) for b in plan]) for plan in (with_grouping, without)]
     assert deviation[0] < 0.04 < deviation[1], deviation  # measured: 0.021 grouped, 0.092 random
     assert _pad_fraction(with_grouping) < 0.8 * _pad_fraction(without)  # measured: 0.40 vs 0.57
@@ -91,7 +92,7 @@ def test_grouped_batches_hold_similar_lengths_within_each_task():
     """Within a task, a grouped batch is a slice of that task's length order: its length range is a small part of
     the task's range in the window (what keeps padding low, and what bench/plain_vs_harness.py measures)."""
     pools, exp = _mixed_pools(), _experiment(length_grouping=50)
-    plan = plan_stage(exp, exp.resolved_stages()[0], 0, pools, pad_id=0)
+    plan = plan_stage(stage_batching(exp), exp.resolved_stages()[0], 0, pools, pad_id=0)
     examples = [e for pool in pools.values() for e in pool]
     for task in ("repeat", "math"):
         task_range = np.ptp([e.length for e in examples if e.task == task])
@@ -105,7 +106,7 @@ def test_grouped_batches_hold_similar_lengths_within_each_task():
 
 def test_plan_batches_are_collated_once_with_their_supervised_positions():
     exp, pools = _experiment(), _mixed_pools()
-    plan = plan_stage(exp, exp.resolved_stages()[0], 0, pools, pad_id=0)
+    plan = plan_stage(stage_batching(exp), exp.resolved_stages()[0], 0, pools, pad_id=0)
     for b in plan.batches[:8]:
         assert isinstance(b, Batch) and isinstance(b.input_ids, torch.Tensor)  # tensors, not examples
         flat = b.labels.flatten()

@@ -422,9 +422,10 @@ def test_packing_stays_out_of_dumps_unless_set(tiny, tmp_path):
 def test_image_batches_are_padded_and_packing_true_is_refused(tiny, tmp_path):
     from types import SimpleNamespace
 
+    from harness.data.stage_batches import plan_stage
+    from harness.data.task_data import DataError
     from harness.runs.execution.packing_decision import stage_batches
-    from harness.runs.planning.prepare import DataError
-    from harness.runs.planning.stage_plan import plan_stage
+    from harness.runs.planning.prepare import stage_batching
 
     def example(i):
         ids = np.arange(5 + i % 3, dtype=np.int64)
@@ -440,7 +441,7 @@ def test_image_batches_are_padded_and_packing_true_is_refused(tiny, tmp_path):
 
     pools = {"repeat": [example(i) for i in range(16)]}
     exp = load_experiment(write_yaml(tmp_path / "auto.yaml", tiny))
-    plan = plan_stage(exp, exp.resolved_stages()[0], 0, pools, pad_id=0)
+    plan = plan_stage(stage_batching(exp), exp.resolved_stages()[0], 0, pools, pad_id=0)
     assert plan.has_images
     rows = []
     assert stage_batches(plan, None, ["repeat"], 0, 0, lambda r, s: rows.extend(r)) is plan.batches
@@ -448,12 +449,12 @@ def test_image_batches_are_padded_and_packing_true_is_refused(tiny, tmp_path):
     tiny["train"]["packing"] = True
     exp = load_experiment(write_yaml(tmp_path / "true.yaml", tiny))
     with pytest.raises(DataError, match=r"stage 'a': train.packing: true, but its batches hold images"):
-        plan_stage(exp, exp.resolved_stages()[0], 0, pools, pad_id=0)
+        plan_stage(stage_batching(exp), exp.resolved_stages()[0], 0, pools, pad_id=0)
 
 
 def test_auto_pads_a_compiled_stage(tok, groups, tiny, tmp_path, monkeypatch):  # noqa: F811
+    from harness.data.stage_batches import StagePlan
     from harness.runs.execution import packing_decision
-    from harness.runs.planning.stage_plan import StagePlan
 
     exp = load_experiment(write_yaml(tmp_path / "x.yaml", tiny))
     plan = StagePlan(exp.resolved_stages()[0], [collate(g, tok.pad_token_id) for g in groups], {}, groups)

@@ -11,7 +11,7 @@ Written by hand: no library implements it over a sampling mixture. Three choices
 2. The paper's signal is the training loss of the groups in the batch. The balanced objective a sweep maximises
    (the worst task's held-out greedy, ``reduce: min``) is not visible in the training loss (docs/steering.md, the
    measured failure of ODM and DoReMi), so the default signal is ``steering_error``: measured on items disjoint
-   from every pool the run trains on or reports (:mod:`harness.runs.planning.steering_split`). ``train_loss`` is
+   from every pool the run trains on or reports (:mod:`harness.data.steering_items`). ``train_loss`` is
    accepted (Group DRO as the paper states it, over the tasks drawn since the last update).
 3. The step size. The paper tunes η (0.01 with an update every step). Here a stage makes T updates (about 14 under
    ``every: auto``) and the errors lie in [0, 1], so the default ``eta: hedge`` is Hedge's fixed-horizon rate

@@ -49,7 +49,7 @@ class EvalLog:
     shard: Any = None  # data-parallel ranks share out the eval batches (harness.evaluation.sharding.Shard)
     benchmarks: Any = None  # eval.benchmarks (harness.evaluation.benchmarks.Benchmarks): lm-eval tasks, when due
     reference: Any = None  # the forgetting probe's reference text (harness.evaluation.forgetting.ReferenceText)
-    # the loss pool's items (eval.loss_items; harness.runs.planning.loss_pool)
+    # the loss pool's items (eval.loss_items; data_recipes.loss_pool)
     loss_items: list = field(default_factory=list)
     history: list[Row] = field(default_factory=list)  # every evaluation row, in order
     outcomes: list[dict] = field(default_factory=list)  # per-item outcome rows (evidence.outcome_rows), in order

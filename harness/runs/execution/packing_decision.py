@@ -34,8 +34,8 @@ from harness.core.store import Row
 from harness.data.batches import collate
 from harness.data.encoding import Encoded
 from harness.data.packed_batches import ROW_WIDTH_FACTOR, examples_of, pack_encoded
+from harness.data.stage_batches import StagePlan
 from harness.models.packed_attention import UnsupportedAttention, can_replace
-from harness.runs.planning.stage_plan import StagePlan
 from harness.training.chunked_loss import Chunking
 from harness.training.compiling import compile_decision
 from harness.training.packing_check import CHECK_BATCHES, PackingError, check_packing

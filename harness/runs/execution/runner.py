@@ -27,6 +27,8 @@ import torch
 
 from harness.config import ConfigError, Experiment, computing_debug, dump_yaml, safe_load
 from harness.core.store import Row, atomic_write_text
+from harness.data.stage_batches import StagePlan
+from harness.data.task_data import DataError
 from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_baselines, run_seesaw, seesaw_rows
 from harness.models.modality import model_io
 from harness.runs.execution.console import Console
@@ -36,8 +38,7 @@ from harness.runs.execution.rundir import claim_run_dir, clear_run_outputs, uniq
 from harness.runs.execution.stage_cache import StageCache
 from harness.runs.execution.tracking import Tracker
 from harness.runs.planning.plan import RunPlan, plan_run
-from harness.runs.planning.prepare import DataError, after_progress
-from harness.runs.planning.stage_plan import StagePlan
+from harness.runs.planning.prepare import after_progress
 from harness.training import parallel as distributed
 from harness.training.adapters import (
     format_trainable_report,

@@ -6,14 +6,14 @@ computes misses the entries made before it, without anyone bumping a version.
 Which source counts, by layer (``docs/design.md``, "Layers"):
 
 - every module of ``harness.core`` (statistics, store rows), ``harness.config`` (resolution of stages, seeds),
-  ``harness.data`` (encoding, batches), ``harness.models``, ``harness.training`` and ``harness.evaluation``: the
-  layers a stage's training and evaluation run through;
+  ``harness.data`` (task building, encoding, each stage's batches), ``harness.models``, ``harness.training`` and
+  ``harness.evaluation``: the layers a stage's training and evaluation run through;
 - the modules of ``harness.runs`` that shape numbers (:data:`SHAPING_RUN_MODULES`): in ``planning``, ``plan`` (what
-  the run executes), ``prepare`` (task data, encoding, which eval items fit), ``stage_plan`` (each stage's batches),
-  ``pretrain`` and ``images`` (the base model), ``loss_pool``, ``steering_split`` and ``stage_key`` (what a key
-  holds); in ``execution``, ``packing_decision`` (packed or padded batches), ``runner`` (the stage loop, the
-  evaluation schedule), ``evallog`` (the rows and per-item outcomes an evaluation stores), ``process_ranks`` (a
-  distributed run's session) and ``stage_cache`` itself (what an entry holds and how a replay restores RNG state);
+  the run executes), ``prepare`` (which task data, base, encoding and batching a run asks for), ``pretrain`` and
+  ``images`` (the base model), ``steering_split`` and ``stage_key`` (what a key holds); in ``execution``,
+  ``packing_decision`` (packed or padded batches), ``runner`` (the stage loop, the evaluation schedule), ``evallog``
+  (the rows and per-item outcomes an evaluation stores), ``process_ranks`` (a distributed run's session) and
+  ``stage_cache`` itself (what an entry holds and how a replay restores RNG state);
 - every file under ``data_recipes/`` (a recipe makes the task data and scores its answers);
 - the plug-ins the run uses (:func:`run_plugins`: its ``plugins:`` entries and the modules of the components it
   names), each with every module it imports from its own package or directory, named relative to that root and
@@ -84,10 +84,8 @@ SHAPING_PACKAGES = (
 SHAPING_RUN_MODULES = (  # under harness/runs
     "planning/plan",
     "planning/prepare",
-    "planning/stage_plan",
     "planning/pretrain",
     "planning/images",
-    "planning/loss_pool",
     "planning/stage_key",
     "planning/steering_split",
     "execution/packing_decision",

@@ -5,7 +5,7 @@ Planning (this module and the builders it calls, all in :mod:`harness.runs.plann
 opening its directory, that reads the whole :class:`~harness.config.Experiment`; the layers below it get slices (the
 model section, a stage, the eval section). The plan keeps, for the executor (:mod:`harness.runs.execution.runner`),
 only the slices execution needs — the evaluation settings, tracking, the debug switches — beside what it built.
-Every data error surfaces here, as a :class:`~harness.runs.planning.prepare.DataError`, before any training.
+Every data error surfaces here, as a :class:`~harness.data.task_data.DataError`, before any training.
 """
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.config import DebugSpec, EvalSpec, Experiment, ResolvedStage, TrackingSpec, task_seed
+from harness.data.stage_batches import StagePlan, plan_stage
+from harness.data.steering_items import steering_items
+from harness.data.task_data import TaskData, task_data_hash
+from harness.data.task_encoding import EncodedData, encode_tasks
 from harness.evaluation.image_use import ImageEvalPlan
-from harness.runs.planning.prepare import Base, EncodedData, TaskData, build_base, build_task_data, encode_task_data
-from harness.runs.planning.stage_key import base_key, stage_keys, task_data_hash
-from harness.runs.planning.stage_plan import StagePlan, plan_stage
-from harness.runs.planning.steering_split import SteeringSplits
+from harness.runs.planning.prepare import Base, build_base, build_task_data, encoding_settings, stage_batching
+from harness.runs.planning.stage_key import base_key, stage_keys
+from harness.runs.planning.steering_split import SteeringSplits, steering_draws
 
 
 @dataclass(frozen=True)
@@ -59,16 +62,20 @@ def plan_run(exp: Experiment, console, on_progress: Callable[[], None] | None = 
     """``exp`` compiled into its :class:`RunPlan`: task data (split-checked), the base model (pretrained or found in
     the cache; ``on_progress()`` after every pretraining step), the encoded pools and eval items (their notes said on
     ``console``), each stage's batches, the steering splits and the stage-cache keys."""
+    stages, images = exp.resolved_stages(), image_eval_plan(exp)
+    settings, batching, draws = encoding_settings(exp), stage_batching(exp), steering_draws(exp, stages)
     data = build_task_data(exp)
     base = build_base(exp, data, console, on_progress)
-    encoded = encode_task_data(exp, data, base.tokenizer, base.max_positions)
+    encoded = encode_tasks(base.io, data, settings, base.max_positions)
     for note in encoded.notes():
         console.info(note)
-    stages = exp.resolved_stages()
-    plans = [plan_stage(exp, s, i, encoded.train, base.tokenizer.pad_token_id) for i, s in enumerate(stages)]
-    steering = SteeringSplits(exp, data, stages, base.tokenizer, base.max_positions)
+    pad_id = base.tokenizer.pad_token_id
+    plans = [plan_stage(batching, stage, i, encoded.train, pad_id) for i, stage in enumerate(stages)]
+    items = {i: steering_items(base.tokenizer, data, draw, base.max_positions) for i, draw in draws.items()}
+    steering = SteeringSplits(exp.eval, data.recipes, base.tokenizer, items)
+    data_hash = task_data_hash(data.splits, data.corpus)
     device = next(base.model.parameters()).device.type
-    keys = stage_keys(exp, base_key(base.info, base.model), task_data_hash(data.splits, data.corpus), device)
+    keys = stage_keys(exp, base_key(base.info, base.model), data_hash, device)
     return RunPlan(
         name=exp.name,
         seed=exp.seed,
@@ -82,7 +89,7 @@ def plan_run(exp: Experiment, console, on_progress: Callable[[], None] | None = 
         steering=steering,
         stage_keys=tuple(keys),
         eval=exp.eval,
-        images=image_eval_plan(exp),
+        images=images,
         tracking=exp.tracking,
         debug=exp.debug,
     )

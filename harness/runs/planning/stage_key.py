@@ -20,9 +20,6 @@ version and the content of each ``include_path``).
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,19 +61,6 @@ NOT_SHAPING = {
 }
 
 
-def task_data_hash(splits: dict[str, dict[str, list]], corpus: Sequence[str]) -> str:
-    """SHA-256 of every task's examples (all splits) and of the world corpus the tokenizer and pretraining read."""
-    digest = hashlib.sha256()
-    for task in sorted(splits):
-        for split in sorted(splits[task]):
-            for ex in splits[task][split]:
-                digest.update(
-                    json.dumps([task, split, ex.task, ex.messages, ex.meta], sort_keys=True, default=str).encode()
-                )
-    digest.update("\x00".join(corpus).encode())
-    return digest.hexdigest()
-
-
 def base_key(base_info: dict[str, Any], model) -> Any:
     """What identifies the base model beyond the experiment's model spec: the pretraining cache key of a builtin
     model, the hub commit of a hub model, the files (name, size, mtime) of a local one."""
@@ -97,6 +81,10 @@ def _ranks() -> int:
 def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str, code: str | None = None) -> list[str]:
     """One key per stage, each covering its stage and every earlier one (see the module docstring). ``code``: the
     hash of the code that shapes a stage (default :func:`harness.runs.planning.code_identity.code_fingerprint`)."""
+    # peft's and the optional kernels' versions, the CPU kernel path, the GPU, lm-eval, the user's benchmark tasks and
+    # reference text
+    computing = environment(device, exp.eval.benchmarks, exp.eval.reference_text)
+    code = code if code is not None else code_fingerprint(plugins=run_plugins(exp))
     resolved = exp.resolved_dict()
     shared = {k: v for k, v in resolved.items() if k not in NOT_SHAPING and k != "stages"}
     shared["train"] = {k: v for k, v in resolved["train"].items() if f"train.{k}" not in NOT_SHAPING}
@@ -109,10 +97,8 @@ def stage_keys(exp: Experiment, base: Any, data_hash: str, device: str, code: st
         "transformers": transformers.__version__,
         "device": device,
         "base": base,
-        "code": code if code is not None else code_fingerprint(plugins=run_plugins(exp)),
-        # peft's and the optional kernels' versions, the CPU kernel path, the GPU, lm-eval, the user's benchmark tasks
-        # and reference text
-        "environment": environment(device, exp.eval.benchmarks, exp.eval.reference_text),
+        "code": code,
+        "environment": computing,
         # on a CPU the intra-op thread count changes the order of float sums: a stage computed with 2 threads
         # is not bit-identical to the same stage computed by a 1-thread sweep worker
         "cpu_threads": torch.get_num_threads() if device == "cpu" else None,

@@ -2,6 +2,8 @@
 adaptive mixture an :class:`~harness.data.steering.stream.AdaptiveStream` that draws them as the stage trains — and its
 effective composition (examples, tokens and too-long drops per task). The packed/padded choice is made at the stage's
 start (:mod:`harness.runs.execution.packing_decision`); a plan that cannot be trained as asked is a :class:`DataError`.
+What a stage's batches read of the experiment besides the stage comes as a :class:`Batching`
+(:func:`harness.runs.planning.prepare.stage_batching` takes it).
 """
 
 from __future__ import annotations
@@ -11,12 +13,21 @@ from typing import Any
 
 import numpy as np
 
-from harness.config import Experiment, ResolvedStage
+from harness.config import ResolvedStage
 from harness.data.batches import length_grouped_batches
 from harness.data.images import stage_collator
 from harness.data.steering.stream import AdaptiveStream
 from harness.data.stream import mixture_stream
-from harness.runs.planning.prepare import DataError
+from harness.data.task_data import DataError
+
+
+@dataclass(frozen=True)
+class Batching:
+    """What a stage's batches read of the experiment besides the stage."""
+
+    seed: int  # the run's seed: stage i draws its batches from numpy's default_rng([seed, i])
+    too_long: str  # data.too_long: "drop" or "error"
+    drop_images: bool  # debug.drop_images: image batches collated without their pixels
 
 
 @dataclass
@@ -50,13 +61,13 @@ class StagePlan:
         return [self.batches.collate(pool[i : i + 256]) for i in range(0, len(pool), 256)]
 
 
-def plan_stage(exp: Experiment, stage: ResolvedStage, index: int, pools: dict[str, list], pad_id: int) -> StagePlan:
+def plan_stage(batching: Batching, stage: ResolvedStage, index: int, pools: dict[str, list], pad_id: int) -> StagePlan:
     """The stage's batches and its effective composition (examples and tokens per task, too-long drops)."""
     kept, dropped = {}, {}
     for task in stage.mixture.tasks:
         kept[task] = [e for e in pools[task] if e.length <= stage.train.max_length]
         dropped[task] = len(pools[task]) - len(kept[task])
-        if dropped[task] and exp.data.too_long == "error":
+        if dropped[task] and batching.too_long == "error":
             raise DataError(
                 f"stage {stage.name!r}: {dropped[task]} examples of task {task!r} are longer than "
                 f"max_length={stage.train.max_length} (data.too_long: error)"
@@ -66,9 +77,9 @@ def plan_stage(exp: Experiment, stage: ResolvedStage, index: int, pools: dict[st
                 f"stage {stage.name!r}: every example of task {task!r} is longer than "
                 f"max_length={stage.train.max_length}; its pool is empty"
             )
-    rng = np.random.default_rng([exp.seed, index])
+    rng = np.random.default_rng([batching.seed, index])
     if stage.mixture.kind == "adaptive":
-        return _adaptive_plan(exp, stage, kept, dropped, rng, pad_id)
+        return _adaptive_plan(batching, stage, kept, dropped, rng, pad_id)
     n = sum(stage.mixture.counts.values()) if stage.mixture.kind == "counts" else stage.steps * stage.train.batch_size
     draws = mixture_stream(stage.mixture, {t: len(p) for t, p in kept.items()}, n, rng)
     examples = [kept[t][i] for t, i in draws]
@@ -82,7 +93,7 @@ def plan_stage(exp: Experiment, stage: ResolvedStage, index: int, pools: dict[st
     for task, c in composition.items():
         c["share"] = c["examples"] / len(examples)
         c["dropped_too_long"] = dropped.get(task, 0)
-    collate_batch, has_images = stage_collator(examples, pad_id, exp.debug.drop_images)
+    collate_batch, has_images = stage_collator(examples, pad_id, batching.drop_images)
     if has_images and stage.train.packing is True:
         raise DataError(
             f"stage {stage.name!r}: train.packing: true, but its batches hold images; packed batches "
@@ -92,7 +103,7 @@ def plan_stage(exp: Experiment, stage: ResolvedStage, index: int, pools: dict[st
 
 
 def _adaptive_plan(
-    exp: Experiment,
+    batching: Batching,
     stage: ResolvedStage,
     kept: dict[str, list],
     dropped: dict[str, int],
@@ -100,7 +111,7 @@ def _adaptive_plan(
     pad_id: int,
 ) -> StagePlan:
     """An adaptive stage's plan: a stream that draws each step's batch from the controller's current weights."""
-    collate_batch, _ = stage_collator([e for pool in kept.values() for e in pool], pad_id, exp.debug.drop_images)
+    collate_batch, _ = stage_collator([e for pool in kept.values() for e in pool], pad_id, batching.drop_images)
 
     if stage.train.packing is True:
         raise DataError(

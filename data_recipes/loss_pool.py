@@ -14,7 +14,8 @@ and the count dropped is said. Image tasks have no loss pool.
 
 Its rows are split ``loss_<split>`` (:func:`harness.core.metrics.loss_pool_split`), metrics ``eval_loss`` and
 ``gold_logprob`` only, recorded at the end of every stage
-(:meth:`harness.runs.execution.evallog.EvalLog.run_loss_pool`).
+(:meth:`harness.runs.execution.evallog.EvalLog.run_loss_pool`). The run's task building
+(:func:`harness.data.task_build.build_tasks`) draws it.
 """
 
 from __future__ import annotations
@@ -23,27 +24,27 @@ from collections.abc import Callable
 from typing import Any
 
 from data_recipes.split_check import HELD_OUT_SPLITS, prompt_digest
-from harness.config import Experiment, task_seed
 from harness.core.metrics import loss_pool_split
 
 
 def loss_pool_splits(
-    exp: Experiment, task: str, make_recipe: Callable[[], Any], train: list
+    make_recipe: Callable[[], Any],
+    task: str,
+    sizes: tuple[int, int],
+    seed: int,
+    eval_splits: tuple[str, ...],
+    train: list,
 ) -> tuple[dict[str, list], int]:
-    """``({loss_<split>: [Example]}, dropped)`` of ``task`` for every held-out split of ``eval.splits``: the
-    recipe's held-out splits at ``eval.loss_items`` items, minus the items whose prompt is in ``train`` (the run's
-    training split; ``dropped`` counts them). Empty without ``eval.loss_items``. Raises ``ValueError`` (the
-    recipe's) when it cannot make that many."""
-    size = exp.eval.loss_items
-    if not size:
-        return {}, 0
+    """``({loss_<split>: [Example]}, dropped)`` of ``task`` for every held-out split of ``eval_splits``: a fresh
+    recipe's held-out splits at ``sizes = (tasks.<task>.train, eval.loss_items)``, minus the items whose prompt is in
+    ``train`` (the run's training split; ``dropped`` counts them). Raises ``ValueError`` (the recipe's) when it
+    cannot make that many."""
     recipe = make_recipe()
-    spec = exp.tasks[task]
-    built = recipe.build(task, spec.train, size, task_seed(exp, task))
+    built = recipe.build(task, *sizes, seed)
     with_answer = getattr(recipe, "heldout_overlap", "prompt") == "prompt_answer"
     trained = {prompt_digest(ex, with_answer) for ex in train}
     out, dropped = {}, 0
-    for split in exp.eval.splits:
+    for split in eval_splits:
         if split not in HELD_OUT_SPLITS or not built.get(split):
             continue
         kept = [ex for ex in built[split] if prompt_digest(ex, with_answer) not in trained]
