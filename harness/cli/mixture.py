@@ -10,6 +10,7 @@ the proposal and the winner on K fresh seeds, here or through a launcher, and wr
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -65,6 +66,14 @@ SnrOption = typer.Option(
     "signal-to-noise ratio (greedy, eval_loss, gold_logprob per task: sd across the trials / sd across the seeds) "
     "and the greedy rate's CV error fitted directly vs through eval_loss and a logistic link; no proposal.",
 )
+ObjectiveSetOption = typer.Option(
+    None,
+    "--set",
+    help="With a sweep directory: another objective, read from the trials' own columns, repeatable "
+    "(objective.metric=eval_loss, objective.split=loss_heldout, objective.reduce=mean …; a new metric takes its own "
+    "direction unless objective.direction is set): the law, the proposal and --verify / --budget / --steer then use "
+    "it, and write under SWEEP_DIR/objective-<metric>-<split>-<hash>/.",
+)
 OutOption = typer.Option(
     None, "--out", help="Where proposal.json goes (default: SWEEP_DIR/proposal.json, or <table>.proposal.json)."
 )
@@ -86,6 +95,7 @@ def mixture(
     predict: Path | None = PredictOption,
     out: Path | None = OutOption,
     snr: Path | None = SnrOption,
+    set_: list[str] | None = ObjectiveSetOption,
     bootstrap: int = typer.Option(
         200, "--bootstrap", min=10, help="Resamples of the trials for the intervals (each refits the chosen form)."
     ),
@@ -116,6 +126,12 @@ def mixture(
         "start; groupdro steers by the sweep's objective on a steering split), repeatable, and compare it with the "
         "winner on the same seeds; write SWEEP_DIR/steer.json.",
     ),
+    full_size: bool = typer.Option(
+        False,
+        "--full-size",
+        help="With --verify on a proxy sweep: train the arms at full size (the experiment without the sweep's "
+        "proxy:), into <folder>/full-size/, instead of at the proxy's size.",
+    ),
     jobs: int = typer.Option(1, "--jobs", min=1, help="With --verify: runs at once on this machine (processes)."),
     launcher: str | None = LauncherOption,
     slurm: list[str] | None = SlurmOption,
@@ -132,8 +148,11 @@ def mixture(
     if table is not None:
         if sweep_dir is not None:
             raise_usage("harness mixture: give a sweep directory or --table FILE, not both")
-        if verify is not None or budget or steer:
-            raise_usage("harness mixture: --verify, --budget and --steer train a sweep's experiment: not with --table")
+        if verify is not None or budget or steer or set_:
+            raise_usage(
+                "harness mixture: --verify, --budget, --steer and --set are about a sweep's experiment: "
+                "not with --table"
+            )
         table_args = {"weights": weights, "objective": objective, "direction": direction, "seed_column": seed_column}
         table_args |= {"proportion": proportion, "tolerance": tolerance, "holdout_column": holdout_column}
         _from_table(table, table_args, holdout, predict, out, options)
@@ -145,11 +164,14 @@ def mixture(
     if sweep_dir is None:
         raise_usage("harness mixture: give a sweep directory or --table FILE")
     if snr is not None:
-        if verify is not None or holdout is not None or predict is not None:
-            raise_usage("harness mixture: --snr is a report of its own: not with --verify, --holdout or --predict")
+        if verify is not None or holdout is not None or predict is not None or set_:
+            raise_usage("harness mixture: --snr is a report of its own: not with --verify, --holdout, --predict, --set")
         _snr_report(sweep_dir, snr, (form or ["loglinear"])[-1])
         return
-    _from_sweep(sweep_dir, holdout, predict, out, options, verify, budget, steer, jobs, launcher, slurm, detach)
+    if full_size and verify is None:
+        raise_usage("harness mixture: --full-size trains the verification's arms: it needs --verify K")
+    launching = (jobs, launcher, slurm, detach)
+    _from_sweep(sweep_dir, holdout, predict, out, options, (verify, full_size), budget, steer, launching, set_ or [])
 
 
 def _say_proxies(config: dict, held_config: dict | None) -> None:
@@ -166,21 +188,66 @@ def _say_proxies(config: dict, held_config: dict | None) -> None:
         typer.echo("held out: full-size trials (no proxy)")
 
 
-def _from_sweep(sweep_dir, holdout, predict, out, options, verify, budget, steer, jobs, launcher, slurm, detach):
-    """The proposal from a sweep directory, then ``--verify`` / ``--budget`` / ``--steer`` as asked."""
+def _retargeted(sweep_dir: Path, items: list[str], full_size: bool = False):
+    """``--set objective.…`` items applied to the sweep: ``(sweep, config, folder)`` — the sweep with the new objective
+    (validated against its experiment as the sweep file's own; at full size with ``--full-size``), its
+    ``sweep.resolved.yaml`` with that objective, and the folder everything this command writes goes to (the sweep
+    directory itself without items)."""
+    from analysis.loading import read_sweep_config
+    from harness.config import ConfigError
+    from harness.studies.sweep import RESOLVED_NAME, load_resolved, load_sweep
+
+    config = read_sweep_config(sweep_dir)
+    wrong = [item for item in items if not item.partition("=")[0].strip().startswith("objective.")]
+    if wrong:
+        raise_usage(f"harness mixture: --set {wrong[0]}: only objective.<key>=<value> (the trials are what they are)")
+    if items and config.get("objectives"):
+        raise_usage("harness mixture: --set objective.…: the sweep has several objectives (a Pareto front)")
+    keys = {item.partition("=")[0].strip() for item in items}
+    if "objective.metric" in keys and "objective.direction" not in keys:
+        # the resolved file spells the old metric's direction out: a new metric takes its own (a loss is minimised)
+        items = [*items, "objective.direction=null"]
+    try:
+        sweep = load_sweep(Path(sweep_dir) / RESOLVED_NAME, items) if items else load_resolved(sweep_dir)
+    except ConfigError as e:
+        said = "; ".join(f"{where}: {what}" if where else what for where, what in e.errors)
+        raise_usage(f"harness mixture: {'--set ' if items else ''}{said} ({e.source})")
+    if full_size:
+        try:
+            sweep = sweep.at_full_size()
+        except (ValueError, ConfigError) as e:
+            raise_usage(f"harness mixture --full-size: {sweep_dir}: {e}")
+    if not items:
+        return sweep, config, Path(sweep_dir)
+    objective = sweep.objectives[0].to_yaml()
+    digest = hashlib.sha256(json.dumps(objective, sort_keys=True).encode()).hexdigest()[:8]
+    folder = Path(sweep_dir) / f"objective-{objective['metric']}-{objective['split']}-{digest}"
+    folder.mkdir(exist_ok=True)
+    return sweep, {**config, "objective": objective}, folder
+
+
+def _from_sweep(sweep_dir, holdout, predict, out, options, verifying, budget, steer, launching, items):
+    """The proposal from a sweep directory, then ``--verify`` / ``--budget`` / ``--steer`` as asked (``verifying``:
+    ``(K or None, at full size)``)."""
     from analysis.loading import AnalysisError, is_sweep_dir, load_sweep, read_sweep_config
     from analysis.mixture_data import sweep_law_data
     from analysis.mixture_proposal import PROPOSAL_NAME, budget_choice, budget_row
+    from analysis.trials import objective_columns
 
     if not is_sweep_dir(sweep_dir):
         raise_usage(f"harness mixture: {sweep_dir}: not a sweep directory (no trials.parquet)")
     if holdout is not None and not is_sweep_dir(holdout):
         raise_usage(f"harness mixture: --holdout {holdout}: not a sweep directory (no trials.parquet)")
-    choice = _verify_choice(sweep_dir, verify, jobs, launcher, slurm, detach)
+    verify, full_size = verifying
+    choice = _verify_choice(sweep_dir, verify, *launching)
     if budget and verify is None:
         raise_usage("harness mixture: --budget trains each budget's mixture: it needs --verify K")
     _check_steer(steer, verify)
-    trials, config = load_sweep(sweep_dir), read_sweep_config(sweep_dir)
+    sweep, config, folder = _retargeted(sweep_dir, items, full_size)
+    trials = load_sweep(sweep_dir)
+    if items:  # the recorded objective is the sweep's own: the new one is reduced from the trials' targets
+        trials = trials.drop(objective_columns(trials))
+        typer.echo(f"objective: {json.dumps(config['objective'])} (--set; written under {folder})")
     too_many = [k for k in budget or [] if not 1 <= k < len(trials)]
     if too_many:
         raise_usage(
@@ -193,7 +260,7 @@ def _from_sweep(sweep_dir, holdout, predict, out, options, verify, budget, steer
         held = sweep_law_data(load_sweep(holdout), config, str(holdout)) if holdout is not None else None
     except AnalysisError as e:
         raise_usage(f"harness mixture: {e}")
-    proposal = _propose(data, held, predict, out or Path(sweep_dir) / PROPOSAL_NAME, options)
+    proposal = _propose(data, held, predict, out or folder / PROPOSAL_NAME, options)
     if verify is None:
         return
     rows = [budget_choice(trials, config, k, **options) for k in sorted(set(budget or []))]
@@ -202,7 +269,8 @@ def _from_sweep(sweep_dir, holdout, predict, out, options, verify, budget, steer
         typer.echo(f"first {row['k']} trials: {row['basis']} ({row['why']}) → {mixture}")
     if rows:
         rows.append(budget_row(proposal.to_json(), "all"))
-    _verify(sweep_dir, proposal.to_json(), trials.to_dicts(), verify, jobs, choice, detach, rows, steer or [])
+    jobs, detach, runs_in = launching[0], launching[3], folder / "full-size" if full_size else folder
+    _verify(sweep, runs_in, proposal.to_json(), trials.to_dicts(), verify, jobs, choice, detach, rows, steer or [])
 
 
 def _snr_report(sweep_dir: Path, group_dir: Path, form: str) -> None:
@@ -310,6 +378,7 @@ def _verify_choice(sweep_dir: Path, verify, jobs: int, launcher, slurm, detach: 
 
 
 def _verify(
+    sweep,
     sweep_dir: Path,
     proposal: dict,
     trials: list[dict],
@@ -320,7 +389,8 @@ def _verify(
     rows: list[dict],
     steer: list[str],
 ) -> None:
-    """Train both arms on ``k`` fresh seeds, print the comparison, write ``verify.json``; with budget ``rows``,
+    """Train both arms of ``sweep`` on ``k`` fresh seeds into ``sweep_dir`` (the sweep's directory, or its
+    ``--set`` objective's folder), print the comparison, write ``verify.json``; with budget ``rows``,
     train each row's mixture on the same seeds too and write ``budget.json``; with ``steer`` methods, each steered
     arm, and write ``steer.json``."""
     from harness.config import ConfigError
@@ -328,9 +398,8 @@ def _verify(
     from harness.studies.mixture_budget import BUDGET_NAME, format_budget, verify_budget
     from harness.studies.mixture_steer import STEER_NAME, format_steering, steering_plan, verify_steering
     from harness.studies.mixture_verify import VERIFY_DIR, VERIFY_NAME, format_verification, verify
-    from harness.studies.sweep import load_resolved
 
-    sweep = load_resolved(sweep_dir)
+    Path(sweep_dir).mkdir(exist_ok=True)
     folder = Path(sweep_dir) / VERIFY_DIR / "slurm"
     runs = make_launcher(
         choice, folder, jobs=jobs, echo=typer.echo, job_name=f"harness-verify-{sweep.name}", detach=detach

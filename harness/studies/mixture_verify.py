@@ -393,6 +393,11 @@ def verify(
         return None
     report, notes = compare(sweep, sweep_dir, seeds, proposal, same)
     notes += own_seed_notes(sweep)
+    if sweep.full_size:
+        notes.append(
+            "full size: the arms are the experiment without the sweep's proxy; the winner's in-sample value is its "
+            "proxy trial's, so its optimism here is the proxy-to-full-size shift as much as the sweep's flattery"
+        )
     if same:
         notes.append("the proposal is the winner's mixture: the winner's runs stand for both arms (difference 0)")
     report = {

@@ -24,14 +24,16 @@ from harness.config.yaml_io import dump_yaml
 from harness.core.stats import wilson_interval
 from harness.studies.mixture_steer import steering_plan
 from harness.studies.mixture_verify import VERIFY_NAME, crossed_interval, used_seeds
-from harness.studies.sweep import BASE_EXPERIMENT_NAME, RESOLVED_NAME, load_sweep
+from harness.studies.sweep import BASE_EXPERIMENT_NAME, RESOLVED_NAME, load_resolved, load_sweep
+from harness.studies.sweep.spec import FULL_EXPERIMENT_NAME
+from harness.studies.sweep.study import prepare_study
 from tests.conftest import TINY, invoke, write_yaml
 
 TASKS = ["repeat", "yesno", "math"]
 PATH = "stages.b.mixture"
 
 
-def _sweep_dir(tmp_path: Path, n: int = 10, own_seed: bool = False) -> tuple[Path, object]:
+def _sweep_dir(tmp_path: Path, n: int = 10, own_seed: bool = False, proxy: dict | None = None) -> tuple[Path, object]:
     exp = copy.deepcopy(TINY)
     if own_seed:  # a task that keeps its own data seed: the reports say so in a note
         exp["tasks"]["repeat"]["seed"] = 11
@@ -44,12 +46,15 @@ def _sweep_dir(tmp_path: Path, n: int = 10, own_seed: bool = False) -> tuple[Pat
         "study": {"name": "verify", "sampler": "random", "n_trials": n, "seed": 0},
         "space": {PATH: {"simplex": TASKS}},
         "objective": {"metric": "tf_first", "split": "heldout", "tasks": ["yesno", "math"], "reduce": "mean"},
+        **({"proxy": proxy} if proxy else {}),
     }
     sweep = load_sweep(write_yaml(tmp_path / "verify.yaml", source))
     sweep_dir = tmp_path / "sweep"
     sweep_dir.mkdir()
     (sweep_dir / BASE_EXPERIMENT_NAME).write_text(dump_yaml(sweep.base_raw))
     (sweep_dir / RESOLVED_NAME).write_text(dump_yaml(sweep.resolved_yaml()))
+    if sweep.full_raw is not None:  # as harness sweep keeps it (prepare_study)
+        (sweep_dir / FULL_EXPERIMENT_NAME).write_text(dump_yaml(sweep.full_raw))
     # synthetic trials: a smooth objective over the simplex, best inside it (the proposal needs a fit, not truth)
     rng = np.random.default_rng(0)
     W = rng.dirichlet(np.ones(3), size=n)
@@ -303,6 +308,80 @@ def test_verify_refuses_bad_k_and_slurm_without_submitit(tmp_path, monkeypatch):
         '--launcher slurm needs submitit, the harness\'s cluster extra: pip install -e ".[cluster]"'
     )
     assert not (sweep_dir / "verify").exists()  # refused before anything ran
+
+
+def test_another_objective_is_read_from_the_trials_and_written_apart(tmp_path, monkeypatch):
+    """``--set objective.…``: the law, the winner and the verification use the new objective, reduced from the
+    trials' own columns (not the recorded objective, the sweep's), and write into their own folder; the sweep's
+    own proposal is not touched. Anything but the objective, or an objective the experiment cannot give, is refused
+    in one line (exit 2)."""
+    sweep_dir, _ = _sweep_dir(tmp_path)
+    trials = pl.read_parquet(sweep_dir / "trials.parquet")
+    W = trials.select([f"param/{PATH}.{t}" for t in TASKS]).to_numpy()
+    losses = {"yesno": 1.0 + (W[:, 0] - 0.6) ** 2, "math": 1.2 + 0.5 * (W[:, 0] - 0.6) ** 2}  # best near repeat 0.6
+    trials = trials.with_columns(pl.Series(f"metric/b/heldout/{t}/eval_loss", v) for t, v in losses.items())
+    trials.write_parquet(sweep_dir / "trials.parquet")
+    retarget = ["--set", "objective.metric=eval_loss"]
+    seen = {}
+
+    def fake_verify(sweep, folder, proposal, trials, k, launcher=None, echo=print):
+        seen.update(objective=sweep.objectives[0].to_yaml(), folder=folder, winner=proposal["winner"]["number"])
+        return None  # as a launcher that left the runs going
+
+    monkeypatch.setattr("harness.studies.mixture_verify.verify", fake_verify)
+    result = invoke("mixture", str(sweep_dir), *VERIFY_ARGS, *retarget, "--verify", "2")
+    assert result.exit_code == 0, result.output
+    folder = seen["folder"]
+    assert folder.parent == sweep_dir and folder.name.startswith("objective-eval_loss-heldout-")
+    assert seen["objective"]["metric"] == "eval_loss" and seen["objective"]["direction"] == "minimize"
+    proposal = json.loads((folder / "proposal.json").read_text())
+    mean_loss = (losses["yesno"] + losses["math"]) / 2
+    assert seen["winner"] == proposal["winner"]["number"] == int(np.argmin(mean_loss))
+    assert proposal["winner"]["observed"] == pytest.approx(mean_loss.min())
+    assert int(np.argmin(mean_loss)) != int(np.argmax(trials["objective"].to_numpy()))  # not the recorded winner
+    assert not (sweep_dir / "proposal.json").exists()
+
+    for args, words in [
+        (["--set", "study.n_trials=3"], "--set study.n_trials=3: only objective.<key>=<value>"),
+        (["--set", "objective.metric=no_such_metric"], "objective.metric"),
+        ([*retarget, "--table", str(sweep_dir / "trials.parquet")], "not with --table"),
+    ]:
+        refused = invoke("mixture", *([] if "--table" in args else [str(sweep_dir)]), *args)
+        assert refused.exit_code == 2 and words in refused.output, refused.output
+        assert len(refused.output.strip().splitlines()) == 1, refused.output
+
+
+def test_a_proxy_sweeps_verification_at_full_size_trains_the_experiment_without_its_proxy(tmp_path, monkeypatch):
+    """``--verify K --full-size``: a proxy sweep keeps its base without the proxy (experiment.full.yaml, written as
+    the study is prepared), and the verification's arms are made from it, into their own folder; refused without
+    --verify, on a sweep with no proxy, and on a proxy sweep that kept no full-size base."""
+    sweep_dir, sweep = _sweep_dir(tmp_path, proxy={"stages.a.steps": 1})
+    assert sweep.base_raw["stages"][0]["steps"] == 1 and sweep.full_raw["stages"][0]["steps"] == 2
+    prepare_study(sweep, tmp_path / "prepared")
+    assert (tmp_path / "prepared" / FULL_EXPERIMENT_NAME).read_text() == dump_yaml(sweep.full_raw)
+    assert load_resolved(sweep_dir).full_raw == sweep.full_raw  # read back from the sweep directory
+    seen = {}
+
+    def fake_verify(sweep, folder, proposal, trials, k, launcher=None, echo=print):
+        seen.update(steps=[s["steps"] for s in sweep.base_raw["stages"]], folder=folder, full=sweep.full_size)
+        return None
+
+    monkeypatch.setattr("harness.studies.mixture_verify.verify", fake_verify)
+    result = invoke("mixture", str(sweep_dir), *VERIFY_ARGS, "--verify", "2", "--full-size")
+    assert result.exit_code == 0, result.output
+    assert seen == {"steps": [2, 2], "folder": sweep_dir / "full-size", "full": True}
+
+    (tmp_path / "plain").mkdir()
+    no_proxy, _ = _sweep_dir(tmp_path / "plain")
+    (sweep_dir / FULL_EXPERIMENT_NAME).unlink()
+    for directory, args, words in [
+        (sweep_dir, [], "--full-size trains the verification's arms: it needs --verify K"),
+        (no_proxy, ["--verify", "2"], "the sweep has no proxy: its trials are full size"),
+        (sweep_dir, ["--verify", "2"], f"no {FULL_EXPERIMENT_NAME} in the sweep directory"),
+    ]:
+        refused = invoke("mixture", str(directory), *VERIFY_ARGS, "--full-size", *args)
+        assert refused.exit_code == 2 and words in refused.output, refused.output
+        assert len(refused.output.strip().splitlines()) == 1
 
 
 def _tables(rng, seeds: int, items: int, effect: float) -> np.ndarray:

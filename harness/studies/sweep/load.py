@@ -32,7 +32,7 @@ from harness.core.names import check_safe_name
 from harness.core.registry import EVALUATORS, PROBES, suggest
 from harness.core.store import LOWER_IS_BETTER
 from harness.studies.sweep.space import Objective, Param, Sweep
-from harness.studies.sweep.spec import RESOLVED_NAME, ObjectiveSpec, SweepSpec, space_kind
+from harness.studies.sweep.spec import FULL_EXPERIMENT_NAME, RESOLVED_NAME, ObjectiveSpec, SweepSpec, space_kind
 from harness.studies.sweep.study import make_pruner, make_sampler
 
 Errors = list[tuple[str, str]]
@@ -74,10 +74,22 @@ def _read_spec(path: Path, overrides: list[str] | None) -> SweepSpec:
         raise ConfigError(source, yaml_errors(e, SweepSpec)) from None
 
 
-def _read_base(path: Path, spec: SweepSpec) -> tuple[dict[str, Any], Experiment]:
-    """The base experiment (read relative to the sweep file) with the sweep's ``overrides`` and then its ``proxy``,
-    raw and validated. Its ``plugins:`` files and data paths are made absolute against the experiment file's
-    directory, as for a plain experiment, so every trial and verification run finds them wherever it starts."""
+def _full_raw(path: Path, spec: SweepSpec) -> dict[str, Any] | None:
+    """A proxy sweep's base without its proxy, raw (None without a proxy): from the sweep file, or the copy a sweep
+    directory keeps (None when it has none)."""
+    if not spec.proxy:
+        return None
+    if path.name != RESOLVED_NAME:
+        return _read_base(path, spec, proxied=False)[0]
+    kept = path.parent / FULL_EXPERIMENT_NAME
+    return load_raw(kept) if kept.is_file() else None
+
+
+def _read_base(path: Path, spec: SweepSpec, proxied: bool = True) -> tuple[dict[str, Any], Experiment]:
+    """The base experiment (read relative to the sweep file) with the sweep's ``overrides`` and then its ``proxy``
+    (unless not ``proxied``), raw and validated. Its ``plugins:`` files and data paths are made absolute against the
+    experiment file's directory, as for a plain experiment, so every trial and verification run finds them wherever
+    it starts."""
     source = str(path)
     exp_path = path.parent / spec.experiment
     if not exp_path.is_file():
@@ -85,7 +97,7 @@ def _read_base(path: Path, spec: SweepSpec) -> tuple[dict[str, Any], Experiment]
     base_raw = load_raw(exp_path)
     errors: Errors = []
     # A resolved sweep's experiment copy has the proxy applied already (its paths made absolute): not again.
-    proxy = spec.proxy if path.name != RESOLVED_NAME else None
+    proxy = spec.proxy if path.name != RESOLVED_NAME and proxied else None
     for section, items in (("overrides", spec.overrides), ("proxy", proxy or {})):
         for key, value in items.items():
             try:
@@ -94,7 +106,7 @@ def _read_base(path: Path, spec: SweepSpec) -> tuple[dict[str, Any], Experiment]
                 errors.append((f"{section}.{key}", str(e)))
     if errors:
         raise ConfigError(source, errors)
-    described = f"{exp_path} (the experiment of {source}, overrides{' and proxy' if spec.proxy else ''} applied)"
+    described = f"{exp_path} (the experiment of {source}, overrides{' and proxy' if proxy else ''} applied)"
     try:
         base_raw = resolve_file_paths(base_raw, exp_path.resolve().parent, described)
         base = validate_data(base_raw, described)
@@ -311,7 +323,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
     params = _resolve_params(spec, base_raw, errors)
     errors += _proxy_overlaps(spec)
     objectives = _resolve_objectives(spec, base, errors)
-    sweep = Sweep(spec, source, name, base_raw, base, params, objectives)
+    sweep = Sweep(spec, source, name, base_raw, base, params, objectives, full_raw=_full_raw(path, spec))
     for p in params:
         if not any(e[0] == f"space.{p.path}" for e in errors):
             _check_param(sweep, p, errors)

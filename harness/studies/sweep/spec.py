@@ -44,6 +44,7 @@ from harness.studies.launch.spec import LauncherSpec
 
 RESOLVED_NAME = "sweep.resolved.yaml"  # the sweep as workers read it, in the sweep directory
 BASE_EXPERIMENT_NAME = "experiment.yaml"  # the base experiment (overrides applied), next to it
+FULL_EXPERIMENT_NAME = "experiment.full.yaml"  # a proxy sweep's base experiment without its proxy, next to it
 STORAGE_ENV = "HARNESS_STORAGE"  # the storage URL when the sweep file names none: its password stays out of files
 JOURNAL_NAME = "journal.log"  # the default optuna storage: a journal file in the sweep directory
 

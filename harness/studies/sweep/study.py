@@ -24,7 +24,7 @@ from harness.core.redact import mask_url, mask_urls_in_text
 from harness.core.store import atomic_write_text
 from harness.studies.sweep.design import DESIGNS, design_sampler
 from harness.studies.sweep.space import Sweep, seed_trial_params
-from harness.studies.sweep.spec import BASE_EXPERIMENT_NAME, RESOLVED_NAME
+from harness.studies.sweep.spec import BASE_EXPERIMENT_NAME, FULL_EXPERIMENT_NAME, RESOLVED_NAME
 
 try:
     import fcntl
@@ -232,6 +232,8 @@ def prepare_study(sweep: Sweep, sweep_dir: Path):
         for _, params in seed_trial_params(sweep):
             study.enqueue_trial(params, skip_if_exists=True)
     atomic_write_text(sweep_dir / BASE_EXPERIMENT_NAME, dump_yaml(sweep.base_raw))
+    if sweep.full_raw is not None:  # what the proxy trials stand for: harness mixture --verify K --full-size
+        atomic_write_text(sweep_dir / FULL_EXPERIMENT_NAME, dump_yaml(sweep.full_raw))
     header = f"# resolved from {sweep.source}; workers read this file\n"
     resolved = sweep.resolved_yaml()
     if sweep.spec.study.storage and "://" not in sweep.spec.study.storage:
