@@ -1,6 +1,6 @@
 """The report ``harness mixture`` prints from a :class:`~analysis.mixture_proposal.MixtureProposal`: the CV table,
-the chosen form and its support, the proposal beside the in-sample winner, and the held-out test when there is
-one."""
+the chosen form and its support, the proposal beside the in-sample winner, the held-out test when there is one, and
+the interference matrix the law implies."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from analysis.mixture_data import CV_FOLDS, LEAVE_ONE_OUT_ROWS
+from analysis.mixture_interference import format_interference
 
 
 def format_proposal(p: Any) -> str:
@@ -56,6 +57,7 @@ def format_proposal(p: Any) -> str:
         f"[{p.gain_interval[0]:+.4f}, {p.gain_interval[1]:+.4f}] (bootstrap over trials, {p.bootstrap} resamples)",
     ]
     lines += _holdout_lines(p.holdout)
+    lines += format_interference(p.interference)
     lines += [f"note: {n}" for n in p.notes]
     return "\n".join(lines)
 

@@ -33,6 +33,7 @@ from analysis.loading import AnalysisError
 from analysis.mixture_data import LawData, cv_folds, sweep_law_data
 from analysis.mixture_format import format_proposal
 from analysis.mixture_holdout import check_holdout, held_out_report
+from analysis.mixture_interference import interference_matrix, shifted_mixtures, target_support
 from harness.core.jsonl import json_safe
 
 __all__ = ["PROPOSAL_NAME", "MixtureProposal", "budget_choice", "format_proposal", "propose", "propose_data"]
@@ -46,7 +47,8 @@ class MixtureProposal:
     of each form (``cv``: form, objective and mean target RMSE at the row level — leave-one-trial-out, or random
     folds on a large table — and leave-one-seed-out), the chosen form and its parameters, the proposal with its
     predicted targets, objective and intervals, the in-sample winner (its observed objective and what the chosen
-    form predicts for its mixture), and, given held-out rows, the law's rank correlation and error on them.
+    form predicts for its mixture), the interference matrix the law implies at the winner's mixture
+    (:mod:`analysis.mixture_interference`), and, given held-out rows, the law's rank correlation and error on them.
     ``sweep_dir``: the sweep directory or table file the rows came from (``source``: sweep | table)."""
 
     sweep_dir: str
@@ -79,6 +81,7 @@ class MixtureProposal:
     notes: list[str] = field(default_factory=list)
     source: str = "sweep"
     holdout: dict[str, Any] = field(default_factory=dict)
+    interference: dict[str, Any] = field(default_factory=dict)  # analysis.mixture_interference, at the winner
     predictions: dict[str, np.ndarray] | None = field(default=None, repr=False)  # --predict's; not in the JSON
 
     def to_json(self) -> dict[str, Any]:
@@ -187,7 +190,11 @@ def propose_data(
     # under the constant form every mixture is predicted alike: the proposal is the observed winner's (keep it)
     proposal = W[win] if chosen.form == "constant" else search_hull(W, value, maximize, seed)
     extra = np.empty((0, W.shape[1])) if predict_at is None else np.asarray(predict_at, dtype=float)
-    boot = _bootstrap(chosen.form, data, np.vstack([proposal, W[win], extra]), bootstrap, seed, fitted)
+    shifted = shifted_mixtures(W[win])  # the interference matrix's mixtures: a tenth moved to each task
+    points = np.vstack([proposal, W[win], shifted, extra])
+    boot = _bootstrap(chosen.form, data, points, bootstrap, seed, fitted)
+    k = len(shifted)
+    interference = _interference(data, rows, chosen, (fitted, boot[:, 1 : 2 + k]), win, folds, bootstrap, seed)
     residuals = chosen.residuals[np.random.default_rng(seed + 1).integers(0, n, bootstrap)]
     boot_obj, boot_win = score(boot[:, 0]), score(boot[:, 1])
     predicted_targets = fitted.predict(proposal[None, :])[0]
@@ -229,7 +236,37 @@ def propose_data(
         notes=_notes(chosen, gain, held, data, usable, forms),
         source=data.kind,
         holdout=held,
-        predictions=_predictions(fitted, extra, boot[:, 2:], residuals, score) if predict_at is not None else None,
+        interference=interference,
+        predictions=_predictions(fitted, extra, boot[:, 2 + k :], residuals, score) if predict_at is not None else None,
+    )
+
+
+def _interference(data: LawData, rows, chosen, chosen_law, win: int, folds, bootstrap: int, seed: int) -> dict:
+    """The interference matrix at the winner's mixture (:mod:`analysis.mixture_interference`) under the form with
+    the smallest cross-validated error of the *targets* (the objective's form may flatten a seesaw that cancels in
+    it): the objective's fit and resamples (``chosen_law``: the law, its ``(B, 1 + k, targets)`` predictions at the
+    winner's and the shifted mixtures) when it is the same form, a fit and bootstrap of its own otherwise."""
+    by_seed = data.seeds is not None and len(np.unique(data.seeds)) >= 2
+    row = min(rows, key=lambda r: np.nan_to_num(r.loso_targets if by_seed else r.loto_targets, nan=np.inf))
+    constant = next((r for r in rows if r.form == "constant"), None)
+    shifted = shifted_mixtures(data.W[win])
+    law, boot = chosen_law
+    if row.form != chosen.form:
+        law = laws.fit_law(row.form, data.W, data.Y, data.proportion)
+        boot = _bootstrap(row.form, data, np.vstack([data.W[win], shifted]), bootstrap, seed, law)
+    fitted = law.predict(np.vstack([data.W[win], shifted]))
+    support = target_support(row.residuals, constant.residuals, folds) if constant and row is not constant else None
+    return interference_matrix(
+        data.W[win],
+        boot[:, 0],
+        boot[:, 1:],
+        fitted[0],
+        fitted[1:],
+        weights=data.weights,
+        targets=data.targets,
+        better_higher=data.maximize,
+        support=support,
+        form=row.form,
     )
 
 

@@ -18,7 +18,8 @@ mixture") come from::
     python bench/mixing_laws_checks.py --reps 0 --coverage-reps 0 --holdout-reps 0 --shipped-reps 100
 
 The last is the regime the shipped six-task sweep operates in (:func:`shipped_rates`): loss targets at the SNRs
-measured on it, a law fitted on 32 proxy trials, 14 full-size held-out mixtures.
+measured on it, a law fitted on 32 proxy trials, 14 full-size held-out mixtures. ``--interference-reps N`` checks
+the interference matrix a law implies in that regime (:func:`interference_rates`).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ import numpy as np
 import polars as pl
 
 from analysis import mixing_laws as laws
+from analysis.mixture_data import LawData
 from analysis.mixture_holdout import agreement
-from analysis.mixture_proposal import propose
+from analysis.mixture_proposal import propose, propose_data
 from harness.core.stats import wilson_interval
 
 TASKS = ["yesno", "assistant_qa", "repeat"]
@@ -206,6 +208,52 @@ def shipped_rates(reps: int) -> None:
         rate("  rho >= 0.8 with the interval's lower end above 0.5 (the bar)", bar, reps)
 
 
+def _seesaw_sweep(rng: np.random.Generator, snr: float | None) -> LawData:
+    """A shipped-size sweep (32 trials over 6 weights, one seed each) of two loss targets: ``better`` falls and
+    ``worse`` rises with the first task's weight (a planted seesaw), each with seed noise for ``snr``; ``snr`` None:
+    the weights move neither (both targets seed noise alone)."""
+    W = rng.dirichlet(np.ones(SHIPPED_TASKS), SHIPPED_FIT)
+    t_better, t_worse = _planted_target(rng, SHIPPED_TASKS), rng.uniform(-1.0, 1.0, SHIPPED_TASKS)
+    t_worse[0] = 2.0
+    if snr is None:
+        Y = 1.5 + rng.normal(0, 0.1, (SHIPPED_FIT, 2))
+    else:
+        Y = np.column_stack(
+            [_target_law(t, W) + rng.normal(0, _noise_sd(t, snr, rng), SHIPPED_FIT) for t in (t_better, t_worse)]
+        )
+
+    def score(Y: np.ndarray) -> np.ndarray:
+        return np.asarray(Y).mean(axis=-1)
+
+    weights = [f"task{i}" for i in range(SHIPPED_TASKS)]
+    return LawData("synthetic", PATH, weights, ["better", "worse"], W, Y, None, [False, False], score, "mean",
+                   False, score(Y), list(range(SHIPPED_FIT)), kind="table")  # fmt: skip
+
+
+def interference_rates(reps: int, bootstrap: int) -> None:
+    """The interference matrix's calls (:mod:`analysis.mixture_interference`) in the shipped sweep's regime, with
+    ``harness mixture``'s forms (less the log-linear law) and ``bootstrap`` resamples: on sweeps whose weights move
+    nothing, how often any cell is called (the family-wise false alarm); on a planted seesaw at the shipped loss
+    targets' SNRs, how often the first task's row is called a seesaw with the right signs."""
+    for name, snr in [("null: the weights move neither target", None)] + [
+        (f"planted seesaw, SNR {snr}", snr) for snr in (7.15, 4.49, 2.75)
+    ]:
+        called = seesaw = 0
+        for rep in range(reps):
+            matrix = propose_data(
+                _seesaw_sweep(np.random.default_rng(7000 + rep), snr),
+                forms=SHIPPED_FORMS,
+                bootstrap=bootstrap,
+                seed=rep,
+            ).interference
+            calls = {(c["weight"], c["target"]): c["call"] for c in matrix.get("cells", [])}
+            called += any(calls.values())
+            seesaw += calls.get(("task0", "better")) == "+" and calls.get(("task0", "worse")) == "-"
+        print(name, flush=True)
+        rate("  any cell called", called, reps)
+        rate("  the planted row called a seesaw (+ on better, - on worse)", seesaw, reps)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=30, help="Repetitions of the support check (noise and law).")
@@ -217,7 +265,12 @@ def main() -> None:
     parser.add_argument(
         "--shipped-reps", type=int, default=0, help="Repetitions of the shipped sweep's regime (loss targets, proxies)."
     )
+    parser.add_argument(
+        "--interference-reps", type=int, default=0, help="Repetitions of the interference matrix's check (0: skip)."
+    )
     args = parser.parse_args()
+    if args.interference_reps:
+        interference_rates(args.interference_reps, 200)
     if args.shipped_reps:
         shipped_rates(args.shipped_reps)
     if args.reps:

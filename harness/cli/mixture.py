@@ -188,11 +188,11 @@ def _say_proxies(config: dict, held_config: dict | None) -> None:
         typer.echo("held out: full-size trials (no proxy)")
 
 
-def _retargeted(sweep_dir: Path, items: list[str], full_size: bool = False):
+def _retargeted(sweep_dir: Path, items: list[str], verifying: tuple[int | None, bool]):
     """``--set objective.…`` items applied to the sweep: ``(sweep, config, folder)`` — the sweep with the new objective
-    (validated against its experiment as the sweep file's own; at full size with ``--full-size``), its
-    ``sweep.resolved.yaml`` with that objective, and the folder everything this command writes goes to (the sweep
-    directory itself without items)."""
+    (validated against its experiment as the sweep file's own; at full size with ``--full-size``; None when neither
+    items nor ``--verify`` need the experiment), its ``sweep.resolved.yaml`` with that objective, and the folder
+    everything this command writes goes to (the sweep directory itself without items)."""
     from analysis.loading import read_sweep_config
     from harness.config import ConfigError
     from harness.studies.sweep import RESOLVED_NAME, load_resolved, load_sweep
@@ -203,6 +203,8 @@ def _retargeted(sweep_dir: Path, items: list[str], full_size: bool = False):
         raise_usage(f"harness mixture: --set {wrong[0]}: only objective.<key>=<value> (the trials are what they are)")
     if items and config.get("objectives"):
         raise_usage("harness mixture: --set objective.…: the sweep has several objectives (a Pareto front)")
+    if not items and verifying[0] is None:  # a proposal reads the trials and the resolved file alone
+        return None, config, Path(sweep_dir)
     keys = {item.partition("=")[0].strip() for item in items}
     if "objective.metric" in keys and "objective.direction" not in keys:
         # the resolved file spells the old metric's direction out: a new metric takes its own (a loss is minimised)
@@ -212,7 +214,7 @@ def _retargeted(sweep_dir: Path, items: list[str], full_size: bool = False):
     except ConfigError as e:
         said = "; ".join(f"{where}: {what}" if where else what for where, what in e.errors)
         raise_usage(f"harness mixture: {'--set ' if items else ''}{said} ({e.source})")
-    if full_size:
+    if verifying[1]:
         try:
             sweep = sweep.at_full_size()
         except (ValueError, ConfigError) as e:
@@ -243,7 +245,7 @@ def _from_sweep(sweep_dir, holdout, predict, out, options, verifying, budget, st
     if budget and verify is None:
         raise_usage("harness mixture: --budget trains each budget's mixture: it needs --verify K")
     _check_steer(steer, verify)
-    sweep, config, folder = _retargeted(sweep_dir, items, full_size)
+    sweep, config, folder = _retargeted(sweep_dir, items, verifying)
     trials = load_sweep(sweep_dir)
     if items:  # the recorded objective is the sweep's own: the new one is reduced from the trials' targets
         trials = trials.drop(objective_columns(trials))
