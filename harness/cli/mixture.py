@@ -74,6 +74,42 @@ ObjectiveSetOption = typer.Option(
     "direction unless objective.direction is set): the law, the proposal and --verify / --budget / --steer then use "
     "it, and write under SWEEP_DIR/objective-<metric>-<split>-<hash>/.",
 )
+BootstrapOption = typer.Option(
+    200, "--bootstrap", min=10, help="Resamples of the trials for the intervals (each refits the chosen form)."
+)
+FormOption = typer.Option(
+    None,
+    "--form",
+    help="Forms to fit, repeatable: constant, scheffe, scheffe2, loglinear, gp (default all; constant is the "
+    "reference a form must beat).",
+)
+SeedOption = typer.Option(0, "--seed", help="Seed of the bootstrap and of the search in the hull.")
+VerifyOption = typer.Option(
+    None,
+    "--verify",
+    help="Train the proposal and the in-sample winner on K fresh seeds (SWEEP_DIR/verify/) and compare them on "
+    "the same held-out items; write SWEEP_DIR/verify.json.",
+)
+BudgetOption = typer.Option(
+    None,
+    "--budget",
+    help="With --verify: the budget curve, repeatable (--budget 4 --budget 8): the mixture proposed from the "
+    "sweep's first k trials, trained on the same fresh seeds and compared with the full sweep's winner; write "
+    "SWEEP_DIR/budget.json.",
+)
+SteerOption = typer.Option(
+    None,
+    "--steer",
+    help="With --verify: train an adaptive method instead of a fixed mixture (one run per seed, from the uniform "
+    "start; groupdro steers by the sweep's objective on a steering split), repeatable, and compare it with the "
+    "winner on the same seeds; write SWEEP_DIR/steer.json.",
+)
+FullSizeOption = typer.Option(
+    False,
+    "--full-size",
+    help="With --verify on a proxy sweep: train the arms at full size (the experiment without the sweep's "
+    "proxy:), into <folder>/full-size/, instead of at the proxy's size.",
+)
 OutOption = typer.Option(
     None, "--out", help="Where proposal.json goes (default: SWEEP_DIR/proposal.json, or <table>.proposal.json)."
 )
@@ -96,42 +132,13 @@ def mixture(
     out: Path | None = OutOption,
     snr: Path | None = SnrOption,
     set_: list[str] | None = ObjectiveSetOption,
-    bootstrap: int = typer.Option(
-        200, "--bootstrap", min=10, help="Resamples of the trials for the intervals (each refits the chosen form)."
-    ),
-    form: list[str] | None = typer.Option(
-        None,
-        "--form",
-        help="Forms to fit, repeatable: constant, scheffe, scheffe2, loglinear, gp (default all; constant is the "
-        "reference a form must beat).",
-    ),
-    seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap and of the search in the hull."),
-    verify: int | None = typer.Option(
-        None,
-        "--verify",
-        help="Train the proposal and the in-sample winner on K fresh seeds (SWEEP_DIR/verify/) and compare them on "
-        "the same held-out items; write SWEEP_DIR/verify.json.",
-    ),
-    budget: list[int] | None = typer.Option(
-        None,
-        "--budget",
-        help="With --verify: the budget curve, repeatable (--budget 4 --budget 8): the mixture proposed from the "
-        "sweep's first k trials, trained on the same fresh seeds and compared with the full sweep's winner; write "
-        "SWEEP_DIR/budget.json.",
-    ),
-    steer: list[str] | None = typer.Option(
-        None,
-        "--steer",
-        help="With --verify: train an adaptive method instead of a fixed mixture (one run per seed, from the uniform "
-        "start; groupdro steers by the sweep's objective on a steering split), repeatable, and compare it with the "
-        "winner on the same seeds; write SWEEP_DIR/steer.json.",
-    ),
-    full_size: bool = typer.Option(
-        False,
-        "--full-size",
-        help="With --verify on a proxy sweep: train the arms at full size (the experiment without the sweep's "
-        "proxy:), into <folder>/full-size/, instead of at the proxy's size.",
-    ),
+    bootstrap: int = BootstrapOption,
+    form: list[str] | None = FormOption,
+    seed: int = SeedOption,
+    verify: int | None = VerifyOption,
+    budget: list[int] | None = BudgetOption,
+    steer: list[str] | None = SteerOption,
+    full_size: bool = FullSizeOption,
     jobs: int = typer.Option(1, "--jobs", min=1, help="With --verify: runs at once on this machine (processes)."),
     launcher: str | None = LauncherOption,
     slurm: list[str] | None = SlurmOption,
