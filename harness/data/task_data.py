@@ -15,6 +15,16 @@ class DataError(Exception):
     """Bad task data found before training (empty pool, unreadable file…); the message names the task."""
 
 
+class TextOnlyModel(ValueError):
+    """A task whose examples have images, for a text model (raised by the model's IO,
+    :meth:`harness.models.modality.TextIO.encode_train`)."""
+
+    def __init__(self):
+        super().__init__(
+            "its examples have images but the model is text-only (model.builtin: llava-tiny, or an image-text model.hf)"
+        )
+
+
 #: The refusal of ``tasks.<task>.system`` over examples that already carry a system turn
 #: (:func:`data_recipes.base.with_system_turn` raises ``ValueError``).
 SYSTEM_TURN_TWICE = (

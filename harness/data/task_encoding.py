@@ -24,7 +24,7 @@ from jinja2.exceptions import TemplateError
 from harness.data.answer_lengths import default_max_new_tokens, needed_new_tokens, too_short_errors
 from harness.data.encoding import eval_items, fit_eval_items
 from harness.data.special_text import apply_special_token_policy
-from harness.data.task_data import DataError, TaskData, task_data_hash
+from harness.data.task_data import DataError, TaskData, TextOnlyModel, task_data_hash
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,7 @@ def encode_tasks(io: Any, data: TaskData, settings: EncodingSettings, max_positi
     its arrays read-only; ``data.splits`` is left as encoding leaves it."""
     key = _encoding_key(io.tokenizer, data, settings, max_positions)
     if key is None:
+        _last_encoding.clear()
         return _encoded(io, data, settings, max_positions)
     if key in _last_encoding:
         splits, encoded = _last_encoding[key]
@@ -187,7 +188,7 @@ def _training_pool(io: Any, name: str, examples: list, data: TaskData) -> list:
     with _template_refusal(name):
         try:
             pool = io.encode_train(examples, data.recipes[name].has_images)
-        except ValueError as e:  # an image task for a text-only model
+        except TextOnlyModel as e:
             raise DataError(f"tasks.{name}: {e}") from None
     for index, (ex, enc) in enumerate(zip(examples, pool)):
         if enc.n_supervised <= 1:  # only the end-of-turn token: the answer tokenised to nothing

@@ -233,7 +233,7 @@ def _greedy_pass(
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     stops = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
-    # null: what the longest gold answer needs plus a margin (harness.runs.planning.prepare rejects an explicit value
+    # null: what the longest gold answer needs plus a margin (harness.data.task_encoding rejects an explicit value
     # below it).
     max_new = spec.max_new_tokens or default_max_new_tokens(r.item for r in records)
     order = sorted(range(len(records)), key=lambda i: len(records[i].item.prompt_ids))

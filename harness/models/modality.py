@@ -16,16 +16,8 @@ from typing import Any
 from harness.data.batches import Batch, collate
 from harness.data.encoding import Encoded, encode_examples
 from harness.data.images import collate_mixed, encode_image_examples
+from harness.data.task_data import TextOnlyModel
 from harness.models.image_text import is_image_model, part_notes, processor_for
-
-
-class TextOnlyModel(ValueError):
-    """A task whose examples have images, for a text model."""
-
-    def __init__(self):
-        super().__init__(
-            "its examples have images but the model is text-only (model.builtin: llava-tiny, or an image-text model.hf)"
-        )
 
 
 def base_kind(spec) -> str:

@@ -13,9 +13,9 @@ zero; here it is a per-task number — ``reference: start`` (default): each task
 ``START_UPDATES`` updates in which it was drawn (the stage's starting point, averaged so that one noisy step does not
 set it; the weights stay put meanwhile; the excess is then the loss *risen* above where the stage began — the
 seesaw's forgetting), or ``{task: loss}`` (e.g. what a run trained on that task alone reached), or the directory of
-an earlier run, whose last per-task training loss is read (resolved by :mod:`harness.runs.planning.prepare`). A task at
-its reference (a noise task whose reference is its own floor) has no excess and gains nothing; a task lagging behind its
-reference gains.
+an earlier run, whose last per-task training loss is read (resolved by
+:func:`harness.data.stage_batches.reference_losses`). A task at its reference (a noise task whose reference is its own
+floor) has no excess and gains nothing; a task lagging behind its reference gains.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The plan of one run: everything a run computes before its first training step, compiled once from the experiment
 by :func:`plan_run` and only read after that (:class:`RunPlan`).
 
-Planning (this module and the builders it calls, all in :mod:`harness.runs.planning`) is the one part of a run, past
-opening its directory, that reads the whole :class:`~harness.config.Experiment`; the layers below it get slices (the
-model section, a stage, the eval section). The plan keeps, for the executor (:mod:`harness.runs.execution.runner`),
+Planning (this module and :mod:`harness.runs.planning`'s others) is the one part of a run, past opening its
+directory, that reads the whole :class:`~harness.config.Experiment`: it takes each step's slice first and calls the
+step once in the layer that does it (task data, encoding, batches and steering items in :mod:`harness.data`, the base
+in :mod:`harness.runs.planning.prepare`). The plan keeps, for the executor (:mod:`harness.runs.execution.runner`),
 only the slices execution needs — the evaluation settings, tracking, the debug switches — beside what it built.
 Every data error surfaces here, as a :class:`~harness.data.task_data.DataError`, before any training.
 """

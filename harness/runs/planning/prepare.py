@@ -1,7 +1,8 @@
 """The pipeline steps before training, shared by runs, the sanity checks, ``harness inspect``, sweep workers and the
-benches: task data from the recipes, the base model, the encoded pools and eval items, and each stage's plan
-(its batches and effective composition). Every data error surfaces here as a :class:`DataError`, before any
-training.
+benches, as the experiment asks for them: its slice for each step taken here (task building, encoding, a stage's
+batching), the step done in the layer that owns it (:mod:`harness.data.task_build`,
+:mod:`harness.data.task_encoding`, :mod:`harness.data.stage_batches`), and the base model built here (its builders
+stay behind this module). Bad task data raises :class:`~harness.data.task_data.DataError`, before any training.
 """
 
 from __future__ import annotations
@@ -190,7 +191,7 @@ def untrained_base(exp: Experiment, data: TaskData) -> tuple[Any, Any, list[int]
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Encoding and stage plans
+# Encoding and batching: the experiment's slices
 # ----------------------------------------------------------------------------------------------------------------
 
 

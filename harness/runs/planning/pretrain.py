@@ -46,8 +46,8 @@ def tokenizer_texts(corpus: list[str], train_examples: list) -> list[str]:
 
 
 def content_hash(obj) -> str:
-    """The cache key of a JSON-able description (keys sorted; other values by ``str``): the pretrained base's, a
-    stage's (:mod:`harness.runs.execution.stage_cache`), a reused encoding's (:mod:`harness.runs.planning.prepare`)."""
+    """The cache key of a JSON-able description (keys sorted; other values by ``str``): the pretrained base's and a
+    stage's (:mod:`harness.runs.execution.stage_cache`)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
