@@ -12,9 +12,9 @@ question the sweep was run for — who rises and who falls with a task's weight 
   two sides cancel in the objective leaves the objective's choice at the trials' mean);
 - each cell's 95 % percentile interval over the bootstrap refits of that form (the proposal's resamples when it is
   the objective's form too, :func:`analysis.mixture_proposal.propose_data`), and the same interval
-  Bonferroni-adjusted over the matrix's cells (the family: every swept task × every target), from the resamples'
-  order statistics — with ``B`` resamples and ``m`` cells the adjusted bounds are the ``B·0.025/m``-th from each
-  end, the most extreme resample when that is below one (raise ``--bootstrap`` to resolve it);
+  Bonferroni-adjusted over the matrix's cells (the family: every swept task × every target) — from the resamples'
+  order statistics when there are enough of them (``B ≥ m/0.025``: 480 for 12 cells), else by the normal
+  approximation over the resamples (:func:`_adjusted`; the report says which);
 - a cell is *called* (``+`` helps, ``−`` hurts) only when its adjusted interval excludes 0 **and** the law is
   supported for its target: it predicts that target on held-out trials better than the trials' mean (the held-out
   squared error of the target, paired per cross-validation fold, with a 95 % t interval above 0 —
@@ -28,14 +28,18 @@ The false-alarm rate on sweeps where the weights move nothing and the hit rate o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from scipy.stats import norm
 
 from harness.core.stats import Interval, t_interval
 
-DELTA = 0.1  # the share moved to a task: a tenth of the mixture, inside the hull of a sweep's trials near the winner
+# The share moved to a task: a tenth of the mixture, a small step from the winner's mixture (which may sit on the edge
+# of the explored hull: the law then extrapolates that step).
+DELTA = 0.1
 
 
 def shifted_mixtures(w: np.ndarray, delta: float = DELTA) -> np.ndarray:
@@ -77,19 +81,16 @@ def interference_matrix(
     effect = sign * (fitted_shifted - fitted_at[None, :])  # (k, targets)
     boot = sign * (boot_shifted - boot_at[:, None, :])  # (B, k, targets)
     family = effect.size
-    resamples = boot.shape[0]
-    sorted_boot = np.sort(boot, axis=0)
-    rank = int(np.floor(resamples * 0.025 / family))  # the adjusted bounds' order statistic, from each end
+    adj_low, adj_high, adjusted_by = _adjusted(effect, boot, family)
     low, high = np.percentile(boot, [2.5, 97.5], axis=0)
     cells = []
     for i, weight in enumerate(weights):
         for j, target in enumerate(targets):
-            adj_low, adj_high = float(sorted_boot[rank, i, j]), float(sorted_boot[resamples - 1 - rank, i, j])
             supported = support is not None and support[j].low > 0
             call = ""
-            if supported and adj_low > 0:
+            if supported and adj_low[i, j] > 0:
                 call = "+"
-            elif supported and adj_high < 0:
+            elif supported and adj_high[i, j] < 0:
                 call = "-"
             cells.append(
                 {
@@ -98,8 +99,8 @@ def interference_matrix(
                     "effect": float(effect[i, j]),
                     "low": float(low[i, j]),
                     "high": float(high[i, j]),
-                    "adjusted_low": adj_low,
-                    "adjusted_high": adj_high,
+                    "adjusted_low": float(adj_low[i, j]),
+                    "adjusted_high": float(adj_high[i, j]),
                     "call": call,
                 }
             )
@@ -108,12 +109,32 @@ def interference_matrix(
         "form": form,
         "at": {w: float(x) for w, x in zip(weights, at)},
         "family": family,
-        "adjusted_rank": rank,
+        "adjusted_by": adjusted_by,
         "support": {
             t: {"gain": g.estimate, "low": g.low, "high": g.high, "folds": g.n} for t, g in zip(targets, support or [])
         },
         "cells": cells,
     }
+
+
+def _adjusted(effect: np.ndarray, boot: np.ndarray, family: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """Each cell's interval Bonferroni-adjusted over ``family`` cells (two-sided 95 %): the bootstrap's order
+    statistics when there are resamples enough for them — the ``floor(B·0.025/m)``-th from each end, which needs
+    ``B ≥ m/0.025`` — else the normal approximation ``effect ± z(1 − 0.025/m)·sd`` over the resamples (the extreme
+    resample of too few is not a Bonferroni bound: of 200, it sits near z = 2.75, where 36 cells need 3.2)."""
+    resamples = boot.shape[0]
+    rank = int(np.floor(resamples * 0.025 / family))
+    if rank >= 1:
+        ordered = np.sort(boot, axis=0)
+        return ordered[rank - 1], ordered[resamples - rank], f"order statistics of {resamples} resamples"
+    z = float(norm.ppf(1 - 0.025 / family))
+    spread = z * boot.std(axis=0, ddof=1)
+    needed = math.ceil(family / 0.025)
+    return (
+        effect - spread,
+        effect + spread,
+        f"normal approximation, z = {z:.2f} ({resamples} resamples; the order statistics need {needed})",
+    )
 
 
 def seesaw_rows(matrix: dict[str, Any]) -> list[str]:
@@ -142,7 +163,8 @@ def format_interference(matrix: dict[str, Any]) -> list[str]:
         f"interference the {matrix['form']} law implies at the winner's mixture (the form with the smallest CV error "
         f"of the targets): {matrix['delta']:.2f} of the mixture moved to a task "
         "(rows), change in each target (columns), positive = better; 95 % bootstrap interval; +/− where the interval "
-        f"Bonferroni-adjusted over the {matrix['family']} cells excludes 0 and the law beats the target's mean in CV"
+        f"Bonferroni-adjusted over the {matrix['family']} cells ({matrix['adjusted_by']}) excludes 0 and the law "
+        "beats the target's mean in CV"
         + (f" (not for {', '.join(unsupported)}: nothing called there)" if unsupported else ""),
         f"{'more of':<14}" + "".join(f"{t[:width]:>{width}}" for t in targets),
     ]

@@ -6,7 +6,9 @@ same from any table of results (:mod:`analysis.mixture_table`), ``--holdout`` te
 fitted on, ``--predict FILE`` writes its prediction for given mixtures, ``--snr GROUP_DIR`` prints each target's
 signal-to-noise ratio and the loss → greedy link's CV (:mod:`analysis.mixture_snr`). ``--verify K`` then trains
 the proposal and the winner on K fresh seeds, here or through a launcher, and writes ``verify.json``
-(:mod:`harness.studies.mixture_verify`). Nothing heavy is imported before the command runs."""
+(:mod:`harness.studies.mixture_verify`; ``--full-size``: a proxy sweep's arms at full size). ``--set objective.…``
+reads the same trials for another objective, everything it writes under ``SWEEP_DIR/objective-<…>/``. Nothing heavy
+is imported before the command runs."""
 
 from __future__ import annotations
 
@@ -88,7 +90,8 @@ VerifyOption = typer.Option(
     None,
     "--verify",
     help="Train the proposal and the in-sample winner on K fresh seeds (SWEEP_DIR/verify/) and compare them on "
-    "the same held-out items; write SWEEP_DIR/verify.json.",
+    "the same held-out items; write SWEEP_DIR/verify.json (SWEEP_DIR: the --set objective's folder with --set, "
+    "and its full-size/ with --full-size).",
 )
 BudgetOption = typer.Option(
     None,
@@ -111,7 +114,10 @@ FullSizeOption = typer.Option(
     "proxy:), into <folder>/full-size/, instead of at the proxy's size.",
 )
 OutOption = typer.Option(
-    None, "--out", help="Where proposal.json goes (default: SWEEP_DIR/proposal.json, or <table>.proposal.json)."
+    None,
+    "--out",
+    help="Where proposal.json goes (default: SWEEP_DIR/proposal.json — the --set objective's folder with --set — or "
+    "<table>.proposal.json).",
 )
 
 
@@ -195,6 +201,12 @@ def _say_proxies(config: dict, held_config: dict | None) -> None:
         typer.echo("held out: full-size trials (no proxy)")
 
 
+def _one_line(error) -> str:
+    """A :class:`~harness.config.ConfigError` in one line: every ``path: message`` and the file."""
+    said = "; ".join(f"{where}: {what}" if where else what for where, what in error.errors)
+    return f"{said} ({error.source})"
+
+
 def _retargeted(sweep_dir: Path, items: list[str], verifying: tuple[int | None, bool]):
     """``--set objective.…`` items applied to the sweep: ``(sweep, config, folder)`` — the sweep with the new objective
     (validated against its experiment as the sweep file's own; at full size with ``--full-size``; None when neither
@@ -203,6 +215,7 @@ def _retargeted(sweep_dir: Path, items: list[str], verifying: tuple[int | None, 
     from analysis.loading import read_sweep_config
     from harness.config import ConfigError
     from harness.studies.sweep import RESOLVED_NAME, load_resolved, load_sweep
+    from harness.studies.sweep.load import at_full_size
 
     config = read_sweep_config(sweep_dir)
     wrong = [item for item in items if not item.partition("=")[0].strip().startswith("objective.")]
@@ -219,19 +232,17 @@ def _retargeted(sweep_dir: Path, items: list[str], verifying: tuple[int | None, 
     try:
         sweep = load_sweep(Path(sweep_dir) / RESOLVED_NAME, items) if items else load_resolved(sweep_dir)
     except ConfigError as e:
-        said = "; ".join(f"{where}: {what}" if where else what for where, what in e.errors)
-        raise_usage(f"harness mixture: {'--set ' if items else ''}{said} ({e.source})")
+        raise_usage(f"harness mixture: {'--set ' if items else ''}{_one_line(e)}")
     if verifying[1]:
         try:
-            sweep = sweep.at_full_size()
-        except (ValueError, ConfigError) as e:
-            raise_usage(f"harness mixture --full-size: {sweep_dir}: {e}")
+            sweep = at_full_size(sweep)
+        except ConfigError as e:
+            raise_usage(f"harness mixture --full-size: {_one_line(e)}")
     if not items:
         return sweep, config, Path(sweep_dir)
     objective = sweep.objectives[0].to_yaml()
     digest = hashlib.sha256(json.dumps(objective, sort_keys=True).encode()).hexdigest()[:8]
     folder = Path(sweep_dir) / f"objective-{objective['metric']}-{objective['split']}-{digest}"
-    folder.mkdir(exist_ok=True)
     return sweep, {**config, "objective": objective}, folder
 
 
@@ -253,9 +264,13 @@ def _from_sweep(sweep_dir, holdout, predict, out, options, verifying, budget, st
         raise_usage("harness mixture: --budget trains each budget's mixture: it needs --verify K")
     _check_steer(steer, verify)
     sweep, config, folder = _retargeted(sweep_dir, items, verifying)
-    trials = load_sweep(sweep_dir)
-    if items:  # the recorded objective is the sweep's own: the new one is reduced from the trials' targets
-        trials = trials.drop(objective_columns(trials))
+
+    def trials_of(directory: Path):  # a recorded objective is the sweep's own: --set's is reduced from the targets
+        frame = load_sweep(directory)
+        return frame.drop(objective_columns(frame)) if items else frame
+
+    trials = trials_of(sweep_dir)
+    if items:
         typer.echo(f"objective: {json.dumps(config['objective'])} (--set; written under {folder})")
     too_many = [k for k in budget or [] if not 1 <= k < len(trials)]
     if too_many:
@@ -266,9 +281,10 @@ def _from_sweep(sweep_dir, holdout, predict, out, options, verifying, budget, st
     _say_proxies(config, read_sweep_config(holdout) if holdout is not None else None)
     try:
         data = sweep_law_data(trials, config, str(sweep_dir))
-        held = sweep_law_data(load_sweep(holdout), config, str(holdout)) if holdout is not None else None
+        held = sweep_law_data(trials_of(holdout), config, str(holdout)) if holdout is not None else None
     except AnalysisError as e:
         raise_usage(f"harness mixture: {e}")
+    folder.mkdir(exist_ok=True)
     proposal = _propose(data, held, predict, out or folder / PROPOSAL_NAME, options)
     if verify is None:
         return

@@ -19,12 +19,15 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+import yaml
 
+from harness.config import ConfigError
 from harness.config.yaml_io import dump_yaml
 from harness.core.stats import wilson_interval
 from harness.studies.mixture_steer import steering_plan
 from harness.studies.mixture_verify import VERIFY_NAME, crossed_interval, used_seeds
 from harness.studies.sweep import BASE_EXPERIMENT_NAME, RESOLVED_NAME, load_resolved, load_sweep
+from harness.studies.sweep.load import at_full_size
 from harness.studies.sweep.spec import FULL_EXPERIMENT_NAME
 from harness.studies.sweep.study import prepare_study
 from tests.conftest import TINY, invoke, write_yaml
@@ -340,6 +343,15 @@ def test_another_objective_is_read_from_the_trials_and_written_apart(tmp_path, m
     assert proposal["winner"]["observed"] == pytest.approx(mean_loss.min())
     assert int(np.argmin(mean_loss)) != int(np.argmax(trials["objective"].to_numpy()))  # not the recorded winner
     assert not (sweep_dir / "proposal.json").exists()
+    # a held-out sweep of the same space is scored by the new objective too, not by its own recorded one
+    held = tmp_path / "held"
+    held.mkdir()
+    held_dir, _ = _sweep_dir(held)
+    trials.write_parquet(held_dir / "trials.parquet")
+    result = invoke("mixture", str(sweep_dir), *VERIFY_ARGS, *retarget, "--holdout", str(held_dir))
+    assert result.exit_code == 0, result.output
+    rows = json.loads((folder / "proposal.json").read_text())["holdout"]["rows"]
+    assert [r["observed"] for r in rows] == pytest.approx(list(mean_loss))
 
     for args, words in [
         (["--set", "study.n_trials=3"], "--set study.n_trials=3: only objective.<key>=<value>"),
@@ -373,6 +385,12 @@ def test_a_proxy_sweeps_verification_at_full_size_trains_the_experiment_without_
 
     (tmp_path / "plain").mkdir()
     no_proxy, _ = _sweep_dir(tmp_path / "plain")
+    # an objective the proxy made possible (the loss pool) that the full-size experiment cannot give: refused
+    source = yaml.safe_load((tmp_path / "verify.yaml").read_text())
+    source |= {"proxy": {"eval.loss_items": 8}, "objective": {"metric": "eval_loss", "split": "loss_heldout"}}
+    pooled = load_sweep(write_yaml(tmp_path / "pooled.yaml", source))
+    with pytest.raises(ConfigError, match="objective.split"):
+        at_full_size(pooled)
     (sweep_dir / FULL_EXPERIMENT_NAME).unlink()
     for directory, args, words in [
         (sweep_dir, [], "--full-size trains the verification's arms: it needs --verify K"),

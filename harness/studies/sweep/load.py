@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +76,9 @@ def _read_spec(path: Path, overrides: list[str] | None) -> SweepSpec:
 
 
 def _full_raw(path: Path, spec: SweepSpec) -> dict[str, Any] | None:
-    """A proxy sweep's base without its proxy, raw (None without a proxy): from the sweep file, or the copy a sweep
-    directory keeps (None when it has none)."""
+    """A proxy sweep's base without its proxy, raw and not validated (:func:`at_full_size` does that when it is
+    used; a proxy sweep whose base alone is not a valid experiment still runs its proxies): from the sweep file, or
+    the copy a sweep directory keeps. None without a proxy, or a sweep directory that kept none."""
     if not spec.proxy:
         return None
     if path.name != RESOLVED_NAME:
@@ -85,11 +87,34 @@ def _full_raw(path: Path, spec: SweepSpec) -> dict[str, Any] | None:
     return load_raw(kept) if kept.is_file() else None
 
 
-def _read_base(path: Path, spec: SweepSpec, proxied: bool = True) -> tuple[dict[str, Any], Experiment]:
-    """The base experiment (read relative to the sweep file) with the sweep's ``overrides`` and then its ``proxy``
-    (unless not ``proxied``), raw and validated. Its ``plugins:`` files and data paths are made absolute against the
-    experiment file's directory, as for a plain experiment, so every trial and verification run finds them wherever
-    it starts."""
+def at_full_size(sweep: Sweep) -> Sweep:
+    """``sweep`` with its full-size base (the experiment without the sweep's ``proxy:``) in place of the proxy's:
+    what its trials stand for. The base is validated, and the objectives and space checked against it, as a sweep
+    file's own; raises :class:`ConfigError` on any error, or when there is no full-size base."""
+    if sweep.full_raw is None:
+        why = (
+            "the sweep has no proxy: its trials are full size"
+            if not sweep.spec.proxy
+            else f"no {FULL_EXPERIMENT_NAME} in the sweep directory (made before the harness kept it)"
+        )
+        raise ConfigError(sweep.source, [("proxy", why)])
+    source = f"{sweep.source} at full size (without its proxy)"
+    base = validate_data(copy.deepcopy(sweep.full_raw), source)
+    errors: Errors = []
+    objectives = _resolve_objectives(sweep.spec, base, errors)
+    full = replace(sweep, base_raw=copy.deepcopy(sweep.full_raw), base=base, objectives=objectives, full_size=True)
+    for p in full.params:
+        _check_param(full, p, errors)
+    if errors:
+        raise ConfigError(source, sorted(errors, key=_section))
+    return full
+
+
+def _read_base(path: Path, spec: SweepSpec, proxied: bool = True) -> tuple[dict[str, Any], Experiment | None]:
+    """The base experiment (read relative to the sweep file) with the sweep's ``overrides`` and then its ``proxy``,
+    raw and validated (unless not ``proxied``: then without the proxy, and not validated). Its ``plugins:`` files
+    and data paths are made absolute against the experiment file's directory, as for a plain experiment, so every
+    trial and verification run finds them wherever it starts."""
     source = str(path)
     exp_path = path.parent / spec.experiment
     if not exp_path.is_file():
@@ -109,7 +134,7 @@ def _read_base(path: Path, spec: SweepSpec, proxied: bool = True) -> tuple[dict[
     described = f"{exp_path} (the experiment of {source}, overrides{' and proxy' if proxy else ''} applied)"
     try:
         base_raw = resolve_file_paths(base_raw, exp_path.resolve().parent, described)
-        base = validate_data(base_raw, described)
+        base = validate_data(base_raw, described) if proxied else None
     except ConfigError as e:
         raise ConfigError(e.source, e.errors) from None
     return base_raw, base

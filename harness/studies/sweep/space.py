@@ -8,14 +8,13 @@ import copy
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.config import Experiment, TaskSpec, set_path
-from harness.config.load import validate_data
 from harness.core.redact import mask_url, storage_url_from_env
-from harness.studies.sweep.spec import BASE_EXPERIMENT_NAME, FULL_EXPERIMENT_NAME, JOURNAL_NAME, SweepSpec
+from harness.studies.sweep.spec import BASE_EXPERIMENT_NAME, JOURNAL_NAME, SweepSpec
 
 
 @dataclass
@@ -110,7 +109,7 @@ class Sweep:
     objectives: list[Objective]
     notes: list[str] = field(default_factory=list)
     full_raw: dict[str, Any] | None = None  # a proxy sweep's base without its proxy (None: no proxy, or not kept)
-    full_size: bool = False  # the base is the full-size one (at_full_size)
+    full_size: bool = False  # the base is the full-size one (harness.studies.sweep.load.at_full_size)
 
     @property
     def multi(self) -> bool:
@@ -146,18 +145,6 @@ class Sweep:
         if self.spec.proxy:  # proxy and full-size trials never share a study (only when set: older keys unchanged)
             data["proxy"] = self.spec.proxy
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-    def at_full_size(self) -> Sweep:
-        """This sweep with its full-size base (the experiment without the sweep's ``proxy:``) in place of the proxy's:
-        what its trials stand for. Raises ``ValueError`` when there is none."""
-        if self.full_raw is None:
-            raise ValueError(
-                "the sweep has no proxy: its trials are full size"
-                if not self.spec.proxy
-                else f"no {FULL_EXPERIMENT_NAME} in the sweep directory (made before the harness kept it)"
-            )
-        base = validate_data(copy.deepcopy(self.full_raw), f"{self.source} at full size (without its proxy)")
-        return replace(self, base_raw=copy.deepcopy(self.full_raw), base=base, full_size=True)
 
     # -- applying values ----------------------------------------------------------------------------------------
 
