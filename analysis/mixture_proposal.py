@@ -194,7 +194,10 @@ def propose_data(
     points = np.vstack([proposal, W[win], shifted, extra])
     boot = _bootstrap(chosen.form, data, points, bootstrap, seed, fitted)
     k = len(shifted)
-    interference = _interference(data, rows, chosen, (fitted, boot[:, 1 : 2 + k]), win, folds, bootstrap, seed)
+    try:  # the matrix is a reading of the law beside the proposal: a fit that fails there must not take it down
+        interference = _interference(data, rows, chosen, (fitted, boot[:, 1 : 2 + k]), win, folds, bootstrap, seed)
+    except (AnalysisError, ValueError, np.linalg.LinAlgError) as e:
+        interference = {"cells": [], "why": f"not computed ({type(e).__name__}: {e})"}
     residuals = chosen.residuals[np.random.default_rng(seed + 1).integers(0, n, bootstrap)]
     boot_obj, boot_win = score(boot[:, 0]), score(boot[:, 1])
     predicted_targets = fitted.predict(proposal[None, :])[0]

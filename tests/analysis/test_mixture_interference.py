@@ -76,3 +76,18 @@ def test_the_matrix_rarely_calls_a_null_and_finds_a_planted_seesaw():
     assert false_alarms <= 3, f"{false_alarms}/{reps} null sweeps had a called cell ([{ci.low:.2f}, {ci.high:.2f}])"
     _, found = _calls(0.4, reps, seed=4)
     assert found >= 0.8 * reps, f"the planted seesaw was found in {found}/{reps}"
+
+
+def test_a_matrix_that_cannot_be_fitted_leaves_the_proposal_standing(monkeypatch):
+    """The matrix is a reading beside the proposal: a fit failing there is said in the matrix, and the proposal (and
+    a budget row built on it) is the same as without the matrix."""
+
+    def failing(*args, **kwargs):
+        raise np.linalg.LinAlgError("singular matrix")
+
+    data = _sweep(np.random.default_rng(0), 0.4)
+    expected = propose_data(data, forms=FORMS, bootstrap=20, seed=0)
+    monkeypatch.setattr("analysis.mixture_proposal._interference", failing)
+    proposal = propose_data(data, forms=FORMS, bootstrap=20, seed=0)
+    assert proposal.interference == {"cells": [], "why": "not computed (LinAlgError: singular matrix)"}
+    assert proposal.mixture == expected.mixture and proposal.interval == expected.interval
