@@ -194,10 +194,7 @@ def propose_data(
     points = np.vstack([proposal, W[win], shifted, extra])
     boot = _bootstrap(chosen.form, data, points, bootstrap, seed, fitted)
     k = len(shifted)
-    try:  # the matrix is a reading of the law beside the proposal: a fit that fails there must not take it down
-        interference = _interference(data, rows, chosen, (fitted, boot[:, 1 : 2 + k]), win, folds, bootstrap, seed)
-    except (AnalysisError, ValueError, np.linalg.LinAlgError) as e:
-        interference = {"cells": [], "why": f"not computed ({type(e).__name__}: {e})"}
+    interference = _interference(data, rows, chosen, (fitted, boot[:, 1 : 2 + k]), win, folds, bootstrap, seed)
     residuals = chosen.residuals[np.random.default_rng(seed + 1).integers(0, n, bootstrap)]
     boot_obj, boot_win = score(boot[:, 0]), score(boot[:, 1])
     predicted_targets = fitted.predict(proposal[None, :])[0]
@@ -248,7 +245,16 @@ def _interference(data: LawData, rows, chosen, chosen_law, win: int, folds, boot
     """The interference matrix at the winner's mixture (:mod:`analysis.mixture_interference`) under the form with
     the smallest cross-validated error of the *targets* (the objective's form may flatten a seesaw that cancels in
     it): the objective's fit and resamples (``chosen_law``: the law, its ``(B, 1 + k, targets)`` predictions at the
-    winner's and the shifted mixtures) when it is the same form, a fit and bootstrap of its own otherwise."""
+    winner's and the shifted mixtures) when it is the same form, a fit and bootstrap of its own otherwise. The matrix
+    is a reading beside the proposal: a fit that fails here is said in it (``why``), never the proposal's failure."""
+    try:
+        return _law_interference(data, rows, chosen, chosen_law, win, folds, bootstrap, seed)
+    except (AnalysisError, ValueError, np.linalg.LinAlgError) as e:
+        return {"cells": [], "why": f"not computed ({type(e).__name__}: {e})"}
+
+
+def _law_interference(data: LawData, rows, chosen, chosen_law, win: int, folds, bootstrap: int, seed: int) -> dict:
+    """:func:`_interference`, computed."""
     by_seed = data.seeds is not None and len(np.unique(data.seeds)) >= 2
     row = min(rows, key=lambda r: np.nan_to_num(r.loso_targets if by_seed else r.loto_targets, nan=np.inf))
     constant = next((r for r in rows if r.form == "constant"), None)

@@ -87,7 +87,7 @@ def test_a_matrix_that_cannot_be_fitted_leaves_the_proposal_standing(monkeypatch
 
     data = _sweep(np.random.default_rng(0), 0.4)
     expected = propose_data(data, forms=FORMS, bootstrap=20, seed=0)
-    monkeypatch.setattr("analysis.mixture_proposal._interference", failing)
+    monkeypatch.setattr("analysis.mixture_proposal.interference_matrix", failing)
     proposal = propose_data(data, forms=FORMS, bootstrap=20, seed=0)
     assert proposal.interference == {"cells": [], "why": "not computed (LinAlgError: singular matrix)"}
     assert proposal.mixture == expected.mixture and proposal.interval == expected.interval
