@@ -251,9 +251,23 @@ class CVRow:
     loso_objective: float = math.nan
     loso_targets: float = math.nan
     residuals: np.ndarray | None = field(default=None, repr=False)
+    diverged: int = 0  # held-out rows whose prediction diverged (:data:`DIVERGED`): the form is out of the choice
 
     def error(self, by_seed: bool) -> float:
         return self.loso_objective if by_seed else self.loto_objective
+
+
+# A held-out prediction this many times the targets' range away from the observed value is a fit that diverged on
+# that fold (the log-linear law's exponent running away on a few rows), not a prediction: its form's CV error is then
+# no error of a law, and the form is left out of the choice rather than reported with an error of 1e20.
+DIVERGED = 100.0
+
+
+def _diverged(predicted: np.ndarray, Y: np.ndarray) -> int:
+    """How many rows have a held-out prediction :data:`DIVERGED` times the targets' range off (or not finite)."""
+    scale = DIVERGED * (np.ptp(Y, axis=0) + 1e-12)
+    off = ~np.isfinite(predicted) | (np.abs(predicted - Y) > scale)
+    return int(off.any(axis=1).sum())
 
 
 def _rmse(a: np.ndarray, b: np.ndarray) -> float:
@@ -282,12 +296,15 @@ def cross_validate(
     for form in forms:
         loto = held_out_predictions(form, W, Y, proportion, folds)
         row = CVRow(form, _rmse(score(loto), observed), _mean_target_rmse(loto, Y))
-        row.residuals = Y - loto
+        row.residuals, row.diverged = Y - loto, _diverged(loto, Y)
         if by_seed:
             loso = held_out_predictions(form, W, Y, proportion, np.asarray(seeds))
             row.loso_objective = _rmse(score(loso), observed)
             row.loso_targets = _mean_target_rmse(loso, Y)
-            row.residuals = Y - loso
+            row.residuals, row.diverged = Y - loso, row.diverged + _diverged(loso, Y)
+        if row.diverged:
+            row.loto_objective = row.loto_targets = math.inf
+            row.loso_objective = row.loso_targets = math.inf if by_seed else math.nan
         rows.append(row)
     return rows
 

@@ -233,7 +233,7 @@ def propose_data(
         support=(
             {"gain": gain.estimate, "low": gain.low, "high": gain.high, "folds": gain.n} if gain is not None else {}
         ),
-        notes=_notes(chosen, gain, held, data, usable, forms),
+        notes=_notes(chosen, gain, held, data, usable, forms, rows),
         source=data.kind,
         holdout=held,
         interference=interference,
@@ -384,9 +384,9 @@ def _choose_form(data: LawData, row_folds: np.ndarray, folds: np.ndarray, forms:
     return rows, laws.choose(rows, data.seeds is not None and len(np.unique(data.seeds)) >= 2), usable
 
 
-def _notes(chosen, gain, held, data: LawData, usable, forms) -> list[str]:
-    """Caveats in words: the form not better than the mean (in CV or on held-out rows), forms left out for too
-    few trials, other varied parameters."""
+def _notes(chosen, gain, held, data: LawData, usable, forms, rows) -> list[str]:
+    """Caveats in words: the form not better than the mean (in CV or on held-out rows), forms whose held-out fits
+    diverged, forms left out for too few trials, other varied parameters."""
     notes = []
     if chosen.form == "constant":
         notes.append(
@@ -404,6 +404,12 @@ def _notes(chosen, gain, held, data: LawData, usable, forms) -> list[str]:
             f"on the {held['n']} held-out mixtures the law's ranking of the objective is not significantly positive "
             f"(Spearman ρ {o['rho']:.2f} [{o['rho_low']:.2f}, {o['rho_high']:.2f}]): keep the winner"
         )
+    for row in rows:
+        if row.diverged:
+            notes.append(
+                f"{row.form}: its held-out fits diverged on {row.diverged} of {len(data)} rows (predictions over "
+                f"{laws.DIVERGED:.0f}× the targets' range off): left out of the choice"
+            )
     skipped = [f for f in forms if f not in usable]
     if skipped:
         notes.append(f"too few trials for {', '.join(skipped)} (with one fold held out)")

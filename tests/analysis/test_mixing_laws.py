@@ -306,3 +306,31 @@ def _app():
     from harness.cli.app import app
 
     return app
+
+
+def test_a_form_whose_held_out_fit_diverges_is_left_out_of_the_choice(monkeypatch):
+    """A held-out prediction 100× the targets' range off is a fit that ran away on that fold, not a prediction: the
+    form's CV error is infinite (never chosen, never printed as 1e20) and the proposal says so in a note."""
+    from analysis.mixture_data import LawData
+    from analysis.mixture_proposal import propose_data
+
+    rng = np.random.default_rng(0)
+    W = rng.dirichlet(np.ones(3), size=20)
+    Y = (0.5 + 0.4 * W[:, :1]) + rng.normal(0, 0.01, (20, 1))  # scheffe fits this well
+    honest = laws.held_out_predictions
+
+    def runaway(form, W, Y, proportion, folds):
+        out = honest(form, W, Y, proportion, folds)
+        if form == "scheffe":
+            out[3] = 1e9  # one fold's fit blew up
+        return out
+
+    monkeypatch.setattr(laws, "held_out_predictions", runaway)
+    rows = laws.cross_validate(["constant", "scheffe", "scheffe2"], W, Y, [False], lambda y: y[:, 0])
+    scheffe = next(r for r in rows if r.form == "scheffe")
+    assert scheffe.diverged == 1 and scheffe.loto_objective == np.inf
+    assert laws.choose(rows, by_seed=False).form != "scheffe"
+    data = LawData("t", "m", ["a", "b", "c"], ["y"], W, Y, None, [False], lambda y: np.asarray(y)[..., 0], "y", True,
+                   Y[:, 0], list(range(20)), kind="table")  # fmt: skip
+    notes = propose_data(data, forms=["constant", "scheffe", "scheffe2"], bootstrap=10).notes
+    assert any(n.startswith("scheffe: its held-out fits diverged on 1 of 20 rows") for n in notes), notes
