@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
-from harness.core.stats import Interval, t_interval
+from analysis import mixing_laws as laws
+from harness.core.stats import Interval
 
 # The share moved to a task: a tenth of the mixture, a small step from the winner's mixture (which may sit on the edge
 # of the explored hull: the law then extrapolates that step).
@@ -48,12 +49,11 @@ def shifted_mixtures(w: np.ndarray, delta: float = DELTA) -> np.ndarray:
     return (1.0 - delta) * w[None, :] + delta * np.eye(len(w))
 
 
-def target_support(chosen_residuals: np.ndarray, mean_residuals: np.ndarray, folds: np.ndarray) -> list[Interval]:
-    """Per target: how much the chosen form lowers the held-out squared error below the trials' mean's, averaged
-    per cross-validation fold, with its 95 % t interval over the folds (``residuals``: rows × targets)."""
-    folds = np.asarray(folds)
-    gain = mean_residuals**2 - chosen_residuals**2
-    return [t_interval([float(gain[folds == g, j].mean()) for g in np.unique(folds)]) for j in range(gain.shape[1])]
+def target_support(row: Any, mean: Any, Y: np.ndarray, folds: np.ndarray) -> list[Interval]:
+    """Per target: how much ``row``'s form lowers the held-out squared error below the trials' mean's (``mean``'s),
+    averaged per cross-validation fold, with its 95 % t interval over the folds — the support check
+    (:func:`analysis.mixing_laws.improvement`) with each target alone as the objective."""
+    return [laws.improvement(row, mean, Y, lambda y, j=j: np.asarray(y)[:, j], folds) for j in range(Y.shape[1])]
 
 
 def interference_matrix(

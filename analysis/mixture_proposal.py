@@ -264,7 +264,7 @@ def _law_interference(data: LawData, rows, chosen, chosen_law, win: int, folds, 
         law = laws.fit_law(row.form, data.W, data.Y, data.proportion)
         boot = _bootstrap(row.form, data, np.vstack([data.W[win], shifted]), bootstrap, seed, law)
     fitted = law.predict(np.vstack([data.W[win], shifted]))
-    support = target_support(row.residuals, constant.residuals, folds) if constant and row is not constant else None
+    support = target_support(row, constant, data.Y, folds) if constant and row is not constant else None
     return interference_matrix(
         data.W[win],
         boot[:, 0],
