@@ -1,9 +1,9 @@
-"""Run an experiment end to end — open (or reopen) its run directory, compile it into its plan
-(:func:`harness.runs.planning.plan.plan_run`), then execute the plan: stages trained, evaluated and checkpointed,
-then the summary — continuing a killed run from its newest resume point.
+"""Run an experiment end to end — claim (or reopen) its run directory, compile the experiment into its plan
+(:func:`harness.runs.planning.plan.plan_run`), write the run's files (:func:`run_files`), then execute the plan:
+stages trained, evaluated and checkpointed, then the summary — continuing a killed run from its newest resume point.
 
-Only the steps that open the run directory (:func:`open_run`, :func:`_reopen_run`: the resolved config, the run id,
-a resume's check that the experiment is the same) read the experiment; from :func:`_execute` on, everything reads the
+Only planning and the steps around it (:func:`run_files`: the resolved config and the run id; :func:`_reopen_run`: a
+resume's check that the experiment is the same) read the experiment; from :func:`_execute` on, everything reads the
 :class:`RunPlan` (the loop is
 :func:`harness.training.loop.train_stage`, the evaluations :class:`harness.runs.execution.evallog.EvalLog`, the
 stage cache :class:`harness.runs.execution.stage_cache.StageCache`, where results go
@@ -28,7 +28,6 @@ import torch
 from harness.config import ConfigError, Experiment, computing_debug, dump_yaml, safe_load
 from harness.core.store import Row, atomic_write_text
 from harness.data.stage_batches import StagePlan
-from harness.data.task_data import DataError
 from harness.evaluation.evidence import baseline_rows, baselines_summary, pool_baselines, run_seesaw, seesaw_rows
 from harness.models.modality import model_io
 from harness.runs.execution.console import Console
@@ -92,14 +91,7 @@ def run_experiment(
     with claim_run_dir(run_dir, resume=resume, force=force):
         if force and not resume:
             clear_run_outputs(run_dir)
-        try:
-            return _run_claimed(exp, run_dir, console, after_progress(on_progress, on_evaluation), resume, on_progress)
-        except DataError:
-            # Task data is checked before any training: a new run that stops there has written only its config
-            # and run.json, which would make the corrected rerun on the same --out refuse a "used" directory.
-            if not resume:
-                clear_run_outputs(run_dir)
-            raise
+        return _run_claimed(exp, run_dir, console, after_progress(on_progress, on_evaluation), resume, on_progress)
 
 
 def _run_claimed(
@@ -119,14 +111,20 @@ def _run_claimed(
     """
     console = console or Console(enabled=exp.tracking.console)
     started = time.perf_counter()
+    files: dict[str, str] = {}
     if resume:
         run_id, point = _reopen_run(exp, run_dir, console)
     else:
-        run_id, point = open_run(exp, run_dir), None
+        run_id, point = new_run_id(exp), None
+        files = run_files(exp, run_id)
         console.info(f"run {run_id} → {run_dir}")
     torch.manual_seed(exp.seed)
     np.random.seed(exp.seed % 2**32)  # third-party code that uses the global numpy RNG stays deterministic
     plan = plan_run(exp, console, on_progress)  # every data error surfaces here, before any training
+    # Written once planned: a run stopped by its data (or killed while pretraining its base) leaves the directory
+    # as it found it, so the corrected rerun on the same --out is not refused as a used one.
+    for name, text in files.items():
+        atomic_write_text(run_dir / name, text)
     return _execute(plan, run_dir, run_id, point, console, on_evaluation, resume, on_progress, started)
 
 
@@ -244,13 +242,21 @@ def _run_stage(
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def run_files(exp: Experiment, run_id: str, **identity: str) -> dict[str, str]:
+    """What makes a directory the run ``run_id`` of ``exp``: the resolved experiment and ``run.json`` (the run id,
+    the experiment's name, plus ``identity``), by file name."""
+    return {
+        "config.resolved.yaml": dump_yaml(exp.resolved_dict()),
+        "run.json": json.dumps({"run_id": run_id, "experiment": exp.name, **identity}),
+    }
+
+
 def open_run(exp: Experiment, run_dir: Path, **identity: str) -> str:
-    """Create ``run_dir`` with the resolved experiment and ``run.json`` (a new run id, plus ``identity``);
-    returns the run id."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / "config.resolved.yaml", dump_yaml(exp.resolved_dict()))
+    """Write :func:`run_files` of a new run id into ``run_dir`` (``identity`` added to ``run.json``); returns the
+    run id."""
     run_id = new_run_id(exp)
-    atomic_write_text(run_dir / "run.json", json.dumps({"run_id": run_id, "experiment": exp.name, **identity}))
+    for name, text in run_files(exp, run_id, **identity).items():
+        atomic_write_text(run_dir / name, text)
     return run_id
 
 

@@ -74,9 +74,9 @@ def plan_run(exp: Experiment, console, on_progress: Callable[[], None] | None = 
     plans = [plan_stage(batching, stage, i, encoded.train, pad_id) for i, stage in enumerate(stages)]
     items = {i: steering_items(base.tokenizer, data, draw, base.max_positions) for i, draw in draws.items()}
     steering = SteeringSplits(exp.eval, data.recipes, base.tokenizer, items)
-    data_hash = task_data_hash(data.splits, data.corpus)
+    data_hash, base_identity = task_data_hash(data.splits, data.corpus), base_key(base.info, base.model)
     device = next(base.model.parameters()).device.type
-    keys = stage_keys(exp, base_key(base.info, base.model), data_hash, device)
+    keys = stage_keys(exp, base_identity, data_hash, device)
     return RunPlan(
         name=exp.name,
         seed=exp.seed,
