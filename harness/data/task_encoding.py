@@ -13,14 +13,13 @@ sweep worker's next trial), by a hash of everything encoding reads.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 from jinja2.exceptions import TemplateError
 
+from harness.core.digests import content_hash
 from harness.data.answer_lengths import default_max_new_tokens, needed_new_tokens, too_short_errors
 from harness.data.encoding import eval_items, fit_eval_items
 from harness.data.special_text import apply_special_token_policy
@@ -141,7 +140,7 @@ def _encoding_key(tokenizer: Any, data: TaskData, settings: EncodingSettings, ma
         "settings": asdict(settings),
         "max_positions": max_positions,
     }
-    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+    return content_hash(facts)
 
 
 def _encoded(io: Any, data: TaskData, settings: EncodingSettings, max_positions: int | None) -> EncodedData:

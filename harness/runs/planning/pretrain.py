@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.config import ModelSpec, OptimSpec, PretrainSpec
+from harness.core.digests import content_hash
 from harness.models.tokenizer import ENDOFTEXT, train_tokenizer
 from harness.training.checkpoint import save_hf_checkpoint
 
@@ -43,12 +44,6 @@ def tokenizer_texts(corpus: list[str], train_examples: list) -> list[str]:
     for ex in train_examples:
         texts.extend(f"{m['role']}\n{m['content']}" for m in ex.messages)
     return texts
-
-
-def content_hash(obj) -> str:
-    """The cache key of a JSON-able description (keys sorted; other values by ``str``): the pretrained base's and a
-    stage's (:mod:`harness.runs.execution.stage_cache`)."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _packed_batches(tokenizer, corpus: list[str], spec: PretrainSpec, seed: int):

@@ -28,8 +28,8 @@ import transformers
 
 import harness
 from harness.config import Experiment, computing_debug
+from harness.core.digests import content_hash
 from harness.runs.planning.code_identity import code_fingerprint, environment, run_plugins
-from harness.runs.planning.pretrain import content_hash
 from harness.training.compiling import compile_decision
 
 # Bump when an entry's layout or what a key covers changes (2: samples carry per-item outcomes for the paired seesaw;
