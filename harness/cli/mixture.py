@@ -12,7 +12,6 @@ is imported before the command runs."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -214,6 +213,7 @@ def _retargeted(sweep_dir: Path, items: list[str], verifying: tuple[int | None, 
     everything this command writes goes to (the sweep directory itself without items)."""
     from analysis.loading import read_sweep_config
     from harness.config import ConfigError
+    from harness.core.digests import content_hash
     from harness.studies.sweep import RESOLVED_NAME, load_resolved, load_sweep
     from harness.studies.sweep.load import at_full_size
 
@@ -232,7 +232,8 @@ def _retargeted(sweep_dir: Path, items: list[str], verifying: tuple[int | None, 
     try:
         sweep = load_sweep(Path(sweep_dir) / RESOLVED_NAME, items) if items else load_resolved(sweep_dir)
     except ConfigError as e:
-        raise_usage(f"harness mixture: {'--set ' if items else ''}{_one_line(e)}")
+        said = "--set " if items else "--verify needs the sweep's experiment: "
+        raise_usage(f"harness mixture: {said}{_one_line(e)}")
     if verifying[1]:
         try:
             sweep = at_full_size(sweep)
@@ -241,7 +242,7 @@ def _retargeted(sweep_dir: Path, items: list[str], verifying: tuple[int | None, 
     if not items:
         return sweep, config, Path(sweep_dir)
     objective = sweep.objectives[0].to_yaml()
-    digest = hashlib.sha256(json.dumps(objective, sort_keys=True).encode()).hexdigest()[:8]
+    digest = content_hash(objective)[:8]
     folder = Path(sweep_dir) / f"objective-{objective['metric']}-{objective['split']}-{digest}"
     return sweep, {**config, "objective": objective}, folder
 
@@ -259,11 +260,11 @@ def _from_sweep(sweep_dir, holdout, predict, out, options, verifying, budget, st
     if holdout is not None and not is_sweep_dir(holdout):
         raise_usage(f"harness mixture: --holdout {holdout}: not a sweep directory (no trials.parquet)")
     verify, full_size = verifying
-    choice = _verify_choice(sweep_dir, verify, *launching)
     if budget and verify is None:
         raise_usage("harness mixture: --budget trains each budget's mixture: it needs --verify K")
     _check_steer(steer, verify)
     sweep, config, folder = _retargeted(sweep_dir, items, verifying)
+    choice = _verify_choice(sweep, verify, *launching)
 
     def trials_of(directory: Path):  # a recorded objective is the sweep's own: --set's is reduced from the targets
         frame = load_sweep(directory)
@@ -377,22 +378,16 @@ def _check_steer(steer: list[str] | None, verify: int | None) -> None:
             )
 
 
-def _verify_choice(sweep_dir: Path, verify, jobs: int, launcher, slurm, detach: bool):
-    """The launcher of ``--verify`` (None without it); one line, exit 2, for options that cannot be used."""
+def _verify_choice(sweep, verify, jobs: int, launcher, slurm, detach: bool):
+    """The launcher of ``--verify`` (None without it), from ``sweep``'s launcher section (the sweep as
+    :func:`_retargeted` loaded it); one line, exit 2, for options that cannot be used."""
     if verify is None:
         if jobs > 1 or launcher or slurm or detach:
             raise_usage("harness mixture: --jobs, --launcher, --slurm and --detach launch the runs of --verify K")
         return None
     if verify < 1:
         raise_usage(f"harness mixture: --verify {verify}: give the number of fresh seeds, at least 1")
-    from harness.config import ConfigError
-    from harness.studies.sweep import load_resolved
-
-    try:
-        section = load_resolved(sweep_dir).spec.launcher
-    except ConfigError as e:
-        raise_usage(f"harness mixture: --verify needs the sweep's experiment: {e}")
-    choice = choose_launcher(section, launcher, slurm)
+    choice = choose_launcher(sweep.spec.launcher, launcher, slurm)
     if choice.kind == "slurm" and jobs > 1:
         raise_usage(
             "harness mixture: --jobs is for this machine: on SLURM each run is a job (--slurm array_parallelism=N)"
