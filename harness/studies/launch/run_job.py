@@ -78,8 +78,8 @@ class RunJob(RequeueBudget):
         import_job_plugins(exp)
         run_dir = Path(run_dir)
         if resume or restart_count() > 0:
-            # An earlier attempt of this task: continue its run when it got as far as writing one, else start over
-            # in the directory it left (its lock file, perhaps a run.json).
+            # An earlier attempt of this task: continue its run when it got as far as writing one (a run writes its
+            # files once planned), else start over in the directory it left (its lock file).
             started = (run_dir / "config.resolved.yaml").is_file() and (run_dir / "run.json").is_file()
             print(f"attempt {self.attempts() + 1}: {'resuming' if started else 'starting over'} {run_dir}", flush=True)
             run_experiment(exp, run_dir, resume=started, force=not started)
