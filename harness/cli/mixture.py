@@ -260,6 +260,7 @@ def _from_sweep(sweep_dir, holdout, predict, out, options, verifying, budget, st
     if holdout is not None and not is_sweep_dir(holdout):
         raise_usage(f"harness mixture: --holdout {holdout}: not a sweep directory (no trials.parquet)")
     verify, full_size = verifying
+    _check_launching(verify, *launching)
     if budget and verify is None:
         raise_usage("harness mixture: --budget trains each budget's mixture: it needs --verify K")
     _check_steer(steer, verify)
@@ -378,15 +379,19 @@ def _check_steer(steer: list[str] | None, verify: int | None) -> None:
             )
 
 
+def _check_launching(verify, jobs: int, launcher, slurm, detach: bool) -> None:
+    """One line, exit 2, for launch options that cannot be used, before the sweep is loaded."""
+    if verify is None and (jobs > 1 or launcher or slurm or detach):
+        raise_usage("harness mixture: --jobs, --launcher, --slurm and --detach launch the runs of --verify K")
+    if verify is not None and verify < 1:
+        raise_usage(f"harness mixture: --verify {verify}: give the number of fresh seeds, at least 1")
+
+
 def _verify_choice(sweep, verify, jobs: int, launcher, slurm, detach: bool):
     """The launcher of ``--verify`` (None without it), from ``sweep``'s launcher section (the sweep as
-    :func:`_retargeted` loaded it); one line, exit 2, for options that cannot be used."""
+    :func:`_retargeted` loaded it); one line, exit 2, for options that cannot be used together."""
     if verify is None:
-        if jobs > 1 or launcher or slurm or detach:
-            raise_usage("harness mixture: --jobs, --launcher, --slurm and --detach launch the runs of --verify K")
         return None
-    if verify < 1:
-        raise_usage(f"harness mixture: --verify {verify}: give the number of fresh seeds, at least 1")
     choice = choose_launcher(sweep.spec.launcher, launcher, slurm)
     if choice.kind == "slurm" and jobs > 1:
         raise_usage(

@@ -154,6 +154,8 @@ def test_a_task_data_error_leaves_the_directory_free_for_the_corrected_rerun(tin
     failed = invoke("run", str(exp_file), "--out", str(out))
     assert failed.exit_code == 2 and "no rows (the file is empty)" in failed.stderr
     assert not [p.name for p in out.iterdir() if p.name != ".lock"], "a run that trained nothing leaves nothing"
+    resumed = invoke("run", str(exp_file), "--resume", str(out))  # nothing to resume: it was never planned
+    assert resumed.exit_code == 2 and "which a run writes once planned: rerun without --resume" in resumed.stderr
     (tmp_path / "mine.jsonl").write_text("".join(json.dumps({"q": f"q{i}", "a": f"a{i}"}) + "\n" for i in range(12)))
     fixed = run_cli("run", str(exp_file), "--out", str(out))
     assert fixed.returncode == 0, fixed.stderr[-2000:]

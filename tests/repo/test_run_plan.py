@@ -1,8 +1,8 @@
 """One plan per run (issue 51): the experiment is compiled once into a frozen :class:`RunPlan`, and below the planner
 nothing takes the whole experiment — not a module of the layers under ``runs`` (training, evaluation, models, data),
-and in ``runs.execution`` only the functions that open a run directory before the plan exists (listed below, each
-with why). Read from the source (every parameter annotated ``Experiment`` or named ``exp``), and shown failing on a
-planted function that takes one.
+and in ``runs.execution`` only the functions that claim a run directory and name the run around planning (listed
+below, each with why). Read from the source (every parameter annotated ``Experiment`` or named ``exp``), and shown
+failing on a planted function that takes one.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tests.conftest import ROOT
 
 BELOW_THE_PLANNER = ("harness/training", "harness/evaluation", "harness/models", "harness/data")
 EXECUTION = "harness/runs/execution"
-#: "module::function" of runs.execution that may take the experiment -> why (each opens a run before a plan exists)
+#: "module::function" of runs.execution that may take the experiment -> why (each claims or names a run; none executes)
 OPENS_A_RUN = {
     "runner.py::new_run_id": "names a run by the experiment's name",
     "runner.py::default_run_dir": "places a run under the experiment's name",

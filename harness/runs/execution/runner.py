@@ -264,7 +264,8 @@ def _reopen_run(exp: Experiment, run_dir: Path, console) -> tuple[str, Path | No
     """The id of the killed run in ``run_dir`` (which must be of this very experiment) and its newest resume
     point, if it wrote one."""
     if not (run_dir / "config.resolved.yaml").exists():
-        raise ConfigError(str(run_dir), [("", "not a run directory (no config.resolved.yaml)")])
+        said = "not a run directory (no config.resolved.yaml, which a run writes once planned: rerun without --resume)"
+        raise ConfigError(str(run_dir), [("", said)])
     changed = changed_sections(exp, run_dir)
     if changed:
         raise ConfigError(str(run_dir), [(k, "differs from the run being resumed") for k in changed])
