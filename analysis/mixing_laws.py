@@ -263,11 +263,11 @@ class CVRow:
 DIVERGED = 100.0
 
 
-def _diverged(predicted: np.ndarray, Y: np.ndarray) -> int:
-    """How many rows have a held-out prediction :data:`DIVERGED` times the targets' range off (or not finite)."""
+def _diverged(predicted: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Per row: whether its held-out prediction is :data:`DIVERGED` times the targets' range off (or not finite)."""
     scale = DIVERGED * (np.ptp(Y, axis=0) + 1e-12)
     off = ~np.isfinite(predicted) | (np.abs(predicted - Y) > scale)
-    return int(off.any(axis=1).sum())
+    return off.any(axis=1)
 
 
 def _rmse(a: np.ndarray, b: np.ndarray) -> float:
@@ -296,12 +296,13 @@ def cross_validate(
     for form in forms:
         loto = held_out_predictions(form, W, Y, proportion, folds)
         row = CVRow(form, _rmse(score(loto), observed), _mean_target_rmse(loto, Y))
-        row.residuals, row.diverged = Y - loto, _diverged(loto, Y)
+        row.residuals, diverged = Y - loto, _diverged(loto, Y)
         if by_seed:
             loso = held_out_predictions(form, W, Y, proportion, np.asarray(seeds))
             row.loso_objective = _rmse(score(loso), observed)
             row.loso_targets = _mean_target_rmse(loso, Y)
-            row.residuals, row.diverged = Y - loso, row.diverged + _diverged(loso, Y)
+            row.residuals, diverged = Y - loso, diverged | _diverged(loso, Y)  # a row counted once, either way out
+        row.diverged = int(diverged.sum())
         if row.diverged:
             row.loto_objective = row.loto_targets = math.inf
             row.loso_objective = row.loso_targets = math.inf if by_seed else math.nan

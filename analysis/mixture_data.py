@@ -59,6 +59,11 @@ class LawData:
     def __len__(self) -> int:
         return len(self.W)
 
+    @property
+    def by_seed(self) -> bool:
+        """The rows carry two seeds or more: laws are chosen by their leave-one-seed-out error."""
+        return self.seeds is not None and len(np.unique(self.seeds)) >= 2
+
 
 def cv_folds(n: int, seeds: np.ndarray | None, seed: int = 0) -> tuple[np.ndarray, str]:
     """The cross-validation's groups (rows of one group are held out together) and its name: one per seed when

@@ -194,7 +194,8 @@ def propose_data(
     points = np.vstack([proposal, W[win], shifted, extra])
     boot = _bootstrap(chosen.form, data, points, bootstrap, seed, fitted)
     k = len(shifted)
-    interference = _interference(data, rows, chosen, (fitted, boot[:, 1 : 2 + k]), win, folds, bootstrap, seed)
+    at = points[1 : 2 + k]  # the winner's mixture, then the shifted ones
+    interference = _interference(data, rows, chosen, (fitted, boot[:, 1 : 2 + k]), at, folds, bootstrap, seed)
     residuals = chosen.residuals[np.random.default_rng(seed + 1).integers(0, n, bootstrap)]
     boot_obj, boot_win = score(boot[:, 0]), score(boot[:, 1])
     predicted_targets = fitted.predict(proposal[None, :])[0]
@@ -241,32 +242,31 @@ def propose_data(
     )
 
 
-def _interference(data: LawData, rows, chosen, chosen_law, win: int, folds, bootstrap: int, seed: int) -> dict:
+def _interference(data: LawData, rows, chosen, chosen_law, at: np.ndarray, folds, bootstrap: int, seed: int) -> dict:
     """The interference matrix at the winner's mixture (:mod:`analysis.mixture_interference`) under the form with
     the smallest cross-validated error of the *targets* (the objective's form may flatten a seesaw that cancels in
-    it): the objective's fit and resamples (``chosen_law``: the law, its ``(B, 1 + k, targets)`` predictions at the
-    winner's and the shifted mixtures) when it is the same form, a fit and bootstrap of its own otherwise. The matrix
-    is a reading beside the proposal: a fit that fails here is said in it (``why``), never the proposal's failure."""
+    it): the objective's fit and resamples (``chosen_law``: the law, its ``(B, 1 + k, targets)`` predictions at
+    ``at``, the winner's mixture then the shifted ones) when it is the same form, a fit and bootstrap of its own
+    otherwise. The matrix is a reading beside the proposal: a fit that fails here is said in it (``why``), never the
+    proposal's failure."""
     try:
-        return _law_interference(data, rows, chosen, chosen_law, win, folds, bootstrap, seed)
+        return _law_interference(data, rows, chosen, chosen_law, at, folds, bootstrap, seed)
     except (AnalysisError, ValueError, np.linalg.LinAlgError) as e:
         return {"cells": [], "why": f"not computed ({type(e).__name__}: {e})"}
 
 
-def _law_interference(data: LawData, rows, chosen, chosen_law, win: int, folds, bootstrap: int, seed: int) -> dict:
+def _law_interference(data: LawData, rows, chosen, chosen_law, at: np.ndarray, folds, bootstrap: int, seed: int):
     """:func:`_interference`, computed."""
-    by_seed = data.seeds is not None and len(np.unique(data.seeds)) >= 2
-    row = min(rows, key=lambda r: np.nan_to_num(r.loso_targets if by_seed else r.loto_targets, nan=np.inf))
+    row = min(rows, key=lambda r: np.nan_to_num(r.loso_targets if data.by_seed else r.loto_targets, nan=np.inf))
     constant = next((r for r in rows if r.form == "constant"), None)
-    shifted = shifted_mixtures(data.W[win])
     law, boot = chosen_law
     if row.form != chosen.form:
         law = laws.fit_law(row.form, data.W, data.Y, data.proportion)
-        boot = _bootstrap(row.form, data, np.vstack([data.W[win], shifted]), bootstrap, seed, law)
-    fitted = law.predict(np.vstack([data.W[win], shifted]))
+        boot = _bootstrap(row.form, data, at, bootstrap, seed, law)
+    fitted = law.predict(at)
     support = target_support(row, constant, data.Y, folds) if constant and row is not constant else None
     return interference_matrix(
-        data.W[win],
+        at[0],
         boot[:, 0],
         boot[:, 1:],
         fitted[0],
@@ -381,7 +381,7 @@ def _choose_form(data: LawData, row_folds: np.ndarray, folds: np.ndarray, forms:
             f"smallest form needs more than {smallest} in each fold)"
         )
     rows = laws.cross_validate(usable, data.W, data.Y, data.proportion, data.score, data.seeds, row_folds)
-    return rows, laws.choose(rows, data.seeds is not None and len(np.unique(data.seeds)) >= 2), usable
+    return rows, laws.choose(rows, data.by_seed), usable
 
 
 def _notes(chosen, gain, held, data: LawData, usable, forms, rows) -> list[str]:
